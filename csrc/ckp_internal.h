@@ -1,0 +1,37 @@
+/*
+ * ckp_internal.h — helpers shared by the kernel files; not part of the API.
+ *
+ * Determinism rule for every reduction in the library: work is split into
+ * blocks whose boundaries depend on the problem size only (never on the
+ * thread count), each block is reduced sequentially by one thread, and the
+ * block results are combined in block order. The same inputs therefore give
+ * the same bits for any number of threads.
+ */
+#ifndef CKP_INTERNAL_H
+#define CKP_INTERNAL_H
+
+#include "ckparity.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Records a printf-style detail for ckp_last_error() and returns status. */
+ckp_status ckp_fail(ckp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Clears the detail at the start of a successful call path. */
+void ckp_clear_error(void);
+
+/* Number of threads a parallel region should use. */
+int ckp_threads(void);
+
+/* Fixed block count for reductions over n items: at most CKP_MAX_BLOCKS. */
+enum { CKP_MAX_BLOCKS = 256 };
+int64_t ckp_num_blocks(int64_t n);
+/* Half-open range [*lo, *hi) of block b out of nblocks over n items. */
+void ckp_block_range(int64_t n, int64_t nblocks, int64_t b, int64_t *lo, int64_t *hi);
+
+/* True if [a, a+na) and [b, b+nb) (in bytes) overlap. */
+int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb);
+
+#endif /* CKP_INTERNAL_H */

@@ -1,0 +1,90 @@
+/*
+ * common.c — status codes, the per-thread error detail, the thread count and
+ * the fixed-block partition that every deterministic reduction uses.
+ */
+#include "ckp_internal.h"
+
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef CKP_VERSION
+#define CKP_VERSION "unknown"
+#endif
+#ifndef CKP_BUILD_INFO
+#define CKP_BUILD_INFO "unknown"
+#endif
+
+static _Thread_local char last_error[512];
+
+const char *ckp_status_str(ckp_status status) {
+    switch (status) {
+    case CKP_OK: return "CKP_OK";
+    case CKP_ERR_NULL_POINTER: return "CKP_ERR_NULL_POINTER";
+    case CKP_ERR_BAD_SIZE: return "CKP_ERR_BAD_SIZE";
+    case CKP_ERR_TARGET_OUT_OF_RANGE: return "CKP_ERR_TARGET_OUT_OF_RANGE";
+    case CKP_ERR_BAD_OPTION: return "CKP_ERR_BAD_OPTION";
+    case CKP_ERR_ALIASING: return "CKP_ERR_ALIASING";
+    }
+    return "CKP_ERR_UNKNOWN_STATUS";
+}
+
+const char *ckp_last_error(void) { return last_error; }
+
+ckp_status ckp_fail(ckp_status status, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, args);
+    va_end(args);
+    return status;
+}
+
+void ckp_clear_error(void) { last_error[0] = '\0'; }
+
+const char *ckp_version(void) { return CKP_VERSION; }
+const char *ckp_build_info(void) { return CKP_BUILD_INFO; }
+
+/* 0 means "not set yet": resolved from the environment on first use. */
+static int num_threads = 0;
+
+static int threads_from_env(const char *name) {
+    const char *value = getenv(name);
+    if (value == NULL || *value == '\0') return 0;
+    char *end = NULL;
+    long n = strtol(value, &end, 10);
+    if (*end != '\0' || n < 1 || n > 4096) return 0;
+    return (int)n;
+}
+
+int ckp_get_num_threads(void) {
+    if (num_threads == 0) {
+        int n = threads_from_env("CKP_NUM_THREADS");
+        if (n == 0) n = threads_from_env("CK_NUM_THREADS");
+        if (n == 0) n = omp_get_num_procs();
+        num_threads = n;
+    }
+    return num_threads;
+}
+
+ckp_status ckp_set_num_threads(int n) {
+    if (n < 1) return ckp_fail(CKP_ERR_BAD_OPTION, "num_threads must be >= 1, got %d", n);
+    num_threads = n;
+    ckp_clear_error();
+    return CKP_OK;
+}
+
+int ckp_threads(void) { return ckp_get_num_threads(); }
+
+int64_t ckp_num_blocks(int64_t n) { return n < CKP_MAX_BLOCKS ? n : CKP_MAX_BLOCKS; }
+
+void ckp_block_range(int64_t n, int64_t nblocks, int64_t b, int64_t *lo, int64_t *hi) {
+    int64_t base = n / nblocks, extra = n % nblocks;
+    *lo = b * base + (b < extra ? b : extra);
+    *hi = *lo + base + (b < extra ? 1 : 0);
+}
+
+int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + nb && b0 < a0 + na;
+}

@@ -1,0 +1,457 @@
+/*
+ * cross_entropy.c — F.cross_entropy forward and backward in one call.
+ *
+ * logits x is (N, V); per row i, with m = max_j x_ij and lse = m + log sum_j exp(x_ij - m):
+ *   class target t:  loss_i = (1-ls) w_t (lse - x_it) + (ls/V) sum_j w_j (lse - x_ij) + z lse^2
+ *   probabilities P: loss_i = sum_j w_j q_ij (lse - x_ij) + z lse^2,  q = P (1-ls) + ls/V
+ * (ls = label_smoothing, z = z_loss, w = class weights or ones). A class row whose
+ * target is ignore_index contributes 0. Reductions follow ATen (LossNLL.cpp):
+ * mean divides class-target losses by the summed weight of the non-ignored
+ * targets and probability-target losses by N.
+ * Gradient (upstream gradient 1), with p = softmax(x_i) and r the reduction scale:
+ *   class:  dx_ij = r [ p_j ((1-ls) w_t + (ls/V) W + 2 z lse) - (1-ls) w_t [j==t] - (ls/V) w_j ]
+ *   probs:  dx_ij = r [ p_j (sum_k w_k q_k + 2 z lse) - w_j q_j ],    W = sum_j w_j
+ *
+ * Two variants:
+ *   default  fused, threaded over fixed row blocks, per-row sums in double
+ *            (no probability clamp: log-sum-exp all the way).
+ *   ptref    ATen's CPU order of operations in float: log_softmax
+ *            (SoftMaxKernel.cpp, _vec_log_softmax_lastdim), nll_loss with its
+ *            cascade sum (LossNLL.cpp), then log_softmax's backward
+ *            grad - exp(logp) * sum(grad). Single-threaded, for A/B parity.
+ */
+#include "ckp_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Checks every argument before anything is written; computes the mean
+ * denominator (summed weight of the non-ignored class targets) on the way. */
+static ckp_status validate(const float *logits, const int64_t *target, const float *target_probs,
+                           int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
+                           const float *loss, const float *dlogits) {
+    if (logits == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "logits is NULL");
+    if (opt == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "options is NULL");
+    if (loss == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "loss is NULL");
+    if ((target == NULL) == (target_probs == NULL))
+        return ckp_fail(CKP_ERR_NULL_POINTER,
+                        "exactly one of target and target_probs must be given");
+    if (N <= 0 || V <= 0)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive, got N=%lld V=%lld",
+                        (long long)N, (long long)V);
+    if (N > INT64_MAX / V || N * V > (int64_t)(SIZE_MAX / sizeof(float)))
+        return ckp_fail(CKP_ERR_BAD_SIZE, "N*V overflows: N=%lld V=%lld", (long long)N,
+                        (long long)V);
+    if (opt->reduction != CKP_REDUCTION_NONE && opt->reduction != CKP_REDUCTION_MEAN &&
+        opt->reduction != CKP_REDUCTION_SUM)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "reduction must be 0 (none), 1 (mean) or 2 (sum), got %d",
+                        (int)opt->reduction);
+    if (opt->variant != CKP_CE_DEFAULT && opt->variant != CKP_CE_PTREF)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "variant must be 0 (default) or 1 (ptref), got %d",
+                        (int)opt->variant);
+    if (!(opt->label_smoothing >= 0.0 && opt->label_smoothing <= 1.0))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "label_smoothing must be in [0, 1], got %g",
+                        opt->label_smoothing);
+    if (!(opt->z_loss >= 0.0 && isfinite(opt->z_loss)))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "z_loss must be finite and >= 0, got %g", opt->z_loss);
+
+    size_t matrix_bytes = (size_t)(N * V) * sizeof(float);
+    size_t loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * sizeof(float);
+    if (dlogits != NULL && dlogits != logits && ckp_overlaps(dlogits, matrix_bytes, logits, matrix_bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "dlogits partially overlaps logits (only exact in-place is allowed)");
+    if (ckp_overlaps(loss, loss_bytes, logits, matrix_bytes) ||
+        (dlogits != NULL && ckp_overlaps(loss, loss_bytes, dlogits, matrix_bytes)))
+        return ckp_fail(CKP_ERR_ALIASING, "loss overlaps logits or dlogits");
+
+    if (target != NULL) {
+        for (int64_t i = 0; i < N; i++) {
+            int64_t t = target[i];
+            if (t != opt->ignore_index && (t < 0 || t >= V))
+                return ckp_fail(CKP_ERR_TARGET_OUT_OF_RANGE,
+                                "Target %lld is out of bounds at row %lld (classes: %lld, ignore_index: %lld)",
+                                (long long)t, (long long)i, (long long)V,
+                                (long long)opt->ignore_index);
+        }
+    } else if (opt->ignore_index >= 0) {
+        /* torch: "ignore_index is not supported for floating point target" */
+        return ckp_fail(CKP_ERR_BAD_OPTION,
+                        "ignore_index must be negative with probability targets, got %lld",
+                        (long long)opt->ignore_index);
+    }
+    return CKP_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * default variant
+ * ---------------------------------------------------------------------- */
+
+/* What every row needs to know, fixed for the whole call. */
+typedef struct {
+    const float *weight;     /* (V) or NULL */
+    double weight_total;     /* W = sum_j w_j */
+    double smoothing;        /* ls */
+    double z_loss;
+    double grad_scale;       /* r: 1 / mean denominator, or 1 */
+} ce_ctx;
+
+static float row_max(const float *x, int64_t V) {
+    float m = x[0];
+    for (int64_t j = 1; j < V; j++)
+        if (x[j] > m || x[j] != x[j]) m = x[j]; /* NaN propagates, as torch's max does */
+    return m;
+}
+
+static double row_sum_exp(const float *x, int64_t V, float m) {
+    double s = 0.0;
+    for (int64_t j = 0; j < V; j++) s += (double)expf(x[j] - m);
+    return s;
+}
+
+/* One class-target row: returns its loss; writes dx when dx != NULL.
+ * x and dx may be the same row (in place): every read of x[j] happens before
+ * the write of dx[j], and the sums are complete before the first write. */
+static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, float *dx) {
+    const float *w = c->weight;
+    float m = row_max(x, V);
+    double sum_exp = row_sum_exp(x, V, m);
+    double log_sum = log(sum_exp);
+    double lse = (double)m + log_sum;
+    double w_t = w ? (double)w[t] : 1.0;
+    double nll = log_sum - ((double)x[t] - (double)m);
+    double loss = (1.0 - c->smoothing) * w_t * nll + c->z_loss * lse * lse;
+    if (c->smoothing > 0.0) {
+        double weighted_shifted = 0.0; /* sum_j w_j (x_j - m) */
+        for (int64_t j = 0; j < V; j++)
+            weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)x[j] - (double)m);
+        loss += c->smoothing / (double)V * (c->weight_total * log_sum - weighted_shifted);
+    }
+    if (dx != NULL) {
+        double a = (1.0 - c->smoothing) * w_t * c->grad_scale;
+        double b = c->smoothing / (double)V * c->grad_scale;
+        double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * c->grad_scale;
+        double inv_sum = 1.0 / sum_exp;
+        for (int64_t j = 0; j < V; j++) {
+            double p = (double)expf(x[j] - m) * inv_sum;
+            double g = p * k - b * (w ? (double)w[j] : 1.0) - (j == t ? a : 0.0);
+            dx[j] = (float)g;
+        }
+    }
+    return loss;
+}
+
+/* One probability-target row (P is the row of target probabilities). */
+static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, float *dx) {
+    const float *w = c->weight;
+    double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;
+    float m = row_max(x, V);
+    double sum_exp = row_sum_exp(x, V, m);
+    double log_sum = log(sum_exp);
+    double lse = (double)m + log_sum;
+    double wq_total = 0.0, wq_shifted = 0.0; /* sum_j w_j q_j and sum_j w_j q_j (x_j - m) */
+    for (int64_t j = 0; j < V; j++) {
+        double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
+        wq_total += wq;
+        wq_shifted += wq * ((double)x[j] - (double)m);
+    }
+    double loss = wq_total * log_sum - wq_shifted + c->z_loss * lse * lse;
+    if (dx != NULL) {
+        double k = (wq_total + 2.0 * c->z_loss * lse) * c->grad_scale;
+        double inv_sum = 1.0 / sum_exp;
+        for (int64_t j = 0; j < V; j++) {
+            double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
+            double p = (double)expf(x[j] - m) * inv_sum;
+            dx[j] = (float)(p * k - wq * c->grad_scale);
+        }
+    }
+    return loss;
+}
+
+static ckp_status ce_default(const float *logits, const int64_t *target, const float *target_probs,
+                             int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
+                             float *loss, float *dlogits) {
+    ce_ctx c = {opt->weight, (double)V, opt->label_smoothing, opt->z_loss, 1.0};
+    if (opt->weight != NULL) {
+        c.weight_total = 0.0;
+        for (int64_t j = 0; j < V; j++) c.weight_total += (double)opt->weight[j];
+    }
+    /* Mean denominator: summed weight of the non-ignored targets, or N for probabilities. */
+    double denominator = (double)N;
+    if (target != NULL) {
+        denominator = 0.0;
+        for (int64_t i = 0; i < N; i++)
+            if (target[i] != opt->ignore_index)
+                denominator += opt->weight ? (double)opt->weight[target[i]] : 1.0;
+    }
+    if (opt->reduction == CKP_REDUCTION_MEAN) c.grad_scale = 1.0 / denominator;
+
+    int64_t nblocks = ckp_num_blocks(N);
+    double block_sum[CKP_MAX_BLOCKS];
+    int parallel = N * V >= 16384 && nblocks > 1;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (parallel)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t lo, hi;
+        ckp_block_range(N, nblocks, b, &lo, &hi);
+        double acc = 0.0;
+        for (int64_t i = lo; i < hi; i++) {
+            const float *x = logits + i * V;
+            float *dx = dlogits ? dlogits + i * V : NULL;
+            double row_loss;
+            if (target == NULL) {
+                row_loss = ce_row_probs(x, target_probs + i * V, V, &c, dx);
+            } else if (target[i] == opt->ignore_index) {
+                row_loss = 0.0;
+                if (dx) memset(dx, 0, (size_t)V * sizeof(float));
+            } else {
+                row_loss = ce_row_class(x, target[i], V, &c, dx);
+            }
+            if (opt->reduction == CKP_REDUCTION_NONE) loss[i] = (float)row_loss;
+            acc += row_loss;
+        }
+        block_sum[b] = acc;
+    }
+    if (opt->reduction != CKP_REDUCTION_NONE) {
+        double total = 0.0;
+        for (int64_t b = 0; b < nblocks; b++) total += block_sum[b];
+        /* all targets ignored: 0/0 = NaN, as torch */
+        loss[0] = (float)(opt->reduction == CKP_REDUCTION_MEAN ? total / denominator : total);
+    }
+    return CKP_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * ptref variant: ATen's order of operations, in float.
+ * ---------------------------------------------------------------------- */
+
+/* ATen's Vectorized<float> width on an AVX-512 build; its reductions keep one
+ * partial sum per lane and fold the lanes as a halving tree. */
+enum { PT_LANES = 16 };
+
+/* Everything ptref needs to evaluate one row's elementwise terms. */
+typedef struct {
+    const float *x;        /* logits row */
+    const float *P;        /* target probabilities row, or NULL */
+    const float *w;        /* class weights or NULL */
+    int64_t t;             /* class target (class rows) */
+    float m, log_sum;      /* row max and log(sum exp(x - m)) */
+    float keep, spread;    /* (1-ls) and ls/V as float scalars, as torch's scalar ops */
+    int smoothed;
+    float smooth_grad;     /* gradient reaching each -w_j logp_j term of the smoothing sum */
+    float nll_grad;        /* gradient reaching logp_t from nll_loss */
+} pt_row;
+
+typedef float (*pt_map)(const pt_row *r, int64_t j);
+
+static float pt_exp_shifted(const pt_row *r, int64_t j) { return expf(r->x[j] - r->m); }
+static float pt_logp(const pt_row *r, int64_t j) { return r->x[j] - r->m - r->log_sum; }
+static float pt_wlogp(const pt_row *r, int64_t j) {
+    return r->w ? pt_logp(r, j) * r->w[j] : pt_logp(r, j);
+}
+static float pt_q(const pt_row *r, int64_t j) {
+    return r->smoothed ? r->P[j] * r->keep + r->spread : r->P[j];
+}
+static float pt_logp_q_w(const pt_row *r, int64_t j) {
+    float v = pt_logp(r, j) * pt_q(r, j);
+    return r->w ? v * r->w[j] : v;
+}
+/* d loss / d logp_j before log_softmax's backward (see ptref_row_grad). */
+static float pt_grad_logp(const pt_row *r, int64_t j) {
+    if (r->P != NULL) {
+        float g = r->w ? r->smooth_grad * r->w[j] : r->smooth_grad;
+        return g * pt_q(r, j);
+    }
+    float g = r->w ? r->smooth_grad * r->w[j] : r->smooth_grad;
+    if (j == r->t) g += r->nll_grad;
+    return g;
+}
+
+/* vec::map_reduce_all(map, +) over n elements, lane by lane. */
+static float pt_lane_sum(pt_map map, const pt_row *r, int64_t n) {
+    if (n < PT_LANES) {
+        float acc = map(r, 0);
+        for (int64_t j = 1; j < n; j++) acc += map(r, j);
+        return acc;
+    }
+    float lane[PT_LANES];
+    for (int l = 0; l < PT_LANES; l++) lane[l] = map(r, l);
+    int64_t d = PT_LANES;
+    for (; d < n - n % PT_LANES; d += PT_LANES)
+        for (int l = 0; l < PT_LANES; l++) lane[l] += map(r, d + l);
+    for (int64_t l = 0; d + l < n; l++) lane[l] += map(r, d + l);
+    for (int step = PT_LANES / 2; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) lane[l] += lane[l + step];
+    return lane[0];
+}
+
+/* nll_loss's cascade sum (LossNLL.cpp): 8 levels, flushed by the row index. */
+typedef struct {
+    float loss[8], weight[8];
+    int64_t level_power;
+} pt_cascade;
+
+static void pt_cascade_init(pt_cascade *cs, int64_t N) {
+    memset(cs, 0, sizeof *cs);
+    int64_t ceil_log2 = 1;
+    if (N > 2) {
+        uint64_t v = (uint64_t)N - 1;
+        ceil_log2 = 0;
+        while (v) { ceil_log2++; v >>= 1; }
+    }
+    cs->level_power = ceil_log2 / 8 > 4 ? ceil_log2 / 8 : 4;
+}
+
+static void pt_cascade_add(pt_cascade *cs, int64_t row, float loss_term, float weight_term) {
+    cs->loss[0] -= loss_term;
+    cs->weight[0] += weight_term;
+    int64_t mask0 = ((int64_t)1 << cs->level_power) - 1;
+    for (int j = 0; j + 1 < 8; j++) {
+        if ((row & (mask0 << (j * cs->level_power))) != 0) break;
+        cs->weight[j + 1] += cs->weight[j];
+        cs->loss[j + 1] += cs->loss[j];
+        cs->weight[j] = 0;
+        cs->loss[j] = 0;
+    }
+}
+
+static float pt_cascade_total(const float *levels) {
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += levels[j];
+    return s;
+}
+
+static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
+    r->x = x;
+    r->m = row_max(x, V);
+    r->log_sum = logf(pt_lane_sum(pt_exp_shifted, r, V));
+}
+
+/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k, plus the z-loss term. */
+static void pt_row_grad(const pt_row *r, int64_t V, float z_coef, float *dx) {
+    float grad_sum = pt_lane_sum(pt_grad_logp, r, V);
+    for (int64_t j = 0; j < V; j++) {
+        float g = pt_grad_logp(r, j);
+        float p = expf(pt_logp(r, j));
+        float v = g - p * grad_sum;
+        if (z_coef != 0.0f) v += z_coef * p;
+        dx[j] = v;
+    }
+}
+
+static ckp_status ce_ptref(const float *logits, const int64_t *target, const float *target_probs,
+                           int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
+                           float *loss, float *dlogits) {
+    const int none = opt->reduction == CKP_REDUCTION_NONE;
+    const int mean = opt->reduction == CKP_REDUCTION_MEAN;
+    const float keep = (float)(1.0 - opt->label_smoothing);
+    const float spread = (float)(opt->label_smoothing / (double)V);
+    const int smoothed = opt->label_smoothing > 0.0;
+    const float z_loss = (float)opt->z_loss;
+
+    /* Pass 1, forward: per-row terms and ATen's cascaded batch sums. */
+    pt_cascade nll_sum, smooth_sum, z_sum;
+    pt_cascade_init(&nll_sum, N);
+    pt_cascade_init(&smooth_sum, N);
+    pt_cascade_init(&z_sum, N);
+    int64_t counted = 0;
+    for (int64_t i = 0; i < N; i++) {
+        pt_row r = {0};
+        r.P = target_probs ? target_probs + i * V : NULL;
+        r.w = opt->weight;
+        r.keep = keep;
+        r.spread = spread;
+        r.smoothed = smoothed;
+        int ignored = target != NULL && target[i] == opt->ignore_index;
+        if (ignored) {
+            if (none) loss[i] = 0.0f;
+            continue;
+        }
+        pt_row_prepare(&r, logits + i * V, V);
+        float lse = r.m + r.log_sum;
+        float z = z_loss * lse * lse;
+        if (target_probs != NULL) {
+            float row = -pt_lane_sum(pt_logp_q_w, &r, V);
+            if (none) loss[i] = row + z;
+            pt_cascade_add(&nll_sum, i, -row, 0.0f);
+        } else {
+            int64_t t = target[i];
+            float w_t = opt->weight ? opt->weight[t] : 1.0f;
+            float nll = -pt_logp(&r, t) * w_t;
+            float smooth = smoothed ? -pt_lane_sum(pt_wlogp, &r, V) : 0.0f;
+            if (none) loss[i] = (smoothed ? keep * nll + smooth * spread : nll) + z;
+            pt_cascade_add(&nll_sum, i, -nll, w_t);
+            pt_cascade_add(&smooth_sum, i, -smooth, 0.0f);
+            counted++;
+        }
+        pt_cascade_add(&z_sum, i, -z, 0.0f);
+    }
+    float total_weight;
+    if (target_probs != NULL) total_weight = (float)N;
+    else total_weight = opt->weight ? pt_cascade_total(nll_sum.weight) : (float)counted;
+    if (!none) {
+        float nll = pt_cascade_total(nll_sum.loss);
+        float smooth = pt_cascade_total(smooth_sum.loss);
+        float z = pt_cascade_total(z_sum.loss);
+        if (mean) {
+            nll /= total_weight;
+            smooth /= total_weight;
+            z /= total_weight;
+        }
+        float out = (target_probs == NULL && smoothed) ? keep * nll + smooth * spread : nll;
+        loss[0] = out + z;
+    }
+    if (dlogits == NULL) return CKP_OK;
+
+    /* Pass 2, backward with upstream gradient 1, the way autograd chains it. */
+    float scale = mean ? 1.0f / total_weight : 1.0f;
+    for (int64_t i = 0; i < N; i++) {
+        float *dx = dlogits + i * V;
+        if (target != NULL && target[i] == opt->ignore_index) {
+            memset(dx, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        pt_row r = {0};
+        r.P = target_probs ? target_probs + i * V : NULL;
+        r.w = opt->weight;
+        r.keep = keep;
+        r.spread = spread;
+        r.smoothed = smoothed;
+        pt_row_prepare(&r, logits + i * V, V);
+        float lse = r.m + r.log_sum;
+        float z_coef = 2.0f * z_loss * lse * scale;
+        if (target_probs != NULL) {
+            /* -(logp * q * w).sum() / N: the gradient reaching each product is -1/N */
+            r.smooth_grad = -(mean ? 1.0f / (float)N : 1.0f);
+        } else {
+            r.t = target[i];
+            float nll_upstream = smoothed ? keep : 1.0f;
+            float grad = -(mean ? nll_upstream / total_weight : nll_upstream);
+            r.nll_grad = opt->weight ? opt->weight[r.t] * grad : grad;
+            float smooth_upstream = smoothed ? spread : 0.0f;
+            r.smooth_grad = -(mean ? smooth_upstream / total_weight : smooth_upstream);
+        }
+        pt_row_grad(&r, V, z_coef, dx);
+    }
+    return CKP_OK;
+}
+
+ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt) {
+    if (opt == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "options is NULL");
+    opt->weight = NULL;
+    opt->ignore_index = -100;
+    opt->reduction = CKP_REDUCTION_MEAN;
+    opt->label_smoothing = 0.0;
+    opt->z_loss = 0.0;
+    opt->variant = CKP_CE_DEFAULT;
+    ckp_clear_error();
+    return CKP_OK;
+}
+
+ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const float *target_probs,
+                             int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
+                             float *loss, float *dlogits) {
+    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits);
+    if (s != CKP_OK) return s;
+    ckp_clear_error();
+    if (opt->variant == CKP_CE_PTREF)
+        return ce_ptref(logits, target, target_probs, N, V, opt, loss, dlogits);
+    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits);
+}

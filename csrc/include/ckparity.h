@@ -1,0 +1,109 @@
+/*
+ * ckparity.h — the whole C API of ckparity.
+ *
+ * ckparity's kernels compute the pieces of an LLM training step that most
+ * often make a hand-written trainer drift away from PyTorch, with PyTorch's
+ * exact semantics. Every entry point returns a ckp_status (CKP_OK == 0);
+ * a bad argument returns an error, writes nothing, and never prints.
+ * Buffers are caller-allocated, contiguous, row-major float32; class targets
+ * are int64 (torch's dtype, so no copy is needed).
+ *
+ * Example: mean cross-entropy of logits (N, V) and its gradient.
+ *
+ *     ckp_cross_entropy_options opt;
+ *     ckp_cross_entropy_options_init(&opt);           // torch's defaults
+ *     float loss;
+ *     ckp_status s = ckp_cross_entropy(logits, targets, NULL, N, V, &opt,
+ *                                      &loss, dlogits);
+ *     if (s != CKP_OK)
+ *         fprintf(stderr, "%s: %s\n", ckp_status_str(s), ckp_last_error());
+ *
+ * The region between the CDEF markers is read verbatim by the Python loader
+ * (cffi's cdef), so it holds plain declarations only: no macros, no #if.
+ */
+#ifndef CKPARITY_H
+#define CKPARITY_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CKP_CDEF_BEGIN */
+
+/* Status codes. Values never move once published; new codes go at the end. */
+typedef enum {
+    CKP_OK = 0,
+    CKP_ERR_NULL_POINTER = 1,       /* a required pointer is NULL */
+    CKP_ERR_BAD_SIZE = 2,           /* a size is zero, negative or inconsistent */
+    CKP_ERR_TARGET_OUT_OF_RANGE = 3,/* a class target outside [0, V) that is not ignore_index */
+    CKP_ERR_BAD_OPTION = 4,         /* an option outside its domain (reduction, smoothing, ...) */
+    CKP_ERR_ALIASING = 5            /* an output overlaps an input where that is not allowed */
+} ckp_status;
+
+/* A short fixed name for a status code ("CKP_ERR_BAD_SIZE: ..."). */
+const char *ckp_status_str(ckp_status status);
+
+/* Detail of the last failing call made on this thread (which argument, which
+ * row, which value). Empty if the last call on this thread succeeded. */
+const char *ckp_last_error(void);
+
+/* Library version and the compiler flags the library was built with. */
+const char *ckp_version(void);
+const char *ckp_build_info(void);
+
+/* Threads. The default comes from CKP_NUM_THREADS, then CK_NUM_THREADS, then
+ * the number of cores. Results never depend on the thread count. */
+ckp_status ckp_set_num_threads(int num_threads);
+int ckp_get_num_threads(void);
+
+/* Reductions, numbered as torch's at::Reduction. */
+typedef enum {
+    CKP_REDUCTION_NONE = 0,
+    CKP_REDUCTION_MEAN = 1,
+    CKP_REDUCTION_SUM = 2
+} ckp_reduction;
+
+/* ------------------------------------------------------------------------
+ * cross_entropy (csrc/cross_entropy.c) = F.cross_entropy, forward and
+ * backward in one call.
+ * ---------------------------------------------------------------------- */
+typedef enum {
+    CKP_CE_DEFAULT = 0,  /* fused, threaded, log-sum-exp accumulated in double */
+    CKP_CE_PTREF = 1     /* ATen's CPU order of operations, single-threaded */
+} ckp_cross_entropy_variant;
+
+typedef struct {
+    const float *weight;      /* (V) class weights, or NULL for all ones */
+    int64_t ignore_index;     /* class-index targets equal to this are skipped (torch: -100) */
+    ckp_reduction reduction;  /* torch: CKP_REDUCTION_MEAN */
+    double label_smoothing;   /* in [0, 1] */
+    double z_loss;            /* >= 0: adds z_loss * logsumexp(row)^2 to each non-ignored row */
+    ckp_cross_entropy_variant variant;
+} ckp_cross_entropy_options;
+
+/* Fills *opt with torch's defaults (no weight, ignore_index -100, mean, no
+ * smoothing, no z-loss, default variant). */
+ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt);
+
+/* logits is (N, V). Exactly one of target (N, int64 class indices) and
+ * target_probs (N, V, class probabilities) is non-NULL.
+ * loss is (N) for CKP_REDUCTION_NONE, else (1).
+ * dlogits is (N, V) or NULL (forward only): the gradient of the loss with an
+ * upstream gradient of 1 (scale it by the real upstream gradient). dlogits may
+ * be the logits buffer itself (in place); it may not partially overlap it.
+ * With mean reduction and every target ignored the loss is NaN and dlogits is
+ * all zero, as in torch. */
+ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
+                             const float *target_probs, int64_t N, int64_t V,
+                             const ckp_cross_entropy_options *opt,
+                             float *loss, float *dlogits);
+
+/* CKP_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPARITY_H */

@@ -1,0 +1,79 @@
+"""Loads the C library through cffi and turns its status codes into exceptions.
+
+The cffi declarations are read from ``ckparity.h`` (the region between the
+CDEF markers), so the header stays the single description of the C API.
+``CKP_LIB=/path/to/libckparity.so`` loads another build of the library (for
+testing a kernel build against the same Python side).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import cffi
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+HEADER_PATH = _PACKAGE_DIR / "ckparity.h"
+
+
+def _cdef_source(header: Path) -> str:
+    text = header.read_text()
+    begin, end = "/* CKP_CDEF_BEGIN */", "/* CKP_CDEF_END */"
+    if begin not in text or end not in text:
+        raise ImportError(f"{header} has no {begin} ... {end} region")
+    return text.split(begin, 1)[1].split(end, 1)[0]
+
+
+def _library_path() -> Path:
+    override = os.environ.get("CKP_LIB")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise ImportError(f"CKP_LIB={override} is not a file")
+        return path
+    candidates = sorted(_PACKAGE_DIR.glob("libckparity*.so")) + sorted(_PACKAGE_DIR.glob("libckparity*.dylib"))
+    if not candidates:
+        raise ImportError(
+            f"libckparity is not installed in {_PACKAGE_DIR}; build and install the package "
+            "(./scripts/test.sh does) or set CKP_LIB"
+        )
+    return candidates[0]
+
+
+ffi = cffi.FFI()
+ffi.cdef(_cdef_source(HEADER_PATH))
+LIBRARY_PATH = _library_path()
+lib = ffi.dlopen(str(LIBRARY_PATH))
+
+
+class CkparityError(RuntimeError):
+    """A C status with no closer Python exception type."""
+
+
+# Which Python exception each C status becomes. torch raises IndexError for
+# an out-of-range class target, so ckparity does too.
+_EXCEPTIONS = {
+    lib.CKP_ERR_NULL_POINTER: ValueError,
+    lib.CKP_ERR_BAD_SIZE: ValueError,
+    lib.CKP_ERR_TARGET_OUT_OF_RANGE: IndexError,
+    lib.CKP_ERR_BAD_OPTION: ValueError,
+    lib.CKP_ERR_ALIASING: ValueError,
+}
+
+
+def check(status: int, what: str) -> None:
+    """Raises the Python exception for a non-OK status of the C call ``what``."""
+    if status == lib.CKP_OK:
+        return
+    name = ffi.string(lib.ckp_status_str(status)).decode()
+    detail = ffi.string(lib.ckp_last_error()).decode()
+    raise _EXCEPTIONS.get(status, CkparityError)(f"{what}: {detail} ({name})")
+
+
+def version() -> str:
+    return ffi.string(lib.ckp_version()).decode()
+
+
+def build_info() -> str:
+    return ffi.string(lib.ckp_build_info()).decode()

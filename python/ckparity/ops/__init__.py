@@ -1,0 +1,1 @@
+"""Autograd-aware ops, one module per C kernel family."""

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command: set up (scripts/setup.sh), then the C tests (plain and
+# under ASan+UBSan), then pytest. Exits non-zero on any failure.
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -k cross_entropy).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+export PATH="$ROOT/.venv/bin:$PATH"
+
+echo "== C tests"
+[ -f build/ctest/build.ninja ] || meson setup build/ctest --buildtype=release >/dev/null
+meson test -C build/ctest --print-errorlogs
+
+echo "== C tests under ASan+UBSan"
+[ -f build/asan/build.ninja ] || meson setup build/asan --buildtype=debug \
+  -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+# halt_on_error: a UBSan finding fails the test instead of scrolling past.
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+  meson test -C build/asan --print-errorlogs
+
+echo "== pytest"
+cd "$ROOT/tests"
+python -m pytest -q "$@"
