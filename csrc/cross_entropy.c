@@ -18,7 +18,8 @@
  *   ptref    ATen's CPU order of operations in float: log_softmax
  *            (SoftMaxKernel.cpp, _vec_log_softmax_lastdim), nll_loss with its
  *            cascade sum (LossNLL.cpp), then log_softmax's backward
- *            grad - exp(logp) * sum(grad). Single-threaded, for A/B parity.
+ *            grad - exp(logp) * sum(grad); sums over the class dimension as
+ *            SumKernel.cpp orders them. Single-threaded, for A/B parity.
  */
 #include "ckp_internal.h"
 
@@ -222,11 +223,10 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
  * ptref variant: ATen's order of operations, in float.
  * ---------------------------------------------------------------------- */
 
-/* ATen's Vectorized<float> width on an AVX-512 build; its reductions keep one
- * partial sum per lane and fold the lanes as a halving tree. */
+/* ATen's Vectorized<float> width on an AVX-512 build. */
 enum { PT_LANES = 16 };
 
-/* Everything ptref needs to evaluate one row's elementwise terms. */
+/* One row as torch sees it after log_softmax. */
 typedef struct {
     const float *x;        /* logits row */
     const float *P;        /* target probabilities row, or NULL */
@@ -235,73 +235,156 @@ typedef struct {
     float m, log_sum;      /* row max and log(sum exp(x - m)) */
     float keep, spread;    /* (1-ls) and ls/V as float scalars, as torch's scalar ops */
     int smoothed;
-    float smooth_grad;     /* gradient reaching each -w_j logp_j term of the smoothing sum */
+    float smooth_grad;     /* gradient reaching each logp_j * w_j product */
     float nll_grad;        /* gradient reaching logp_t from nll_loss */
 } pt_row;
 
-typedef float (*pt_map)(const pt_row *r, int64_t j);
+/* A map from element index to value; ctx is a pt_row or a pt_batch. */
+typedef float (*pt_map)(void *ctx, int64_t j);
 
-static float pt_exp_shifted(const pt_row *r, int64_t j) { return expf(r->x[j] - r->m); }
 static float pt_logp(const pt_row *r, int64_t j) { return r->x[j] - r->m - r->log_sum; }
-static float pt_wlogp(const pt_row *r, int64_t j) {
-    return r->w ? pt_logp(r, j) * r->w[j] : pt_logp(r, j);
-}
 static float pt_q(const pt_row *r, int64_t j) {
     return r->smoothed ? r->P[j] * r->keep + r->spread : r->P[j];
 }
-static float pt_logp_q_w(const pt_row *r, int64_t j) {
+static float pt_exp_shifted(void *ctx, int64_t j) {
+    const pt_row *r = ctx;
+    return expf(r->x[j] - r->m);
+}
+static float pt_wlogp(void *ctx, int64_t j) {
+    const pt_row *r = ctx;
+    return r->w ? pt_logp(r, j) * r->w[j] : pt_logp(r, j);
+}
+static float pt_logp_q_w(void *ctx, int64_t j) {
+    const pt_row *r = ctx;
     float v = pt_logp(r, j) * pt_q(r, j);
     return r->w ? v * r->w[j] : v;
 }
-/* d loss / d logp_j before log_softmax's backward (see ptref_row_grad). */
-static float pt_grad_logp(const pt_row *r, int64_t j) {
-    if (r->P != NULL) {
-        float g = r->w ? r->smooth_grad * r->w[j] : r->smooth_grad;
-        return g * pt_q(r, j);
-    }
+/* d loss / d logp_j, the input of log_softmax's backward. */
+static float pt_grad_logp(void *ctx, int64_t j) {
+    const pt_row *r = ctx;
     float g = r->w ? r->smooth_grad * r->w[j] : r->smooth_grad;
-    if (j == r->t) g += r->nll_grad;
-    return g;
+    if (r->P != NULL) return g * pt_q(r, j);
+    return j == r->t ? g + r->nll_grad : g;
 }
 
-/* vec::map_reduce_all(map, +) over n elements, lane by lane. */
-static float pt_lane_sum(pt_map map, const pt_row *r, int64_t n) {
+/* vec::map_reduce_all(map, +): one partial per lane, lanes folded as a
+ * halving tree; under one vector, a plain left-to-right sum. */
+static float pt_vec_sum(pt_map map, void *ctx, int64_t n) {
     if (n < PT_LANES) {
-        float acc = map(r, 0);
-        for (int64_t j = 1; j < n; j++) acc += map(r, j);
+        float acc = map(ctx, 0);
+        for (int64_t j = 1; j < n; j++) acc += map(ctx, j);
         return acc;
     }
     float lane[PT_LANES];
-    for (int l = 0; l < PT_LANES; l++) lane[l] = map(r, l);
+    for (int l = 0; l < PT_LANES; l++) lane[l] = map(ctx, l);
     int64_t d = PT_LANES;
     for (; d < n - n % PT_LANES; d += PT_LANES)
-        for (int l = 0; l < PT_LANES; l++) lane[l] += map(r, d + l);
-    for (int64_t l = 0; d + l < n; l++) lane[l] += map(r, d + l);
+        for (int l = 0; l < PT_LANES; l++) lane[l] += map(ctx, d + l);
+    for (int64_t l = 0; d + l < n; l++) lane[l] += map(ctx, d + l);
     for (int step = PT_LANES / 2; step >= 1; step /= 2)
         for (int l = 0; l < step; l++) lane[l] += lane[l + step];
     return lane[0];
 }
 
-/* nll_loss's cascade sum (LossNLL.cpp): 8 levels, flushed by the row index. */
+static int64_t pt_ceil_log2(int64_t x) {
+    if (x <= 2) return 1;
+    int64_t bits = 0;
+    for (uint64_t v = (uint64_t)x - 1; v; v >>= 1) bits++;
+    return bits;
+}
+
+/* torch.sum over a contiguous run, single-threaded, as SumKernel.cpp orders
+ * it (vectorized_inner_sum -> row_sum -> multi_row_sum): whole vectors are
+ * seen as a (rows, 4) array summed through a 4-level cascade, leftover
+ * vectors join the first column, the leftover elements are summed first and
+ * the lanes are added to them one by one. map is called with ascending j. */
+enum { PT_ILP = 4, PT_LEVELS = 4 };
+
+static void pt_add_vector(float *acc, pt_map map, void *ctx, int64_t vec) {
+    for (int l = 0; l < PT_LANES; l++) acc[l] += map(ctx, vec * PT_LANES + l);
+}
+
+static float pt_sum(pt_map map, void *ctx, int64_t n) {
+    int64_t nvec = n / PT_LANES, rows = nvec / PT_ILP;
+    int64_t level_power = pt_ceil_log2(rows) / PT_LEVELS > 4 ? pt_ceil_log2(rows) / PT_LEVELS : 4;
+    int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
+    float acc[PT_LEVELS][PT_ILP][PT_LANES];
+    memset(acc, 0, sizeof acc);
+    int64_t i = 0;
+    while (i + level_step <= rows) {
+        for (int64_t j = 0; j < level_step; j++, i++)
+            for (int k = 0; k < PT_ILP; k++) pt_add_vector(acc[0][k], map, ctx, i * PT_ILP + k);
+        for (int j = 1; j < PT_LEVELS; j++) {
+            for (int k = 0; k < PT_ILP; k++)
+                for (int l = 0; l < PT_LANES; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (level_mask << (j * level_power))) != 0) break;
+        }
+    }
+    for (; i < rows; i++)
+        for (int k = 0; k < PT_ILP; k++) pt_add_vector(acc[0][k], map, ctx, i * PT_ILP + k);
+    for (int j = 1; j < PT_LEVELS; j++)
+        for (int k = 0; k < PT_ILP; k++)
+            for (int l = 0; l < PT_LANES; l++) acc[0][k][l] += acc[j][k][l];
+    float *partial = acc[0][0];
+    for (int64_t v = rows * PT_ILP; v < nvec; v++) pt_add_vector(partial, map, ctx, v);
+    for (int k = 1; k < PT_ILP; k++)
+        for (int l = 0; l < PT_LANES; l++) partial[l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t j = nvec * PT_LANES; j < n; j++) total += map(ctx, j);
+    for (int l = 0; l < PT_LANES; l++) total += partial[l];
+    return total;
+}
+
+/* The whole batch, for the reductions that sum over rows or over every element. */
+typedef struct {
+    const float *logits, *probs;
+    const int64_t *target;
+    int64_t V, ignore_index;
+    pt_row row;            /* the row last prepared (rows are visited in order) */
+    int64_t row_index;
+} pt_batch;
+
+static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
+    r->x = x;
+    r->m = row_max(x, V);
+    r->log_sum = logf(pt_vec_sum(pt_exp_shifted, r, V));
+}
+
+static pt_row *pt_batch_row(pt_batch *b, int64_t i) {
+    if (b->row_index != i) {
+        b->row.P = b->probs ? b->probs + i * b->V : NULL;
+        pt_row_prepare(&b->row, b->logits + i * b->V, b->V);
+        b->row_index = i;
+    }
+    return &b->row;
+}
+
+/* element j of (logp * q * w) over the flattened (N, V) batch */
+static float pt_batch_logp_q_w(void *ctx, int64_t j) {
+    pt_batch *b = ctx;
+    return pt_logp_q_w(pt_batch_row(b, j / b->V), j % b->V);
+}
+
+/* smooth_loss_i = -(logp_i * w).sum(), masked to 0 on ignored rows */
+static float pt_batch_smooth(void *ctx, int64_t i) {
+    pt_batch *b = ctx;
+    if (b->target[i] == b->ignore_index) return 0.0f;
+    pt_row *r = pt_batch_row(b, i);
+    return -pt_sum(pt_wlogp, r, b->V);
+}
+
+/* nll_loss's cascade sum (LossNLL.cpp): 8 levels flushed by the row index. */
 typedef struct {
     float loss[8], weight[8];
     int64_t level_power;
-} pt_cascade;
+} pt_nll_sum;
 
-static void pt_cascade_init(pt_cascade *cs, int64_t N) {
-    memset(cs, 0, sizeof *cs);
-    int64_t ceil_log2 = 1;
-    if (N > 2) {
-        uint64_t v = (uint64_t)N - 1;
-        ceil_log2 = 0;
-        while (v) { ceil_log2++; v >>= 1; }
-    }
-    cs->level_power = ceil_log2 / 8 > 4 ? ceil_log2 / 8 : 4;
-}
-
-static void pt_cascade_add(pt_cascade *cs, int64_t row, float loss_term, float weight_term) {
-    cs->loss[0] -= loss_term;
-    cs->weight[0] += weight_term;
+static void pt_nll_sum_add(pt_nll_sum *cs, int64_t row, float logp_times_w, float w) {
+    cs->loss[0] -= logp_times_w;
+    cs->weight[0] += w;
     int64_t mask0 = ((int64_t)1 << cs->level_power) - 1;
     for (int j = 0; j + 1 < 8; j++) {
         if ((row & (mask0 << (j * cs->level_power))) != 0) break;
@@ -312,27 +395,19 @@ static void pt_cascade_add(pt_cascade *cs, int64_t row, float loss_term, float w
     }
 }
 
-static float pt_cascade_total(const float *levels) {
+static float pt_levels_total(const float *levels) {
     float s = 0;
     for (int j = 0; j < 8; j++) s += levels[j];
     return s;
 }
 
-static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
-    r->x = x;
-    r->m = row_max(x, V);
-    r->log_sum = logf(pt_lane_sum(pt_exp_shifted, r, V));
-}
-
-/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k, plus the z-loss term. */
-static void pt_row_grad(const pt_row *r, int64_t V, float z_coef, float *dx) {
-    float grad_sum = pt_lane_sum(pt_grad_logp, r, V);
+/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k (+ the z-loss term). */
+static void pt_row_grad(pt_row *r, int64_t V, float z_coef, float *dx) {
+    float grad_sum = pt_vec_sum(pt_grad_logp, r, V);
     for (int64_t j = 0; j < V; j++) {
-        float g = pt_grad_logp(r, j);
         float p = expf(pt_logp(r, j));
-        float v = g - p * grad_sum;
-        if (z_coef != 0.0f) v += z_coef * p;
-        dx[j] = v;
+        float v = pt_grad_logp(r, j) - p * grad_sum;
+        dx[j] = z_coef != 0.0f ? v + z_coef * p : v;
     }
 }
 
@@ -341,66 +416,68 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
                            float *loss, float *dlogits) {
     const int none = opt->reduction == CKP_REDUCTION_NONE;
     const int mean = opt->reduction == CKP_REDUCTION_MEAN;
-    const float keep = (float)(1.0 - opt->label_smoothing);
-    const float spread = (float)(opt->label_smoothing / (double)V);
     const int smoothed = opt->label_smoothing > 0.0;
     const float z_loss = (float)opt->z_loss;
+    pt_row proto = {0};
+    proto.w = opt->weight;
+    proto.keep = (float)(1.0 - opt->label_smoothing);
+    proto.spread = (float)(opt->label_smoothing / (double)V);
+    proto.smoothed = smoothed;
 
-    /* Pass 1, forward: per-row terms and ATen's cascaded batch sums. */
-    pt_cascade nll_sum, smooth_sum, z_sum;
-    pt_cascade_init(&nll_sum, N);
-    pt_cascade_init(&smooth_sum, N);
-    pt_cascade_init(&z_sum, N);
+    /* Forward: per-row terms, nll_loss's cascade, z-loss beside it. */
+    pt_nll_sum nll_sum = {{0}, {0}, 0}, z_sum = {{0}, {0}, 0};
+    nll_sum.level_power = z_sum.level_power = pt_ceil_log2(N) / 8 > 4 ? pt_ceil_log2(N) / 8 : 4;
     int64_t counted = 0;
     for (int64_t i = 0; i < N; i++) {
-        pt_row r = {0};
-        r.P = target_probs ? target_probs + i * V : NULL;
-        r.w = opt->weight;
-        r.keep = keep;
-        r.spread = spread;
-        r.smoothed = smoothed;
-        int ignored = target != NULL && target[i] == opt->ignore_index;
-        if (ignored) {
+        if (target != NULL && target[i] == opt->ignore_index) {
             if (none) loss[i] = 0.0f;
             continue;
         }
+        pt_row r = proto;
+        r.P = target_probs ? target_probs + i * V : NULL;
         pt_row_prepare(&r, logits + i * V, V);
         float lse = r.m + r.log_sum;
         float z = z_loss * lse * lse;
+        pt_nll_sum_add(&z_sum, i, -z, 0.0f);
         if (target_probs != NULL) {
-            float row = -pt_lane_sum(pt_logp_q_w, &r, V);
-            if (none) loss[i] = row + z;
-            pt_cascade_add(&nll_sum, i, -row, 0.0f);
-        } else {
-            int64_t t = target[i];
-            float w_t = opt->weight ? opt->weight[t] : 1.0f;
-            float nll = -pt_logp(&r, t) * w_t;
-            float smooth = smoothed ? -pt_lane_sum(pt_wlogp, &r, V) : 0.0f;
-            if (none) loss[i] = (smoothed ? keep * nll + smooth * spread : nll) + z;
-            pt_cascade_add(&nll_sum, i, -nll, w_t);
-            pt_cascade_add(&smooth_sum, i, -smooth, 0.0f);
-            counted++;
+            if (none) loss[i] = -pt_sum(pt_logp_q_w, &r, V) + z;
+            continue;
         }
-        pt_cascade_add(&z_sum, i, -z, 0.0f);
+        float w_t = opt->weight ? opt->weight[target[i]] : 1.0f;
+        float logp_t = pt_logp(&r, target[i]);
+        pt_nll_sum_add(&nll_sum, i, logp_t * w_t, w_t);
+        counted++;
+        if (none) {
+            float nll = -logp_t * w_t;
+            loss[i] = (smoothed ? r.keep * nll + -pt_sum(pt_wlogp, &r, V) * r.spread : nll) + z;
+        }
     }
-    float total_weight;
-    if (target_probs != NULL) total_weight = (float)N;
-    else total_weight = opt->weight ? pt_cascade_total(nll_sum.weight) : (float)counted;
+    float total_weight = target_probs != NULL ? (float)N
+                         : opt->weight ? pt_levels_total(nll_sum.weight) : (float)counted;
     if (!none) {
-        float nll = pt_cascade_total(nll_sum.loss);
-        float smooth = pt_cascade_total(smooth_sum.loss);
-        float z = pt_cascade_total(z_sum.loss);
+        pt_batch batch = {logits, target_probs, target, V, opt->ignore_index, proto, -1};
+        float z = pt_levels_total(z_sum.loss);
+        float out;
+        if (target_probs != NULL) {
+            out = -pt_sum(pt_batch_logp_q_w, &batch, N * V); /* -(logp * q * w).sum() */
+        } else {
+            out = pt_levels_total(nll_sum.loss);
+            if (mean) out /= total_weight;
+            if (smoothed) {
+                float smooth = pt_sum(pt_batch_smooth, &batch, N);
+                if (mean) smooth /= total_weight;
+                out = proto.keep * out + smooth * proto.spread;
+            }
+        }
         if (mean) {
-            nll /= total_weight;
-            smooth /= total_weight;
+            if (target_probs != NULL) out /= total_weight;
             z /= total_weight;
         }
-        float out = (target_probs == NULL && smoothed) ? keep * nll + smooth * spread : nll;
         loss[0] = out + z;
     }
     if (dlogits == NULL) return CKP_OK;
 
-    /* Pass 2, backward with upstream gradient 1, the way autograd chains it. */
+    /* Backward with upstream gradient 1, chained the way autograd chains it. */
     float scale = mean ? 1.0f / total_weight : 1.0f;
     for (int64_t i = 0; i < N; i++) {
         float *dx = dlogits + i * V;
@@ -408,24 +485,19 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             memset(dx, 0, (size_t)V * sizeof(float));
             continue;
         }
-        pt_row r = {0};
+        pt_row r = proto;
         r.P = target_probs ? target_probs + i * V : NULL;
-        r.w = opt->weight;
-        r.keep = keep;
-        r.spread = spread;
-        r.smoothed = smoothed;
         pt_row_prepare(&r, logits + i * V, V);
-        float lse = r.m + r.log_sum;
-        float z_coef = 2.0f * z_loss * lse * scale;
+        float z_coef = 2.0f * z_loss * (r.m + r.log_sum) * scale;
         if (target_probs != NULL) {
-            /* -(logp * q * w).sum() / N: the gradient reaching each product is -1/N */
-            r.smooth_grad = -(mean ? 1.0f / (float)N : 1.0f);
+            /* -(logp * q * w).sum() / N: each product receives -1/N */
+            r.smooth_grad = -(mean ? 1.0f / total_weight : 1.0f);
         } else {
             r.t = target[i];
-            float nll_upstream = smoothed ? keep : 1.0f;
+            float nll_upstream = smoothed ? r.keep : 1.0f;
             float grad = -(mean ? nll_upstream / total_weight : nll_upstream);
             r.nll_grad = opt->weight ? opt->weight[r.t] * grad : grad;
-            float smooth_upstream = smoothed ? spread : 0.0f;
+            float smooth_upstream = smoothed ? r.spread : 0.0f;
             r.smooth_grad = -(mean ? smooth_upstream / total_weight : smooth_upstream);
         }
         pt_row_grad(&r, V, z_coef, dx);

@@ -1,13 +1,38 @@
+from pathlib import Path
+
 import pytest
 import torch
 
 import ckparity
+from parity import MEASUREMENTS, write_measurements
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 @pytest.fixture(autouse=True)
-def _fixed_threads():
-    """Every test starts from the same thread counts and seed."""
+def _fixed_threads_and_seed():
+    """Every test starts from the same seed and leaves the thread count as it found it."""
     threads = ckparity.get_num_threads()
     torch.manual_seed(0)
     yield
     ckparity.set_num_threads(threads)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Worst figures per test family, and the full list in reports/parity_latest.json."""
+    if not MEASUREMENTS:
+        return
+    write_measurements(REPORTS / "parity_latest.json")
+    worst: dict[str, dict] = {}
+    for m in MEASUREMENTS:
+        family = m["name"].split("[")[0]
+        w = worst.setdefault(family, {"max_ulp": 0, "ckparity_error64": 0.0, "torch_error64": 0.0, "count": 0})
+        w["count"] += 1
+        w["max_ulp"] = max(w["max_ulp"], m["max_ulp"])
+        w["ckparity_error64"] = max(w["ckparity_error64"], m["ckparity_error64"])
+        w["torch_error64"] = max(w["torch_error64"], m["torch_error64"])
+    terminalreporter.section("parity figures (worst per family; all in reports/parity_latest.json)")
+    for family, w in sorted(worst.items()):
+        terminalreporter.line(
+            f"{family:45s} n={w['count']:4d} max_ulp={w['max_ulp']:<8d} "
+            f"err64 ckparity={w['ckparity_error64']:.3g} torch={w['torch_error64']:.3g}")

@@ -1,0 +1,374 @@
+"""ckparity.cross_entropy against F.cross_entropy (float32) and float64.
+
+Every comparison goes through parity.check_parity: assert_close's float32
+tolerances against torch, and a float64 error no worse than 2x torch's
+(1x for ptref, which follows torch's own order of operations)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity.ops.cross_entropy import cross_entropy_forward_backward
+from parity import check_parity, max_ulp
+
+VARIANTS = ["default", "ptref"]
+# (factor, floor in ULPs): default may be 2x torch's float64 error; ptref, which
+# repeats torch's float operations, no worse than torch's, give or take two
+# ULPs: its exp is glibc's expf where torch's is Sleef's vectorized expf_u10
+# (they differ by up to 1 ULP per element), and torch's own full-tensor sum
+# (probability targets, mean/sum) moves by 1-2 ULPs with its thread count,
+# which ptref (single-threaded) cannot follow.
+RULE = {"default": (2.0, 0.5), "ptref": (1.0, 2.0)}
+
+
+def run_both(variant, logits, target, grad_output=None, **kwargs):
+    """Loss and input gradient from ckparity, torch float32 and torch float64."""
+    results = []
+    for fn, dtype in ((lambda *a, **k: ckparity.cross_entropy(*a, variant=variant, **k), torch.float32),
+                      (F.cross_entropy, torch.float32), (F.cross_entropy, torch.float64)):
+        x = logits.detach().to(dtype).requires_grad_(True)
+        t = target.to(dtype) if target.is_floating_point() else target
+        kw = dict(kwargs)
+        if kw.get("weight") is not None:
+            kw["weight"] = kw["weight"].to(dtype)
+        loss = fn(x, t, **kw)
+        g = torch.ones_like(loss) if grad_output is None else grad_output.to(dtype)
+        loss.backward(g)
+        results.append((loss.detach(), x.grad))
+    return results
+
+
+def check_case(name, variant, logits, target, grad_output=None, **kwargs):
+    (loss, grad), (tloss, tgrad), (rloss, rgrad) = run_both(variant, logits, target, grad_output, **kwargs)
+    factor, floor_ulps = RULE[variant]
+    check_parity(f"cross_entropy.{variant}.loss[{name}]", loss, tloss, rloss, factor, floor_ulps)
+    check_parity(f"cross_entropy.{variant}.grad[{name}]", grad, tgrad, rgrad, factor, floor_ulps)
+    return loss, grad
+
+
+def class_targets(N, C, ignore_frac=0.0, ignore_index=-100):
+    target = torch.randint(0, C, (N,))
+    if ignore_frac:
+        target[torch.rand(N) < ignore_frac] = ignore_index
+    return target
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("C", [1, 2, 3, 255, 50257])
+@pytest.mark.parametrize("N", [1, 7, 64, 1000])
+def test_grid_with_ignored_rows(variant, N, C):
+    logits = torch.randn(N, C) * 3
+    target = class_targets(N, C, ignore_frac=0.25)
+    if N > 1:
+        target[0] = -100  # at least one ignored row
+        target[-1] = C - 1  # and one that counts
+    for reduction in ("mean", "sum", "none"):
+        check_case(f"N={N},C={C},{reduction}", variant, logits, target, reduction=reduction)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_rows_ignored(variant, reduction):
+    logits = torch.randn(9, 17)
+    target = torch.full((9,), -100)
+    loss, grad = check_case(f"all-ignored,{reduction}", variant, logits, target, reduction=reduction)
+    if reduction == "mean":
+        assert torch.isnan(loss)
+    else:
+        assert (loss == 0).all()
+    assert (grad == 0).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("ignore_index", [-1, 0, 4, 1000])
+def test_other_ignore_index(variant, ignore_index):
+    # 0 and 4 lie inside [0, C): those rows must be skipped, not scored as class 0/4.
+    C = 11
+    logits = torch.randn(50, C)
+    target = class_targets(50, C)
+    target[::3] = ignore_index
+    for reduction in ("mean", "sum", "none"):
+        loss, grad = check_case(f"ignore_index={ignore_index},{reduction}", variant, logits, target,
+                                ignore_index=ignore_index, reduction=reduction)
+    assert (grad[::3] == 0).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("with_ignored", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_weights(variant, with_ignored, reduction):
+    N, C = 64, 255
+    logits = torch.randn(N, C) * 2
+    target = class_targets(N, C, ignore_frac=0.3 if with_ignored else 0.0)
+    weight = torch.rand(C) + 0.1
+    check_case(f"weights,ignored={with_ignored},{reduction}", variant, logits, target,
+               weight=weight, reduction=reduction)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.1, 1.0])
+def test_label_smoothing_with_ignore_and_weights(variant, with_weight, reduction, smoothing):
+    N, C = 64, 255
+    logits = torch.randn(N, C) * 2
+    target = class_targets(N, C, ignore_frac=0.3, ignore_index=7)
+    weight = torch.rand(C) + 0.1 if with_weight else None
+    check_case(f"smoothing={smoothing},weight={with_weight},{reduction}", variant, logits, target,
+               weight=weight, ignore_index=7, reduction=reduction, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("N,C", [(1, 1), (7, 3), (64, 255), (33, 50257)])
+def test_probability_targets(variant, with_weight, smoothing, reduction, N, C):
+    logits = torch.randn(N, C) * 2
+    probs = torch.softmax(torch.randn(N, C), dim=1)
+    weight = torch.rand(C) + 0.1 if with_weight else None
+    check_case(f"probs,N={N},C={C},smoothing={smoothing},weight={with_weight},{reduction}", variant,
+               logits, probs, weight=weight, reduction=reduction, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_extreme_logits(variant):
+    C = 255
+    logits = torch.randn(6, C)
+    logits[0] = 1e4 * torch.sign(torch.randn(C))  # +-1e4
+    logits[1] = -1e4
+    logits[1, 17] = 1e4
+    logits[2] = float("-inf")  # -inf everywhere but the target
+    logits[2, 5] = 0.0
+    logits[3] = 3.25  # a row of equal values
+    logits[4] = torch.randn(C) * 1e4
+    target = torch.tensor([3, 17, 5, 9, 100, 0])
+    for reduction in ("mean", "sum", "none"):
+        loss, grad = check_case(f"extreme,{reduction}", variant, logits, target, reduction=reduction)
+        assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_reduction_none_nonuniform_upstream(variant):
+    N, C = 64, 255
+    logits = torch.randn(N, C)
+    target = class_targets(N, C, ignore_frac=0.2)
+    upstream = torch.randn(N) * 5
+    check_case("none,upstream=randn", variant, logits, target, grad_output=upstream, reduction="none")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_grad_output_not_one(variant, reduction):
+    logits = torch.randn(64, 255)
+    target = class_targets(64, 255, ignore_frac=0.2)
+    check_case(f"{reduction},upstream=0.125", variant, logits, target,
+               grad_output=torch.tensor(0.125), reduction=reduction)
+    check_case(f"{reduction},upstream=-3.7", variant, logits, target,
+               grad_output=torch.tensor(-3.7), reduction=reduction)
+
+
+@pytest.mark.parametrize("shape", [(255,), (4, 255, 3), (2, 7, 3, 5)])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_input_shapes(variant, shape):
+    logits = torch.randn(shape)
+    C = shape[0] if len(shape) == 1 else shape[1]
+    target_shape = () if len(shape) == 1 else shape[:1] + shape[2:]
+    target = torch.randint(0, C, target_shape)
+    for reduction in ("mean", "sum", "none"):
+        loss, _ = check_case(f"shape={shape},{reduction}", variant, logits, target, reduction=reduction)
+        assert loss.shape == F.cross_entropy(logits, target, reduction=reduction).shape
+    probs = torch.softmax(torch.randn(shape), dim=0 if len(shape) == 1 else 1)
+    check_case(f"shape={shape},probs", variant, logits, probs, reduction="none")
+
+
+def z_loss_reference(logits, target, z, weight=None, ignore_index=-100, reduction="mean"):
+    """float64: F.cross_entropy plus z * logsumexp(row)^2 on non-ignored rows."""
+    x = logits.double().requires_grad_(True)
+    w = weight.double() if weight is not None else None
+    ce = F.cross_entropy(x, target, weight=w, ignore_index=ignore_index, reduction="none")
+    keep = target != ignore_index
+    zrow = z * torch.logsumexp(x, dim=1) ** 2 * keep
+    rows = ce + zrow
+    if reduction == "none":
+        loss = rows
+    elif reduction == "sum":
+        loss = rows.sum()
+    else:
+        denominator = (w[target[keep]] if w is not None else keep[keep].double()).sum()
+        loss = rows.sum() / denominator
+    loss.backward(torch.ones_like(loss))
+    return loss.detach(), x.grad
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_z_loss_against_float64(variant, reduction, with_weight):
+    N, C, z = 64, 255, 1e-3
+    logits = torch.randn(N, C) * 4 + 2
+    target = class_targets(N, C, ignore_frac=0.2)
+    weight = torch.rand(C) + 0.1 if with_weight else None
+    x = logits.clone().requires_grad_(True)
+    loss = ckparity.cross_entropy(x, target, weight=weight, reduction=reduction, z_loss=z, variant=variant)
+    loss.backward(torch.ones_like(loss))
+    ref_loss, ref_grad = z_loss_reference(logits, target, z, weight, reduction=reduction)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), ref_grad, rtol=2e-6, atol=1e-7)
+    # and z_loss=0 is exactly the plain loss
+    plain = ckparity.cross_entropy(logits, target, weight=weight, reduction=reduction, variant=variant)
+    zero = ckparity.cross_entropy(logits, target, weight=weight, reduction=reduction, z_loss=0.0,
+                                  variant=variant)
+    assert torch.equal(plain, zero)
+    assert not torch.equal(plain, loss.detach())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("probs", [False, True])
+def test_inplace_dlogits_same_bits(variant, probs):
+    N, C = 257, 1031
+    logits = torch.randn(N, C) * 3
+    target = torch.softmax(torch.randn(N, C), 1) if probs else class_targets(N, C, ignore_frac=0.2)
+    kwargs = dict(reduction="mean", label_smoothing=0.1, z_loss=1e-4, variant=variant)
+    loss, dlogits = cross_entropy_forward_backward(logits, target, **kwargs)
+    buffer = logits.clone()
+    loss_inplace, same = cross_entropy_forward_backward(buffer, target, **kwargs, dlogits=buffer)
+    assert same.data_ptr() == buffer.data_ptr()
+    assert torch.equal(loss, loss_inplace)
+    assert torch.equal(dlogits, buffer)
+    assert not torch.equal(buffer, logits)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_deterministic_across_threads_and_calls(variant):
+    N, C = 1000, 2053
+    logits = torch.randn(N, C) * 3
+    target = class_targets(N, C, ignore_frac=0.1)
+    weight = torch.rand(C) + 0.5
+    results = []
+    for threads in (1, 2, 4, 4, 1):
+        ckparity.set_num_threads(threads)
+        for reduction in ("mean", "none"):
+            results.append(cross_entropy_forward_backward(
+                logits, target, weight, reduction=reduction, label_smoothing=0.05, variant=variant))
+    for i, (loss, grad) in enumerate(results):
+        ref_loss, ref_grad = results[i % 2]
+        assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad), f"run {i} differs"
+
+
+def test_variants_agree_closely():
+    logits = torch.randn(64, 50257)
+    target = class_targets(64, 50257, ignore_frac=0.2)
+    a = ckparity.cross_entropy(logits, target, variant="default")
+    b = ckparity.cross_entropy(logits, target, variant="ptref")
+    assert max_ulp(a, b) <= 8
+
+
+def test_nn_module_matches_functional():
+    logits = torch.randn(20, 31, requires_grad=True)
+    target = class_targets(20, 31, ignore_frac=0.2, ignore_index=3)
+    weight = torch.rand(31)
+    module = ckparity.nn.CrossEntropyLoss(weight=weight, ignore_index=3, label_smoothing=0.1, variant="ptref")
+    expected = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=3, label_smoothing=0.1)(logits, target)
+    torch.testing.assert_close(module(logits, target), expected)
+    assert torch.equal(module.weight, weight) and "weight" in dict(module.named_buffers())
+
+
+# ---- bad input --------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_out_of_range_target_names_row_and_value(variant):
+    logits = torch.randn(10, 5, requires_grad=True)
+    target = torch.tensor([0, 1, 2, 3, 4, 0, 7, 1, 2, 3])
+    with pytest.raises(IndexError, match=r"Target 7 is out of bounds at row 6"):
+        ckparity.cross_entropy(logits, target, variant=variant)
+    target[6] = -5
+    with pytest.raises(IndexError, match=r"Target -5 .* row 6"):
+        ckparity.cross_entropy(logits, target, variant=variant)
+
+
+def test_wrong_dtypes_raise_type_error():
+    logits = torch.randn(4, 5)
+    target = torch.tensor([0, 1, 2, 3])
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.cross_entropy(logits.double(), target)
+    with pytest.raises(TypeError, match="int64"):
+        ckparity.cross_entropy(logits, target.int())
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.cross_entropy(logits, target, weight=torch.ones(5, dtype=torch.float64))
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.cross_entropy(logits, torch.softmax(logits, 1).double())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ckparity.cross_entropy(logits.numpy(), target)
+
+
+def test_shape_mismatches_raise_value_error():
+    logits = torch.randn(4, 5)
+    with pytest.raises(ValueError, match="target shape"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2, 3]), weight=torch.ones(4))
+    with pytest.raises(ValueError, match="probabilities"):
+        ckparity.cross_entropy(logits, torch.rand(4, 6))
+    with pytest.raises(ValueError, match="reduction"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2, 3]), reduction="avg")
+    with pytest.raises(ValueError, match="variant"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2, 3]), variant="fast")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2, 3]), label_smoothing=1.5)
+    with pytest.raises(ValueError, match="z_loss"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2, 3]), z_loss=-1.0)
+    with pytest.raises(ValueError, match="ignore_index"):
+        ckparity.cross_entropy(logits, torch.softmax(logits, 1), ignore_index=2)
+
+
+def test_non_cpu_tensor_raises_clear_error():
+    # No GPU here: the "meta" device stands in for any non-CPU device; the
+    # check is on tensor.device, the same path a CUDA tensor takes.
+    logits = torch.randn(4, 5, device="meta")
+    with pytest.raises(TypeError, match="CPU only"):
+        ckparity.cross_entropy(logits, torch.tensor([0, 1, 2, 3]))
+    if torch.cuda.is_available():  # pragma: no cover - only on GPU machines
+        with pytest.raises(TypeError, match="CPU only"):
+            ckparity.cross_entropy(torch.randn(4, 5).cuda(), torch.tensor([0, 1, 2, 3]).cuda())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_non_contiguous_input_gives_right_answer(variant):
+    base = torch.randn(255, 64)
+    logits = base.t()  # (64, 255), not contiguous
+    assert not logits.is_contiguous()
+    target = torch.randint(0, 255, (128,))[::2]  # strided target
+    check_case("non-contiguous", variant, logits, target)
+
+
+def test_gradient_wrt_target_is_refused():
+    probs = torch.softmax(torch.randn(4, 5), 1).requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="input only"):
+        ckparity.cross_entropy(torch.randn(4, 5), probs)
+
+
+def test_empty_batch_matches_torch():
+    logits = torch.randn(0, 5)
+    target = torch.zeros(0, dtype=torch.int64)
+    assert torch.isnan(ckparity.cross_entropy(logits, target))
+    assert ckparity.cross_entropy(logits, target, reduction="sum") == 0
+    assert ckparity.cross_entropy(logits, target, reduction="none").shape == (0,)
+
+
+def test_ckp_lib_override(tmp_path):
+    code = "import ckparity, ckparity._native as n; print(n.LIBRARY_PATH)"
+    env = dict(os.environ, CKP_LIB=str(tmp_path / "missing.so"))
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "CKP_LIB" in bad.stderr
+    real = str(ckparity._native.LIBRARY_PATH)
+    env["CKP_LIB"] = real
+    good = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert good.returncode == 0 and good.stdout.strip() == real
