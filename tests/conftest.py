@@ -25,6 +25,8 @@ def pytest_terminal_summary(terminalreporter):
     write_measurements(REPORTS / "parity_latest.json")
     worst: dict[str, dict] = {}
     for m in MEASUREMENTS:
+        if "ckparity_error64" not in m:
+            continue
         family = m["name"].split("[")[0]
         w = worst.setdefault(family, {"max_ulp": 0, "ckparity_error64": 0.0, "torch_error64": 0.0, "count": 0})
         w["count"] += 1
@@ -36,3 +38,12 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.line(
             f"{family:45s} n={w['count']:4d} max_ulp={w['max_ulp']:<8d} "
             f"err64 ckparity={w['ckparity_error64']:.3g} torch={w['torch_error64']:.3g}")
+    bitwise: dict[str, list[int]] = {}
+    for m in MEASUREMENTS:
+        if "equal" in m:
+            totals = bitwise.setdefault(m["name"], [0, 0, 0])
+            totals[0] += m["equal"]
+            totals[1] += m["total"]
+            totals[2] = max(totals[2], m["max_ulp"])
+    for name, (equal, total, ulp) in sorted(bitwise.items()):
+        terminalreporter.line(f"{name:45s} {equal}/{total} bit-identical, max_ulp={ulp}")

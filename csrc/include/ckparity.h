@@ -100,6 +100,59 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
                              const ckp_cross_entropy_options *opt,
                              float *loss, float *dlogits);
 
+/* ------------------------------------------------------------------------
+ * rms_norm (csrc/rms_norm.c) = F.rms_norm(x, (D,), weight, eps).
+ * ---------------------------------------------------------------------- */
+
+/* x is (N, D), weight is (D) or NULL, y is (N, D), rstd is (N) float64:
+ * rstd_i = 1 / sqrt(mean_j x_ij^2 + eps),  y_ij = (x_ij * (float)rstd_i) * weight_j.
+ * eps >= 0 (torch's eps=None is FLT_EPSILON, 1.1920929e-07). rstd is kept in
+ * double because the backward subtracts two nearly equal terms when D is small. */
+ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
+                                double eps, float *y, double *rstd);
+
+/* dy, x, dx are (N, D); rstd is (N) from the forward; dweight is (D), or NULL
+ * when weight is NULL. dx may be dy (in place). */
+ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight,
+                                 const double *rstd, int64_t N, int64_t D,
+                                 float *dx, float *dweight);
+
+/* ------------------------------------------------------------------------
+ * swiglu (csrc/swiglu.c): x is (N, 2H), gate = x[:, :H], up = x[:, H:],
+ * out = F.silu(gate) * up is (N, H).
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out);
+
+/* dout is (N, H), x and dx are (N, 2H). */
+ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int64_t H,
+                               float *dx);
+
+/* ------------------------------------------------------------------------
+ * adamw (csrc/adamw.c) = one step of torch.optim.AdamW's single-tensor path
+ * on one parameter tensor, updating param and the moments in place.
+ * ---------------------------------------------------------------------- */
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    int amsgrad;   /* keep max_exp_avg_sq and normalize by it */
+    int maximize;  /* ascend: use -grad */
+} ckp_adamw_options;
+
+/* param, grad, exp_avg, exp_avg_sq are (n); max_exp_avg_sq is (n) with
+ * amsgrad, else may be NULL. step is the step count after this step's
+ * increment (1 on the first step), as torch's state["step"] holds it. */
+ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float *exp_avg_sq,
+                          float *max_exp_avg_sq, int64_t n, double step,
+                          const ckp_adamw_options *opt);
+
+/* ------------------------------------------------------------------------
+ * grad_norm (csrc/clip_grad_norm.c): the total norm used by
+ * torch.nn.utils.clip_grad_norm_: the norm_type-norm of the per-tensor norms
+ * of count tensors (tensors[k] has sizes[k] floats). norm_type is > 0 or
+ * INFINITY. A NaN anywhere gives NaN, an inf gives inf: never a finite norm.
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_grad_norm(const float *const *tensors, const int64_t *sizes, int64_t count,
+                         double norm_type, double *total_norm);
+
 /* CKP_CDEF_END */
 
 #ifdef __cplusplus

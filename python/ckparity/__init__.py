@@ -3,9 +3,12 @@
 See README.md for the API and the parity each function promises.
 """
 
-from . import nn
+from . import nn, optim
 from ._native import CkparityError, build_info, version
+from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
+from .ops.rms_norm import rms_norm
+from .ops.swiglu import swiglu
 from .threads import get_num_threads, set_num_threads
 
 __version__ = version()
@@ -13,9 +16,13 @@ __version__ = version()
 __all__ = [
     "CkparityError",
     "build_info",
+    "clip_grad_norm_",
     "cross_entropy",
     "get_num_threads",
     "nn",
+    "optim",
+    "rms_norm",
     "set_num_threads",
+    "swiglu",
     "__version__",
 ]

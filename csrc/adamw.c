@@ -1,0 +1,97 @@
+/*
+ * adamw.c — one step of torch.optim.AdamW (torch/optim/adam.py,
+ * _single_tensor_adam with decoupled weight decay), operation for operation,
+ * aiming at bit-identical params and moments. Per element, in float:
+ *   g = maximize ? -grad : grad
+ *   p = p * (1 - lr*wd)                           param.mul_(1 - lr * weight_decay)
+ *   m = lerp(m, g, 1 - beta1)                     exp_avg.lerp_(grad, 1 - beta1)
+ *   v = fma((1 - beta2) * g, g, v * beta2)        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+ *   vmax = max(vmax, v)                           amsgrad only
+ *   denom = sqrt(v or vmax) / sqrt(bc2) + eps     (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+ *   p = p + (-step_size * m) / denom              param.addcdiv_(exp_avg, denom, value=-step_size)
+ * with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step, step_size = lr / bc1 and
+ * sqrt(bc2) = bc2 ** 0.5, all in double as Python computes them; every double
+ * scalar is rounded to float where torch hands it to a float kernel.
+ * The fused forms follow what torch's AVX-512 build does (checked bitwise):
+ * lerp is ATen's lerp_vec, fma(weight, end - start, start) for weight < 0.5 and
+ * fma(weight - 1, end - start, end) otherwise (Lerp.h); addcmul is contracted to
+ * one fma; addcdiv is not.
+ * Known difference: torch's sqrt on this build (MKL's vectorized sqrt) returns
+ * the float just below the correctly rounded root for about 0.6% of inputs;
+ * sqrtf here is correctly rounded, so those elements' params differ by an ULP.
+ */
+#include "ckp_internal.h"
+
+#include <math.h>
+
+static float lerp_vec(float start, float end, float weight) {
+    return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start)
+                                : fmaf(weight - 1.0f, end - start, end);
+}
+
+static ckp_status check_options(const ckp_adamw_options *o, double step) {
+    if (!(o->lr >= 0.0 && isfinite(o->lr)))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "lr must be finite and >= 0, got %g", o->lr);
+    if (!(o->beta1 >= 0.0 && o->beta1 < 1.0))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "beta1 must be in [0, 1), got %g", o->beta1);
+    if (!(o->beta2 >= 0.0 && o->beta2 < 1.0))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "beta2 must be in [0, 1), got %g", o->beta2);
+    if (!(o->eps >= 0.0 && isfinite(o->eps)))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", o->eps);
+    if (!(o->weight_decay >= 0.0 && isfinite(o->weight_decay)))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "weight_decay must be finite and >= 0, got %g",
+                        o->weight_decay);
+    if (!(step >= 1.0 && step == floor(step)))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "step must be a whole number >= 1, got %g", step);
+    return CKP_OK;
+}
+
+ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float *exp_avg_sq,
+                          float *max_exp_avg_sq, int64_t n, double step,
+                          const ckp_adamw_options *opt) {
+    if (param == NULL || grad == NULL || exp_avg == NULL || exp_avg_sq == NULL || opt == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "param, grad, exp_avg, exp_avg_sq and options must not be NULL");
+    if (opt->amsgrad && max_exp_avg_sq == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "amsgrad needs max_exp_avg_sq");
+    if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
+    ckp_status s = check_options(opt, step);
+    if (s != CKP_OK) return s;
+    size_t bytes = (size_t)n * sizeof(float);
+    const void *buffers[] = {param, grad, exp_avg, exp_avg_sq, opt->amsgrad ? max_exp_avg_sq : NULL};
+    for (int a = 0; a < 5; a++)
+        for (int b = a + 1; b < 5; b++)
+            if (buffers[a] && buffers[b] && ckp_overlaps(buffers[a], bytes, buffers[b], bytes))
+                return ckp_fail(CKP_ERR_ALIASING, "param, grad and the moments must not overlap");
+    ckp_clear_error();
+
+    const float decay = (float)(1.0 - opt->lr * opt->weight_decay);
+    const int decays = opt->weight_decay != 0.0;
+    const float w1 = (float)(1.0 - opt->beta1);
+    const float beta2 = (float)opt->beta2, w2 = (float)(1.0 - opt->beta2);
+    const double bias_correction1 = 1.0 - pow(opt->beta1, step);
+    const double bias_correction2 = 1.0 - pow(opt->beta2, step);
+    const float neg_step_size = (float)-(opt->lr / bias_correction1);
+    const float bc2_sqrt = (float)pow(bias_correction2, 0.5);
+    const float eps = (float)opt->eps;
+    const float sign = opt->maximize ? -1.0f : 1.0f;
+
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float g = sign * grad[i];
+        float p = decays ? param[i] * decay : param[i];
+        float m = lerp_vec(exp_avg[i], g, w1);
+        float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
+        float second = v;
+        if (opt->amsgrad) {
+            float vmax = max_exp_avg_sq[i];
+            vmax = (v > vmax || v != v) ? v : vmax; /* torch.maximum propagates NaN */
+            max_exp_avg_sq[i] = vmax;
+            second = vmax;
+        }
+        float denom = sqrtf(second) / bc2_sqrt + eps;
+        param[i] = p + (neg_step_size * m) / denom;
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+    }
+    return CKP_OK;
+}

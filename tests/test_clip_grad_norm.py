@@ -1,0 +1,76 @@
+"""ckparity.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ckparity
+from parity import check_parity
+
+
+def twin_params(shapes, fill=None):
+    ours, theirs = [], []
+    for shape in shapes:
+        grad = torch.randn(shape) * 3
+        if fill is not None:
+            grad.view(-1)[len(grad.view(-1)) // 2] = fill
+        for group in (ours, theirs):
+            p = torch.nn.Parameter(torch.zeros(shape))
+            p.grad = grad.clone()
+            group.append(p)
+    return ours, theirs
+
+
+SHAPES = [(7,), (64, 33), (100_003,), (1,)]
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf"), 1.0, 3.0])
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+def test_matches_torch(norm_type, max_norm):
+    ours, theirs = twin_params(SHAPES)
+    exact = torch.linalg.vector_norm(torch.cat([p.grad.double().flatten() for p in ours]), norm_type)
+    n1 = ckparity.clip_grad_norm_(ours, max_norm, norm_type)
+    n2 = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type)
+    check_parity(f"clip_grad_norm.norm[p={norm_type},max={max_norm}]", n1, n2, exact)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
+    clipped = float(torch.linalg.vector_norm(torch.cat([p.grad.double().flatten() for p in ours]), norm_type))
+    assert clipped == pytest.approx(min(max_norm, float(exact)), rel=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_nonfinite_gradients(bad, norm_type):
+    ours, theirs = twin_params(SHAPES, fill=bad)
+    n1 = ckparity.clip_grad_norm_(ours, 1.0, norm_type)
+    n2 = torch.nn.utils.clip_grad_norm_(theirs, 1.0, norm_type)
+    assert not math.isfinite(float(n1))
+    assert math.isnan(float(n1)) == math.isnan(float(n2))
+    ours, theirs = twin_params(SHAPES, fill=bad)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        ckparity.clip_grad_norm_(ours, 1.0, norm_type, error_if_nonfinite=True)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0, norm_type, error_if_nonfinite=True)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_same_bits_for_any_thread_count(threads):
+    grads = [torch.randn(1_000_003), torch.randn(77)]
+    norms = []
+    for t in (1, threads):
+        ckparity.set_num_threads(t)
+        norms.append(ckparity.ops.clip_grad_norm.grad_norm(grads, 2.0))
+    assert norms[0] == norms[1]
+
+
+def test_bad_inputs():
+    ours, _ = twin_params([(3,)])
+    with pytest.raises(ValueError, match="norm_type"):
+        ckparity.clip_grad_norm_(ours, 1.0, norm_type=0)
+    p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    p.grad = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.clip_grad_norm_([p], 1.0)

@@ -1,0 +1,102 @@
+"""ckparity.rms_norm against F.rms_norm (float32) and float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from parity import check_parity
+
+
+def run(fn, x, weight, eps, upstream, dtype):
+    # eps=None means float32's epsilon for the float32 op; the float64
+    # reference must use the same eps, not float64's.
+    if eps is None and dtype == torch.float64:
+        eps = torch.finfo(torch.float32).eps
+    xx = x.detach().to(dtype).requires_grad_(True)
+    ww = weight.detach().to(dtype).requires_grad_(True) if weight is not None else None
+    y = fn(xx, (x.shape[-1],), ww, eps)
+    y.backward(upstream.to(dtype))
+    return y.detach(), xx.grad, (ww.grad if ww is not None else None)
+
+
+def check(name, x, weight, eps):
+    upstream = torch.randn_like(x)
+    ours = run(ckparity.rms_norm, x, weight, eps, upstream, torch.float32)
+    theirs = run(F.rms_norm, x, weight, eps, upstream, torch.float32)
+    reference = run(F.rms_norm, x, weight, eps, upstream, torch.float64)
+    for label, a, b, r in zip(("y", "dx", "dweight"), ours, theirs, reference):
+        if a is None:
+            continue
+        check_parity(f"rms_norm.{label}[{name}]", a, b, r)
+    return ours
+
+
+@pytest.mark.parametrize("D", [1, 3, 64, 4096, 4097])
+@pytest.mark.parametrize("N", [1, 5, 1000])
+@pytest.mark.parametrize("eps", [None, 1e-5, 1e-6])
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_matches_torch(N, D, eps, with_weight):
+    x = torch.randn(N, D) * 2
+    weight = torch.randn(D) if with_weight else None
+    check(f"N={N},D={D},eps={eps},weight={with_weight}", x, weight, eps)
+
+
+def test_rows_of_zeros():
+    x = torch.randn(6, 64)
+    x[2] = 0
+    y, dx, dw = check("zero-row", x, torch.randn(64), None)
+    assert (y[2] == 0).all() and torch.isfinite(dx).all()
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1e-6, 1e6, 1e18])
+def test_large_and_small_magnitudes(scale):
+    x = torch.randn(8, 128) * scale
+    check(f"scale={scale}", x, torch.randn(128), 1e-6)
+
+
+def test_nd_input_and_module():
+    x = torch.randn(2, 3, 64)
+    module = ckparity.nn.RMSNorm(64, eps=1e-5)
+    reference = torch.nn.RMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        module.weight.copy_(torch.randn(64))
+        reference.weight.copy_(module.weight)
+    torch.testing.assert_close(module(x), reference(x))
+    assert module.state_dict().keys() == reference.state_dict().keys()
+    no_affine = ckparity.nn.RMSNorm((64,), elementwise_affine=False)
+    assert no_affine.weight is None
+    torch.testing.assert_close(no_affine(x), F.rms_norm(x, (64,)))
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_same_bits_for_any_thread_count(threads):
+    x = torch.randn(300, 4097)
+    w = torch.randn(4097)
+    up = torch.randn(300, 4097)
+    out = []
+    for t in (1, threads):
+        ckparity.set_num_threads(t)
+        out.append(run(ckparity.rms_norm, x, w, None, up, torch.float32))
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
+def test_bad_inputs():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        ckparity.rms_norm(x, (7,))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        ckparity.rms_norm(x, (8,), torch.ones(7))
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.rms_norm(x.double(), (8,))
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.rms_norm(x, (8,), torch.ones(8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="CPU only"):
+        ckparity.rms_norm(torch.randn(4, 8, device="meta"), (8,))
+    with pytest.raises(ValueError, match="eps"):
+        ckparity.rms_norm(x, (8,), eps=-1.0)
+    strided = torch.randn(8, 4).t()
+    torch.testing.assert_close(ckparity.rms_norm(strided, (8,)), F.rms_norm(strided, (8,)))

@@ -1,0 +1,78 @@
+"""ckparity.swiglu against F.silu(gate) * up (float32) and float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from parity import check_parity
+
+
+def reference_swiglu(x):
+    H = x.shape[-1] // 2
+    return F.silu(x[..., :H]) * x[..., H:]
+
+
+def run(fn, x, upstream, dtype):
+    xx = x.detach().to(dtype).requires_grad_(True)
+    y = fn(xx)
+    y.backward(upstream.to(dtype))
+    return y.detach(), xx.grad
+
+
+def check(name, x):
+    upstream = torch.randn(x.shape[:-1] + (x.shape[-1] // 2,))
+    ours = run(ckparity.swiglu, x, upstream, torch.float32)
+    theirs = run(reference_swiglu, x, upstream, torch.float32)
+    reference = run(reference_swiglu, x, upstream, torch.float64)
+    for label, a, b, r in zip(("out", "dx"), ours, theirs, reference):
+        check_parity(f"swiglu.{label}[{name}]", a, b, r)
+    return ours
+
+
+@pytest.mark.parametrize("H", [1, 7, 4096, 11008])
+@pytest.mark.parametrize("N", [1, 9])
+def test_matches_torch(N, H):
+    check(f"N={N},H={H}", torch.randn(N, 2 * H) * 3)
+
+
+@pytest.mark.parametrize("gate", [20.0, 88.0, 100.0, 1e4])
+def test_extreme_gates_give_no_nan(gate):
+    x = torch.randn(4, 64)
+    x[0, :32] = gate
+    x[1, :32] = -gate
+    out, dx = check(f"gate=+-{gate}", x)
+    torch_out, torch_dx = run(reference_swiglu, x, torch.ones(4, 32), torch.float32)
+    assert torch.isfinite(out).all() == torch.isfinite(torch_out).all()
+    assert torch.isfinite(dx).all() and torch.isfinite(out).all()
+
+
+def test_nd_input_and_module():
+    x = torch.randn(2, 3, 10)
+    torch.testing.assert_close(ckparity.nn.SwiGLU()(x), reference_swiglu(x))
+    assert ckparity.swiglu(x).shape == (2, 3, 5)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_same_bits_for_any_thread_count(threads):
+    x = torch.randn(64, 2 * 4099)
+    up = torch.randn(64, 4099)
+    out = []
+    for t in (1, threads):
+        ckparity.set_num_threads(t)
+        out.append(run(ckparity.swiglu, x, up, torch.float32))
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="even"):
+        ckparity.swiglu(torch.randn(3, 5))
+    with pytest.raises(TypeError, match="float32"):
+        ckparity.swiglu(torch.randn(3, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="CPU only"):
+        ckparity.swiglu(torch.randn(3, 4, device="meta"))
+    strided = torch.randn(8, 6).t()
+    torch.testing.assert_close(ckparity.swiglu(strided), reference_swiglu(strided))
