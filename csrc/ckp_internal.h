@@ -34,4 +34,18 @@ void ckp_block_range(int64_t n, int64_t nblocks, int64_t b, int64_t *lo, int64_t
 /* True if [a, a+na) and [b, b+nb) (in bytes) overlap. */
 int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb);
 
+/* A map from element index to value, for sums whose elements are computed
+ * on the fly; ctx is the caller's. */
+typedef float (*ckp_float_map)(void *ctx, int64_t j);
+
+/* torch.sum over n contiguous float32 values in ATen's order (aten_sum.c);
+ * map is called with ascending j. */
+float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n);
+
+/* The same order over a plain array. */
+float ckp_aten_sum_array(const float *values, int64_t n);
+
+/* ATen's utils::CeilLog2: 1 for x <= 2. */
+int64_t ckp_ceil_log2(int64_t x);
+
 #endif /* CKP_INTERNAL_H */

@@ -223,7 +223,8 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
  * ptref variant: ATen's order of operations, in float.
  * ---------------------------------------------------------------------- */
 
-/* ATen's Vectorized<float> width on an AVX-512 build. */
+/* Vectorized<float>'s width in ATen's AVX-512 softmax kernels (torch.sum's
+reduction kernel runs at AVX2 width: see aten_sum.c). */
 enum { PT_LANES = 16 };
 
 /* One row as torch sees it after log_softmax. */
@@ -240,7 +241,7 @@ typedef struct {
 } pt_row;
 
 /* A map from element index to value; ctx is a pt_row or a pt_batch. */
-typedef float (*pt_map)(void *ctx, int64_t j);
+typedef ckp_float_map pt_map;
 
 static float pt_logp(const pt_row *r, int64_t j) { return r->x[j] - r->m - r->log_sum; }
 static float pt_q(const pt_row *r, int64_t j) {
@@ -286,58 +287,6 @@ static float pt_vec_sum(pt_map map, void *ctx, int64_t n) {
     return lane[0];
 }
 
-static int64_t pt_ceil_log2(int64_t x) {
-    if (x <= 2) return 1;
-    int64_t bits = 0;
-    for (uint64_t v = (uint64_t)x - 1; v; v >>= 1) bits++;
-    return bits;
-}
-
-/* torch.sum over a contiguous run, single-threaded, as SumKernel.cpp orders
- * it (vectorized_inner_sum -> row_sum -> multi_row_sum): whole vectors are
- * seen as a (rows, 4) array summed through a 4-level cascade, leftover
- * vectors join the first column, the leftover elements are summed first and
- * the lanes are added to them one by one. map is called with ascending j. */
-enum { PT_ILP = 4, PT_LEVELS = 4 };
-
-static void pt_add_vector(float *acc, pt_map map, void *ctx, int64_t vec) {
-    for (int l = 0; l < PT_LANES; l++) acc[l] += map(ctx, vec * PT_LANES + l);
-}
-
-static float pt_sum(pt_map map, void *ctx, int64_t n) {
-    int64_t nvec = n / PT_LANES, rows = nvec / PT_ILP;
-    int64_t level_power = pt_ceil_log2(rows) / PT_LEVELS > 4 ? pt_ceil_log2(rows) / PT_LEVELS : 4;
-    int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
-    float acc[PT_LEVELS][PT_ILP][PT_LANES];
-    memset(acc, 0, sizeof acc);
-    int64_t i = 0;
-    while (i + level_step <= rows) {
-        for (int64_t j = 0; j < level_step; j++, i++)
-            for (int k = 0; k < PT_ILP; k++) pt_add_vector(acc[0][k], map, ctx, i * PT_ILP + k);
-        for (int j = 1; j < PT_LEVELS; j++) {
-            for (int k = 0; k < PT_ILP; k++)
-                for (int l = 0; l < PT_LANES; l++) {
-                    acc[j][k][l] += acc[j - 1][k][l];
-                    acc[j - 1][k][l] = 0.0f;
-                }
-            if ((i & (level_mask << (j * level_power))) != 0) break;
-        }
-    }
-    for (; i < rows; i++)
-        for (int k = 0; k < PT_ILP; k++) pt_add_vector(acc[0][k], map, ctx, i * PT_ILP + k);
-    for (int j = 1; j < PT_LEVELS; j++)
-        for (int k = 0; k < PT_ILP; k++)
-            for (int l = 0; l < PT_LANES; l++) acc[0][k][l] += acc[j][k][l];
-    float *partial = acc[0][0];
-    for (int64_t v = rows * PT_ILP; v < nvec; v++) pt_add_vector(partial, map, ctx, v);
-    for (int k = 1; k < PT_ILP; k++)
-        for (int l = 0; l < PT_LANES; l++) partial[l] += acc[0][k][l];
-    float total = 0.0f;
-    for (int64_t j = nvec * PT_LANES; j < n; j++) total += map(ctx, j);
-    for (int l = 0; l < PT_LANES; l++) total += partial[l];
-    return total;
-}
-
 /* The whole batch, for the reductions that sum over rows or over every element. */
 typedef struct {
     const float *logits, *probs;
@@ -373,7 +322,7 @@ static float pt_batch_smooth(void *ctx, int64_t i) {
     pt_batch *b = ctx;
     if (b->target[i] == b->ignore_index) return 0.0f;
     pt_row *r = pt_batch_row(b, i);
-    return -pt_sum(pt_wlogp, r, b->V);
+    return -ckp_aten_sum(pt_wlogp, r, b->V);
 }
 
 /* nll_loss's cascade sum (LossNLL.cpp): 8 levels flushed by the row index. */
@@ -426,7 +375,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
 
     /* Forward: per-row terms, nll_loss's cascade, z-loss beside it. */
     pt_nll_sum nll_sum = {{0}, {0}, 0}, z_sum = {{0}, {0}, 0};
-    nll_sum.level_power = z_sum.level_power = pt_ceil_log2(N) / 8 > 4 ? pt_ceil_log2(N) / 8 : 4;
+    nll_sum.level_power = z_sum.level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4;
     int64_t counted = 0;
     for (int64_t i = 0; i < N; i++) {
         if (target != NULL && target[i] == opt->ignore_index) {
@@ -440,7 +389,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float z = z_loss * lse * lse;
         pt_nll_sum_add(&z_sum, i, -z, 0.0f);
         if (target_probs != NULL) {
-            if (none) loss[i] = -pt_sum(pt_logp_q_w, &r, V) + z;
+            if (none) loss[i] = -ckp_aten_sum(pt_logp_q_w, &r, V) + z;
             continue;
         }
         float w_t = opt->weight ? opt->weight[target[i]] : 1.0f;
@@ -449,7 +398,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         counted++;
         if (none) {
             float nll = -logp_t * w_t;
-            loss[i] = (smoothed ? r.keep * nll + -pt_sum(pt_wlogp, &r, V) * r.spread : nll) + z;
+            loss[i] = (smoothed ? r.keep * nll + -ckp_aten_sum(pt_wlogp, &r, V) * r.spread : nll) + z;
         }
     }
     float total_weight = target_probs != NULL ? (float)N
@@ -459,12 +408,12 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float z = pt_levels_total(z_sum.loss);
         float out;
         if (target_probs != NULL) {
-            out = -pt_sum(pt_batch_logp_q_w, &batch, N * V); /* -(logp * q * w).sum() */
+            out = -ckp_aten_sum(pt_batch_logp_q_w, &batch, N * V); /* -(logp * q * w).sum() */
         } else {
             out = pt_levels_total(nll_sum.loss);
             if (mean) out /= total_weight;
             if (smoothed) {
-                float smooth = pt_sum(pt_batch_smooth, &batch, N);
+                float smooth = ckp_aten_sum(pt_batch_smooth, &batch, N);
                 if (mean) smooth /= total_weight;
                 out = proto.keep * out + smooth * proto.spread;
             }

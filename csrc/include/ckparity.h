@@ -104,17 +104,17 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
  * rms_norm (csrc/rms_norm.c) = F.rms_norm(x, (D,), weight, eps).
  * ---------------------------------------------------------------------- */
 
-/* x is (N, D), weight is (D) or NULL, y is (N, D), rstd is (N) float64:
- * rstd_i = 1 / sqrt(mean_j x_ij^2 + eps),  y_ij = (x_ij * (float)rstd_i) * weight_j.
- * eps >= 0 (torch's eps=None is FLT_EPSILON, 1.1920929e-07). rstd is kept in
- * double because the backward subtracts two nearly equal terms when D is small. */
+/* x is (N, D), weight is (D) or NULL, y is (N, D), rstd is (N):
+ * rstd_i = 1 / sqrt(mean_j x_ij^2 + eps),  y_ij = (x_ij * rstd_i) * weight_j,
+ * in torch's float operations and summation order.
+ * eps >= 0 (torch's eps=None is FLT_EPSILON, 1.1920929e-07). */
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
-                                double eps, float *y, double *rstd);
+                                double eps, float *y, float *rstd);
 
 /* dy, x, dx are (N, D); rstd is (N) from the forward; dweight is (D), or NULL
  * when weight is NULL. dx may be dy (in place). */
 ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight,
-                                 const double *rstd, int64_t N, int64_t D,
+                                 const float *rstd, int64_t N, int64_t D,
                                  float *dx, float *dweight);
 
 /* ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ enum { N = 13, D = 517, H = 301 };
 static void test_rms_norm(void) {
     float *x = malloc(sizeof(float) * N * D), *y = malloc(sizeof(float) * N * D);
     float *y2 = malloc(sizeof(float) * N * D), w[D];
-    double rstd[N];
+    float rstd[N];
     for (int k = 0; k < N * D; k++) x[k] = check_uniform(3.0f);
     for (int j = 0; j < D; j++) w[j] = check_uniform(1.0f);
     for (int k = 0; k < N * D; k++) y[k] = 42.0f;

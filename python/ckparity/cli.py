@@ -1,41 +1,99 @@
-"""The ckparity command line. Exit codes: 0 pass, 1 parity fail, 2 usage or input error."""
+"""The ckparity command line.
+
+  ckparity train    the harness: CK twin vs torch twin, a drift report
+  ckparity repro    the 850-step preset under each loss backend, and an A/B table
+  ckparity compare  reports side by side, and a drift plot
+  ckparity info     versions, threads, the loaded library
+
+Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
+2 usage or input error, 130 interrupted (the report is written)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 
-
-def _info(args: argparse.Namespace) -> int:
-    import torch
-
-    import ckparity
-
-    info = {
-        "ckparity": ckparity.__version__,
-        "torch": torch.__version__,
-        "threads": ckparity.get_num_threads(),
-        "library": str(ckparity._native.LIBRARY_PATH),
-        "build": ckparity.build_info(),
-        "cpu": platform.processor() or platform.machine(),
-    }
-    print(json.dumps(info, indent=2))
-    return 0
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckparity", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("info", help="versions, threads and the loaded library").set_defaults(run=_info)
-    return parser
+def _exit_code(status: str) -> int:
+    return {"pass": EXIT_PASS, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAIL)
+
+
+def _train(argv: list[str]) -> int:
+    from .harness.config import parse_train_args
+    from .harness.run import train
+
+    result = train(parse_train_args(argv))
+    path = result["config"]["json_out"] or "reports/train_latest.json"
+    print(f"ckparity train: {result['status']} after {result['steps']} steps "
+          f"(first loss fail: {result['first_loss_fail_step']}, first param fail: {result['first_param_fail_step']}, "
+          f"max |loss diff| {result['max_loss_abs_diff']}) -> {path}")
+    if result["error"]:
+        print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
+    return _exit_code(result["status"])
+
+
+def _repro(argv: list[str]) -> int:
+    from .harness.repro import repro
+
+    parser = argparse.ArgumentParser(prog="ckparity repro", description="The seed's 850-step preset with "
+                                     "--ck-loss-backend c, c_ptref and torch, then an A/B table.")
+    parser.add_argument("--out-dir", default="reports")
+    parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset (default 850)")
+    args = parser.parse_args(argv)
+    extra = ["--max-steps", str(args.max_steps)] if args.max_steps else []
+    reports, text = repro(args.out_dir, extra)
+    print(text)
+    statuses = [r["status"] for r in reports.values()]
+    return max(_exit_code(s) for s in statuses)
+
+
+def _compare(argv: list[str]) -> int:
+    from .harness.repro import compare
+
+    parser = argparse.ArgumentParser(prog="ckparity compare")
+    parser.add_argument("reports", nargs="+")
+    parser.add_argument("--plot", default=None, help="write a PNG of the drift per step")
+    args = parser.parse_args(argv)
+    try:
+        print(compare(args.reports, args.plot))
+    except (OSError, ValueError, KeyError) as err:
+        raise _InputError(f"cannot compare: {err}") from None
+    return EXIT_PASS
+
+
+def _info(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="ckparity info").parse_args(argv)
+    from .harness.run import environment
+
+    print(json.dumps(environment(), indent=2))
+    return EXIT_PASS
+
+
+class _InputError(Exception):
+    pass
+
+
+COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "info": _info}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return args.run(args)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return EXIT_USAGE if not argv or argv[0] not in ("-h", "--help") else EXIT_PASS
+    from .harness.config import UsageError
+    from .harness.data import InputError
+
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except (UsageError, InputError, _InputError) as err:
+        print(f"ckparity {argv[0]}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exit_:  # argparse: --help is 0, a bad flag is 2
+        return int(exit_.code or 0)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ class _RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, eps):
         N, D = x.shape
         y = torch.empty_like(x)
-        rstd = torch.empty(N, dtype=torch.float64)
+        rstd = torch.empty(N, dtype=torch.float32)
         check(lib.ckp_rms_norm_forward(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd)),
               "rms_norm")
         ctx.save_for_backward(x, weight, rstd)

@@ -1,0 +1,71 @@
+"""The token stream both twins train on, and its windows.
+
+Tokens are seeded random integers in [0, vocab), or the bytes of a text file
+mod vocab. A micro-batch is one window of seq_len input tokens and the
+seq_len tokens that follow each of them as targets; a step takes grad_accum
+consecutive windows. When the windows of an epoch do not divide evenly, the
+epoch's last step is partial: it takes the windows that are left (and its
+micro-losses are scaled by 1/len(step), not 1/grad_accum). With --ignore-frac, that fraction of the targets
+(chosen by the seed) is set to ignore_index (-100)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class InputError(ValueError):
+    """Bad data input (exit code 2)."""
+
+
+def load_tokens(config) -> torch.Tensor:
+    if config.train_text:
+        path = Path(config.train_text)
+        try:
+            raw = path.read_bytes()
+        except OSError as err:
+            raise InputError(f"cannot read --train-text {path}: {err.strerror}") from None
+        tokens = torch.tensor(list(raw[: config.total_tokens]), dtype=torch.int64) % config.vocab
+    else:
+        generator = torch.Generator().manual_seed(config.seed)
+        tokens = torch.randint(0, config.vocab, (config.total_tokens,), generator=generator)
+    needed = config.seq_len * config.grad_accum + 1
+    if tokens.numel() < needed:
+        raise InputError(f"{tokens.numel()} tokens are fewer than one step needs "
+                         f"(seq_len*grad_accum + 1 = {needed})")
+    return tokens
+
+
+def make_targets(tokens: torch.Tensor, config) -> torch.Tensor:
+    """targets[i] = tokens[i + 1], with the --ignore-frac fraction masked."""
+    targets = tokens[1:].clone()
+    if config.ignore_frac > 0:
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        mask = torch.rand(targets.shape, generator=generator) < config.ignore_frac
+        targets[mask] = IGNORE_INDEX
+    return targets
+
+
+class Batches:
+    """Step s (0-based) is windows [s*K, (s+1)*K) of the stream (cut at the
+    epoch's end), epoch after epoch."""
+
+    def __init__(self, tokens: torch.Tensor, config) -> None:
+        self.inputs = tokens[:-1]
+        self.targets = make_targets(tokens, config)
+        self.seq_len, self.grad_accum = config.seq_len, config.grad_accum
+        self.windows_per_epoch = self.inputs.numel() // self.seq_len
+        self.steps_per_epoch = -(-self.windows_per_epoch // self.grad_accum)
+        total = self.steps_per_epoch * config.epochs
+        self.num_steps = min(total, config.max_steps) if config.max_steps > 0 else total
+
+    def step(self, s: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        first = (s % self.steps_per_epoch) * self.grad_accum
+        out = []
+        for w in range(first, min(first + self.grad_accum, self.windows_per_epoch)):
+            lo = w * self.seq_len
+            out.append((self.inputs[lo: lo + self.seq_len], self.targets[lo: lo + self.seq_len]))
+        return out

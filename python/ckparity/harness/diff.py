@@ -1,0 +1,38 @@
+"""How two twins' tensors are compared: max-abs difference, and the
+normwise relative difference max|a - b| / max|b|, per named tensor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def tensor_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(max |a-b|, max |a-b| / max |b|) in float64; inf if either side is
+    non-finite where the other is not."""
+    a, b = a.detach().double(), b.detach().double()
+    if a.numel() == 0:
+        return 0.0, 0.0
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    diff = torch.where(same, torch.zeros_like(a), (a - b).abs())
+    if torch.isnan(diff).any():
+        return math.inf, math.inf
+    abs_diff = float(diff.max())
+    scale = float(b.abs().max())
+    rel = abs_diff / scale if scale > 0 and math.isfinite(scale) else (0.0 if abs_diff == 0 else math.inf)
+    return abs_diff, rel
+
+
+def worst_diff(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """The named pair with the largest max-abs difference, and its figures."""
+    best = {"abs": 0.0, "rel": 0.0, "tensor": None}
+    for name, (a, b) in pairs.items():
+        abs_diff, rel = tensor_diff(a, b)
+        if best["tensor"] is None or abs_diff > best["abs"] or (math.isnan(best["abs"])):
+            best = {"abs": abs_diff, "rel": rel, "tensor": name}
+    return best
+
+
+def all_finite(tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)

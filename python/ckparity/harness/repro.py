@@ -1,0 +1,103 @@
+"""ckparity repro (the seed's 850-step preset under every loss backend, then
+an A/B table) and ckparity compare (reports side by side, and a plot)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .config import parse_train_args
+from .report import read_report
+from .run import train
+
+PRESET = ["--epochs", "8", "--seq-len", "8", "--total-tokens", "131072", "--grad-accum", "8",
+          "--optimizer", "adamw", "--lr", "1e-3", "--seed", "42", "--max-steps", "850",
+          "--ck-rmsnorm-backend", "c", "--ck-swiglu-backend", "c", "--ck-optimizer-backend", "c"]
+LOSS_BACKENDS = ["c", "c_ptref", "torch"]
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}" if math.isfinite(value) and value != int(value) or abs(value) < 1e-3 else f"{value:.6g}"
+    return str(value)
+
+
+ROWS = [
+    ("status", lambda r: r["status"]),
+    ("pass_parity", lambda r: r["pass_parity"]),
+    ("steps", lambda r: r["steps"]),
+    ("first_loss_fail_step", lambda r: r["first_loss_fail_step"]),
+    ("first_param_fail_step", lambda r: r["first_param_fail_step"]),
+    ("first_grad_fail_step", lambda r: r["first_grad_fail_step"]),
+    ("first_logit_fail_step", lambda r: r["first_logit_fail_step"]),
+    ("first_moment_fail_step", lambda r: r["first_moment_fail_step"]),
+    ("first_nonfinite_step", lambda r: r["first_nonfinite_step"]),
+    ("max_loss_abs_diff", lambda r: r["max_loss_abs_diff"]),
+    ("max_param_abs_diff", lambda r: r["max_param_abs_diff"]),
+    ("final_ck_loss", lambda r: r["final_ck_loss"]),
+    ("final_torch_loss", lambda r: r["final_torch_loss"]),
+    ("localized_stage", lambda r: (r["localization"] or {}).get("first_forward_stage")
+        or (r["localization"] or {}).get("first_param_tensor")),
+    ("wall_s", lambda r: r["timing"]["wall_s"]),
+    ("ck_step_ms (median)", lambda r: r["timing"]["ck_step_ms_median"]),
+    ("torch_step_ms (median)", lambda r: r["timing"]["torch_step_ms_median"]),
+]
+
+
+def table(reports: dict[str, dict]) -> str:
+    """A Markdown table, one column per report."""
+    names = list(reports)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label, get in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_fmt(get(reports[n])) for n in names) + " |")
+    return "\n".join(lines)
+
+
+def repro(out_dir: str = "reports", extra: list[str] | None = None) -> tuple[dict[str, dict], str]:
+    reports = {}
+    for backend in LOSS_BACKENDS:
+        path = Path(out_dir) / f"repro_850_{backend}.json"
+        print(f"ckparity repro: --ck-loss-backend {backend} -> {path}", flush=True)
+        config = parse_train_args(PRESET + ["--ck-loss-backend", backend, "--json-out", str(path)] + (extra or []))
+        reports[backend] = train(config)
+    return reports, table(reports)
+
+
+def plot(reports: dict[str, dict], out: str) -> None:
+    """|loss difference| and max |param difference| per step, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for name, r in reports.items():
+        steps = r["series"]["step"]
+        for ax, key in zip(axes, ("loss_abs_diff", "param_abs_diff")):
+            # zeros cannot sit on a log axis: they are drawn at the floor
+            values = [max(v, 1e-12) if isinstance(v, float) and math.isfinite(v) else float("nan")
+                      for v in r["series"][key]]
+            ax.plot(steps, values, label=name, linewidth=1)
+    for ax, key, tol in zip(axes, ("|loss difference|", "max |param difference|"), ("loss_tol", "param_tol")):
+        ax.set_yscale("log")
+        ax.set_ylabel(key)
+        first = next(iter(reports.values()))
+        ax.axhline(first["config"][tol], color="grey", linestyle="--", linewidth=0.8, label=tol)
+        ax.legend(fontsize=8)
+    axes[1].set_xlabel("step")
+    fig.suptitle("ckparity drift: CK twin vs torch twin")
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def compare(paths: list[str], plot_out: str | None) -> str:
+    reports = {Path(p).stem: read_report(p) for p in paths}
+    if plot_out:
+        plot(reports, plot_out)
+    return table(reports)

@@ -1,0 +1,103 @@
+"""A twin: one model, its optimizer, its loss and its clip function, and the
+micro-step / step they run. Both twins go through the same code."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import backends
+from .models import Ops, build_model
+
+
+@dataclass
+class Twin:
+    name: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    clip: Callable
+    seconds: float = 0.0  # time spent in this twin's forward, backward and step
+    step_seconds: list = field(default_factory=list)
+
+    def micro_step(self, tokens, targets, scale: float, keep_activations: bool = False):
+        """Forward and backward of one micro-batch with the loss scaled by
+        ``scale`` (1/K); returns (unscaled loss, activations)."""
+        start = time.perf_counter()
+        acts = self.model(tokens)
+        if keep_activations:
+            for t in acts.values():
+                t.retain_grad()
+        loss = self.model.ops.loss(acts["logits"], targets)
+        if keep_activations:
+            loss.retain_grad()
+            acts["loss"] = loss
+        (loss * scale).backward()
+        self.seconds += time.perf_counter() - start
+        return loss.detach(), acts
+
+    def update(self, max_grad_norm: float) -> None:
+        start = time.perf_counter()
+        if max_grad_norm > 0:
+            self.clip(self.model.parameters(), max_grad_norm)
+        self.optimizer.step()
+        self.seconds += time.perf_counter() - start
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.model.named_parameters()}
+
+    def moments(self) -> dict[str, torch.Tensor]:
+        """AdamW's exp_avg / exp_avg_sq per parameter (empty for SGD)."""
+        out = {}
+        for n, p in self.model.named_parameters():
+            state = self.optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    out[f"{n}.{key}"] = state[key]
+        return out
+
+    def snapshot(self) -> dict:
+        return {"model": copy.deepcopy(self.model.state_dict()),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def restore(self, snapshot: dict) -> None:
+        self.model.load_state_dict(snapshot["model"])
+        # a deep copy: optimizers must never share state tensors (torch keeps
+        # the CPU "step" tensor as is when loading)
+        self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+
+
+def ops_for(config, side: str) -> Ops:
+    """The CK twin's ops come from the backend flags; the torch twin's are torch's."""
+    pick = (lambda kind: getattr(config, f"ck_{kind}_backend")) if side == "ck" else (lambda kind: "torch")
+    return Ops(rms_norm=backends.RMSNORM[pick("rmsnorm")], swiglu=backends.SWIGLU[pick("swiglu")],
+               loss=backends.LOSS[pick("loss")])
+
+
+def make_optimizer(config, side: str, params):
+    if config.optimizer == "sgd":  # no C kernel: both twins use torch's SGD
+        return torch.optim.SGD(params, lr=config.lr)
+    name = config.ck_optimizer_backend if side == "ck" else "torch"
+    return backends.OPTIMIZER[name](params, lr=config.lr, betas=(config.adamw_beta1, config.adamw_beta2),
+                                    eps=config.adamw_eps, weight_decay=config.adamw_weight_decay)
+
+
+def build_twin(config, side: str, model=None) -> Twin:
+    model = model if model is not None else build_model(config, ops_for(config, side))
+    clip = backends.CLIP["c" if side == "ck" else "torch"]
+    return Twin(side, model, make_optimizer(config, side, model.parameters()), clip)
+
+
+def build_twins(config) -> tuple[Twin, Twin]:
+    """(ck, torch) twins with bit-identical initial weights."""
+    torch.manual_seed(config.seed)
+    torch_model = build_model(config, ops_for(config, "torch"))
+    ck_model = build_model(config, ops_for(config, "ck"))
+    ck_model.load_state_dict(torch_model.state_dict())
+    return build_twin(config, "ck", ck_model), build_twin(config, "torch", torch_model)

@@ -1,0 +1,207 @@
+"""ckparity train / repro / compare: reports, planted faults, reproducibility,
+interruption and usage errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ckparity.cli import main
+from ckparity.harness import backends
+from ckparity.harness.config import parse_train_args
+from ckparity.harness.run import train
+
+SHORT = ["--max-steps", "12", "--grad-accum", "2", "--total-tokens", "4096", "--no-progress"]
+
+
+def run(tmp_path, *flags, name="r.json"):
+    out = tmp_path / name
+    return train(parse_train_args(SHORT + list(flags) + ["--json-out", str(out)])), out
+
+
+def strict_load(path: Path) -> dict:
+    def refuse(token):
+        raise ValueError(f"bare {token} in report")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+TOP_LEVEL = {
+    "schema": str, "status": str, "pass_parity": bool, "config": dict, "env": dict, "steps": int,
+    "micro_steps": int, "first_loss_fail_step": (int, type(None)), "first_param_fail_step": (int, type(None)),
+    "first_grad_fail_step": (int, type(None)), "first_logit_fail_step": (int, type(None)),
+    "first_moment_fail_step": (int, type(None)), "first_nonfinite_step": (int, type(None)),
+    "max_loss_abs_diff": float, "max_param_abs_diff": float, "final_ck_loss": float,
+    "final_torch_loss": float, "series": dict, "localization": (dict, type(None)), "timing": dict,
+}
+
+
+@pytest.mark.parametrize("model", [["--model", "tiny"], ["--model", "stacked", "--num-layers", "2"]])
+def test_short_run_report_schema(tmp_path, model):
+    result, path = run(tmp_path, *model)
+    data = strict_load(path)
+    for key, kind in TOP_LEVEL.items():
+        assert isinstance(data[key], kind), f"{key}: {type(data[key]).__name__}"
+    assert data["schema"] == "ckparity.drift/1"
+    assert data["status"] == "pass" and data["pass_parity"] is True
+    assert data["steps"] == 12 and data["micro_steps"] == 24
+    assert all(len(v) == 12 for v in data["series"].values())
+    for key in ("ckparity", "torch", "numpy", "ckparity_threads", "torch_threads", "cpu", "compiler_flags", "library"):
+        assert key in data["env"]
+    assert data["final_ck_loss"] == pytest.approx(data["final_torch_loss"], abs=2e-5)
+    assert data["series"]["param_tensor"][0] is not None
+
+
+def _loss_all_tokens(logits, targets):
+    # planted fault: divides by every token, ignored ones included
+    return F.cross_entropy(logits, targets, reduction="sum") / targets.numel()
+
+
+def _loss_eps_log(logits, targets):
+    # planted fault: -log(p + 1e-10) instead of log-sum-exp
+    return F.nll_loss(torch.log(torch.softmax(logits, -1) + 1e-10), targets)
+
+
+class _AdamWNoBiasCorrection(torch.optim.Optimizer):
+    """planted fault: AdamW that skips the bias corrections"""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
+
+
+backends.register("loss", "fault_all_tokens", _loss_all_tokens)
+backends.register("loss", "fault_eps_log", _loss_eps_log)
+backends.register("optimizer", "fault_no_bias_correction", _AdamWNoBiasCorrection)
+
+
+@pytest.mark.parametrize("model", [["--model", "tiny"], ["--model", "stacked"]])
+def test_planted_fault_all_tokens_divisor(tmp_path, model):
+    result, _ = run(tmp_path, *model, "--ignore-frac", "0.3", "--ck-loss-backend", "fault_all_tokens")
+    assert result["first_loss_fail_step"] == 1
+    assert result["status"] == "fail" and not result["pass_parity"]
+    assert result["localization"]["first_forward_stage"] == "loss"
+    assert result["localization"]["first_backward_stage"] == "dlogits"
+
+
+def test_planted_fault_eps_log(tmp_path):
+    # the clamp only matters once some target probability is tiny: a large lr
+    # gets there in a few steps; param/grad tolerances are opened so that the
+    # loss is the first failure and localization replays that step.
+    result, _ = run(tmp_path, "--lr", "5e-2", "--max-steps", "40", "--param-tol", "1", "--grad-tol", "1",
+                    "--ck-loss-backend", "fault_eps_log")
+    assert result["first_loss_fail_step"] is not None
+    assert result["localization"]["step"] == result["first_loss_fail_step"]
+    assert result["localization"]["first_forward_stage"] == "loss"
+
+
+def test_planted_fault_no_bias_correction(tmp_path):
+    result, _ = run(tmp_path, "--ck-optimizer-backend", "fault_no_bias_correction")
+    assert result["first_param_fail_step"] == 1
+    assert result["first_loss_fail_step"] in (None, 2) or result["first_loss_fail_step"] >= 2
+    loc = result["localization"]
+    assert loc["first_forward_stage"] is None and loc["first_param_tensor"] == "embedding.weight"
+
+
+def test_ignore_frac_masks_rows_and_stays_in_parity(tmp_path):
+    masked, _ = run(tmp_path, "--ignore-frac", "0.5", name="masked.json")
+    plain, _ = run(tmp_path, name="plain.json")
+    assert masked["pass_parity"]
+    assert masked["series"]["ck_loss"] != plain["series"]["ck_loss"]
+
+
+def _without_timing(report: dict) -> dict:
+    report = json.loads(json.dumps(report))
+    report.pop("timing")
+    for key in ("ck_step_ms", "torch_step_ms"):
+        report["series"].pop(key)
+    report["config"].pop("json_out")
+    return report
+
+
+def test_identical_runs_identical_reports(tmp_path):
+    a, _ = run(tmp_path, "--model", "stacked", name="a.json")
+    b, _ = run(tmp_path, "--model", "stacked", name="b.json")
+    assert _without_timing(a) == _without_timing(b)
+
+
+def test_sigint_writes_interrupted_report(tmp_path):
+    out = tmp_path / "int.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ckparity", "train", "--max-steps", "100000", "--epochs", "50",
+                             "--json-out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)  # past torch's import and some steps
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    data = strict_load(out)
+    assert data["status"] == "interrupted" and not data["pass_parity"]
+    assert 0 < data["steps"] < 100000 and len(data["series"]["step"]) == data["steps"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seq-len", "0"], "--seq-len must be >= 1"),
+    (["--lr", "-1"], "--lr must be"),
+    (["--ignore-frac", "1.5"], "--ignore-frac"),
+    (["--ck-loss-backend", "nope"], "--ck-loss-backend must be one of"),
+    (["--train-text", "/nonexistent/file.txt"], "cannot read --train-text"),
+    (["--total-tokens", "10", "--grad-accum", "8"], "fewer than one step needs"),
+])
+def test_usage_errors_exit_2_with_one_line(flags, message, capsys):
+    assert main(["train"] + flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_bad_flag_type_exits_2(capsys):
+    assert main(["train", "--lr", "fast"]) == 2
+
+
+def test_train_text_and_cli_exit_codes(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 40)
+    out = tmp_path / "text.json"
+    assert main(["train", *SHORT, "--train-text", str(text), "--json-out", str(out)]) == 0
+    assert strict_load(out)["status"] == "pass"
+    out2 = tmp_path / "fault.json"
+    assert main(["train", *SHORT, "--ck-optimizer-backend", "fault_no_bias_correction",
+                 "--json-out", str(out2)]) == 1
+
+
+def test_compare_table_and_plot(tmp_path, capsys):
+    _, a = run(tmp_path, name="a.json")
+    _, b = run(tmp_path, "--ck-optimizer-backend", "fault_no_bias_correction", name="b.json")
+    png = tmp_path / "drift.png"
+    assert main(["compare", str(a), str(b), "--plot", str(png)]) == 0
+    table = capsys.readouterr().out
+    assert "| first_param_fail_step | - | 1 |" in table
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["compare", str(tmp_path / "missing.json")]) == 2
+
+
+def test_nonfinite_float_written_as_string(tmp_path):
+    from ckparity.harness.report import read_report, write_json
+
+    path = write_json(tmp_path / "x.json", {"schema": "ckparity.drift/1", "a": math.nan, "b": [math.inf, -math.inf]})
+    assert strict_load(path) == {"schema": "ckparity.drift/1", "a": "nan", "b": ["inf", "-inf"]}
+    assert math.isnan(read_report(path)["a"])
