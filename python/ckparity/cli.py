@@ -3,6 +3,7 @@
   ckparity train    the harness: CK twin vs torch twin, a drift report
   ckparity repro    the 850-step preset under each loss backend, and an A/B table
   ckparity compare  reports side by side, and a drift plot
+  ckparity gate     the CI parity gates (--tier quick|full, --only, --config gates.toml)
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
@@ -64,6 +65,28 @@ def _compare(argv: list[str]) -> int:
     return EXIT_PASS
 
 
+def _gate(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from .gates import GATE_NAMES, run_gates, settings_for
+
+    parser = argparse.ArgumentParser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
+    parser.add_argument("--tier", choices=["quick", "full"], default="quick")
+    parser.add_argument("--only", nargs="+", choices=GATE_NAMES, metavar="GATE", help=f"among {GATE_NAMES}")
+    parser.add_argument("--config", default=None, help="TOML file overriding gate settings")
+    parser.add_argument("--out-dir", default="reports/gates")
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_for(args.tier, args.config)
+    except ValueError as err:
+        raise _InputError(str(err)) from None
+    results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier)
+    failed = [r["gate"] for r in results if not r["passed"]]
+    print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {args.out_dir}/summary.md)")
+    return EXIT_FAIL if failed else EXIT_PASS
+
+
 def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info").parse_args(argv)
     from .harness.run import environment
@@ -76,7 +99,7 @@ class _InputError(Exception):
     pass
 
 
-COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "info": _info}
+COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "gate": _gate, "info": _info}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,358 @@
+"""ckparity gate: the CI parity gates.
+
+Each gate is a function of its settings (DEFAULTS, overridden per tier and by
+--config gates.toml) that returns a result: passed, a one-line summary and the
+details. `run_gates` writes reports/gates/<gate>_latest.json for each and a
+Markdown summary. Tests plant faults through the settings (a backend name) or
+by swapping an entry of KERNELS / OPTIMIZERS, and check that the gate fails
+and says why."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import tomllib
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import ckparity
+
+from .harness import backends
+from .harness.config import parse_train_args
+from .harness.report import write_json
+from .harness.run import train
+from .harness.twins import build_twins
+from .measure import RULES, max_ulp, parity
+
+GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
+              "long_horizon"]
+
+# Settings per gate; the "full" tier overrides some of them (TIERS).
+DEFAULTS: dict[str, dict] = {
+    "kernel_parity": {"factor": RULES["default"][0], "floor_ulps": RULES["default"][1],
+                      "ptref_factor": RULES["ptref"][0], "ptref_floor_ulps": RULES["ptref"][1]},
+    "optimizer_parity": {"steps": 100, "sizes": [1, 17, 1000, 65537], "max_param_ulp": 8},
+    "fd_gradients": {"coordinates": 16, "step": 1e-6, "rtol": 1e-3, "atol": 2e-6, "models": ["tiny", "stacked"],
+                     "ck_swiglu_backend": "c", "ck_rmsnorm_backend": "c", "ck_loss_backend": "c"},
+    "replay_determinism": {"steps": 10, "threads": [1, 2], "ck_loss_backend": "c"},
+    "drift_smoke": {"steps": 100, "grad_accum": 2, "models": ["tiny", "stacked"], "ck_loss_backend": "c",
+                    "ck_optimizer_backend": "c"},
+    "long_horizon": {"steps": 150, "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
+}
+TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {"coordinates": 64},
+                               "drift_smoke": {"steps": 300}}}
+
+
+def _result(passed: bool, summary: str, **details) -> dict:
+    return {"passed": passed, "summary": summary, "details": details}
+
+
+# ---- kernel_parity ----------------------------------------------------------
+
+def _ce(variant):
+    return lambda x, t, **kw: ckparity.cross_entropy(x, t, variant=variant, **kw)
+
+
+# name -> (ckparity op, torch op); tests swap an entry to plant a fault
+KERNELS: dict[str, tuple[Callable, Callable]] = {
+    "cross_entropy.default": (_ce("default"), F.cross_entropy),
+    "cross_entropy.ptref": (_ce("ptref"), F.cross_entropy),
+    "rms_norm": (ckparity.rms_norm, F.rms_norm),
+    "swiglu": (ckparity.swiglu, lambda x: F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2:]),
+}
+
+
+def _kernel_cases(name: str):
+    """(label, inputs, kwargs) for each fixed shape; inputs[0] is differentiated."""
+    g = torch.Generator().manual_seed(0)
+    if name.startswith("cross_entropy"):
+        for N, C in ((64, 255), (8, 50257), (7, 3)):
+            x = torch.randn(N, C, generator=g) * 3
+            t = torch.randint(0, C, (N,), generator=g)
+            t[::4] = -100
+            w = torch.rand(C, generator=g) + 0.1
+            yield f"N={N},C={C}", (x, t), {}
+            yield f"N={N},C={C},weight,smoothing,sum", (x, t), {"weight": w, "label_smoothing": 0.1, "reduction": "sum"}
+            yield f"N={N},C={C},probs", (x, torch.softmax(torch.randn(N, C, generator=g), 1)), {}
+    elif name == "rms_norm":
+        for N, D in ((1000, 64), (64, 4097)):
+            x = torch.randn(N, D, generator=g)
+            yield f"N={N},D={D}", (x, (D,), torch.randn(D, generator=g)), {"eps": 1e-5}
+    else:
+        for N, H in ((64, 128), (4, 11008)):
+            yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
+
+
+def _fwd_bwd(fn, inputs, kwargs, dtype):
+    """Output and the gradient of its (random-weighted) sum w.r.t. inputs[0] and any weight."""
+    leaf = inputs[0].detach().to(dtype).requires_grad_(True)
+    rest = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs[1:]]
+    weight = None
+    if len(rest) >= 2 and isinstance(rest[1], torch.Tensor):  # rms_norm's weight
+        weight = rest[1].detach().requires_grad_(True)
+        rest[1] = weight
+    kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    out = fn(leaf, *rest, **kw)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out.backward(upstream)
+    grads = {"out": out.detach(), "grad": leaf.grad}
+    if weight is not None:
+        grads["dweight"] = weight.grad
+    return grads
+
+
+def kernel_parity(settings: dict) -> dict:
+    checks, failures = [], []
+    for name, (ours, theirs) in KERNELS.items():
+        ptref = name.endswith("ptref")
+        factor = settings["ptref_factor"] if ptref else settings["factor"]
+        floor = settings["ptref_floor_ulps"] if ptref else settings["floor_ulps"]
+        for label, inputs, kwargs in _kernel_cases(name):
+            a = _fwd_bwd(ours, inputs, kwargs, torch.float32)
+            b = _fwd_bwd(theirs, inputs, kwargs, torch.float32)
+            r = _fwd_bwd(theirs, inputs, kwargs, torch.float64)
+            for part in a:
+                fig = parity(f"{name}.{part}[{label}]", a[part], b[part], r[part], factor, floor)
+                checks.append(fig)
+                if not fig["ok"]:
+                    failures.append(f"{fig['name']}: {fig['reason']}")
+    worst = max(checks, key=lambda f: f["max_ulp"])
+    summary = (f"{len(checks)} checks, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
+               f"; max {worst['max_ulp']} ULP from torch ({worst['name']})"))
+    return _result(not failures, summary, checks=checks, failures=failures)
+
+
+# ---- optimizer_parity -------------------------------------------------------
+
+OPTIMIZERS = {"ckparity": lambda params, **kw: ckparity.optim.AdamW(params, **kw)}
+
+
+def optimizer_parity(settings: dict) -> dict:
+    """ckparity's AdamW against torch.optim.AdamW: moments bit-identical (the
+    kernel's claim), params within max_param_ulp ULPs (torch's MKL sqrt)."""
+    rows, failures = [], []
+    g = torch.Generator().manual_seed(0)
+    for size in settings["sizes"]:
+        for amsgrad in (False, True):
+            start = torch.randn(size, generator=g)
+            p1, p2 = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+            kw = dict(lr=1e-3, weight_decay=0.01, amsgrad=amsgrad)
+            ours = OPTIMIZERS["ckparity"]([p1], **kw)
+            ref = torch.optim.AdamW([p2], foreach=False, fused=False, **kw)
+            for _ in range(settings["steps"]):
+                grad = torch.randn(size, generator=g)
+                p1.grad, p2.grad = grad.clone(), grad.clone()
+                ours.step()
+                ref.step()
+            moments_equal = all(torch.equal(ours.state[p1][k], ref.state[p2][k])
+                                for k in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()))
+            ulp = max_ulp(p1, p2)
+            row = {"size": size, "amsgrad": amsgrad, "moments_bit_identical": moments_equal,
+                   "params_bit_identical": int((p1 == p2).sum()), "params": size, "max_param_ulp": ulp}
+            rows.append(row)
+            if not moments_equal:
+                failures.append(f"size {size} amsgrad={amsgrad}: moments not bit-identical")
+            if ulp > settings["max_param_ulp"]:
+                failures.append(f"size {size} amsgrad={amsgrad}: params {ulp} ULPs apart "
+                                f"(limit {settings['max_param_ulp']})")
+    equal = sum(r["params_bit_identical"] for r in rows)
+    total = sum(r["params"] for r in rows)
+    summary = (f"{settings['steps']} steps: {equal}/{total} params bit-identical, moments "
+               f"{'bit-identical' if not any('moments' in f for f in failures) else 'DIFFER'}")
+    if failures:
+        summary += f"; {failures[0]}"
+    return _result(not failures, summary, rows=rows, failures=failures)
+
+
+# ---- fd_gradients -----------------------------------------------------------
+
+def _train_config(**overrides):
+    flags = ["--no-progress", "--total-tokens", "4096", "--grad-accum", "2"]
+    for key, value in overrides.items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return parse_train_args(flags)
+
+
+def fd_gradients(settings: dict) -> dict:
+    """The CK twin's float32 gradients against float64 central differences of
+    the same loss (the model in float64 with torch ops), on random coordinates
+    of every parameter tensor."""
+    failures, rows = [], []
+    g = torch.Generator().manual_seed(0)
+    for model in settings["models"]:
+        config = _train_config(model=model, ck_swiglu_backend=settings["ck_swiglu_backend"],
+                               ck_rmsnorm_backend=settings["ck_rmsnorm_backend"],
+                               ck_loss_backend=settings["ck_loss_backend"])
+        ck, ref = build_twins(config)
+        tokens = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
+        targets = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
+        ck.model.zero_grad(set_to_none=True)
+        ck.micro_step(tokens, targets, 1.0)
+        exact = copy.deepcopy(ref.model).double()
+
+        def loss64():
+            with torch.no_grad():
+                return float(exact.ops.loss(exact(tokens)["logits"], targets))
+
+        params64 = dict(exact.named_parameters())
+        for name, p in ck.model.named_parameters():
+            flat64 = params64[name].data.view(-1)
+            picks = torch.randint(0, flat64.numel(), (settings["coordinates"],), generator=g)
+            if name == "embedding.weight":  # only the rows of tokens in the batch have a gradient
+                row = tokens[torch.randint(0, tokens.numel(), (settings["coordinates"],), generator=g)]
+                picks = row * p.shape[1] + picks % p.shape[1]
+            worst = 0.0
+            for k in picks.tolist():
+                saved = float(flat64[k])
+                flat64[k] = saved + settings["step"]
+                up = loss64()
+                flat64[k] = saved - settings["step"]
+                down = loss64()
+                flat64[k] = saved
+                fd = (up - down) / (2 * settings["step"])
+                analytic = float(p.grad.view(-1)[k])
+                err = abs(analytic - fd)
+                worst = max(worst, err / (settings["atol"] + settings["rtol"] * abs(fd)))
+                if err > settings["atol"] + settings["rtol"] * abs(fd):
+                    failures.append(f"{model} {name}[{k}]: grad {analytic:.6g} vs finite difference {fd:.6g}")
+            rows.append({"model": model, "tensor": name, "coordinates": len(picks), "worst_error_over_tol": worst})
+    summary = (f"{sum(r['coordinates'] for r in rows)} coordinates over {len(rows)} tensors, "
+               f"{len(failures)} over tolerance" + (f"; first: {failures[0]}" if failures else ""))
+    return _result(not failures, summary, rows=rows, failures=failures[:50])
+
+
+# ---- replay_determinism, drift_smoke, long_horizon --------------------------
+
+def _series_without_timing(report: dict) -> dict:
+    return {k: v for k, v in report["series"].items() if not k.endswith("_ms")}
+
+
+def replay_determinism(settings: dict, out_dir: Path) -> dict:
+    """The same short run twice, and at each thread count: identical series, bit for bit."""
+    runs = {}
+    saved = (ckparity.get_num_threads(), torch.get_num_threads())
+    try:
+        for label, threads in [("first", settings["threads"][0]), ("again", settings["threads"][0])] + \
+                [(f"threads={t}", t) for t in settings["threads"][1:]]:
+            config = _train_config(max_steps=settings["steps"], threads=threads, model="stacked",
+                                   ck_loss_backend=settings["ck_loss_backend"],
+                                   json_out=out_dir / f"replay_determinism_{label.replace('=', '')}.json")
+            runs[label] = _series_without_timing(train(config))
+    finally:
+        ckparity.set_num_threads(saved[0])
+        torch.set_num_threads(saved[1])
+    base = runs["first"]
+    differing = {label: sorted(k for k in base if base[k] != s[k]) for label, s in runs.items() if s != base}
+    summary = (f"{len(runs)} runs of {settings['steps']} steps: "
+               + ("identical" if not differing else
+                  "; ".join(f"{label} differs in {', '.join(keys[:3])}" for label, keys in differing.items())))
+    return _result(not differing, summary, runs=list(runs), differing=differing)
+
+
+def _harness_gate(runs: dict[str, list[str]], out_dir: Path, gate: str) -> dict:
+    rows, failures = [], []
+    for label, flags in runs.items():
+        path = out_dir / f"{gate}_{label}.json"
+        report = train(parse_train_args(flags + ["--no-progress", "--json-out", str(path)]))
+        row = {key: report[key] for key in ("status", "steps", "first_loss_fail_step", "first_param_fail_step",
+                                            "max_loss_abs_diff", "max_param_abs_diff")}
+        row["run"], row["report"] = label, str(path)
+        rows.append(row)
+        if not report["pass_parity"]:
+            loc = report["localization"] or {}
+            where = loc.get("first_forward_stage") or loc.get("first_backward_stage") or loc.get("first_param_tensor")
+            failures.append(f"{label}: {report['status']} (loss fails at {report['first_loss_fail_step']}, "
+                            f"params at {report['first_param_fail_step']}; localized to {where})")
+    summary = "; ".join(f"{r['run']}: {r['status']}, max |loss diff| {r['max_loss_abs_diff']:.2g}, "
+                        f"max |param diff| {r['max_param_abs_diff']:.2g}" for r in rows)
+    if failures:
+        summary = failures[0]
+    return _result(not failures, summary, runs=rows, failures=failures)
+
+
+def drift_smoke(settings: dict, out_dir: Path) -> dict:
+    runs = {}
+    for model in settings["models"]:
+        runs[model] = ["--model", model, "--num-layers", "2", "--max-steps", str(settings["steps"]),
+                       "--grad-accum", str(settings["grad_accum"]), "--ck-loss-backend", settings["ck_loss_backend"],
+                       "--ck-optimizer-backend", settings["ck_optimizer_backend"]]
+    return _harness_gate(runs, out_dir, "drift_smoke")
+
+
+def long_horizon(settings: dict, out_dir: Path) -> dict:
+    from .harness.repro import PRESET
+
+    runs = {b: PRESET + ["--ck-loss-backend", b, "--max-steps", str(settings["steps"]),
+                         "--ck-optimizer-backend", settings["ck_optimizer_backend"]]
+            for b in settings["loss_backends"]}
+    return _harness_gate(runs, out_dir, "long_horizon")
+
+
+GATES: dict[str, Callable] = {
+    "kernel_parity": lambda s, out: kernel_parity(s),
+    "optimizer_parity": lambda s, out: optimizer_parity(s),
+    "fd_gradients": lambda s, out: fd_gradients(s),
+    "replay_determinism": replay_determinism,
+    "drift_smoke": drift_smoke,
+    "long_horizon": long_horizon,
+}
+
+
+# ---- running the suite ------------------------------------------------------
+
+def settings_for(tier: str, config_path: str | None = None) -> dict[str, dict]:
+    """DEFAULTS, then the tier's overrides, then the config file's."""
+    settings = copy.deepcopy(DEFAULTS)
+    for gate, values in TIERS[tier].items():
+        settings[gate].update(values)
+    if config_path:
+        try:
+            overrides = tomllib.loads(Path(config_path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ValueError(f"cannot read --config {config_path}: {err}") from None
+        for gate, values in overrides.items():
+            if gate not in settings or not isinstance(values, dict):
+                raise ValueError(f"--config {config_path}: unknown gate [{gate}] (gates: {', '.join(GATE_NAMES)})")
+            unknown = set(values) - set(settings[gate])
+            if unknown:
+                raise ValueError(f"--config {config_path}: [{gate}] has unknown keys {sorted(unknown)} "
+                                 f"(known: {sorted(settings[gate])})")
+            settings[gate].update(values)
+    return settings
+
+
+def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: str,
+              echo: Callable[[str], None] = print) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in names:
+        start = time.perf_counter()
+        try:
+            result = GATES[name](settings[name], out_dir)
+        except Exception as err:  # a gate that crashes fails, and says why
+            result = _result(False, f"error: {type(err).__name__}: {err}")
+        result.update(gate=name, tier=tier, settings=settings[name], seconds=time.perf_counter() - start,
+                      schema="ckparity.gate/1", torch=torch.__version__, ckparity=ckparity.__version__)
+        write_json(out_dir / f"{name}_latest.json", result)
+        results.append(result)
+        echo(f"{'PASS' if result['passed'] else 'FAIL'} {name:20s} {result['seconds']:6.1f}s  {result['summary']}")
+    summary = markdown_summary(results, tier)
+    (out_dir / "summary.md").write_text(summary)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(summary)
+    return results
+
+
+def markdown_summary(results: list[dict], tier: str) -> str:
+    passed = sum(r["passed"] for r in results)
+    lines = [f"## ckparity gates ({tier} tier): {passed}/{len(results)} passed", "",
+             "| gate | result | time | summary |", "|---|---|---|---|"]
+    for r in results:
+        text = r["summary"].replace("|", "\\|")
+        lines.append(f"| {r['gate']} | {'pass' if r['passed'] else '**FAIL**'} | {r['seconds']:.1f}s | {text} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,75 @@
+"""The parity measures shared by the tests and `ckparity gate`: ULP distance
+to torch, error against a float64 evaluation of the same formula, and the
+rule that ties them together."""
+
+from __future__ import annotations
+
+import torch
+
+# assert_close's float32 defaults
+RTOL, ATOL = 1.3e-6, 1e-5
+
+# (factor, floor_ulps) of the parity rule per kernel kind. A kernel may have a
+# float64 error up to 2x torch's. ptref, which repeats torch's own float
+# operations, may be no worse than torch, give or take 4 ULPs of the largest
+# value: its exp is glibc's where torch's is Sleef's (1 ULP apart at most), and
+# log_softmax's backward multiplies exp(logp) by the row's gradient sum, which
+# turns that ULP into several ULPs of the result; torch's own full-tensor sums
+# also move by 1-2 ULPs with its thread count, which ptref cannot follow.
+RULES = {"default": (2.0, 0.5), "ptref": (1.0, 4.0)}
+
+
+def ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64 whose order matches the floats' order (adjacent floats differ by 1)."""
+    bits = x.detach().contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest ULP distance between float32 tensors, over the elements of b at
+    least 1e-3 of b's largest magnitude (near zero, ULPs measure nothing);
+    NaN in both counts 0, NaN in one only counts 2**31."""
+    a, b = a.detach().float().flatten(), b.detach().float().flatten()
+    finite = b[torch.isfinite(b)]
+    if finite.numel():
+        significant = ~(b.abs() < 1e-3 * finite.abs().max())
+        a, b = a[significant], b[significant]
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    if (torch.isnan(a) != torch.isnan(b)).any():
+        return 2**31
+    distance = (ordered_bits(a) - ordered_bits(b)).abs()
+    distance = torch.where(both_nan, torch.zeros_like(distance), distance)
+    return int(distance.max()) if distance.numel() else 0
+
+
+def error64(x: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest |x - reference| with the reference in float64; matching non-finite values count 0."""
+    x64, ref = x.detach().double(), reference.detach().double()
+    same = (x64 == ref) | (torch.isnan(x64) & torch.isnan(ref))
+    diff = torch.where(same, torch.zeros_like(ref), (x64 - ref).abs())
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, reference: torch.Tensor,
+           factor: float = 2.0, floor_ulps: float = 0.5, rtol: float = RTOL, atol: float = ATOL) -> dict:
+    """The parity rule: ``ours`` within rtol/atol of torch's ``theirs`` (atol widened to
+    twice torch's own float64 error where torch is less accurate than that), and a
+    float64 error no worse than ``factor`` times torch's, give or take ``floor_ulps``
+    float32 ULPs of the largest reference value (when torch is exact to the last
+    bit, rounding the exact answer once is still allowed). Returns the figures with
+    ``ok`` and, when not ok, ``reason``."""
+    ours_error, torch_error = error64(ours, reference), error64(theirs, reference)
+    figures = {"name": name, "max_ulp": max_ulp(ours, theirs), "ckparity_error64": ours_error,
+               "torch_error64": torch_error, "ok": True, "reason": None}
+    try:
+        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=rtol, atol=max(atol, 2 * torch_error),
+                                   equal_nan=True)
+    except AssertionError as err:
+        figures.update(ok=False, reason=f"not close to torch: {str(err).splitlines()[0]}")
+        return figures
+    finite = reference[torch.isfinite(reference)].double()
+    floor = float(finite.abs().max()) * 2.0**-23 * floor_ulps if finite.numel() else 0.0
+    if not ours_error <= factor * torch_error + floor:
+        figures.update(ok=False, reason=f"float64 error {ours_error:.3g} is worse than {factor}x torch's "
+                                        f"{torch_error:.3g}")
+    return figures

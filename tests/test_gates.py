@@ -1,0 +1,132 @@
+"""ckparity gate: every gate fails, and says why, when a fault is planted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity import gates
+from ckparity.cli import main
+from ckparity.harness import backends
+
+
+def small(gate: str, **overrides) -> dict:
+    settings = gates.settings_for("quick")[gate]
+    settings.update(overrides)
+    return settings
+
+
+def test_kernel_parity_catches_a_broken_kernel(monkeypatch):
+    ours, theirs = gates.KERNELS["swiglu"]
+    monkeypatch.setitem(gates.KERNELS, "swiglu", (lambda x: ours(x) * (1 + 1e-4), theirs))  # 1e-4 off
+    result = gates.kernel_parity(small("kernel_parity"))
+    assert not result["passed"]
+    assert "swiglu" in result["summary"] and "failed" in result["summary"]
+
+
+def test_kernel_parity_passes_as_built():
+    assert gates.kernel_parity(small("kernel_parity"))["passed"]
+
+
+class _PerturbedAdamW(ckparity.optim.AdamW):
+    """planted fault: the second moment is nudged after each step"""
+
+    def step(self, closure=None):
+        super().step(closure)
+        for state in self.state.values():
+            state["exp_avg_sq"].mul_(1 + 2**-20)
+
+
+def test_optimizer_parity_catches_perturbed_moments(monkeypatch):
+    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity", _PerturbedAdamW)
+    result = gates.optimizer_parity(small("optimizer_parity", steps=5, sizes=[17]))
+    assert not result["passed"] and "moments not bit-identical" in result["summary"]
+
+
+def _swiglu_wrong_backward(x):
+    # planted fault: forward is right, the gradient of the up half is halved
+    H = x.shape[-1] // 2
+    up = x[..., H:]
+    up = up * 0.5 + (up * 0.5).detach()
+    return F.silu(x[..., :H]) * up
+
+
+backends.register("swiglu", "fault_wrong_backward", _swiglu_wrong_backward)
+
+
+def test_fd_gradients_catches_a_wrong_gradient():
+    result = gates.fd_gradients(small("fd_gradients", ck_swiglu_backend="fault_wrong_backward",
+                                      models=["tiny"], coordinates=8))
+    assert not result["passed"]
+    assert "grad" in result["summary"] and "vs finite difference" in result["summary"]
+
+
+def test_fd_gradients_passes_as_built():
+    assert gates.fd_gradients(small("fd_gradients", coordinates=8))["passed"]
+
+
+def _loss_random_order(logits, targets):
+    # planted fault: a reduction whose order changes from run to run
+    order = torch.randperm(targets.numel(), generator=torch.Generator().manual_seed(torch.seed()))
+    rows = F.cross_entropy(logits[order] * 1.0001, targets[order], reduction="none")
+    return rows.sum() / rows.numel()
+
+
+backends.register("loss", "fault_nondeterministic", _loss_random_order)
+
+
+def test_replay_determinism_catches_a_nondeterministic_reduction(tmp_path):
+    result = gates.replay_determinism(small("replay_determinism", ck_loss_backend="fault_nondeterministic",
+                                            steps=4), tmp_path)
+    assert not result["passed"] and "differs in" in result["summary"]
+
+
+def test_drift_smoke_catches_a_broken_optimizer(tmp_path):
+    from test_harness import _AdamWNoBiasCorrection  # noqa: F401  (registers the planted fault)
+
+    result = gates.drift_smoke(small("drift_smoke", steps=5, models=["tiny"],
+                                     ck_optimizer_backend="fault_no_bias_correction"), tmp_path)
+    assert not result["passed"]
+    assert "params at 1" in result["summary"] and "embedding.weight" in result["summary"]
+
+
+def test_long_horizon_catches_a_broken_loss(tmp_path):
+    from test_harness import _loss_eps_log  # noqa: F401  (registers the planted faults)
+
+    result = gates.long_horizon(small("long_horizon", steps=5, loss_backends=["fault_all_tokens"]), tmp_path)
+    assert result["passed"] is True  # no ignored targets in the preset: dividing by all tokens is right
+    backends.register("loss", "fault_scaled", lambda logits, t: F.cross_entropy(logits, t) * 1.001)
+    result = gates.long_horizon(small("long_horizon", steps=5, loss_backends=["fault_scaled"]), tmp_path)
+    assert not result["passed"] and "loss fails at 1" in result["summary"] and "loss" in result["summary"]
+
+
+def test_cli_writes_reports_summary_and_exit_code(tmp_path, capsys):
+    config = tmp_path / "gates.toml"
+    config.write_text("[optimizer_parity]\nsteps = 3\nsizes = [7]\n")
+    out = tmp_path / "g"
+    assert main(["gate", "--only", "optimizer_parity", "--config", str(config), "--out-dir", str(out)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("PASS optimizer_parity")
+    report = json.loads((out / "optimizer_parity_latest.json").read_text())
+    assert report["passed"] and report["settings"]["steps"] == 3 and report["settings"]["sizes"] == [7]
+    assert "| optimizer_parity | pass |" in (out / "summary.md").read_text()
+
+
+def test_cli_bad_config_exits_2(tmp_path, capsys):
+    config = tmp_path / "gates.toml"
+    config.write_text("[optimizer_parity]\nstepz = 3\n")
+    assert main(["gate", "--config", str(config), "--out-dir", str(tmp_path)]) == 2
+    assert "unknown keys ['stepz']" in capsys.readouterr().err
+    config.write_text("[nope]\nx = 1\n")
+    assert main(["gate", "--config", str(config), "--out-dir", str(tmp_path)]) == 2
+
+
+def test_failing_gate_exits_1(tmp_path, monkeypatch):
+    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity", _PerturbedAdamW)
+    config = tmp_path / "gates.toml"
+    config.write_text("[optimizer_parity]\nsteps = 3\nsizes = [7]\n")
+    assert main(["gate", "--only", "optimizer_parity", "--config", str(config), "--out-dir", str(tmp_path)]) == 1
