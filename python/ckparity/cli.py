@@ -4,6 +4,7 @@
   ckparity repro    the 850-step preset under each loss backend, and an A/B table
   ckparity compare  reports side by side, and a drift plot
   ckparity gate     the CI parity gates (--tier quick|full, --only, --config gates.toml)
+  ckparity bench    kernel speed against torch and against a copy's bandwidth
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
@@ -87,6 +88,22 @@ def _gate(argv: list[str]) -> int:
     return EXIT_FAIL if failed else EXIT_PASS
 
 
+def _bench(argv: list[str]) -> int:
+    from .bench import bench, table
+    from .harness.report import write_json
+
+    parser = argparse.ArgumentParser(prog="ckparity bench")
+    parser.add_argument("--json-out", default="reports/bench_latest.json")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        raise _InputError(f"--repeats must be >= 1, got {args.repeats}")
+    data = bench(args.repeats)
+    write_json(args.json_out, data)
+    print(table(data))
+    return EXIT_PASS
+
+
 def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info").parse_args(argv)
     from .harness.run import environment
@@ -99,7 +116,7 @@ class _InputError(Exception):
     pass
 
 
-COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "gate": _gate, "info": _info}
+COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "gate": _gate, "bench": _bench, "info": _info}
 
 
 def main(argv: list[str] | None = None) -> int:
