@@ -15,11 +15,11 @@ fi
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"
 
-"$PY" -m pip install --quiet --disable-pip-version-check \
-  "${CKP_TORCH_SPEC:-torch==2.13.0}" numpy cffi pytest tqdm matplotlib \
-  meson-python meson ninja 2>&1 | grep -v "^WARNING: Location" || true
-"$PY" -c "import torch" || { echo "setup: torch did not install" >&2; exit 2; }
+# pip's own status decides (pipefail); only the local index's noise is dropped.
+quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+
+quiet "$PY" -m pip install --quiet --disable-pip-version-check \
+  "${CKP_TORCH_SPEC:-torch==2.13.0}" numpy cffi pytest tqdm matplotlib meson-python meson ninja
 # --no-build-isolation: build with the meson/ninja just installed, offline.
-"$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps . \
-  2>&1 | grep -v "^WARNING: Location" || true
-"$PY" -c "import ckparity" || { echo "setup: ckparity did not install" >&2; exit 2; }
+quiet "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps .
+"$PY" -c "import torch, ckparity" || { echo "setup: torch or ckparity does not import" >&2; exit 2; }
