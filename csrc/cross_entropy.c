@@ -14,7 +14,9 @@
  *
  * Two variants:
  *   default  fused, threaded over fixed row blocks, per-row sums in double
- *            (no probability clamp: log-sum-exp all the way).
+ *            over 8 fixed lanes, a branch-free exp the compiler vectorizes,
+ *            the gradient in float but for the target's entry (no
+ *            probability clamp: log-sum-exp all the way).
  *   ptref    ATen's CPU order of operations in float: log_softmax
  *            (SoftMaxKernel.cpp, _vec_log_softmax_lastdim), nll_loss with its
  *            cascade sum (LossNLL.cpp), then log_softmax's backward
@@ -95,30 +97,79 @@ typedef struct {
     double grad_scale;       /* r: 1 / mean denominator, or 1 */
 } ce_ctx;
 
+/* Lanes of the per-row reductions: a fixed width, so the bits never depend
+ * on how the compiler vectorizes. */
+enum { CE_LANES = 8 };
+
 static float row_max(const float *x, int64_t V) {
-    float m = x[0];
-    for (int64_t j = 1; j < V; j++)
-        if (x[j] > m || x[j] != x[j]) m = x[j]; /* NaN propagates, as torch's max does */
-    return m;
+    float lane[CE_LANES];
+    int nan = 0;
+    for (int l = 0; l < CE_LANES; l++) lane[l] = x[0];
+    int64_t j = 0;
+    for (; j + CE_LANES <= V; j += CE_LANES)
+        for (int l = 0; l < CE_LANES; l++) {
+            float v = x[j + l];
+            lane[l] = v > lane[l] ? v : lane[l];
+            nan |= v != v;
+        }
+    for (; j < V; j++) {
+        lane[0] = x[j] > lane[0] ? x[j] : lane[0];
+        nan |= x[j] != x[j];
+    }
+    float m = lane[0];
+    for (int l = 1; l < CE_LANES; l++) m = lane[l] > m ? lane[l] : m;
+    return nan ? NAN : m; /* NaN propagates, as torch's max does */
+}
+
+/* exp(x) for x <= 0 (x = logit - row max), written without branches or calls
+ * so the loops that use it vectorize: Cody-Waite reduction x = n ln2 + r,
+ * Cephes' degree-6 polynomial for e^r (about 1 ULP, like torch's Sleef expf),
+ * 2^n put into the exponent bits. Below -87 (where 2^n would leave the normal
+ * range) the result is 0; NaN stays NaN. */
+static inline float exp_nonpositive(float x) {
+    float xc = x < -87.0f ? -87.0f : x;
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (xc * 1.44269504088896341f + round_magic) - round_magic;
+    float r = xc - n * 0.693359375f; /* ln2 split in a high part exact in float... */
+    r = r - n * -2.12194440e-4f;     /* ...and the rest */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t bits;
+    memcpy(&bits, &y, sizeof bits);
+    bits += (int32_t)n * (1 << 23);
+    memcpy(&y, &bits, sizeof y);
+    return x < -87.0f ? 0.0f : y;
 }
 
 static double row_sum_exp(const float *x, int64_t V, float m) {
+    double lane[CE_LANES] = {0};
+    int64_t j = 0;
+    for (; j + CE_LANES <= V; j += CE_LANES)
+        for (int l = 0; l < CE_LANES; l++) lane[l] += (double)exp_nonpositive(x[j + l] - m);
+    for (; j < V; j++) lane[0] += (double)exp_nonpositive(x[j] - m);
     double s = 0.0;
-    for (int64_t j = 0; j < V; j++) s += (double)expf(x[j] - m);
+    for (int l = 0; l < CE_LANES; l++) s += lane[l];
     return s;
 }
 
 /* One class-target row: returns its loss; writes dx when dx != NULL.
  * x and dx may be the same row (in place): every read of x[j] happens before
- * the write of dx[j], and the sums are complete before the first write. */
+ * the write of dx[j], x[t] is read before the gradient loop, and the sums are
+ * complete before the first write. */
 static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, float *dx) {
     const float *w = c->weight;
     float m = row_max(x, V);
+    float x_t = x[t];
     double sum_exp = row_sum_exp(x, V, m);
     double log_sum = log(sum_exp);
     double lse = (double)m + log_sum;
     double w_t = w ? (double)w[t] : 1.0;
-    double nll = log_sum - ((double)x[t] - (double)m);
+    double nll = log_sum - ((double)x_t - (double)m);
     double loss = (1.0 - c->smoothing) * w_t * nll + c->z_loss * lse * lse;
     if (c->smoothing > 0.0) {
         double weighted_shifted = 0.0; /* sum_j w_j (x_j - m) */
@@ -130,12 +181,14 @@ static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c
         double a = (1.0 - c->smoothing) * w_t * c->grad_scale;
         double b = c->smoothing / (double)V * c->grad_scale;
         double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * c->grad_scale;
-        double inv_sum = 1.0 / sum_exp;
-        for (int64_t j = 0; j < V; j++) {
-            double p = (double)expf(x[j] - m) * inv_sum;
-            double g = p * k - b * (w ? (double)w[j] : 1.0) - (j == t ? a : 0.0);
-            dx[j] = (float)g;
-        }
+        /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
+        const float scale = (float)(k / sum_exp), b_f = (float)b;
+        if (w != NULL)
+            for (int64_t j = 0; j < V; j++) dx[j] = exp_nonpositive(x[j] - m) * scale - b_f * w[j];
+        else
+            for (int64_t j = 0; j < V; j++) dx[j] = exp_nonpositive(x[j] - m) * scale - b_f;
+        /* the target's entry subtracts a from a value near a: evaluated in double */
+        dx[t] = (float)((double)exp_nonpositive(x_t - m) / sum_exp * k - b * w_t - a);
     }
     return loss;
 }
@@ -160,7 +213,7 @@ static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_c
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
             double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
-            double p = (double)expf(x[j] - m) * inv_sum;
+            double p = (double)exp_nonpositive(x[j] - m) * inv_sum;
             dx[j] = (float)(p * k - wq * c->grad_scale);
         }
     }
