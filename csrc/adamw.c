@@ -24,7 +24,7 @@
 
 #include <math.h>
 
-static float lerp_vec(float start, float end, float weight) {
+static inline __attribute__((always_inline)) float lerp_vec(float start, float end, float weight) {
     return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start)
                                 : fmaf(weight - 1.0f, end - start, end);
 }
@@ -44,6 +44,52 @@ static ckp_status check_options(const ckp_adamw_options *o, double step) {
     if (!(step >= 1.0 && step == floor(step)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "step must be a whole number >= 1, got %g", step);
     return CKP_OK;
+}
+
+/* The per-element update over [lo, hi). Built twice (target_clones): for
+ * CPUs with AVX2+FMA, where fmaf is one instruction and the loop vectorizes,
+ * and for the x86-64 baseline. Every operation is a single IEEE-rounded one
+ * (contraction is off), so both builds give the same bits. */
+typedef struct {
+    float decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign;
+    int decays, amsgrad;
+} adamw_scalars;
+
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void adamw_range(float *restrict param, const float *restrict grad, float *restrict exp_avg,
+                        float *restrict exp_avg_sq, float *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
+                        const adamw_scalars *k) {
+    const float decay = k->decays ? k->decay : 1.0f; /* x * 1 == x: no decay is exact */
+    const float w1 = k->w1, beta2 = k->beta2, w2 = k->w2;
+    const float neg_step_size = k->neg_step_size, bc2_sqrt = k->bc2_sqrt, eps = k->eps, sign = k->sign;
+    const int amsgrad = k->amsgrad;
+    /* Two loops rather than one with a branch: vectorized, the branch becomes
+     * masked loads of max_exp_avg_sq, which is NULL without amsgrad, and
+     * masked loads from unmapped pages cost a microcode assist each. */
+    if (amsgrad) {
+        for (int64_t i = lo; i < hi; i++) {
+            float g = sign * grad[i];
+            float p = param[i] * decay;
+            float m = lerp_vec(exp_avg[i], g, w1);
+            float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
+            float vmax = max_exp_avg_sq[i];
+            vmax = (v > vmax || v != v) ? v : vmax; /* torch.maximum propagates NaN */
+            param[i] = p + (neg_step_size * m) / (sqrtf(vmax) / bc2_sqrt + eps);
+            exp_avg[i] = m;
+            exp_avg_sq[i] = v;
+            max_exp_avg_sq[i] = vmax;
+        }
+    } else {
+        for (int64_t i = lo; i < hi; i++) {
+            float g = sign * grad[i];
+            float p = param[i] * decay;
+            float m = lerp_vec(exp_avg[i], g, w1);
+            float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
+            param[i] = p + (neg_step_size * m) / (sqrtf(v) / bc2_sqrt + eps);
+            exp_avg[i] = m;
+            exp_avg_sq[i] = v;
+        }
+    }
 }
 
 ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float *exp_avg_sq,
@@ -75,23 +121,11 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
     const float eps = (float)opt->eps;
     const float sign = opt->maximize ? -1.0f : 1.0f;
 
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) {
-        float g = sign * grad[i];
-        float p = decays ? param[i] * decay : param[i];
-        float m = lerp_vec(exp_avg[i], g, w1);
-        float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
-        float second = v;
-        if (opt->amsgrad) {
-            float vmax = max_exp_avg_sq[i];
-            vmax = (v > vmax || v != v) ? v : vmax; /* torch.maximum propagates NaN */
-            max_exp_avg_sq[i] = vmax;
-            second = vmax;
-        }
-        float denom = sqrtf(second) / bc2_sqrt + eps;
-        param[i] = p + (neg_step_size * m) / denom;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-    }
+    const adamw_scalars k = {decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign, decays, opt->amsgrad};
+    const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++)
+        adamw_range(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, c * chunk,
+                    c * chunk + chunk < n ? c * chunk + chunk : n, &k);
     return CKP_OK;
 }

@@ -101,7 +101,7 @@ typedef struct {
  * on how the compiler vectorizes. */
 enum { CE_LANES = 8 };
 
-static float row_max(const float *x, int64_t V) {
+static inline __attribute__((always_inline)) float row_max(const float *x, int64_t V) {
     float lane[CE_LANES];
     int nan = 0;
     for (int l = 0; l < CE_LANES; l++) lane[l] = x[0];
@@ -126,7 +126,7 @@ static float row_max(const float *x, int64_t V) {
  * Cephes' degree-6 polynomial for e^r (about 1 ULP, like torch's Sleef expf),
  * 2^n put into the exponent bits. Below -87 (where 2^n would leave the normal
  * range) the result is 0; NaN stays NaN. */
-static inline float exp_nonpositive(float x) {
+static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
     float xc = x < -87.0f ? -87.0f : x;
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float n = (xc * 1.44269504088896341f + round_magic) - round_magic;
@@ -146,7 +146,7 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : y;
 }
 
-static double row_sum_exp(const float *x, int64_t V, float m) {
+static inline __attribute__((always_inline)) double row_sum_exp(const float *x, int64_t V, float m) {
     double lane[CE_LANES] = {0};
     int64_t j = 0;
     for (; j + CE_LANES <= V; j += CE_LANES)
@@ -157,11 +157,16 @@ static double row_sum_exp(const float *x, int64_t V, float m) {
     return s;
 }
 
+/* The row functions are built twice (target_clones): for CPUs with AVX2 and
+ * FMA (x86-64-v3) and for the x86-64 baseline. Contraction is off and the
+ * lanes are fixed, so both builds give the same bits; only the speed differs. */
+#define CE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+
 /* One class-target row: returns its loss; writes dx when dx != NULL.
  * x and dx may be the same row (in place): every read of x[j] happens before
  * the write of dx[j], x[t] is read before the gradient loop, and the sums are
  * complete before the first write. */
-static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, float *dx) {
+CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, float *dx) {
     const float *w = c->weight;
     float m = row_max(x, V);
     float x_t = x[t];
@@ -194,7 +199,7 @@ static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c
 }
 
 /* One probability-target row (P is the row of target probabilities). */
-static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, float *dx) {
+CE_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, float *dx) {
     const float *w = c->weight;
     double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;
     float m = row_max(x, V);
