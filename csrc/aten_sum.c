@@ -61,9 +61,3 @@ float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n) {
     for (int l = 0; l < LANES; l++) total += partial[l];
     return total;
 }
-
-static float array_element(void *ctx, int64_t j) { return ((const float *)ctx)[j]; }
-
-float ckp_aten_sum_array(const float *values, int64_t n) {
-    return ckp_aten_sum(array_element, (void *)values, n);
-}

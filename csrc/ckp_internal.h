@@ -42,9 +42,6 @@ typedef float (*ckp_float_map)(void *ctx, int64_t j);
  * map is called with ascending j. */
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n);
 
-/* The same order over a plain array. */
-float ckp_aten_sum_array(const float *values, int64_t n);
-
 /* ATen's utils::CeilLog2: 1 for x <= 2. */
 int64_t ckp_ceil_log2(int64_t x);
 

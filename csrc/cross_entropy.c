@@ -55,6 +55,8 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     if (!(opt->label_smoothing >= 0.0 && opt->label_smoothing <= 1.0))
         return ckp_fail(CKP_ERR_BAD_OPTION, "label_smoothing must be in [0, 1], got %g",
                         opt->label_smoothing);
+    if (opt->row_grad != NULL && opt->reduction != CKP_REDUCTION_NONE)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "row_grad is for reduction none only");
     if (!(opt->z_loss >= 0.0 && isfinite(opt->z_loss)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "z_loss must be finite and >= 0, got %g", opt->z_loss);
 
@@ -94,7 +96,7 @@ typedef struct {
     double weight_total;     /* W = sum_j w_j */
     double smoothing;        /* ls */
     double z_loss;
-    double grad_scale;       /* r: 1 / mean denominator, or 1 */
+    double grad_scale;       /* r: 1 / mean denominator, or 1 (times row_grad[i] per row) */
 } ce_ctx;
 
 /* Lanes of the per-row reductions: a fixed width, so the bits never depend
@@ -166,7 +168,8 @@ static inline __attribute__((always_inline)) double row_sum_exp(const float *x, 
  * x and dx may be the same row (in place): every read of x[j] happens before
  * the write of dx[j], x[t] is read before the gradient loop, and the sums are
  * complete before the first write. */
-CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, float *dx) {
+CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
+                                     float *dx) {
     const float *w = c->weight;
     float m = row_max(x, V);
     float x_t = x[t];
@@ -183,9 +186,9 @@ CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const
         loss += c->smoothing / (double)V * (c->weight_total * log_sum - weighted_shifted);
     }
     if (dx != NULL) {
-        double a = (1.0 - c->smoothing) * w_t * c->grad_scale;
-        double b = c->smoothing / (double)V * c->grad_scale;
-        double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * c->grad_scale;
+        double a = (1.0 - c->smoothing) * w_t * scale;
+        double b = c->smoothing / (double)V * scale;
+        double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * scale;
         /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
         const float scale = (float)(k / sum_exp), b_f = (float)b;
         if (w != NULL)
@@ -199,7 +202,8 @@ CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const
 }
 
 /* One probability-target row (P is the row of target probabilities). */
-CE_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, float *dx) {
+CE_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
+                                     float *dx) {
     const float *w = c->weight;
     double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;
     float m = row_max(x, V);
@@ -214,12 +218,12 @@ CE_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, 
     }
     double loss = wq_total * log_sum - wq_shifted + c->z_loss * lse * lse;
     if (dx != NULL) {
-        double k = (wq_total + 2.0 * c->z_loss * lse) * c->grad_scale;
+        double k = (wq_total + 2.0 * c->z_loss * lse) * scale;
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
             double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
             double p = (double)exp_nonpositive(x[j] - m) * inv_sum;
-            dx[j] = (float)(p * k - wq * c->grad_scale);
+            dx[j] = (float)(p * k - wq * scale);
         }
     }
     return loss;
@@ -254,14 +258,14 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
         for (int64_t i = lo; i < hi; i++) {
             const float *x = logits + i * V;
             float *dx = dlogits ? dlogits + i * V : NULL;
-            double row_loss;
+            double row_loss, scale = opt->row_grad ? c.grad_scale * (double)opt->row_grad[i] : c.grad_scale;
             if (target == NULL) {
-                row_loss = ce_row_probs(x, target_probs + i * V, V, &c, dx);
+                row_loss = ce_row_probs(x, target_probs + i * V, V, &c, scale, dx);
             } else if (target[i] == opt->ignore_index) {
                 row_loss = 0.0;
                 if (dx) memset(dx, 0, (size_t)V * sizeof(float));
             } else {
-                row_loss = ce_row_class(x, target[i], V, &c, dx);
+                row_loss = ce_row_class(x, target[i], V, &c, scale, dx);
             }
             if (opt->reduction == CKP_REDUCTION_NONE) loss[i] = (float)row_loss;
             acc += row_loss;
@@ -495,16 +499,18 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         pt_row r = proto;
         r.P = target_probs ? target_probs + i * V : NULL;
         pt_row_prepare(&r, logits + i * V, V);
-        float z_coef = 2.0f * z_loss * (r.m + r.log_sum) * scale;
+        /* reduction none: this row's upstream gradient (1 unless row_grad is given) */
+        float upstream = opt->row_grad ? opt->row_grad[i] : 1.0f;
+        float z_coef = 2.0f * z_loss * (r.m + r.log_sum) * scale * upstream;
         if (target_probs != NULL) {
             /* -(logp * q * w).sum() / N: each product receives -1/N */
-            r.smooth_grad = -(mean ? 1.0f / total_weight : 1.0f);
+            r.smooth_grad = -(mean ? 1.0f / total_weight : upstream);
         } else {
             r.t = target[i];
-            float nll_upstream = smoothed ? r.keep : 1.0f;
+            float nll_upstream = smoothed ? upstream * r.keep : upstream;
             float grad = -(mean ? nll_upstream / total_weight : nll_upstream);
             r.nll_grad = opt->weight ? opt->weight[r.t] * grad : grad;
-            float smooth_upstream = smoothed ? r.spread : 0.0f;
+            float smooth_upstream = smoothed ? upstream * r.spread : 0.0f;
             r.smooth_grad = -(mean ? smooth_upstream / total_weight : smooth_upstream);
         }
         pt_row_grad(&r, V, z_coef, dx);
@@ -520,6 +526,7 @@ ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt) {
     opt->label_smoothing = 0.0;
     opt->z_loss = 0.0;
     opt->variant = CKP_CE_DEFAULT;
+    opt->row_grad = NULL;
     ckp_clear_error();
     return CKP_OK;
 }

@@ -366,3 +366,15 @@ def test_ckp_lib_override(tmp_path):
     env["CKP_LIB"] = real
     good = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert good.returncode == 0 and good.stdout.strip() == real
+
+
+def test_row_grad_only_with_reduction_none():
+    logits, target = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
+    with pytest.raises(ValueError, match="row_grad is for reduction none only"):
+        cross_entropy_forward_backward(logits, target, reduction="mean", row_grad=torch.ones(4))
+    # with reduction none, row_grad scales each row's gradient before rounding
+    _, plain = cross_entropy_forward_backward(logits, target, reduction="none")
+    _, scaled = cross_entropy_forward_backward(logits, target, reduction="none",
+                                               row_grad=torch.tensor([1.0, 0.0, -2.0, 0.5]))
+    assert torch.equal(scaled[0], plain[0]) and (scaled[1] == 0).all()
+    torch.testing.assert_close(scaled[2], -2 * plain[2])

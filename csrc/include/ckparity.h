@@ -81,6 +81,8 @@ typedef struct {
     double label_smoothing;   /* in [0, 1] */
     double z_loss;            /* >= 0: adds z_loss * logsumexp(row)^2 to each non-ignored row */
     ckp_cross_entropy_variant variant;
+    const float *row_grad;    /* reduction none only: (N) upstream gradient per row, folded
+                                 into dlogits before rounding; NULL for all ones */
 } ckp_cross_entropy_options;
 
 /* Fills *opt with torch's defaults (no weight, ignore_index -100, mean, no
@@ -91,7 +93,7 @@ ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt);
  * target_probs (N, V, class probabilities) is non-NULL.
  * loss is (N) for CKP_REDUCTION_NONE, else (1).
  * dlogits is (N, V) or NULL (forward only): the gradient of the loss with an
- * upstream gradient of 1 (scale it by the real upstream gradient). dlogits may
+ * upstream gradient of 1 (or of opt->row_grad with reduction none). dlogits may
  * be the logits buffer itself (in place); it may not partially overlap it.
  * With mean reduction and every target ignored the loss is NaN and dlogits is
  * all zero, as in torch. */

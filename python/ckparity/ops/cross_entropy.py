@@ -1,8 +1,7 @@
 """ckparity.cross_entropy: F.cross_entropy on the C kernel (csrc/cross_entropy.c).
 
-The kernel computes the loss and the gradient in one pass over the logits
-(the gradient for an upstream gradient of 1); backward only scales it by the
-real upstream gradient. Inputs that are not contiguous are copied first.
+The kernel computes the loss and the gradient in one pass over the logits.
+Inputs that are not contiguous are copied first.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
 REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}
 
 
-def _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant):
+def _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad=None):
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
     if variant not in VARIANTS:
@@ -30,6 +29,7 @@ def _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant):
     opt.label_smoothing = float(label_smoothing)
     opt.z_loss = float(z_loss)
     opt.variant = VARIANTS[variant]
+    opt.row_grad = pointer(row_grad)
     return opt
 
 
@@ -45,6 +45,7 @@ def cross_entropy_forward_backward(
     variant: str = "default",
     dlogits: torch.Tensor | None = None,
     compute_grad: bool = True,
+    row_grad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One call of the C kernel on 2-D tensors, no autograd.
 
@@ -53,7 +54,8 @@ def cross_entropy_forward_backward(
     reduction "none", else 0-dim; dlogits is the gradient for an upstream
     gradient of 1, written into ``dlogits`` if given (it may be ``logits``
     itself: the in-place mode that saves an (N, V) buffer) or a new tensor,
-    or None when ``compute_grad`` is False.
+    or None when ``compute_grad`` is False. With reduction "none", ``row_grad``
+    (N, float32) is the upstream gradient of each row, folded in before rounding.
     """
     N, V = logits.shape
     probs = target.is_floating_point()
@@ -62,7 +64,7 @@ def cross_entropy_forward_backward(
         dlogits = torch.empty_like(logits)
     if not compute_grad:
         dlogits = None
-    opt = _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant)
+    opt = _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad)
     status = lib.ckp_cross_entropy(
         pointer(logits),
         ffi.NULL if probs else pointer(target),
@@ -78,22 +80,34 @@ def cross_entropy_forward_backward(
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
+    """Reductions mean and sum: the gradient (for upstream 1) comes out of the
+    forward's single pass and backward scales it. Reduction none: the upstream
+    gradient differs per row, so backward runs the kernel with it (one pass,
+    one rounding, as torch folds it in) instead of rescaling a stored gradient."""
+
     @staticmethod
     def forward(ctx, logits, target, weight, settings):
-        loss, dlogits = cross_entropy_forward_backward(
-            logits, target, weight, **settings, compute_grad=ctx.needs_input_grad[0]
-        )
+        ctx.settings = settings
         ctx.reduction_none = settings["reduction"] == "none"
-        ctx.save_for_backward(dlogits)
+        fused = ctx.needs_input_grad[0] and not ctx.reduction_none
+        loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings, compute_grad=fused)
+        if ctx.reduction_none:
+            ctx.save_for_backward(logits, target, weight)
+        else:
+            ctx.save_for_backward(dlogits)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
+        if ctx.reduction_none:
+            logits, target, weight = ctx.saved_tensors
+            row_grad = grad_loss.contiguous().float()
+            _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
+            return dlogits, None, None, None
         (dlogits,) = ctx.saved_tensors
-        if not ctx.reduction_none and float(grad_loss) == 1.0:
+        if float(grad_loss) == 1.0:
             return dlogits, None, None, None  # x * 1 == x: skip a pass over (N, V)
-        scale = grad_loss.unsqueeze(1) if ctx.reduction_none else grad_loss
-        return dlogits * scale, None, None, None
+        return dlogits * grad_loss, None, None, None
 
 
 def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) -> bool:
