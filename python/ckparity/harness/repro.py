@@ -22,7 +22,8 @@ def _fmt(value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:.3g}" if math.isfinite(value) and value != int(value) or abs(value) < 1e-3 else f"{value:.6g}"
+        whole = math.isfinite(value) and value == int(value)
+        return f"{value:.6g}" if whole or not math.isfinite(value) else f"{value:.3g}"
     return str(value)
 
 

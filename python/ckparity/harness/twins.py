@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -21,7 +21,6 @@ class Twin:
     optimizer: torch.optim.Optimizer
     clip: Callable
     seconds: float = 0.0  # time spent in this twin's forward, backward and step
-    step_seconds: list = field(default_factory=list)
 
     def micro_step(self, tokens, targets, scale: float, keep_activations: bool = False):
         """Forward and backward of one micro-batch with the loss scaled by
