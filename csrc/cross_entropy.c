@@ -24,6 +24,7 @@
  *            SumKernel.cpp orders them. Single-threaded, for A/B parity.
  */
 #include "ckp_internal.h"
+#include "vec.h"
 
 #include <math.h>
 #include <string.h>
@@ -99,131 +100,146 @@ typedef struct {
     double grad_scale;       /* r: 1 / mean denominator, or 1 (times row_grad[i] per row) */
 } ce_ctx;
 
-/* Lanes of the per-row reductions: a fixed width, so the bits never depend
- * on how the compiler vectorizes. */
-enum { CE_LANES = 8 };
-
+/* Lanes of the per-row reductions: a fixed width (csrc/vec.h), so the bits
+ * never depend on how the compiler vectorizes. A row's last V % 8 elements go
+ * through the same lanes, padded with a value that does not change the result
+ * (-inf: neither a new max nor, after exp, a nonzero term). */
 static inline __attribute__((always_inline)) float row_max(const float *x, int64_t V) {
-    float lane[CE_LANES];
-    int nan = 0;
-    for (int l = 0; l < CE_LANES; l++) lane[l] = x[0];
+    ckp_v8f lane = ckp_splat8(x[0]);
+    ckp_v8i nan = {0};
     int64_t j = 0;
-    for (; j + CE_LANES <= V; j += CE_LANES)
-        for (int l = 0; l < CE_LANES; l++) {
-            float v = x[j + l];
-            lane[l] = v > lane[l] ? v : lane[l];
-            nan |= v != v;
-        }
-    for (; j < V; j++) {
-        lane[0] = x[j] > lane[0] ? x[j] : lane[0];
-        nan |= x[j] != x[j];
+    for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
+        ckp_v8f v = ckp_load8(x + j);
+        lane = ckp_select8(v > lane, v, lane);
+        nan |= v != v;
+    }
+    if (j < V) {
+        ckp_v8f v = ckp_load8_tail(x + j, V - j, -INFINITY);
+        lane = ckp_select8(v > lane, v, lane);
+        nan |= v != v;
     }
     float m = lane[0];
-    for (int l = 1; l < CE_LANES; l++) m = lane[l] > m ? lane[l] : m;
-    return nan ? NAN : m; /* NaN propagates, as torch's max does */
+    int32_t any_nan = nan[0];
+    for (int l = 1; l < CKP_VLANES; l++) {
+        m = lane[l] > m ? lane[l] : m;
+        any_nan |= nan[l];
+    }
+    return any_nan ? NAN : m; /* NaN propagates, as torch's max does */
 }
 
-/* exp(x) for x <= 0 (x = logit - row max), written without branches or calls
- * so the loops that use it vectorize: Cody-Waite reduction x = n ln2 + r,
- * Cephes' degree-6 polynomial for e^r (about 1 ULP, like torch's Sleef expf),
- * 2^n put into the exponent bits. Below -87 (where 2^n would leave the normal
- * range) the result is 0; NaN stays NaN. */
-static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
-    float xc = x < -87.0f ? -87.0f : x;
+/* exp(x) for x <= 0 (x = logit - row max) on 8 lanes: Cody-Waite reduction
+ * x = n ln2 + r, Cephes' degree-6 polynomial for e^r in Horner form with
+ * fused multiply-adds (about 1 ULP, like torch's Sleef expf, which also uses
+ * FMA), 2^n put into the exponent bits. Below -87 (where 2^n would leave the
+ * normal range) the result is 0; NaN stays NaN. */
+static inline __attribute__((always_inline)) ckp_v8f exp_nonpositive(ckp_v8f x) {
+    ckp_v8i tiny = x < -87.0f;
+    ckp_v8f xc = ckp_select8(tiny, ckp_splat8(-87.0f), x);
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float n = (xc * 1.44269504088896341f + round_magic) - round_magic;
-    float r = xc - n * 0.693359375f; /* ln2 split in a high part exact in float... */
-    r = r - n * -2.12194440e-4f;     /* ...and the rest */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t bits;
-    memcpy(&bits, &y, sizeof bits);
-    bits += (int32_t)n * (1 << 23);
-    memcpy(&y, &bits, sizeof y);
-    return x < -87.0f ? 0.0f : y;
+    ckp_v8f n = ckp_fma8(xc, ckp_splat8(1.44269504088896341f), ckp_splat8(round_magic)) - round_magic;
+    ckp_v8f r = ckp_fma8(n, ckp_splat8(-0.693359375f), xc); /* ln2 split in a high part exact in float... */
+    r = ckp_fma8(n, ckp_splat8(2.12194440e-4f), r);          /* ...and the rest */
+    ckp_v8f p = ckp_fma8(r, ckp_splat8(1.9875691500e-4f), ckp_splat8(1.3981999507e-3f));
+    p = ckp_fma8(p, r, ckp_splat8(8.3334519073e-3f));
+    p = ckp_fma8(p, r, ckp_splat8(4.1665795894e-2f));
+    p = ckp_fma8(p, r, ckp_splat8(1.6666665459e-1f));
+    p = ckp_fma8(p, r, ckp_splat8(5.0000001201e-1f));
+    ckp_v8f y = ckp_fma8(p, r * r, r + 1.0f);
+    /* n is an integer in [-126, 0] (NaN lanes stay NaN: their exponent is all
+     * ones and the shifted value of the conversion's 0x80000000 is 0) */
+    ckp_v8u scaled = (ckp_v8u)y + ((ckp_v8u)__builtin_convertvector(n, ckp_v8i) << 23);
+    return ckp_select8(tiny, ckp_splat8(0.0f), (ckp_v8f)scaled);
 }
 
-static inline __attribute__((always_inline)) double row_sum_exp(const float *x, int64_t V, float m) {
-    double lane[CE_LANES] = {0};
-    int64_t j = 0;
-    for (; j + CE_LANES <= V; j += CE_LANES)
-        for (int l = 0; l < CE_LANES; l++) lane[l] += (double)exp_nonpositive(x[j + l] - m);
-    for (; j < V; j++) lane[0] += (double)exp_nonpositive(x[j] - m);
-    double s = 0.0;
-    for (int l = 0; l < CE_LANES; l++) s += lane[l];
-    return s;
+/* Rows are processed in chunks this long: exp into the output (or a stack
+ * buffer), then summed from there while it is in L1. */
+enum { CE_CHUNK = 512 };
+
+/* sum_j exp(x_j - m) in double over the 8 lanes; when e != NULL also stores
+ * each exp(x_j - m) there (the row stays in cache for the gradient pass, which
+ * then needs no second exp). e may be x itself: each x_j is read before e_j
+ * is written. */
+static inline __attribute__((always_inline)) double row_sum_exp(const float *x, int64_t V, float m, float *e) {
+    double lane[CKP_VLANES] = {0};
+    float chunk[CE_CHUNK];
+    for (int64_t j0 = 0; j0 < V; j0 += CE_CHUNK) {
+        int64_t n = V - j0 < CE_CHUNK ? V - j0 : CE_CHUNK;
+        float *out = e != NULL ? e + j0 : chunk;
+        int64_t i = 0;
+        for (; i + CKP_VLANES <= n; i += CKP_VLANES)
+            ckp_store8(out + i, exp_nonpositive(ckp_load8(x + j0 + i) - m));
+        if (i < n) ckp_store8_tail(out + i, n - i, exp_nonpositive(ckp_load8_tail(x + j0 + i, n - i, -INFINITY) - m));
+        ckp_accumulate8d(lane, out, n);
+    }
+    double sum = lane[0];
+    for (int l = 1; l < CKP_VLANES; l++) sum += lane[l];
+    return sum;
 }
 
-/* The row functions are built twice (target_clones): for CPUs with AVX2 and
- * FMA (x86-64-v3) and for the x86-64 baseline. Contraction is off and the
- * lanes are fixed, so both builds give the same bits; only the speed differs. */
-#define CE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+/* The row functions are built three times (target_clones): for CPUs with
+ * AVX-512 (x86-64-v4), with AVX2 and FMA (x86-64-v3), and for the x86-64
+ * baseline. Contraction is off and the lanes are fixed, so every build gives
+ * the same bits; only the speed differs. */
+#define CE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 /* One class-target row: returns its loss; writes dx when dx != NULL.
- * x and dx may be the same row (in place): every read of x[j] happens before
- * the write of dx[j], x[t] is read before the gradient loop, and the sums are
- * complete before the first write. */
+ * x and dx may be the same row (in place): every sum that reads x runs before
+ * the pass that stores exp(x_j - m) into dx, and x[t] is read first. */
 CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
                                      float *dx) {
     const float *w = c->weight;
     float m = row_max(x, V);
     float x_t = x[t];
-    double sum_exp = row_sum_exp(x, V, m);
+    double weighted_shifted = 0.0; /* sum_j w_j (x_j - m), for label smoothing */
+    if (c->smoothing > 0.0)
+        for (int64_t j = 0; j < V; j++) weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)x[j] - (double)m);
+    double sum_exp = row_sum_exp(x, V, m, dx); /* dx now holds exp(x_j - m) */
     double log_sum = log(sum_exp);
     double lse = (double)m + log_sum;
     double w_t = w ? (double)w[t] : 1.0;
     double nll = log_sum - ((double)x_t - (double)m);
     double loss = (1.0 - c->smoothing) * w_t * nll + c->z_loss * lse * lse;
-    if (c->smoothing > 0.0) {
-        double weighted_shifted = 0.0; /* sum_j w_j (x_j - m) */
-        for (int64_t j = 0; j < V; j++)
-            weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)x[j] - (double)m);
-        loss += c->smoothing / (double)V * (c->weight_total * log_sum - weighted_shifted);
-    }
+    if (c->smoothing > 0.0) loss += c->smoothing / (double)V * (c->weight_total * log_sum - weighted_shifted);
     if (dx != NULL) {
         double a = (1.0 - c->smoothing) * w_t * scale;
         double b = c->smoothing / (double)V * scale;
         double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * scale;
         /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
         const float scale = (float)(k / sum_exp), b_f = (float)b;
+        float e_t = dx[t];
         if (w != NULL)
-            for (int64_t j = 0; j < V; j++) dx[j] = exp_nonpositive(x[j] - m) * scale - b_f * w[j];
+            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * scale - b_f * w[j];
         else
-            for (int64_t j = 0; j < V; j++) dx[j] = exp_nonpositive(x[j] - m) * scale - b_f;
+            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * scale - b_f;
         /* the target's entry subtracts a from a value near a: evaluated in double */
-        dx[t] = (float)((double)exp_nonpositive(x_t - m) / sum_exp * k - b * w_t - a);
+        dx[t] = (float)((double)e_t / sum_exp * k - b * w_t - a);
     }
     return loss;
 }
 
-/* One probability-target row (P is the row of target probabilities). */
+/* One probability-target row (P is the row of target probabilities); dx may
+ * be x, as for class rows. */
 CE_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
                                      float *dx) {
     const float *w = c->weight;
     double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;
     float m = row_max(x, V);
-    double sum_exp = row_sum_exp(x, V, m);
-    double log_sum = log(sum_exp);
-    double lse = (double)m + log_sum;
     double wq_total = 0.0, wq_shifted = 0.0; /* sum_j w_j q_j and sum_j w_j q_j (x_j - m) */
     for (int64_t j = 0; j < V; j++) {
         double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
         wq_total += wq;
         wq_shifted += wq * ((double)x[j] - (double)m);
     }
+    double sum_exp = row_sum_exp(x, V, m, dx); /* dx now holds exp(x_j - m) */
+    double log_sum = log(sum_exp);
+    double lse = (double)m + log_sum;
     double loss = wq_total * log_sum - wq_shifted + c->z_loss * lse * lse;
     if (dx != NULL) {
         double k = (wq_total + 2.0 * c->z_loss * lse) * scale;
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
             double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
-            double p = (double)exp_nonpositive(x[j] - m) * inv_sum;
-            dx[j] = (float)(p * k - wq * scale);
+            dx[j] = (float)((double)dx[j] * inv_sum * k - wq * scale);
         }
     }
     return loss;

@@ -1,0 +1,77 @@
+/*
+ * vec.h — 8-lane float vectors (GCC vector extensions) for the hot loops.
+ *
+ * Why not leave it all to the auto-vectorizer: the kernels keep their sums in
+ * a fixed number of lanes so the bits never depend on the compiler or the
+ * target, and written as lane arrays GCC 12 left cross_entropy's row max
+ * scalar and its exp loop spilling to the stack (perf annotate). Vector
+ * extensions say the lane structure outright; GCC lowers them to AVX2/AVX-512
+ * or to pairs of SSE2 registers, and each lane does the same IEEE operations
+ * as scalar code would (contraction is off in meson.build; fused multiply-adds
+ * are written out as ckp_fma8), so every target_clones build gives the same
+ * bits. The one thing GCC 12 lowers badly is float->double conversion of a
+ * vector: ckp_accumulate8d does that from memory, as plain loops.
+ */
+#ifndef CKP_VEC_H
+#define CKP_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+enum { CKP_VLANES = 8 };
+
+typedef float ckp_v8f __attribute__((vector_size(32)));
+typedef int32_t ckp_v8i __attribute__((vector_size(32)));
+typedef uint32_t ckp_v8u __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) ckp_v8f ckp_splat8(float v) {
+    return (ckp_v8f){v, v, v, v, v, v, v, v};
+}
+
+static inline __attribute__((always_inline)) ckp_v8f ckp_load8(const float *p) {
+    ckp_v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The first n (< 8) floats at p, the other lanes set to fill. */
+static inline __attribute__((always_inline)) ckp_v8f ckp_load8_tail(const float *p, int64_t n, float fill) {
+    float lanes[CKP_VLANES];
+    for (int l = 0; l < CKP_VLANES; l++) lanes[l] = l < n ? p[l] : fill;
+    return ckp_load8(lanes);
+}
+
+static inline __attribute__((always_inline)) void ckp_store8(float *p, ckp_v8f v) { memcpy(p, &v, sizeof v); }
+
+static inline __attribute__((always_inline)) void ckp_store8_tail(float *p, int64_t n, ckp_v8f v) {
+    float lanes[CKP_VLANES];
+    ckp_store8(lanes, v);
+    for (int64_t l = 0; l < n; l++) p[l] = lanes[l];
+}
+
+/* mask ? a : b per lane; mask lanes are all ones or all zeros (a comparison). */
+static inline __attribute__((always_inline)) ckp_v8f ckp_select8(ckp_v8i mask, ckp_v8f a, ckp_v8f b) {
+    return (ckp_v8f)(((ckp_v8i)a & mask) | ((ckp_v8i)b & ~mask));
+}
+
+/* a * b + c with one rounding, per lane. GCC turns the lane loop into one
+ * vfmadd where the target has FMA (x86-64-v3 and up); the baseline build
+ * calls fmaf per lane: slow, but the same bits. */
+static inline __attribute__((always_inline)) ckp_v8f ckp_fma8(ckp_v8f a, ckp_v8f b, ckp_v8f c) {
+    ckp_v8f r;
+    for (int l = 0; l < CKP_VLANES; l++) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return r;
+}
+
+/* lane[l] += v[i] (in double) for every i = l mod 8 of v[0..n), in order:
+ * written as plain lane loops because that is the form GCC vectorizes into
+ * vcvtps2pd + vaddpd with the lanes kept in registers. */
+static inline __attribute__((always_inline)) void ckp_accumulate8d(double lane[CKP_VLANES], const float *v,
+                                                                   int64_t n) {
+    int64_t i = 0;
+    for (; i + CKP_VLANES <= n; i += CKP_VLANES)
+        for (int l = 0; l < CKP_VLANES; l++) lane[l] += (double)v[i + l];
+    for (int l = 0; i + l < n; l++) lane[l] += (double)v[i + l];
+}
+
+#endif
