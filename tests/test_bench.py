@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,8 +16,8 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
     t = torch.randint(0, 256, (8,))
 
     def one_case():
-        yield ("cross_entropy", "N=8,V=256", bench._fwd_bwd(ckparity.cross_entropy, x, t),
-               bench._fwd_bwd(F.cross_entropy, x, t), 8 * 8 * 256)
+        yield bench.Case("cross_entropy", "N=8,V=256", bench._fwd_bwd(ckparity.cross_entropy, x, t),
+                         bench._fwd_bwd(F.cross_entropy, x, t), 8 * 8 * 256, bench._ce_kernel(x.detach(), t))
 
     monkeypatch.setattr(bench, "cases", one_case)
     out = tmp_path / "bench.json"
@@ -24,8 +25,25 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
     data = json.loads(out.read_text())
     assert data["copy_gbps"] > 0 and data["threads"] == ckparity.get_num_threads()
     (row,) = data["results"]
-    for key in ("kernel", "shape", "ckparity_ms", "torch_ms", "speedup", "bandwidth_fraction"):
+    for key in ("kernel", "shape", "ckparity_ms", "torch_ms", "speedup", "bandwidth_fraction", "kernel_ms",
+                "kernel_bandwidth_fraction", "overhead_us_per_call"):
         assert key in row
     assert row["speedup"] == row["torch_ms"] / row["ckparity_ms"]
+    assert row["overhead_us_per_call"] == 1e3 * (row["ckparity_ms"] - row["kernel_ms"])
     assert "| cross_entropy | N=8,V=256 |" in capsys.readouterr().out
     assert main(["bench", "--repeats", "0"]) == 2
+
+
+
+def test_a_failing_kernel_closure_is_an_error(monkeypatch):
+    """A direct C call that fails must stop the bench, not time an error path."""
+    x = torch.randn(8, 256).requires_grad_(True)
+    t = torch.randint(0, 256, (8,))
+    t[0] = 999  # out of range: the kernel returns a status, the bench raises
+
+    def bad_case():
+        yield bench.Case("cross_entropy", "bad", lambda: None, lambda: None, 1, bench._ce_kernel(x.detach(), t))
+
+    monkeypatch.setattr(bench, "cases", bad_case)
+    with pytest.raises(IndexError, match="out of bounds"):
+        bench.bench(1)

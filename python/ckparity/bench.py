@@ -1,12 +1,27 @@
 """ckparity bench: each kernel against its torch counterpart, in one run, on
-the same tensors: median times, their ratio, and the effective bandwidth (the
-bytes the operation must move at minimum, over ckparity's time) as a fraction
-of a STREAM-style copy measured in the same run."""
+the same tensors.
+
+Per kernel and shape:
+- ``ckparity_ms`` / ``torch_ms``: median time of the user-facing call
+  (forward+backward through autograd with fresh output tensors, or the
+  optimizer step), and ``speedup`` = torch_ms / ckparity_ms;
+- ``kernel_ms``: median time of the C calls alone on preallocated outputs
+  (no autograd, no allocation), ``c_calls`` of them;
+- ``bandwidth_fraction``: the bytes the operation must move at minimum over
+  ckparity_ms, as a fraction of a STREAM-style copy measured in the same run;
+  ``kernel_bandwidth_fraction`` the same over kernel_ms;
+- ``overhead_us_per_call``: (ckparity_ms - kernel_ms) / c_calls, the cost of
+  the Python-to-C path (checks, output allocation, cffi, autograd) per call.
+
+The copy bandwidth is the best of the repeats (STREAM's convention: the
+machine's capability, not its noise); kernel times are medians.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -14,22 +29,40 @@ import torch.nn.functional as F
 
 import ckparity
 
+from ._native import check, ffi, lib
+from .ops.cross_entropy import _options
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
+
+def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     fn()  # warm up (allocations, first-touch, lazy imports)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        times.append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    return statistics.median(_times_ms(fn, repeats))
 
 
 def copy_gbps(repeats: int, nbytes: int = 1 << 28) -> float:
-    """STREAM copy: read and write nbytes, in GB/s."""
+    """STREAM copy (read nbytes, write nbytes) in GB/s, best of the repeats."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    return 2 * nbytes / (median_ms(lambda: dst.copy_(src), repeats) * 1e6)
+    return 2 * nbytes / (min(_times_ms(lambda: dst.copy_(src), repeats)) * 1e6)
+
+
+@dataclass
+class Case:
+    kernel: str
+    shape: str
+    ours: Callable[[], object]    # the user-facing ckparity call
+    theirs: Callable[[], object]  # torch's counterpart
+    nbytes: int                   # bytes the operation must move at minimum
+    c_kernel: Callable[[], int] | None = None  # the C calls alone, preallocated outputs; returns a status
+    c_calls: int = 1
 
 
 def _fwd_bwd(fn, x, *args, **kwargs):
@@ -45,22 +78,75 @@ def _swiglu_torch(x):
     return F.silu(x[..., :H]) * x[..., H:]
 
 
+def _ptr(t: torch.Tensor, ctype: str = "float *"):
+    return ffi.cast(ctype, t.data_ptr())
+
+
+def _c_call(calls, tensors):
+    """A closure running the C calls [(fn, args), ...] on pointers made once;
+    it holds the tensors those pointers point into, so they stay alive.
+    Returns the first nonzero status, or 0."""
+    def run():
+        for fn, args in calls:
+            status = fn(*args)
+            if status:
+                return status
+        return 0
+    run.tensors = tensors
+    return run
+
+
+def _ce_kernel(x, t):
+    N, V = x.shape
+    loss, d = torch.empty(()), torch.empty_like(x)
+    opt = _options(None, -100, "mean", 0.0, 0.0, "default")
+    return _c_call([(lib.ckp_cross_entropy, (_ptr(x), _ptr(t, "int64_t *"), ffi.NULL, N, V, opt, _ptr(loss),
+                                             _ptr(d)))], (x, t, loss, d))
+
+
+def _rms_kernel(x, w):
+    N, D = x.shape
+    y, rstd, dx, dw = torch.empty_like(x), torch.empty(N), torch.empty_like(x), torch.empty_like(w)
+    dy = torch.ones_like(x)
+    return _c_call([(lib.ckp_rms_norm_forward, (_ptr(x), _ptr(w), N, D, 1e-6, _ptr(y), _ptr(rstd))),
+                    (lib.ckp_rms_norm_backward, (_ptr(dy), _ptr(x), _ptr(w), _ptr(rstd), N, D, _ptr(dx), _ptr(dw)))],
+                   (x, w, y, rstd, dx, dw, dy))
+
+
+def _swiglu_kernel(x):
+    N, H = x.shape[0], x.shape[1] // 2
+    out, dout, dx = torch.empty(N, H), torch.ones(N, H), torch.empty_like(x)
+    return _c_call([(lib.ckp_swiglu_forward, (_ptr(x), N, H, _ptr(out))),
+                    (lib.ckp_swiglu_backward, (_ptr(dout), _ptr(x), N, H, _ptr(dx)))], (x, out, dout, dx))
+
+
+def _adamw_kernel(n, g):
+    p, grad, m, v = (torch.randn(n, generator=g) for _ in range(4))
+    v.abs_()
+    opt = ffi.new("ckp_adamw_options *")
+    opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay = 1e-3, 0.9, 0.999, 1e-8, 1e-2
+    return _c_call([(lib.ckp_adamw_step, (_ptr(p), _ptr(grad), _ptr(m), _ptr(v), ffi.NULL, n, 10.0, opt))],
+                   (p, grad, m, v))
+
+
 def cases():
-    """(kernel, shape, ckparity fn, torch fn, minimum bytes moved)."""
     g = torch.Generator().manual_seed(0)
     for N, V in ((2048, 32000), (8192, 256), (8, 256)):
         x = torch.randn(N, V, generator=g).requires_grad_(True)
         t = torch.randint(0, V, (N,), generator=g)
-        yield ("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
-               _fwd_bwd(F.cross_entropy, x, t), 8 * N * V)
+        yield Case("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
+                   _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t))
     for N, D in ((8192, 4096), (8, 64)):
         x = torch.randn(N, D, generator=g).requires_grad_(True)
         w = torch.randn(D, generator=g)
-        yield ("rms_norm", f"N={N},D={D}", _fwd_bwd(ckparity.rms_norm, x, (D,), w),
-               _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D)
+        # forward reads x, writes y; backward reads dy and x, writes dx
+        yield Case("rms_norm", f"N={N},D={D}", _fwd_bwd(ckparity.rms_norm, x, (D,), w),
+                   _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D, _rms_kernel(x.detach(), w), 2)
     for N, H in ((2048, 8192), (8, 128)):
         x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
-        yield ("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(_swiglu_torch, x), 32 * N * H)
+        # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
+        yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(_swiglu_torch, x),
+                   32 * N * H, _swiglu_kernel(x.detach()), 2)
     for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
         params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused")}
         grad = torch.randn(n, generator=g)
@@ -69,27 +155,39 @@ def cases():
         ck = ckparity.optim.AdamW([params["ck"]])
         ref = torch.optim.AdamW([params["torch"]], foreach=False)
         fused = torch.optim.AdamW([params["fused"]], fused=True)
-        yield "adamw", f"n={label} vs default", ck.step, ref.step, 28 * n
-        yield "adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n
+        kernel = _adamw_kernel(n, g)
+        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
+        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel)
+        yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
 
 
 def bench(repeats: int = 5) -> dict:
     copy = copy_gbps(repeats)
     results = []
-    for kernel, shape, ours, theirs, nbytes in cases():
-        ck_ms, torch_ms = median_ms(ours, repeats), median_ms(theirs, repeats)
-        gbps = nbytes / (ck_ms * 1e6)
-        results.append({"kernel": kernel, "shape": shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,
-                        "speedup": torch_ms / ck_ms, "ckparity_gbps": gbps, "bandwidth_fraction": gbps / copy})
-    return {"schema": "ckparity.bench/1", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
+    for case in cases():
+        ck_ms, torch_ms = median_ms(case.ours, repeats), median_ms(case.theirs, repeats)
+        row = {"kernel": case.kernel, "shape": case.shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,
+               "speedup": torch_ms / ck_ms, "ckparity_gbps": case.nbytes / (ck_ms * 1e6)}
+        row["bandwidth_fraction"] = row["ckparity_gbps"] / copy
+        if case.c_kernel is not None:
+            check(case.c_kernel(), f"bench {case.kernel} {case.shape}")
+            kernel_ms = median_ms(case.c_kernel, repeats)
+            row.update(kernel_ms=kernel_ms, c_calls=case.c_calls,
+                       kernel_bandwidth_fraction=case.nbytes / (kernel_ms * 1e6) / copy,
+                       overhead_us_per_call=1e3 * (ck_ms - kernel_ms) / case.c_calls)
+        results.append(row)
+    return {"schema": "ckparity.bench/2", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 
 
 def table(data: dict) -> str:
-    lines = [f"copy bandwidth {data['copy_gbps']:.1f} GB/s, {data['threads']} threads",
-             "", "| kernel | shape | ckparity ms | torch ms | speedup | GB/s | of copy |", "|---|---|---|---|---|---|---|"]
+    lines = [f"copy bandwidth {data['copy_gbps']:.1f} GB/s (best of {data['repeats']}), {data['threads']} threads",
+             "", "| kernel | shape | ckparity ms | torch ms | speedup | of copy | C kernel ms | kernel of copy "
+             "| overhead us/call |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
+        kernel = (f"{r['kernel_ms']:.3f} | {100 * r['kernel_bandwidth_fraction']:.0f}% | "
+                  f"{r['overhead_us_per_call']:.0f}") if "kernel_ms" in r else "- | - | -"
         lines.append(f"| {r['kernel']} | {r['shape']} | {r['ckparity_ms']:.3f} | {r['torch_ms']:.3f} | "
-                     f"{r['speedup']:.2f}x | {r['ckparity_gbps']:.1f} | {100 * r['bandwidth_fraction']:.0f}% |")
+                     f"{r['speedup']:.2f}x | {100 * r['bandwidth_fraction']:.0f}% | {kernel} |")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ Inputs that are not contiguous are copied first.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -18,6 +19,19 @@ REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "s
 
 
 def _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad=None):
+    if weight is None and row_grad is None:
+        return _plain_options(ignore_index, reduction, label_smoothing, z_loss, variant)
+    return _new_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_options(ignore_index, reduction, label_smoothing, z_loss, variant):
+    """Options without pointers, made once per setting (the C side only reads
+    them): building a cffi struct costs more than a small kernel call."""
+    return _new_options(None, ignore_index, reduction, label_smoothing, z_loss, variant, None)
+
+
+def _new_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad):
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
     if variant not in VARIANTS:
@@ -142,6 +156,22 @@ def _empty_result(input: torch.Tensor, loss_shape, reduction: str) -> torch.Tens
     return tied + (math.nan if reduction == "mean" else 0.0)
 
 
+def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
+    """Moves the class dimension last and flattens: (rows, C) logits, the
+    matching target, and the shape of the unreduced loss."""
+    if input.dim() == 2 and not probs:  # the common case, without the cost of the views
+        return input.contiguous(), target.contiguous(), input.shape[:1]
+    if input.dim() == 1:
+        logits, loss_shape = input.unsqueeze(0), ()
+    else:
+        logits = input.movedim(1, -1)
+        loss_shape = logits.shape[:-1]
+    C = logits.shape[-1]
+    flat_target = target.movedim(1, -1) if probs and target.dim() > 1 else target
+    flat_target = flat_target.reshape(-1, C) if probs else flat_target.reshape(-1)
+    return logits.reshape(-1, C).contiguous(), flat_target.contiguous(), loss_shape
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -175,19 +205,8 @@ def cross_entropy(
     if torch.is_grad_enabled() and (target.requires_grad or (weight is not None and weight.requires_grad)):
         raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input only")
 
-    # Move the class dimension last and flatten to (rows, C).
-    if input.dim() == 1:
-        logits = input.unsqueeze(0)
-        loss_shape = ()
-    else:
-        logits = input.movedim(1, -1)
-        loss_shape = logits.shape[:-1]
-    C = logits.shape[-1]
-    logits = logits.reshape(-1, C).contiguous()
-    flat_target = (target.movedim(1, -1) if probs and target.dim() > 1 else target)
-    flat_target = flat_target.reshape(-1, C) if probs else flat_target.reshape(-1)
-    flat_target = flat_target.contiguous()
-
+    logits, flat_target, loss_shape = _flatten(input, target, probs)
+    C = logits.shape[1]
     if logits.shape[0] == 0 or C == 0:
         return _empty_result(input, loss_shape, reduction)
     settings = dict(
