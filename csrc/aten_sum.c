@@ -17,19 +17,21 @@ typedef struct {
     void *ctx;
 } any_map;
 
-static ckp_v8f any_map8(const void *ctx, int64_t j) {
+static inline __attribute__((always_inline)) ckp_v8f any_map8(const void *ctx, int64_t j) {
     const any_map *m = ctx;
     ckp_v8f v;
     for (int l = 0; l < CKP_VLANES; l++) v[l] = m->map(m->ctx, j + l);
     return v;
 }
 
-static float any_map1(const void *ctx, int64_t j) {
+static inline __attribute__((always_inline)) float any_map1(const void *ctx, int64_t j) {
     const any_map *m = ctx;
     return m->map(m->ctx, j);
 }
 
+CKP_DEFINE_ATEN_SUM(any_map_sum, any_map8, any_map1)
+
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n) {
     any_map m = {map, ctx};
-    return ckp_aten_sum_inline(any_map8, any_map1, &m, n);
+    return any_map_sum(&m, n);
 }

@@ -42,9 +42,11 @@ static inline __attribute__((always_inline)) float square1(const void *row, int6
     return v * v;
 }
 
+CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1)
+
 /* One row of the forward; returns rstd. */
 RMS_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, float *y) {
-    float mean = ckp_aten_sum_inline(square8, square1, x, D) / (float)D;
+    float mean = sum_of_squares(x, D) / (float)D;
     float r = 1.0f / sqrtf(mean + eps);
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
@@ -183,11 +185,13 @@ static inline __attribute__((always_inline)) float grad_a_times_x1(const void *c
     return g * r->x[j];
 }
 
+CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1)
+
 /* One row of dx (dx may be dy: each dy_j is read before dx_j is written). */
 RMS_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
                                     float *dx) {
     row_terms terms = {dy, x, weight};
-    float grad_rstd = ckp_aten_sum_inline(grad_a_times_x8, grad_a_times_x1, &terms, D);
+    float grad_rstd = sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)D;
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
