@@ -46,16 +46,15 @@ static ckp_status check_options(const ckp_adamw_options *o, double step) {
     return CKP_OK;
 }
 
-/* The per-element update over [lo, hi). Built twice (target_clones): for
- * CPUs with AVX2+FMA, where fmaf is one instruction and the loop vectorizes,
- * and for the x86-64 baseline. Every operation is a single IEEE-rounded one
- * (contraction is off), so both builds give the same bits. */
+/* The per-element update over [lo, hi), built per target (CKP_CLONES): with
+ * FMA, fmaf is one instruction and the loop vectorizes; every operation is a
+ * single IEEE-rounded one, so every build gives the same bits. */
 typedef struct {
     float decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign;
     int decays, amsgrad;
 } adamw_scalars;
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+CKP_CLONES
 static void adamw_range(float *restrict param, const float *restrict grad, float *restrict exp_avg,
                         float *restrict exp_avg_sq, float *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
                         const adamw_scalars *k) {

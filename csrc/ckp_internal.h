@@ -15,6 +15,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Hot loops are built for x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the
+ * x86-64 baseline, picked at load time. Contraction is off and every sum has a
+ * fixed lane structure, so every build gives the same bits; only the speed
+ * differs. Built with -Dclones=false (meson option), the library has only the
+ * baseline code: tests/test_clones.py compares that build's bits with this one's. */
+#if defined(CKP_NO_CLONES) || !defined(__x86_64__)
+#define CKP_CLONES
+#else
+#define CKP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+
 /* Records a printf-style detail for ckp_last_error() and returns status. */
 ckp_status ckp_fail(ckp_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -19,7 +19,7 @@ static double lanes_total(const double lane[LANES]) {
     return total;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+CKP_CLONES
 static double block_power_sum(const float *g, int64_t lo, int64_t hi, double p) {
     double acc = 0.0, lane[LANES] = {0};
     int64_t j = lo;

@@ -176,16 +176,10 @@ static inline __attribute__((always_inline)) double row_sum_exp(const float *x, 
     return sum;
 }
 
-/* The row functions are built three times (target_clones): for CPUs with
- * AVX-512 (x86-64-v4), with AVX2 and FMA (x86-64-v3), and for the x86-64
- * baseline. Contraction is off and the lanes are fixed, so every build gives
- * the same bits; only the speed differs. */
-#define CE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
 /* One class-target row: returns its loss; writes dx when dx != NULL.
  * x and dx may be the same row (in place): every sum that reads x runs before
  * the pass that stores exp(x_j - m) into dx, and x[t] is read first. */
-CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
+CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
                                      float *dx) {
     const float *w = c->weight;
     float m = row_max(x, V);
@@ -219,7 +213,7 @@ CE_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const
 
 /* One probability-target row (P is the row of target probabilities); dx may
  * be x, as for class rows. */
-CE_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
+CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
                                      float *dx) {
     const float *w = c->weight;
     double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;

@@ -22,7 +22,6 @@
 #include <math.h>
 #include <string.h>
 
-#define RMS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 static ckp_status check_sizes(int64_t N, int64_t D) {
     if (N <= 0 || D <= 0)
@@ -45,7 +44,7 @@ static inline __attribute__((always_inline)) float square1(const void *row, int6
 CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1)
 
 /* One row of the forward; returns rstd. */
-RMS_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, float *y) {
+CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, float *y) {
     float mean = sum_of_squares(x, D) / (float)D;
     float r = 1.0f / sqrtf(mean + eps);
     int64_t j = 0;
@@ -144,7 +143,7 @@ static inline __attribute__((always_inline)) ckp_v8f column_terms8(const float *
     return ckp_load8(dy + k) * (ckp_load8(x + k) * rstd[i]);
 }
 
-RMS_CLONES static void dweight_columns(const float *dy, const float *x, const float *rstd, int64_t N, int64_t D,
+CKP_CLONES static void dweight_columns(const float *dy, const float *x, const float *rstd, int64_t N, int64_t D,
                                        int64_t j, int nvec, float *dweight) {
     int64_t level_power = ckp_cascade_power(N);
     int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
@@ -188,7 +187,7 @@ static inline __attribute__((always_inline)) float grad_a_times_x1(const void *c
 CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1)
 
 /* One row of dx (dx may be dy: each dy_j is read before dx_j is written). */
-RMS_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
+CKP_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
                                     float *dx) {
     row_terms terms = {dy, x, weight};
     float grad_rstd = sum_grad_a_times_x(&terms, D);

@@ -61,7 +61,7 @@ static ckp_status check_args(const void *a, const void *b, int64_t N, int64_t H)
 }
 
 /* One row of the forward: out = silu(g) * u. */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+CKP_CLONES
 static void forward_row(const float *g, const float *u, int64_t H, float *out) {
     int64_t vec_end = H - H % ATEN_VEC_PAIR, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
@@ -72,7 +72,7 @@ static void forward_row(const float *g, const float *u, int64_t H, float *out) {
 }
 
 /* One row of the backward. */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+CKP_CLONES
 static void backward_row(const float *dy, const float *g, const float *u, int64_t H, float *dg, float *du) {
     int64_t vec_end = H - H % ATEN_VEC_PAIR, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {

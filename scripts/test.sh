@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: set up (scripts/setup.sh), then the C tests (plain and
-# under ASan+UBSan), then pytest. Exits non-zero on any failure.
+# under ASan+UBSan), a build with baseline code only, then pytest. Exits non-zero on any failure.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -k cross_entropy).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +18,11 @@ echo "== C tests under ASan+UBSan"
 # halt_on_error: a UBSan finding fails the test instead of scrolling past.
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   meson test -C build/asan --print-errorlogs
+
+echo "== baseline-only build (tests/test_clones.py compares its bits with the installed library's)"
+[ -f build/baseline/build.ninja ] || meson setup build/baseline --buildtype=release -Dclones=false >/dev/null
+ninja -C build/baseline >/dev/null
+export CKP_BASELINE_LIB="$ROOT/build/baseline/libckparity.so"
 
 echo "== pytest"
 cd "$ROOT/tests"
