@@ -13,8 +13,10 @@ Per kernel and shape:
 - ``overhead_us_per_call``: (ckparity_ms - kernel_ms) / c_calls, the cost of
   the Python-to-C path (checks, output allocation, cffi, autograd) per call.
 
-The copy bandwidth is the best of the repeats (STREAM's convention: the
-machine's capability, not its noise); kernel times are medians.
+The three timings of a case are taken in turn, repeat by repeat, so a drift
+in the machine's speed hits them alike; each is a median. The copy bandwidth
+is the best of the repeats (STREAM's convention: the machine's capability,
+not its noise).
 """
 
 from __future__ import annotations
@@ -43,8 +45,19 @@ def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    return statistics.median(_times_ms(fn, repeats))
+def interleaved_median_ms(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median times of several callables measured in turn (a, b, c, a, b, c,
+    ...): on a shared machine whose speed drifts, each sees the same drift,
+    so their ratios are steadier than from back-to-back blocks."""
+    for fn in fns:
+        fn()  # warm up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - start))
+    return [statistics.median(t) for t in times]
 
 
 def copy_gbps(repeats: int, nbytes: int = 1 << 28) -> float:
@@ -165,13 +178,15 @@ def bench(repeats: int = 5) -> dict:
     copy = copy_gbps(repeats)
     results = []
     for case in cases():
-        ck_ms, torch_ms = median_ms(case.ours, repeats), median_ms(case.theirs, repeats)
+        if case.c_kernel is not None:
+            check(case.c_kernel(), f"bench {case.kernel} {case.shape}")
+        fns = [case.ours, case.theirs] + ([case.c_kernel] if case.c_kernel is not None else [])
+        ck_ms, torch_ms, *kernel = interleaved_median_ms(fns, repeats)
         row = {"kernel": case.kernel, "shape": case.shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,
                "speedup": torch_ms / ck_ms, "ckparity_gbps": case.nbytes / (ck_ms * 1e6)}
         row["bandwidth_fraction"] = row["ckparity_gbps"] / copy
-        if case.c_kernel is not None:
-            check(case.c_kernel(), f"bench {case.kernel} {case.shape}")
-            kernel_ms = median_ms(case.c_kernel, repeats)
+        if kernel:
+            kernel_ms = kernel[0]
             row.update(kernel_ms=kernel_ms, c_calls=case.c_calls,
                        kernel_bandwidth_fraction=case.nbytes / (kernel_ms * 1e6) / copy,
                        overhead_us_per_call=1e3 * (ck_ms - kernel_ms) / case.c_calls)
