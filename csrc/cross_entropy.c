@@ -319,9 +319,14 @@ static float pt_logp(const pt_row *r, int64_t j) { return r->x[j] - r->m - r->lo
 static float pt_q(const pt_row *r, int64_t j) {
     return r->smoothed ? r->P[j] * r->keep + r->spread : r->P[j];
 }
+/* exp as ATen's vectorized softmax code computes it: SLEEF's expf_u10 (vec.h),
+ * on every element (its vector loops load partial vectors for the tails).
+ * Cloned so that its FMAs are instructions, not fmaf calls. */
+CKP_CLONES static float pt_exp(float x) { return ckp_exp_sleef8(ckp_splat8(x))[0]; }
+
 static float pt_exp_shifted(void *ctx, int64_t j) {
     const pt_row *r = ctx;
-    return expf(r->x[j] - r->m);
+    return pt_exp(r->x[j] - r->m);
 }
 static float pt_wlogp(void *ctx, int64_t j) {
     const pt_row *r = ctx;
@@ -426,7 +431,7 @@ static float pt_levels_total(const float *levels) {
 static void pt_row_grad(pt_row *r, int64_t V, float z_coef, float *dx) {
     float grad_sum = pt_vec_sum(pt_grad_logp, r, V);
     for (int64_t j = 0; j < V; j++) {
-        float p = expf(pt_logp(r, j));
+        float p = pt_exp(pt_logp(r, j));
         float v = pt_grad_logp(r, j) - p * grad_sum;
         dx[j] = z_coef != 0.0f ? v + z_coef * p : v;
     }

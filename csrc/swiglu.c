@@ -25,31 +25,6 @@
 /* ATen's float vectors on this machine hold 16 lanes; its loop takes two at a time. */
 enum { ATEN_VEC_PAIR = 32 };
 
-/* exp(d) with SLEEF's expf_u10 algorithm, as torch's Vectorized<float>::exp
- * computes it (FMA form): q = rint(d / ln2), s = d - q ln2 in two FMA steps,
- * a degree-5 polynomial, then 2^q applied as two multiplies (so results that
- * are subnormal round as SLEEF's do). d < -104 gives 0, d > 100 gives inf. */
-static inline __attribute__((always_inline)) ckp_v8f exp_torch(ckp_v8f d) {
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: round to nearest even */
-    ckp_v8f q = (d * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -
-                round_magic;
-    ckp_v8f s = ckp_fma8(q, ckp_splat8(-0.693145751953125f), d);
-    s = ckp_fma8(q, ckp_splat8(-1.428606765330187045e-06f), s);
-    ckp_v8f u = ckp_fma8(ckp_splat8(0.000198527617612853646278381f), s, ckp_splat8(0.00139304355252534151077271f));
-    u = ckp_fma8(u, s, ckp_splat8(0.00833336077630519866943359f));
-    u = ckp_fma8(u, s, ckp_splat8(0.0416664853692054748535156f));
-    u = ckp_fma8(u, s, ckp_splat8(0.166666671633720397949219f));
-    u = ckp_fma8(u, s, ckp_splat8(0.5f));
-    u = 1.0f + ckp_fma8(s * s, u, s);
-    ckp_v8i qi = __builtin_convertvector(q, ckp_v8i);
-    ckp_v8i half = qi >> 1;
-    ckp_v8f scale1 = (ckp_v8f)(((ckp_v8u)(half + 0x7f)) << 23);
-    ckp_v8f scale2 = (ckp_v8f)(((ckp_v8u)(qi - half + 0x7f)) << 23);
-    u = (u * scale1) * scale2;
-    u = ckp_select8(d < -104.0f, ckp_splat8(0.0f), u);
-    return ckp_select8(d > 100.0f, ckp_splat8(INFINITY), u);
-}
-
 static ckp_status check_args(const void *a, const void *b, int64_t N, int64_t H) {
     if (a == NULL || b == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
     if (N <= 0 || H <= 0)
@@ -66,7 +41,7 @@ static void forward_row(const float *g, const float *u, int64_t H, float *out) {
     int64_t vec_end = H - H % ATEN_VEC_PAIR, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j);
-        ckp_store8(out + j, gv / (1.0f + exp_torch(-gv)) * ckp_load8(u + j));
+        ckp_store8(out + j, gv / (1.0f + ckp_exp_sleef8(-gv)) * ckp_load8(u + j));
     }
     for (; j < H; j++) out[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
 }
@@ -77,7 +52,7 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
     int64_t vec_end = H - H % ATEN_VEC_PAIR, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j), dyv = ckp_load8(dy + j);
-        ckp_v8f one_plus = 1.0f + exp_torch(-gv);
+        ckp_v8f one_plus = 1.0f + ckp_exp_sleef8(-gv);
         ckp_v8f sig = 1.0f / one_plus;
         ckp_store8(dg + j, dyv * ckp_load8(u + j) * sig * ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f)));
         ckp_store8(du + j, dyv * (gv / one_plus));

@@ -15,6 +15,7 @@
 #ifndef CKP_VEC_H
 #define CKP_VEC_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -72,6 +73,32 @@ static inline __attribute__((always_inline)) void ckp_accumulate8d(double lane[C
     for (; i + CKP_VLANES <= n; i += CKP_VLANES)
         for (int l = 0; l < CKP_VLANES; l++) lane[l] += (double)v[i + l];
     for (int l = 0; i + l < n; l++) lane[l] += (double)v[i + l];
+}
+
+/* exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
+ * Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
+ * s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as
+ * two multiplies (so results that are subnormal round as SLEEF's do).
+ * d < -104 gives 0, d > 100 gives inf. */
+static inline __attribute__((always_inline)) ckp_v8f ckp_exp_sleef8(ckp_v8f d) {
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: round to nearest even */
+    ckp_v8f q = (d * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -
+                round_magic;
+    ckp_v8f s = ckp_fma8(q, ckp_splat8(-0.693145751953125f), d);
+    s = ckp_fma8(q, ckp_splat8(-1.428606765330187045e-06f), s);
+    ckp_v8f u = ckp_fma8(ckp_splat8(0.000198527617612853646278381f), s, ckp_splat8(0.00139304355252534151077271f));
+    u = ckp_fma8(u, s, ckp_splat8(0.00833336077630519866943359f));
+    u = ckp_fma8(u, s, ckp_splat8(0.0416664853692054748535156f));
+    u = ckp_fma8(u, s, ckp_splat8(0.166666671633720397949219f));
+    u = ckp_fma8(u, s, ckp_splat8(0.5f));
+    u = 1.0f + ckp_fma8(s * s, u, s);
+    ckp_v8i qi = __builtin_convertvector(q, ckp_v8i);
+    ckp_v8i half = qi >> 1;
+    ckp_v8f scale1 = (ckp_v8f)(((ckp_v8u)(half + 0x7f)) << 23);
+    ckp_v8f scale2 = (ckp_v8f)(((ckp_v8u)(qi - half + 0x7f)) << 23);
+    u = (u * scale1) * scale2;
+    u = ckp_select8(d < -104.0f, ckp_splat8(0.0f), u);
+    return ckp_select8(d > 100.0f, ckp_splat8(INFINITY), u);
 }
 
 #endif
