@@ -11,7 +11,7 @@
  * torch's exp: ATen's CPU kernels evaluate exp(-g) with Vectorized<float>::exp
  * (SLEEF's expf_u10) on whole vector pairs, 32 floats at a time from the start
  * of each row, and with the C library's expf on the last H % 32 floats of a
- * row. This file does the same, so out, dg and du are bit-identical to
+ * row. This file does the same (ckp_exp_sleef8, vec.h), so out, dg and du are bit-identical to
  * F.silu(g) * u and its backward (tests/test_swiglu.py checks the bits) --
  * when torch runs a row in one piece, as it does single-threaded or when its
  * thread split falls on a multiple of 32 within the row.

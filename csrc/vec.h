@@ -11,6 +11,8 @@
  * are written out as ckp_fma8), so every target_clones build gives the same
  * bits. The one thing GCC 12 lowers badly is float->double conversion of a
  * vector: ckp_accumulate8d does that from memory, as plain loops.
+ * Also here: ckp_exp_sleef8, exp as torch's vector code computes it (used by
+ * swiglu and by cross_entropy's ptref variant).
  */
 #ifndef CKP_VEC_H
 #define CKP_VEC_H
