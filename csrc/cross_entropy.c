@@ -65,6 +65,14 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     size_t loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * sizeof(float);
     if (dlogits != NULL && dlogits != logits && ckp_overlaps(dlogits, matrix_bytes, logits, matrix_bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dlogits partially overlaps logits (only exact in-place is allowed)");
+    /* dlogits holds each row's exps before the gradient is formed: an input
+     * that is read after that (target probabilities, weights, row_grad) must
+     * not live inside it. */
+    if (dlogits != NULL &&
+        ((target_probs != NULL && ckp_overlaps(dlogits, matrix_bytes, target_probs, matrix_bytes)) ||
+         (opt->weight != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->weight, (size_t)V * sizeof(float))) ||
+         (opt->row_grad != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->row_grad, (size_t)N * sizeof(float)))))
+        return ckp_fail(CKP_ERR_ALIASING, "dlogits overlaps target_probs, weight or row_grad");
     if (ckp_overlaps(loss, loss_bytes, logits, matrix_bytes) ||
         (dlogits != NULL && ckp_overlaps(loss, loss_bytes, dlogits, matrix_bytes)))
         return ckp_fail(CKP_ERR_ALIASING, "loss overlaps logits or dlogits");

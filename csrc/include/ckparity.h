@@ -94,7 +94,8 @@ ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt);
  * loss is (N) for CKP_REDUCTION_NONE, else (1).
  * dlogits is (N, V) or NULL (forward only): the gradient of the loss with an
  * upstream gradient of 1 (or of opt->row_grad with reduction none). dlogits may
- * be the logits buffer itself (in place); it may not partially overlap it.
+ * be the logits buffer itself (in place); it may not partially overlap it, nor
+ * overlap target_probs, opt->weight or opt->row_grad (CKP_ERR_ALIASING).
  * With mean reduction and every target ignored the loss is NaN and dlogits is
  * all zero, as in torch. */
 ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,

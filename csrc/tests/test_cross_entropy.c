@@ -66,6 +66,17 @@ static void test_bad_arguments(const float *x, const int64_t *t) {
     memcpy(buf, x, sizeof(float) * N * V);
     CHECK(ckp_cross_entropy(buf, t, NULL, N, V, &opt, &loss, buf + 1) == CKP_ERR_ALIASING, "partial overlap");
     CHECK(ckp_cross_entropy(buf, t, NULL, N, V, &opt, buf + 5, NULL) == CKP_ERR_ALIASING, "loss inside logits");
+    /* inputs read after dlogits is first written must not live inside it */
+    CHECK(ckp_cross_entropy(x, NULL, buf, N, V, &opt, &loss, buf) == CKP_ERR_ALIASING, "dlogits is target_probs");
+    bad = opt;
+    bad.weight = buf + 3;
+    CHECK(ckp_cross_entropy(x, t, NULL, N, V, &bad, &loss, buf) == CKP_ERR_ALIASING, "weight inside dlogits");
+    bad = opt;
+    bad.reduction = CKP_REDUCTION_NONE;
+    bad.row_grad = buf + 7;
+    float *row_loss = malloc(sizeof(float) * N);
+    CHECK(ckp_cross_entropy(x, t, NULL, N, V, &bad, row_loss, buf) == CKP_ERR_ALIASING, "row_grad inside dlogits");
+    free(row_loss);
     free(buf);
 
     /* out-of-range target: error names row and value, nothing written */
