@@ -22,7 +22,6 @@
 #include <math.h>
 #include <string.h>
 
-
 static ckp_status check_sizes(int64_t N, int64_t D) {
     if (N <= 0 || D <= 0)
         return ckp_fail(CKP_ERR_BAD_SIZE, "N and D must be positive, got N=%lld D=%lld",
@@ -87,9 +86,10 @@ static float column_term(const column_terms *c, int64_t i) {
     return c->dy[k] * (c->x[k] * c->rstd[i]);
 }
 
-/* ATen's multi_row_sum over rows [0, size*nrows), nrows interleaved
- * accumulators (row i*nrows + k goes to accumulator k), 4 cascade levels. */
-static void cascade_rows(const column_terms *c, int64_t size, int nrows, float *out) {
+/* ATen's multi_row_sum over rows [0, size*4), 4 interleaved accumulators
+ * (row i*4 + k goes to accumulator k), 4 cascade levels. */
+static void cascade_rows(const column_terms *c, int64_t size, float out[CKP_SUM_ILP]) {
+    const int nrows = CKP_SUM_ILP;
     int64_t level_power = ckp_cascade_power(size);
     int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
     float acc[CKP_SUM_LEVELS][4] = {{0}};
@@ -122,16 +122,16 @@ static float dweight_leftover_column(const float *dy, const float *x, const floa
                                      int64_t j) {
     column_terms c = {dy, x, rstd, D, j};
     if (D == 1) return ckp_aten_sum(column_term_map, &c, N);
-    float partial[4];
-    int64_t size_ilp = N / 4;
-    cascade_rows(&c, size_ilp, 4, partial);
-    for (int64_t i = size_ilp * 4; i < N; i++) partial[0] += column_term(&c, i);
-    for (int k = 1; k < 4; k++) partial[0] += partial[k];
+    float partial[CKP_SUM_ILP];
+    int64_t size_ilp = N / CKP_SUM_ILP;
+    cascade_rows(&c, size_ilp, partial);
+    for (int64_t i = size_ilp * CKP_SUM_ILP; i < N; i++) partial[0] += column_term(&c, i);
+    for (int k = 1; k < CKP_SUM_ILP; k++) partial[0] += partial[k];
     return partial[0];
 }
 
 /* dweight for columns inside whole 8-wide vectors: ATen's vectorized_outer_sum
- * gives each one cascade over the rows (cascade_rows with nrows 1). Here one
+ * gives each one cascade over the rows (as multi_row_sum with one accumulator). Here one
  * lane per column, VECS vectors (256 columns) at a time: the accumulators stay
  * in L1 and each row is read in 1 KB runs. (With 16 columns at a time, every
  * row's read was a TLB miss: dweight took 130 ms instead of 35 ms at

@@ -27,20 +27,11 @@ def _fmt(value) -> str:
     return str(value)
 
 
-ROWS = [
-    ("status", lambda r: r["status"]),
-    ("pass_parity", lambda r: r["pass_parity"]),
-    ("steps", lambda r: r["steps"]),
-    ("first_loss_fail_step", lambda r: r["first_loss_fail_step"]),
-    ("first_param_fail_step", lambda r: r["first_param_fail_step"]),
-    ("first_grad_fail_step", lambda r: r["first_grad_fail_step"]),
-    ("first_logit_fail_step", lambda r: r["first_logit_fail_step"]),
-    ("first_moment_fail_step", lambda r: r["first_moment_fail_step"]),
-    ("first_nonfinite_step", lambda r: r["first_nonfinite_step"]),
-    ("max_loss_abs_diff", lambda r: r["max_loss_abs_diff"]),
-    ("max_param_abs_diff", lambda r: r["max_param_abs_diff"]),
-    ("final_ck_loss", lambda r: r["final_ck_loss"]),
-    ("final_torch_loss", lambda r: r["final_torch_loss"]),
+# Report fields shown as they are, then the ones that need digging out.
+_TOP_LEVEL = ["status", "pass_parity", "steps", "first_loss_fail_step", "first_param_fail_step",
+              "first_grad_fail_step", "first_logit_fail_step", "first_moment_fail_step", "first_nonfinite_step",
+              "max_loss_abs_diff", "max_param_abs_diff", "final_ck_loss", "final_torch_loss"]
+ROWS = [(key, lambda r, key=key: r[key]) for key in _TOP_LEVEL] + [
     ("localized_stage", lambda r: (r["localization"] or {}).get("first_forward_stage")
         or (r["localization"] or {}).get("first_param_tensor")),
     ("wall_s", lambda r: r["timing"]["wall_s"]),
