@@ -67,11 +67,14 @@ def test_matches_torch_over_100_steps(size, weight_decay, amsgrad, maximize):
     ck_param, ck, torch_param, ref = twin_optimizers(size, weight_decay=weight_decay, amsgrad=amsgrad,
                                                      maximize=maximize)
     record = []
+    torch_sqrt_exact = True  # on every second moment torch took the root of, so far
     for step in range(1, 101):
         step_both(ck_param, ck, torch_param, ref, torch.randn(size) * (0.1 if step % 7 else 3.0))
+        v = ref.state[torch_param]["max_exp_avg_sq" if amsgrad else "exp_avg_sq"]
+        torch_sqrt_exact = torch_sqrt_exact and torch.equal(v.sqrt(), correctly_rounded_sqrt(v))
         if step in (1, 10, 100):
             assert_state_matches(ck_param, ck, torch_param, ref, amsgrad, record)
-    if size <= 17:  # torch's sqrt happens to be exact on these few values
+    if torch_sqrt_exact:  # then nothing but torch's sqrt can make the params differ
         assert record[-1][0] == size
 
 
@@ -101,7 +104,9 @@ def test_lr_scheduler_changes_lr_mid_run():
         torch_sched.step()
     assert ck.param_groups[0]["lr"] == ref.param_groups[0]["lr"] == 1e-2 * 0.5**4
     assert torch.equal(ck.state[ck_param]["exp_avg"], ref.state[torch_param]["exp_avg"])
-    assert max_ulp(ck_param, torch_param) <= 2
+    # torch's MKL sqrt is inexact more often on some CPUs (2 ULP on an Intel
+    # AVX-512 machine, 4 on an AMD EPYC one after these 20 steps): the 100-step bound
+    assert max_ulp(ck_param, torch_param) <= PARAM_ULP_BOUND[100]
 
 
 def test_param_groups_have_their_own_hyperparameters():
@@ -180,11 +185,22 @@ def test_bad_inputs():
     p.grad = torch.randn(3, dtype=torch.float64)
     with pytest.raises(TypeError, match="float32"):
         ckparity.optim.AdamW([p]).step()
-    q = torch.nn.Parameter(torch.randn(4, 4).t())
-    q.grad = torch.randn(4, 4)
-    with pytest.raises(ValueError, match="contiguous"):
-        ckparity.optim.AdamW([q]).step()
     m = torch.nn.Parameter(torch.randn(3, device="meta"))
     m.grad = torch.randn(3, device="meta")
     with pytest.raises(TypeError, match="CPU only"):
         ckparity.optim.AdamW([m]).step()
+
+
+def test_non_contiguous_parameter_matches_torch():
+    base, grad = torch.randn(6, 5), torch.randn(5, 6)
+    ours, theirs = torch.nn.Parameter(base.clone().t()), torch.nn.Parameter(base.clone().t())
+    assert not ours.is_contiguous()
+    ck, ref = ckparity.optim.AdamW([ours], weight_decay=0.1), torch.optim.AdamW([theirs], foreach=False,
+                                                                                 weight_decay=0.1)
+    for _ in range(3):
+        step_both(ours, ck, theirs, ref, grad)
+    assert ours.stride() == theirs.stride()  # updated in place, layout kept
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(ck.state[ours][name], ref.state[theirs][name])
+    assert max_ulp(ours, theirs) <= PARAM_ULP_BOUND[10]
+    assert not torch.equal(ours, base.t())

@@ -69,8 +69,30 @@ def test_same_bits_for_any_thread_count(threads):
 def test_bad_inputs():
     ours, _ = twin_params([(3,)])
     with pytest.raises(ValueError, match="norm_type"):
-        ckparity.clip_grad_norm_(ours, 1.0, norm_type=0)
+        ckparity.clip_grad_norm_(ours, 1.0, norm_type=-1)
+    with pytest.raises(RuntimeError, match="norm_type"):  # torch's callers catch RuntimeError
+        ckparity.clip_grad_norm_(ours, 1.0, norm_type=float("nan"))
     p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
     p.grad = torch.ones(3, dtype=torch.float64)
     with pytest.raises(TypeError, match="float32"):
         ckparity.clip_grad_norm_([p], 1.0)
+
+
+@pytest.mark.parametrize("norm_type", [0.0, float("-inf")])
+def test_norm_types_zero_and_minus_inf_match_torch(norm_type):
+    ours, theirs = twin_params([(3, 4), (7,), (1,)])
+    for p in ours + theirs:
+        p.grad.view(-1)[0] = 0.0  # a zero, so the count of nonzeros and the minimum are not trivial
+    total_ours = ckparity.clip_grad_norm_(ours, 0.5, norm_type=norm_type)
+    total_theirs = torch.nn.utils.clip_grad_norm_(theirs, 0.5, norm_type=norm_type)
+    assert torch.equal(total_ours, total_theirs)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_foreach_keyword():
+    ours, theirs = twin_params([(5,)])
+    assert torch.equal(ckparity.clip_grad_norm_(ours, 1.0, foreach=False),
+                       torch.nn.utils.clip_grad_norm_(theirs, 1.0, foreach=False))
+    with pytest.raises(ValueError, match="foreach=True"):
+        ckparity.clip_grad_norm_(ours, 1.0, foreach=True)

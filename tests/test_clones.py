@@ -15,60 +15,46 @@ import os
 import pytest
 import torch
 
+from ckparity import _bindings as C
 from ckparity._native import ffi, lib
-from ckparity.ops.cross_entropy import _options
 
 BASELINE = os.environ.get("CKP_BASELINE_LIB")
 pytestmark = pytest.mark.skipif(not BASELINE, reason="CKP_BASELINE_LIB is not set (./scripts/test.sh sets it)")
 
 
-def ptr(t, ctype="float *"):
-    return ffi.NULL if t is None else ffi.cast(ctype, t.data_ptr())
-
-
-def cross_entropy(L, x, target, probs, weight, reduction, variant, row_grad=None):
-    N, V = x.shape
-    loss = torch.empty(N if reduction == "none" else ())
+def cross_entropy(L, x, target, weight, reduction, variant, row_grad=None):
+    loss = torch.empty(x.shape[0] if reduction == "none" else ())
     d = torch.empty_like(x)
-    opt = _options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad)
-    status = L.ckp_cross_entropy(ptr(x), ffi.NULL if probs else ptr(target, "int64_t *"),
-                                 ptr(target) if probs else ffi.NULL, N, V, opt, ptr(loss), ptr(d))
-    assert status == 0
+    C.cross_entropy(x, target, C.cross_entropy_options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad),
+                    loss, d, library=L)
     return loss, d
 
 
 def rms_norm(L, x, w, dy):
-    N, D = x.shape
-    y, rstd, dx, dw = torch.empty_like(x), torch.empty(N), torch.empty_like(x), torch.empty_like(w)
-    assert L.ckp_rms_norm_forward(ptr(x), ptr(w), N, D, 1e-6, ptr(y), ptr(rstd)) == 0
-    assert L.ckp_rms_norm_backward(ptr(dy), ptr(x), ptr(w), ptr(rstd), N, D, ptr(dx), ptr(dw)) == 0
+    y, rstd, dx, dw = torch.empty_like(x), torch.empty(x.shape[0]), torch.empty_like(x), torch.empty_like(w)
+    C.rms_norm_forward(x, w, 1e-6, y, rstd, library=L)
+    C.rms_norm_backward(dy, x, w, rstd, dx, dw, library=L)
     return y, rstd, dx, dw
 
 
 def swiglu(L, x, dout):
-    N, H = dout.shape
-    out, dx = torch.empty(N, H), torch.empty_like(x)
-    assert L.ckp_swiglu_forward(ptr(x), N, H, ptr(out)) == 0
-    assert L.ckp_swiglu_backward(ptr(dout), ptr(x), N, H, ptr(dx)) == 0
+    out, dx = torch.empty_like(dout), torch.empty_like(x)
+    C.swiglu_forward(x, out, library=L)
+    C.swiglu_backward(dout, x, dx, library=L)
     return out, dx
 
 
 def adamw(L, p, g, m, v, amsgrad):
     p, m, v = p.clone(), m.clone(), v.clone()
     vmax = v.clone() if amsgrad else None
-    opt = ffi.new("ckp_adamw_options *")
-    opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.amsgrad = 1e-2, 0.9, 0.999, 1e-8, 0.1, amsgrad
+    options = C.adamw_options(1e-2, 0.9, 0.999, 1e-8, 0.1, amsgrad)
     for step in range(1, 4):
-        assert L.ckp_adamw_step(ptr(p), ptr(g), ptr(m), ptr(v), ptr(vmax), p.numel(), float(step), opt) == 0
+        C.adamw_step(p, g, m, v, vmax, float(step), options, library=L)
     return (p, m, v) + ((vmax,) if amsgrad else ())
 
 
 def grad_norm(L, tensors, p):
-    arr = ffi.new("const float *[]", [ptr(t) for t in tensors])
-    sizes = ffi.new("int64_t[]", [t.numel() for t in tensors])
-    out = ffi.new("double *")
-    assert L.ckp_grad_norm(arr, sizes, len(tensors), p, out) == 0
-    return torch.tensor(out[0], dtype=torch.float64)
+    return torch.tensor(C.grad_norm(tensors, p, library=L), dtype=torch.float64)
 
 
 def cases():
@@ -82,9 +68,9 @@ def cases():
     row_grad = torch.randn(37, generator=g)
     for variant in ("default", "ptref"):
         for reduction in ("mean", "sum", "none"):
-            yield f"ce {variant} {reduction}", lambda L, v=variant, r=reduction: cross_entropy(L, x, t, False, w, r, v)
-        yield f"ce {variant} probs", lambda L, v=variant: cross_entropy(L, x, probs, True, None, "mean", v)
-    yield "ce row_grad", lambda L: cross_entropy(L, x, t, False, None, "none", "default", row_grad)
+            yield f"ce {variant} {reduction}", lambda L, v=variant, r=reduction: cross_entropy(L, x, t, w, r, v)
+        yield f"ce {variant} probs", lambda L, v=variant: cross_entropy(L, x, probs, None, "mean", v)
+    yield "ce row_grad", lambda L: cross_entropy(L, x, t, None, "none", "default", row_grad)
     xr, wr, dyr = (torch.randn(33, 4099, generator=g), torch.randn(4099, generator=g),
                    torch.randn(33, 4099, generator=g))
     yield "rms_norm", lambda L: rms_norm(L, xr, wr, dyr)

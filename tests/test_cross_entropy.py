@@ -343,10 +343,25 @@ def test_non_contiguous_input_gives_right_answer(variant):
     check_case("non-contiguous", variant, logits, target)
 
 
-def test_gradient_wrt_target_is_refused():
-    probs = torch.softmax(torch.randn(4, 5), 1).requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="input only"):
-        ckparity.cross_entropy(torch.randn(4, 5), probs)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("extra", [{}, {"label_smoothing": 0.2}, {"weight": "w"}])
+def test_gradient_wrt_probability_target_matches_torch(reduction, extra):
+    logits, soft = torch.randn(6, 5) * 2, torch.softmax(torch.randn(6, 5), 1)
+    kwargs = {k: (torch.rand(5) + 0.5 if v == "w" else v) for k, v in extra.items()}
+    grads = []
+    for ce in (ckparity.cross_entropy, F.cross_entropy):
+        x, t = logits.clone().requires_grad_(True), soft.clone().requires_grad_(True)
+        loss = ce(x, t, reduction=reduction, **kwargs)
+        loss.backward(torch.linspace(0.5, 2.0, loss.numel()).reshape(loss.shape))
+        grads.append(t.grad)
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_gradient_wrt_weight_is_refused():
+    w = torch.rand(5).requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="not weight"):
+        ckparity.cross_entropy(torch.randn(4, 5), torch.tensor([0, 1, 2, 3]), w)
 
 
 def test_empty_batch_matches_torch():

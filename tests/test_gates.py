@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ def small(gate: str, **overrides) -> dict:
 
 
 def test_kernel_parity_catches_a_broken_kernel(monkeypatch):
-    ours, theirs = gates.KERNELS["swiglu"]
-    monkeypatch.setitem(gates.KERNELS, "swiglu", (lambda x: ours(x) * (1 + 1e-4), theirs))  # 1e-4 off
+    check = gates.KERNELS["swiglu"]
+    monkeypatch.setitem(gates.KERNELS, "swiglu", replace(check, ours=lambda x: check.ours(x) * (1 + 1e-4)))  # 1e-4 off
     result = gates.kernel_parity(small("kernel_parity"))
     assert not result["passed"]
     assert "swiglu" in result["summary"] and "failed" in result["summary"]
@@ -76,7 +77,7 @@ def _loss_random_order(logits, targets):
     return rows.sum() / rows.numel()
 
 
-backends.register("loss", "fault_nondeterministic", _loss_random_order)
+backends.register("cross_entropy", "fault_nondeterministic", _loss_random_order)
 
 
 def test_replay_determinism_catches_a_nondeterministic_reduction(tmp_path):
@@ -99,7 +100,7 @@ def test_long_horizon_catches_a_broken_loss(tmp_path):
 
     result = gates.long_horizon(small("long_horizon", steps=5, loss_backends=["fault_all_tokens"]), tmp_path)
     assert result["passed"] is True  # no ignored targets in the preset: dividing by all tokens is right
-    backends.register("loss", "fault_scaled", lambda logits, t: F.cross_entropy(logits, t) * 1.001)
+    backends.register("cross_entropy", "fault_scaled", lambda logits, t: F.cross_entropy(logits, t) * 1.001)
     result = gates.long_horizon(small("long_horizon", steps=5, loss_backends=["fault_scaled"]), tmp_path)
     assert not result["passed"] and "loss fails at 1" in result["summary"] and "loss" in result["summary"]
 

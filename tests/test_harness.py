@@ -91,9 +91,9 @@ class _AdamWNoBiasCorrection(torch.optim.Optimizer):
                 p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
 
 
-backends.register("loss", "fault_all_tokens", _loss_all_tokens)
-backends.register("loss", "fault_eps_log", _loss_eps_log)
-backends.register("optimizer", "fault_no_bias_correction", _AdamWNoBiasCorrection)
+backends.register("cross_entropy", "fault_all_tokens", _loss_all_tokens)
+backends.register("cross_entropy", "fault_eps_log", _loss_eps_log)
+backends.register("adamw", "fault_no_bias_correction", _AdamWNoBiasCorrection)
 
 
 @pytest.mark.parametrize("model", [["--model", "tiny"], ["--model", "stacked"]])

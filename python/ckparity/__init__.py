@@ -4,7 +4,8 @@ See README.md for the API and the parity each function promises.
 """
 
 from . import nn, optim
-from ._native import CkparityError, build_info, version
+from ._native import build_info, version
+from .errors import CkparityError
 from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
 from .ops.rms_norm import rms_norm

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import cffi
 
+from .errors import CkparityError, InvalidArgument, TargetOutOfRange
+
 _PACKAGE_DIR = Path(__file__).resolve().parent
 HEADER_PATH = _PACKAGE_DIR / "ckparity.h"
 
@@ -47,27 +49,26 @@ LIBRARY_PATH = _library_path()
 lib = ffi.dlopen(str(LIBRARY_PATH))
 
 
-class CkparityError(RuntimeError):
-    """A C status with no closer Python exception type."""
-
-
-# Which Python exception each C status becomes. torch raises IndexError for
-# an out-of-range class target, so ckparity does too.
+# Which exception each C status becomes (ckparity.errors: each is also a
+# RuntimeError, as torch's are). torch raises IndexError for an out-of-range
+# class target, so ckparity does too.
 _EXCEPTIONS = {
-    lib.CKP_ERR_NULL_POINTER: ValueError,
-    lib.CKP_ERR_BAD_SIZE: ValueError,
-    lib.CKP_ERR_TARGET_OUT_OF_RANGE: IndexError,
-    lib.CKP_ERR_BAD_OPTION: ValueError,
-    lib.CKP_ERR_ALIASING: ValueError,
+    lib.CKP_ERR_NULL_POINTER: InvalidArgument,
+    lib.CKP_ERR_BAD_SIZE: InvalidArgument,
+    lib.CKP_ERR_TARGET_OUT_OF_RANGE: TargetOutOfRange,
+    lib.CKP_ERR_BAD_OPTION: InvalidArgument,
+    lib.CKP_ERR_ALIASING: InvalidArgument,
 }
 
 
-def check(status: int, what: str) -> None:
-    """Raises the Python exception for a non-OK status of the C call ``what``."""
+def check(status: int, what: str, library=None) -> None:
+    """Raises the Python exception for a non-OK status of the C call ``what``
+    (made through ``library``, the loaded one by default)."""
     if status == lib.CKP_OK:
         return
-    name = ffi.string(lib.ckp_status_str(status)).decode()
-    detail = ffi.string(lib.ckp_last_error()).decode()
+    library = library or lib
+    name = ffi.string(library.ckp_status_str(status)).decode()
+    detail = ffi.string(library.ckp_last_error()).decode()
     raise _EXCEPTIONS.get(status, CkparityError)(f"{what}: {detail} ({name})")
 
 

@@ -6,12 +6,14 @@ Per kernel and shape:
   (forward+backward through autograd with fresh output tensors, or the
   optimizer step), and ``speedup`` = torch_ms / ckparity_ms;
 - ``kernel_ms``: median time of the C calls alone on preallocated outputs
-  (no autograd, no allocation), ``c_calls`` of them;
+  (no autograd, no allocation), ``c_calls`` of them, through the same
+  bindings the ops use (ckparity._bindings: pointer casts and the status
+  check, about a microsecond a call, are included);
 - ``bandwidth_fraction``: the bytes the operation must move at minimum over
   ckparity_ms, as a fraction of a STREAM-style copy measured in the same run;
   ``kernel_bandwidth_fraction`` the same over kernel_ms;
 - ``overhead_us_per_call``: (ckparity_ms - kernel_ms) / c_calls, the cost of
-  the Python-to-C path (checks, output allocation, cffi, autograd) per call.
+  the op above the binding (checks, output allocation, autograd) per call.
 
 The three timings of a case are taken in turn, repeat by repeat, so a drift
 in the machine's speed hits them alike; each is a median. The copy bandwidth
@@ -31,8 +33,7 @@ import torch.nn.functional as F
 
 import ckparity
 
-from ._native import check, ffi, lib
-from .ops.cross_entropy import _options
+from . import _bindings, reference
 
 
 def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -74,7 +75,7 @@ class Case:
     ours: Callable[[], object]    # the user-facing ckparity call
     theirs: Callable[[], object]  # torch's counterpart
     nbytes: int                   # bytes the operation must move at minimum
-    c_kernel: Callable[[], int] | None = None  # the C calls alone, preallocated outputs; returns a status
+    c_kernel: Callable[[], None] | None = None  # the C calls alone (through _bindings), preallocated outputs
     c_calls: int = 1
 
 
@@ -86,60 +87,37 @@ def _fwd_bwd(fn, x, *args, **kwargs):
     return run
 
 
-def _swiglu_torch(x):
-    H = x.shape[-1] // 2
-    return F.silu(x[..., :H]) * x[..., H:]
-
-
-def _ptr(t: torch.Tensor, ctype: str = "float *"):
-    return ffi.cast(ctype, t.data_ptr())
-
-
-def _c_call(calls, tensors):
-    """A closure running the C calls [(fn, args), ...] on pointers made once;
-    it holds the tensors those pointers point into, so they stay alive.
-    Returns the first nonzero status, or 0."""
-    def run():
-        for fn, args in calls:
-            status = fn(*args)
-            if status:
-                return status
-        return 0
-    run.tensors = tensors
-    return run
-
-
 def _ce_kernel(x, t):
-    N, V = x.shape
     loss, d = torch.empty(()), torch.empty_like(x)
-    opt = _options(None, -100, "mean", 0.0, 0.0, "default")
-    return _c_call([(lib.ckp_cross_entropy, (_ptr(x), _ptr(t, "int64_t *"), ffi.NULL, N, V, opt, _ptr(loss),
-                                             _ptr(d)))], (x, t, loss, d))
+    options = _bindings.cross_entropy_options()
+    return lambda: _bindings.cross_entropy(x, t, options, loss, d)
 
 
 def _rms_kernel(x, w):
-    N, D = x.shape
-    y, rstd, dx, dw = torch.empty_like(x), torch.empty(N), torch.empty_like(x), torch.empty_like(w)
+    y, rstd, dx, dw = torch.empty_like(x), torch.empty(x.shape[0]), torch.empty_like(x), torch.empty_like(w)
     dy = torch.ones_like(x)
-    return _c_call([(lib.ckp_rms_norm_forward, (_ptr(x), _ptr(w), N, D, 1e-6, _ptr(y), _ptr(rstd))),
-                    (lib.ckp_rms_norm_backward, (_ptr(dy), _ptr(x), _ptr(w), _ptr(rstd), N, D, _ptr(dx), _ptr(dw)))],
-                   (x, w, y, rstd, dx, dw, dy))
+
+    def run():
+        _bindings.rms_norm_forward(x, w, 1e-6, y, rstd)
+        _bindings.rms_norm_backward(dy, x, w, rstd, dx, dw)
+    return run
 
 
 def _swiglu_kernel(x):
     N, H = x.shape[0], x.shape[1] // 2
     out, dout, dx = torch.empty(N, H), torch.ones(N, H), torch.empty_like(x)
-    return _c_call([(lib.ckp_swiglu_forward, (_ptr(x), N, H, _ptr(out))),
-                    (lib.ckp_swiglu_backward, (_ptr(dout), _ptr(x), N, H, _ptr(dx)))], (x, out, dout, dx))
+
+    def run():
+        _bindings.swiglu_forward(x, out)
+        _bindings.swiglu_backward(dout, x, dx)
+    return run
 
 
 def _adamw_kernel(n, g):
     p, grad, m, v = (torch.randn(n, generator=g) for _ in range(4))
     v.abs_()
-    opt = ffi.new("ckp_adamw_options *")
-    opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay = 1e-3, 0.9, 0.999, 1e-8, 1e-2
-    return _c_call([(lib.ckp_adamw_step, (_ptr(p), _ptr(grad), _ptr(m), _ptr(v), ffi.NULL, n, 10.0, opt))],
-                   (p, grad, m, v))
+    options = _bindings.adamw_options(1e-3, 0.9, 0.999, 1e-8, 1e-2)
+    return lambda: _bindings.adamw_step(p, grad, m, v, None, 10.0, options)
 
 
 def cases():
@@ -158,7 +136,7 @@ def cases():
     for N, H in ((2048, 8192), (8, 128)):
         x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
         # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
-        yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(_swiglu_torch, x),
+        yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(reference.swiglu, x),
                    32 * N * H, _swiglu_kernel(x.detach()), 2)
     for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
         params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused")}
@@ -166,7 +144,7 @@ def cases():
         for p in params.values():
             p.grad = grad.clone()
         ck = ckparity.optim.AdamW([params["ck"]])
-        ref = torch.optim.AdamW([params["torch"]], foreach=False)
+        ref = reference.adamw([params["torch"]])
         fused = torch.optim.AdamW([params["fused"]], fused=True)
         kernel = _adamw_kernel(n, g)
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
@@ -178,8 +156,6 @@ def bench(repeats: int = 5) -> dict:
     copy = copy_gbps(repeats)
     results = []
     for case in cases():
-        if case.c_kernel is not None:
-            check(case.c_kernel(), f"bench {case.kernel} {case.shape}")
         fns = [case.ours, case.theirs] + ([case.c_kernel] if case.c_kernel is not None else [])
         ck_ms, torch_ms, *kernel = interleaved_median_ms(fns, repeats)
         row = {"kernel": case.kernel, "shape": case.shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,

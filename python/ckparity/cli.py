@@ -8,51 +8,61 @@
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
-2 usage or input error, 130 interrupted (the report is written)."""
+2 usage or input error (before any work), 3 the report could not be written
+where asked (it went to the fallback path named on stderr), 130/143/129
+interrupted by SIGINT/SIGTERM/SIGHUP (the report is written)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import replace
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RECORDED = 0, 1, 2, 3
 
 
-def _exit_code(status: str) -> int:
-    return {"pass": EXIT_PASS, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FAIL)
+def _exit_code(result: dict) -> int:
+    if result["status"] == "interrupted":
+        from .harness.interrupts import EXIT_CODES
+
+        return EXIT_CODES.get(result.get("stopped_by_signal"), 130)
+    return EXIT_PASS if result["status"] == "pass" else EXIT_FAIL
 
 
 def _train(argv: list[str]) -> int:
     from .harness.config import parse_train_args
-    from .harness.run import train
+    from .harness.report import STDOUT
+    from .harness.run import DEFAULT_JSON_OUT, train
 
     result = train(parse_train_args(argv))
-    path = result["config"]["json_out"] or "reports/train_latest.json"
+    path = result["config"]["json_out"] or DEFAULT_JSON_OUT
+    # with --json-out -, stdout carries the report alone
+    out = sys.stderr if path == STDOUT else sys.stdout
     print(f"ckparity train: {result['status']} after {result['steps']} steps "
           f"(first loss fail: {result['first_loss_fail_step']}, first param fail: {result['first_param_fail_step']}, "
-          f"max |loss diff| {result['max_loss_abs_diff']}) -> {path}")
+          f"max |loss diff| {result['max_loss_abs_diff']}) -> {path}", file=out)
     if result["error"]:
         print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
-    return _exit_code(result["status"])
+    return _exit_code(result)
 
 
 def _repro(argv: list[str]) -> int:
-    from .harness.repro import repro
+    from .harness.repro import PRESET, repro
 
     parser = argparse.ArgumentParser(prog="ckparity repro", description="The seed's 850-step preset with "
                                      "--ck-loss-backend c, c_ptref and torch, then an A/B table.")
     parser.add_argument("--out-dir", default="reports")
     parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset (default 850)")
     args = parser.parse_args(argv)
-    extra = ["--max-steps", str(args.max_steps)] if args.max_steps else []
-    reports, text = repro(args.out_dir, extra)
+    preset = PRESET if args.max_steps is None else replace(PRESET, max_steps=args.max_steps)
+    reports, text = repro(args.out_dir, preset)
     print(text)
-    statuses = [r["status"] for r in reports.values()]
-    return max(_exit_code(s) for s in statuses)
+    return max(_exit_code(r) for r in reports.values())
 
 
 def _compare(argv: list[str]) -> int:
+    from .harness.config import UsageError
     from .harness.repro import compare
 
     parser = argparse.ArgumentParser(prog="ckparity compare")
@@ -62,7 +72,9 @@ def _compare(argv: list[str]) -> int:
     try:
         print(compare(args.reports, args.plot))
     except (OSError, ValueError, KeyError) as err:
-        raise _InputError(f"cannot compare: {err}") from None
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(f"cannot compare: {err}") from None
     return EXIT_PASS
 
 
@@ -70,6 +82,8 @@ def _gate(argv: list[str]) -> int:
     from pathlib import Path
 
     from .gates import GATE_NAMES, run_gates, settings_for
+    from .harness.config import UsageError
+    from .harness.report import check_writable_dir
 
     parser = argparse.ArgumentParser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
@@ -80,27 +94,35 @@ def _gate(argv: list[str]) -> int:
     try:
         settings = settings_for(args.tier, args.config)
     except ValueError as err:
-        raise _InputError(str(err)) from None
+        raise UsageError(str(err)) from None
+    check_writable_dir(args.out_dir, "--out-dir")
     results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier)
     failed = [r["gate"] for r in results if not r["passed"]]
     print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {args.out_dir}/summary.md)")
+    stopped = [r["details"]["interrupted"] for r in results if r["details"].get("interrupted")]
+    if stopped:
+        from .harness.interrupts import EXIT_CODES
+
+        return EXIT_CODES.get(stopped[0], 130)
     return EXIT_FAIL if failed else EXIT_PASS
 
 
 def _bench(argv: list[str]) -> int:
     from .bench import bench, table
-    from .harness.report import write_json
+    from .harness.config import UsageError
+    from .harness.report import check_writable, write_json
 
     parser = argparse.ArgumentParser(prog="ckparity bench")
     parser.add_argument("--json-out", default="reports/bench_latest.json")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     if args.repeats < 1:
-        raise _InputError(f"--repeats must be >= 1, got {args.repeats}")
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    check_writable(args.json_out, "--json-out")
     data = bench(args.repeats)
     write_json(args.json_out, data)
-    print(table(data))
+    print(table(data), file=sys.stderr if args.json_out == "-" else sys.stdout)
     return EXIT_PASS
 
 
@@ -112,10 +134,6 @@ def _info(argv: list[str]) -> int:
     return EXIT_PASS
 
 
-class _InputError(Exception):
-    pass
-
-
 COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "gate": _gate, "bench": _bench, "info": _info}
 
 
@@ -125,13 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return EXIT_USAGE if not argv or argv[0] not in ("-h", "--help") else EXIT_PASS
     from .harness.config import UsageError
-    from .harness.data import InputError
+    from .harness.report import ReportNotWritten
 
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (UsageError, InputError, _InputError) as err:
+    except UsageError as err:
         print(f"ckparity {argv[0]}: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except ReportNotWritten as err:
+        print(f"ckparity {argv[0]}: {err}", file=sys.stderr)
+        return EXIT_NOT_RECORDED
     except SystemExit as exit_:  # argparse: --help is 0, a bad flag is 2
         return int(exit_.code or 0)
 

@@ -13,17 +13,20 @@ import copy
 import os
 import time
 import tomllib
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 import ckparity
 
-from .harness import backends
-from .harness.config import parse_train_args
-from .harness.report import write_json
+from . import reference
+from .harness.config import RunConfig
+from .harness.interrupts import Interrupted, stop_on_signals
+from .harness.repro import PRESET
+from .harness.report import write_json, write_text
 from .harness.run import train
 from .harness.twins import build_twins
 from .measure import RULES, max_ulp, parity
@@ -57,34 +60,47 @@ def _ce(variant):
     return lambda x, t, **kw: ckparity.cross_entropy(x, t, variant=variant, **kw)
 
 
-# name -> (ckparity op, torch op); tests swap an entry to plant a fault
-KERNELS: dict[str, tuple[Callable, Callable]] = {
-    "cross_entropy.default": (_ce("default"), F.cross_entropy),
-    "cross_entropy.ptref": (_ce("ptref"), F.cross_entropy),
-    "rms_norm": (ckparity.rms_norm, F.rms_norm),
-    "swiglu": (ckparity.swiglu, lambda x: F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2:]),
-}
-
-
-def _kernel_cases(name: str):
+def _cross_entropy_cases() -> Iterator:
     """(label, inputs, kwargs) for each fixed shape; inputs[0] is differentiated."""
     g = torch.Generator().manual_seed(0)
-    if name.startswith("cross_entropy"):
-        for N, C in ((64, 255), (8, 50257), (7, 3)):
-            x = torch.randn(N, C, generator=g) * 3
-            t = torch.randint(0, C, (N,), generator=g)
-            t[::4] = -100
-            w = torch.rand(C, generator=g) + 0.1
-            yield f"N={N},C={C}", (x, t), {}
-            yield f"N={N},C={C},weight,smoothing,sum", (x, t), {"weight": w, "label_smoothing": 0.1, "reduction": "sum"}
-            yield f"N={N},C={C},probs", (x, torch.softmax(torch.randn(N, C, generator=g), 1)), {}
-    elif name == "rms_norm":
-        for N, D in ((1000, 64), (64, 4097)):
-            x = torch.randn(N, D, generator=g)
-            yield f"N={N},D={D}", (x, (D,), torch.randn(D, generator=g)), {"eps": 1e-5}
-    else:
-        for N, H in ((64, 128), (4, 11008)):
-            yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
+    for N, C in ((64, 255), (8, 50257), (7, 3)):
+        x = torch.randn(N, C, generator=g) * 3
+        t = torch.randint(0, C, (N,), generator=g)
+        t[::4] = -100
+        w = torch.rand(C, generator=g) + 0.1
+        yield f"N={N},C={C}", (x, t), {}
+        yield f"N={N},C={C},weight,smoothing,sum", (x, t), {"weight": w, "label_smoothing": 0.1, "reduction": "sum"}
+        yield f"N={N},C={C},probs", (x, torch.softmax(torch.randn(N, C, generator=g), 1)), {}
+
+
+def _rms_norm_cases() -> Iterator:
+    g = torch.Generator().manual_seed(0)
+    for N, D in ((1000, 64), (64, 4097)):
+        x = torch.randn(N, D, generator=g)
+        yield f"N={N},D={D}", (x, (D,), torch.randn(D, generator=g)), {"eps": 1e-5}
+
+
+def _swiglu_cases() -> Iterator:
+    g = torch.Generator().manual_seed(0)
+    for N, H in ((64, 128), (4, 11008)):
+        yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    ours: Callable      # the ckparity op
+    theirs: Callable    # torch's counterpart
+    cases: Callable[[], Iterator]
+    rule: str           # the key of measure.RULES it is held to
+
+
+# name -> what kernel_parity checks; tests swap an entry to plant a fault
+KERNELS: dict[str, KernelCheck] = {
+    "cross_entropy.default": KernelCheck(_ce("default"), F.cross_entropy, _cross_entropy_cases, "default"),
+    "cross_entropy.ptref": KernelCheck(_ce("ptref"), F.cross_entropy, _cross_entropy_cases, "ptref"),
+    "rms_norm": KernelCheck(ckparity.rms_norm, F.rms_norm, _rms_norm_cases, "default"),
+    "swiglu": KernelCheck(ckparity.swiglu, reference.swiglu, _swiglu_cases, "default"),
+}
 
 
 def _fwd_bwd(fn, inputs, kwargs, dtype):
@@ -107,14 +123,13 @@ def _fwd_bwd(fn, inputs, kwargs, dtype):
 
 def kernel_parity(settings: dict) -> dict:
     checks, failures = [], []
-    for name, (ours, theirs) in KERNELS.items():
-        ptref = name.endswith("ptref")
-        factor = settings["ptref_factor"] if ptref else settings["factor"]
-        floor = settings["ptref_floor_ulps"] if ptref else settings["floor_ulps"]
-        for label, inputs, kwargs in _kernel_cases(name):
-            a = _fwd_bwd(ours, inputs, kwargs, torch.float32)
-            b = _fwd_bwd(theirs, inputs, kwargs, torch.float32)
-            r = _fwd_bwd(theirs, inputs, kwargs, torch.float64)
+    for name, check in KERNELS.items():
+        prefix = "" if check.rule == "default" else f"{check.rule}_"
+        factor, floor = settings[f"{prefix}factor"], settings[f"{prefix}floor_ulps"]
+        for label, inputs, kwargs in check.cases():
+            a = _fwd_bwd(check.ours, inputs, kwargs, torch.float32)
+            b = _fwd_bwd(check.theirs, inputs, kwargs, torch.float32)
+            r = _fwd_bwd(check.theirs, inputs, kwargs, torch.float64)
             for part in a:
                 fig = parity(f"{name}.{part}[{label}]", a[part], b[part], r[part], factor, floor)
                 checks.append(fig)
@@ -142,7 +157,7 @@ def optimizer_parity(settings: dict) -> dict:
             p1, p2 = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
             kw = dict(lr=1e-3, weight_decay=0.01, amsgrad=amsgrad)
             ours = OPTIMIZERS["ckparity"]([p1], **kw)
-            ref = torch.optim.AdamW([p2], foreach=False, fused=False, **kw)
+            ref = reference.adamw([p2], **kw)
             for _ in range(settings["steps"]):
                 grad = torch.randn(size, generator=g)
                 p1.grad, p2.grad = grad.clone(), grad.clone()
@@ -170,11 +185,8 @@ def optimizer_parity(settings: dict) -> dict:
 
 # ---- fd_gradients -----------------------------------------------------------
 
-def _train_config(**overrides):
-    flags = ["--no-progress", "--total-tokens", "4096", "--grad-accum", "2"]
-    for key, value in overrides.items():
-        flags += [f"--{key.replace('_', '-')}", str(value)]
-    return parse_train_args(flags)
+# the gates' short runs
+SHORT_RUN = RunConfig(no_progress=True, total_tokens=4096, grad_accum=2)
 
 
 def fd_gradients(settings: dict) -> dict:
@@ -184,7 +196,7 @@ def fd_gradients(settings: dict) -> dict:
     failures, rows = [], []
     g = torch.Generator().manual_seed(0)
     for model in settings["models"]:
-        config = _train_config(model=model, ck_swiglu_backend=settings["ck_swiglu_backend"],
+        config = replace(SHORT_RUN, model=model, ck_swiglu_backend=settings["ck_swiglu_backend"],
                                ck_rmsnorm_backend=settings["ck_rmsnorm_backend"],
                                ck_loss_backend=settings["ck_loss_backend"])
         ck, ref = build_twins(config)
@@ -238,10 +250,10 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
     try:
         for label, threads in [("first", settings["threads"][0]), ("again", settings["threads"][0])] + \
                 [(f"threads={t}", t) for t in settings["threads"][1:]]:
-            config = _train_config(max_steps=settings["steps"], threads=threads, model="stacked",
-                                   ck_loss_backend=settings["ck_loss_backend"],
-                                   json_out=out_dir / f"replay_determinism_{label.replace('=', '')}.json")
-            runs[label] = _series_without_timing(train(config))
+            config = replace(SHORT_RUN, max_steps=settings["steps"], threads=threads, model="stacked",
+                             ck_loss_backend=settings["ck_loss_backend"],
+                             json_out=str(out_dir / f"replay_determinism_{label.replace('=', '')}.json"))
+            runs[label] = _series_without_timing(_train_in_gate(config))
     finally:
         ckparity.set_num_threads(saved[0])
         torch.set_num_threads(saved[1])
@@ -253,11 +265,19 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
     return _result(not differing, summary, runs=list(runs), differing=differing)
 
 
-def _harness_gate(runs: dict[str, list[str]], out_dir: Path, gate: str) -> dict:
+def _train_in_gate(config: RunConfig) -> dict:
+    """train(), with a signal that stopped it stopping the gates too."""
+    report = train(config)
+    if report["status"] == "interrupted":
+        raise Interrupted(report["stopped_by_signal"])
+    return report
+
+
+def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str) -> dict:
     rows, failures = [], []
-    for label, flags in runs.items():
+    for label, config in runs.items():
         path = out_dir / f"{gate}_{label}.json"
-        report = train(parse_train_args(flags + ["--no-progress", "--json-out", str(path)]))
+        report = _train_in_gate(replace(config, no_progress=True, json_out=str(path)))
         row = {key: report[key] for key in ("status", "steps", "first_loss_fail_step", "first_param_fail_step",
                                             "max_loss_abs_diff", "max_param_abs_diff")}
         row["run"], row["report"] = label, str(path)
@@ -275,19 +295,16 @@ def _harness_gate(runs: dict[str, list[str]], out_dir: Path, gate: str) -> dict:
 
 
 def drift_smoke(settings: dict, out_dir: Path) -> dict:
-    runs = {}
-    for model in settings["models"]:
-        runs[model] = ["--model", model, "--num-layers", "2", "--max-steps", str(settings["steps"]),
-                       "--grad-accum", str(settings["grad_accum"]), "--ck-loss-backend", settings["ck_loss_backend"],
-                       "--ck-optimizer-backend", settings["ck_optimizer_backend"]]
+    runs = {model: RunConfig(model=model, num_layers=2, max_steps=settings["steps"], grad_accum=settings["grad_accum"],
+                             ck_loss_backend=settings["ck_loss_backend"],
+                             ck_optimizer_backend=settings["ck_optimizer_backend"])
+            for model in settings["models"]}
     return _harness_gate(runs, out_dir, "drift_smoke")
 
 
 def long_horizon(settings: dict, out_dir: Path) -> dict:
-    from .harness.repro import PRESET
-
-    runs = {b: PRESET + ["--ck-loss-backend", b, "--max-steps", str(settings["steps"]),
-                         "--ck-optimizer-backend", settings["ck_optimizer_backend"]]
+    runs = {b: replace(PRESET, ck_loss_backend=b, max_steps=settings["steps"],
+                       ck_optimizer_backend=settings["ck_optimizer_backend"])
             for b in settings["loss_backends"]}
     return _harness_gate(runs, out_dir, "long_horizon")
 
@@ -329,10 +346,25 @@ def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: 
               echo: Callable[[str], None] = print) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
+    with stop_on_signals() as stop:
+        _run_each(names, settings, out_dir, tier, echo, results)
+        stop.hold()
+        summary = markdown_summary(results, tier)
+        write_text(out_dir / "summary.md", summary)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(summary)
+    return results
+
+
+def _run_each(names, settings, out_dir, tier, echo, results) -> None:
     for name in names:
         start = time.perf_counter()
         try:
             result = GATES[name](settings[name], out_dir)
+        except KeyboardInterrupt as err:  # Ctrl-C or a signal: this gate proves nothing, and no other gate runs
+            signum = err.signum if isinstance(err, Interrupted) else 2
+            result = _result(False, "interrupted", interrupted=signum)
         except Exception as err:  # a gate that crashes fails, and says why
             result = _result(False, f"error: {type(err).__name__}: {err}")
         result.update(gate=name, tier=tier, settings=settings[name], seconds=time.perf_counter() - start,
@@ -340,12 +372,8 @@ def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: 
         write_json(out_dir / f"{name}_latest.json", result)
         results.append(result)
         echo(f"{'PASS' if result['passed'] else 'FAIL'} {name:20s} {result['seconds']:6.1f}s  {result['summary']}")
-    summary = markdown_summary(results, tier)
-    (out_dir / "summary.md").write_text(summary)
-    if os.environ.get("GITHUB_STEP_SUMMARY"):
-        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
-            f.write(summary)
-    return results
+        if result["details"].get("interrupted"):
+            break
 
 
 def markdown_summary(results: list[dict], tier: str) -> str:

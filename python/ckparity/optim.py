@@ -7,26 +7,60 @@ from __future__ import annotations
 
 import torch
 
-from ._native import check, ffi, lib
-from ._tensors import pointer, require_float32
+from . import _bindings
+from ._tensors import require_float32
+from .errors import InvalidArgument, InvalidType
+
+
+# torch's keywords that choose among its own implementations of the same step.
+# ckparity has one (the C kernel): False/None are that; True asks for another.
+_TORCH_PATHS = ("foreach", "fused", "capturable", "differentiable")
+
+
+def _check_betas(betas) -> tuple[float, float]:
+    """torch's checks and messages, in its order; 1-element tensors become
+    floats as torch.optim.Adam's _to_scalar makes them."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise InvalidArgument(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    for k, beta in enumerate(betas):
+        if isinstance(beta, torch.Tensor) and beta.numel() != 1:
+            raise InvalidArgument(f"Tensor betas[{k}] must be 1-element")
+        if not isinstance(beta, (float, int, torch.Tensor)) or isinstance(beta, bool):
+            raise InvalidArgument(f"betas[{k}] must be a number, got {type(beta).__name__}")
+        if not 0.0 <= beta < 1.0:
+            raise InvalidArgument(f"Invalid beta parameter at index {k}: {beta}")
+    if isinstance(betas[0], torch.Tensor) != isinstance(betas[1], torch.Tensor):
+        raise InvalidArgument("betas must be either both floats or both Tensors")
+    return tuple(float(b) for b in betas)
 
 
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False,
-                 *, maximize: bool = False) -> None:
+                 *, maximize: bool = False, foreach: bool | None = None, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None) -> None:
         if isinstance(lr, torch.Tensor):
-            lr = float(lr)
+            if lr.numel() != 1:
+                raise InvalidArgument("Tensor lr must be 1-element")
+            # torch keeps a Tensor lr in float32 tensor arithmetic (lr * wd,
+            # lr / bias_correction1); the C step takes lr in double, so it
+            # would round differently: refused rather than silently off.
+            raise InvalidArgument("ckparity.optim.AdamW takes lr as a Python float; a Tensor lr makes torch do "
+                                  "its lr arithmetic in float32 tensors, which the C step does not repeat "
+                                  "(pass float(lr))")
         if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
+            raise InvalidArgument(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+            raise InvalidArgument(f"Invalid epsilon value: {eps}")
+        betas = _check_betas(betas)
         if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+            raise InvalidArgument(f"Invalid weight_decay value: {weight_decay}")
+        chosen = {"foreach": foreach, "fused": fused, "capturable": capturable, "differentiable": differentiable}
+        asked = [name for name in _TORCH_PATHS if chosen[name]]
+        if asked:
+            raise InvalidArgument(f"ckparity.optim.AdamW runs its own C step; {asked[0]}=True asks for one of "
+                                  f"torch's implementations (use torch.optim.AdamW for that, or leave it "
+                                  f"False/None)")
         # torch's own group keys ride along (unused here) so that a state_dict
         # loaded into torch.optim.AdamW keeps decoupled_weight_decay=True:
         # torch fills a missing key with Adam's default (False, i.e. L2 decay).
@@ -46,10 +80,13 @@ class AdamW(torch.optim.Optimizer):
         if len(state) == 0:
             # torch keeps step as a float32 scalar tensor on the CPU
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         if amsgrad and "max_exp_avg_sq" not in state:
-            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):  # e.g. loaded from another layout
+            if name in state and (state[name].dtype != torch.float32 or not state[name].is_contiguous()):
+                state[name] = state[name].float().contiguous()
         return state
 
     @torch.no_grad()
@@ -59,30 +96,24 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            opt = ffi.new("ckp_adamw_options *")
-            opt.lr = float(group["lr"])
-            opt.beta1, opt.beta2 = (float(b) for b in group["betas"])
-            opt.eps = float(group["eps"])
-            opt.weight_decay = float(group["weight_decay"])
-            opt.amsgrad = bool(group["amsgrad"])
-            opt.maximize = bool(group["maximize"])
+            beta1, beta2 = group["betas"]
+            options = _bindings.adamw_options(group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                                              group["amsgrad"], group["maximize"])
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 require_float32(p, "parameter")
                 require_float32(p.grad, "gradient")
                 if p.grad.is_sparse:
-                    raise TypeError("AdamW does not support sparse gradients")
-                if not p.is_contiguous():
-                    raise ValueError("ckparity AdamW updates parameters in place and needs them contiguous")
-                state = self._state_for(p, opt.amsgrad)
-                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                    if name in state and (state[name].dtype != torch.float32 or not state[name].is_contiguous()):
-                        state[name] = state[name].float().contiguous()
-                grad = p.grad.contiguous()
+                    raise InvalidType("AdamW does not support sparse gradients")
+                state = self._state_for(p, options.amsgrad)
+                # the step is elementwise: a non-contiguous parameter is
+                # updated on a contiguous copy in its logical order, then copied back
+                work = p.contiguous()
                 state["step"] += 1
-                check(lib.ckp_adamw_step(
-                    pointer(p), pointer(grad), pointer(state["exp_avg"]), pointer(state["exp_avg_sq"]),
-                    pointer(state.get("max_exp_avg_sq")) if opt.amsgrad else ffi.NULL,
-                    p.numel(), float(state["step"]), opt), "adamw")
+                _bindings.adamw_step(work, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
+                                     state.get("max_exp_avg_sq") if options.amsgrad else None,
+                                     float(state["step"]), options)
+                if work is not p:
+                    p.copy_(work)
         return loss

@@ -1,5 +1,7 @@
-"""What each backend flag selects. The CK twin takes its ops from here; the
-torch twin always uses the "torch" entries.
+"""What each backend flag selects: the one table from the seed's flag
+spellings (``--ck-loss-backend c_ptref``) to ckparity's kernel names
+(``cross_entropy``, variant ``ptref``). The CK twin takes its ops from here;
+the torch twin always uses the "torch" entries.
 
 Tests (and the gates) plant faults by registering extra entries with
 ``register``; the command line offers every registered name."""
@@ -12,32 +14,29 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-
-
-def _torch_swiglu(x: torch.Tensor) -> torch.Tensor:
-    H = x.shape[-1] // 2
-    return F.silu(x[..., :H]) * x[..., H:]
-
-
-def _torch_adamw(params, **kw):
-    return torch.optim.AdamW(params, foreach=False, fused=False, **kw)
-
+from ckparity import reference
 
 # loss functions take (logits (N, V), targets (N)) and return the mean loss.
-RMSNORM: dict[str, Callable] = {"c": ckparity.rms_norm, "torch": F.rms_norm}
-SWIGLU: dict[str, Callable] = {"c": ckparity.swiglu, "torch": _torch_swiglu}
-LOSS: dict[str, Callable] = {
+RMS_NORM: dict[str, Callable] = {"c": ckparity.rms_norm, "torch": F.rms_norm}
+SWIGLU: dict[str, Callable] = {"c": ckparity.swiglu, "torch": reference.swiglu}
+CROSS_ENTROPY: dict[str, Callable] = {
     "c": lambda logits, targets: ckparity.cross_entropy(logits, targets, variant="default"),
     "c_ptref": lambda logits, targets: ckparity.cross_entropy(logits, targets, variant="ptref"),
     "torch": F.cross_entropy,
 }
 # optimizers take (params, lr, betas, eps, weight_decay) like torch.optim.AdamW.
-OPTIMIZER: dict[str, Callable] = {"c": ckparity.optim.AdamW, "torch": _torch_adamw}
-CLIP: dict[str, Callable] = {"c": ckparity.clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_}
+ADAMW: dict[str, Callable] = {"c": ckparity.optim.AdamW, "torch": reference.adamw}
+CLIP_GRAD_NORM: dict[str, Callable] = {"c": ckparity.clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_}
 
-TABLES = {"rmsnorm": RMSNORM, "swiglu": SWIGLU, "loss": LOSS, "optimizer": OPTIMIZER}
+BACKENDS: dict[str, dict[str, Callable]] = {
+    "rms_norm": RMS_NORM, "swiglu": SWIGLU, "cross_entropy": CROSS_ENTROPY, "adamw": ADAMW}
+
+# RunConfig field (the seed's flag, --ck-loss-backend) -> kernel name
+FLAGS = {"ck_rmsnorm_backend": "rms_norm", "ck_swiglu_backend": "swiglu", "ck_loss_backend": "cross_entropy",
+         "ck_optimizer_backend": "adamw"}
 
 
-def register(kind: str, name: str, fn: Callable) -> None:
-    """Adds a backend (e.g. a planted fault in a test) under ``--ck-<kind>-backend name``."""
-    TABLES[kind][name] = fn
+def register(kernel: str, name: str, fn: Callable) -> None:
+    """Adds a backend of ``kernel`` (e.g. a planted fault in a test), chosen by
+    its flag (``register("cross_entropy", "fault", f)``: ``--ck-loss-backend fault``)."""
+    BACKENDS[kernel][name] = fn

@@ -1,83 +1,125 @@
-"""The harness's flags (the seed's, with the seed's defaults) and their checks."""
+"""The run config: a frozen value, checked when it is made.
+
+``RunConfig()`` is the seed's defaults; presets are values derived from it
+(``replace(REPRO_PRESET, max_steps=150)``), and the command line is one way
+to fill it: every field is a flag of ``ckparity train`` with the seed's
+spelling (``max_steps`` is ``--max-steps``). A bad value raises UsageError
+(exit code 2) whichever way the config was made, before any work starts."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from . import backends
 
 
 class UsageError(ValueError):
-    """A bad flag value (exit code 2)."""
+    """A bad flag, config value or input file (exit code 2)."""
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    a = parser.add_argument
-    a("--model", choices=["tiny", "stacked"], default="tiny")
-    a("--num-layers", type=int, default=2, help="blocks of the stacked model")
-    a("--epochs", type=int, default=1)
-    a("--seq-len", type=int, default=8)
-    a("--total-tokens", type=int, default=131072)
-    a("--vocab", type=int, default=256)
-    a("--d-model", type=int, default=64)
-    a("--hidden", type=int, default=128)
-    a("--eps", type=float, default=1e-5, help="RMSNorm eps")
-    a("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (K)")
-    a("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    a("--lr", type=float, default=1e-3)
-    a("--adamw-beta1", type=float, default=0.9)
-    a("--adamw-beta2", type=float, default=0.999)
-    a("--adamw-eps", type=float, default=1e-8)
-    a("--adamw-weight-decay", type=float, default=0.01)
-    a("--seed", type=int, default=42)
-    a("--max-steps", type=int, default=0, help="0: all steps of all epochs")
-    a("--loss-tol", type=float, default=2e-5, help="max |loss difference| per step")
-    a("--param-tol", type=float, default=3e-5, help="max |param difference| per step")
-    a("--logit-tol", type=float, default=1e-4, help="max |logit difference| per step")
-    a("--grad-tol", type=float, default=1e-5, help="max |grad difference| per step")
-    a("--moment-tol", type=float, default=1e-5, help="max |AdamW moment difference| per step")
-    a("--train-text", default=None, help="train on this file's bytes mod vocab")
-    a("--ignore-frac", type=float, default=0.0, help="fraction of targets set to ignore_index")
-    a("--max-grad-norm", type=float, default=0.0, help="clip both twins' gradients (0: off)")
-    a("--threads", type=int, default=0, help="ckparity's and torch's threads (0: leave as is)")
-    a("--localize-step", type=int, default=0, help="localize at this step (0: the first failing step)")
-    a("--json-out", default=None, help="report path (default reports/train_latest.json)")
-    a("--no-progress", action="store_true", help="no progress bar even on a terminal")
-    for kind, default in (("rmsnorm", "c"), ("swiglu", "c"), ("loss", "c"), ("optimizer", "c")):
-        a(f"--ck-{kind}-backend", default=default,
-          help=f"one of {sorted(backends.TABLES[kind])} (default {default})")
+def _flag(default, help: str, **argparse_kwargs):
+    return field(default=default, metadata={"help": help, **argparse_kwargs})
 
 
-def validate(config: argparse.Namespace) -> None:
+@dataclass(frozen=True)
+class RunConfig:
+    model: str = _flag("tiny", "the twin model", choices=["tiny", "stacked"])
+    num_layers: int = _flag(2, "blocks of the stacked model")
+    epochs: int = _flag(1, "passes over the token stream")
+    seq_len: int = _flag(8, "tokens per micro-batch")
+    total_tokens: int = _flag(131072, "tokens in the stream (a --train-text is repeated until it has them)")
+    vocab: int = _flag(256, "vocabulary size V")
+    d_model: int = _flag(64, "model width D")
+    hidden: int = _flag(128, "SwiGLU hidden width H")
+    eps: float = _flag(1e-5, "RMSNorm eps")
+    grad_accum: int = _flag(1, "micro-steps per optimizer step (K)")
+    optimizer: str = _flag("adamw", "both twins' optimizer (sgd: torch's SGD on both)", choices=["adamw", "sgd"])
+    lr: float = _flag(1e-3, "learning rate")
+    adamw_beta1: float = _flag(0.9, "AdamW beta1")
+    adamw_beta2: float = _flag(0.999, "AdamW beta2")
+    adamw_eps: float = _flag(1e-8, "AdamW eps")
+    adamw_weight_decay: float = _flag(0.01, "AdamW weight decay")
+    seed: int = _flag(42, "seed of the weights, the tokens and the ignored targets")
+    max_steps: int = _flag(0, "0: all steps of all epochs")
+    loss_tol: float = _flag(2e-5, "max |loss difference| per step")
+    param_tol: float = _flag(3e-5, "max |param difference| per step")
+    logit_tol: float = _flag(1e-4, "max |logit difference| per step")
+    grad_tol: float = _flag(1e-5, "max |grad difference| per step")
+    moment_tol: float = _flag(1e-5, "max |AdamW moment difference| per step")
+    train_text: str | None = _flag(None, "train on this file's bytes mod vocab")
+    ignore_frac: float = _flag(0.0, "fraction of targets set to ignore_index")
+    max_grad_norm: float = _flag(0.0, "clip both twins' gradients (0: off)")
+    threads: int = _flag(0, "ckparity's and torch's threads (0: leave as is)")
+    localize_step: int = _flag(0, "localize at this step (0: the first failing step)")
+    json_out: str | None = _flag(None, "report path (default reports/train_latest.json)")
+    no_progress: bool = _flag(False, "no progress bar even on a terminal")
+    # The CK twin's kernels, by the seed's flags; backends.FLAGS maps each
+    # flag to its kernel and names the choices.
+    ck_rmsnorm_backend: str = _flag("c", "the CK twin's rms_norm")
+    ck_swiglu_backend: str = _flag("c", "the CK twin's swiglu")
+    ck_loss_backend: str = _flag("c", "the CK twin's cross_entropy (c: default variant, c_ptref: ptref)")
+    ck_optimizer_backend: str = _flag("c", "the CK twin's adamw")
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _validate(config: RunConfig) -> None:
+    for f in fields(config):
+        if f.metadata.get("choices") and getattr(config, f.name) not in f.metadata["choices"]:
+            raise UsageError(f"{_name(f.name)} must be one of {f.metadata['choices']}, got {getattr(config, f.name)!r}")
     positive = ["epochs", "seq_len", "total_tokens", "vocab", "d_model", "hidden", "grad_accum", "num_layers"]
     for name in positive:
         if getattr(config, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+            raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
     non_negative = ["max_steps", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
                     "loss_tol", "param_tol", "logit_tol", "grad_tol", "moment_tol"]
     for name in non_negative:
         value = getattr(config, name)
         if not (value >= 0 and math.isfinite(value)):
-            raise UsageError(f"--{name.replace('_', '-')} must be finite and >= 0, got {value}")
+            raise UsageError(f"{_name(name)} must be finite and >= 0, got {value}")
     if not (config.lr > 0 and math.isfinite(config.lr)):
         raise UsageError(f"--lr must be finite and > 0, got {config.lr}")
     if not (config.eps >= 0 and math.isfinite(config.eps)):
         raise UsageError(f"--eps must be finite and >= 0, got {config.eps}")
     for name in ("adamw_beta1", "adamw_beta2"):
         if not 0 <= getattr(config, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(config, name)}")
+            raise UsageError(f"{_name(name)} must be in [0, 1), got {getattr(config, name)}")
     if not 0 <= config.ignore_frac < 1:
         raise UsageError(f"--ignore-frac must be in [0, 1), got {config.ignore_frac}")
-    for kind in backends.TABLES:
-        value = getattr(config, f"ck_{kind}_backend")
-        if value not in backends.TABLES[kind]:
-            raise UsageError(f"--ck-{kind}-backend must be one of {sorted(backends.TABLES[kind])}, got {value!r}")
+    for name, kernel in backends.FLAGS.items():
+        choices = sorted(backends.BACKENDS[kernel])
+        if getattr(config, name) not in choices:
+            raise UsageError(f"{_name(name)} must be one of {choices}, got {getattr(config, name)!r}")
+    if config.optimizer == "sgd" and config.ck_optimizer_backend != "c":
+        raise UsageError("--ck-optimizer-backend takes no effect with --optimizer sgd (both twins run torch's SGD)")
 
 
-def parse_train_args(argv: list[str]) -> argparse.Namespace:
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every RunConfig field as a flag; the defaults are RunConfig's."""
+    for f in fields(RunConfig):
+        help_text = f.metadata["help"]
+        if f.name in backends.FLAGS:
+            help_text += f"; one of {sorted(backends.BACKENDS[backends.FLAGS[f.name]])}"
+        if f.type == "bool":
+            parser.add_argument(_name(f.name), action="store_true", help=help_text)
+            continue
+        kind = {"int": int, "float": float}.get(f.type, str)
+        default = f.default if f.default is not MISSING else None
+        parser.add_argument(_name(f.name), type=kind, default=default, choices=f.metadata.get("choices"),
+                            help=f"{help_text} (default {default})")
+
+
+def parse_train_args(argv: list[str]) -> RunConfig:
     parser = argparse.ArgumentParser(prog="ckparity train")
     add_train_arguments(parser)
-    config = parser.parse_args(argv)
-    validate(config)
-    return config
+    return RunConfig(**vars(parser.parse_args(argv)))

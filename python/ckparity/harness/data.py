@@ -1,7 +1,8 @@
 """The token stream both twins train on, and its windows.
 
 Tokens are seeded random integers in [0, vocab), or the bytes of a text file
-mod vocab. A micro-batch is one window of seq_len input tokens and the
+mod vocab, repeated until the stream has total_tokens (as the seed's harness
+does: a 6-byte "Hello!" trains like any other text). A micro-batch is one window of seq_len input tokens and the
 seq_len tokens that follow each of them as targets; a step takes grad_accum
 consecutive windows. When the windows of an epoch do not divide evenly, the
 epoch's last step is partial: it takes the windows that are left (and its
@@ -14,11 +15,9 @@ from pathlib import Path
 
 import torch
 
+from .config import UsageError
+
 IGNORE_INDEX = -100
-
-
-class InputError(ValueError):
-    """Bad data input (exit code 2)."""
 
 
 def load_tokens(config) -> torch.Tensor:
@@ -27,14 +26,17 @@ def load_tokens(config) -> torch.Tensor:
         try:
             raw = path.read_bytes()
         except OSError as err:
-            raise InputError(f"cannot read --train-text {path}: {err.strerror}") from None
-        tokens = torch.tensor(list(raw[: config.total_tokens]), dtype=torch.int64) % config.vocab
+            raise UsageError(f"cannot read --train-text {path}: {err.strerror}") from None
+        if not raw:
+            raise UsageError(f"--train-text {path} is empty")
+        text = torch.tensor(list(raw[: config.total_tokens]), dtype=torch.int64) % config.vocab
+        tokens = text.repeat(-(-config.total_tokens // text.numel()))[: config.total_tokens]
     else:
         generator = torch.Generator().manual_seed(config.seed)
         tokens = torch.randint(0, config.vocab, (config.total_tokens,), generator=generator)
     needed = config.seq_len * config.grad_accum + 1
     if tokens.numel() < needed:
-        raise InputError(f"{tokens.numel()} tokens are fewer than one step needs "
+        raise UsageError(f"{tokens.numel()} tokens are fewer than one step needs "
                          f"(seq_len*grad_accum + 1 = {needed})")
     return tokens
 
@@ -69,3 +71,8 @@ class Batches:
             lo = w * self.seq_len
             out.append((self.inputs[lo: lo + self.seq_len], self.targets[lo: lo + self.seq_len]))
         return out
+
+    def __iter__(self):
+        """(step, windows) for steps 1..num_steps."""
+        for s in range(self.num_steps):
+            yield s + 1, self.step(s)

@@ -7,15 +7,16 @@ import math
 
 import torch
 
+from ..measure import abs_diff64
+
 
 def tensor_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """(max |a-b|, max |a-b| / max |b|) in float64; inf if either side is
     non-finite where the other is not."""
-    a, b = a.detach().double(), b.detach().double()
     if a.numel() == 0:
         return 0.0, 0.0
-    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    diff = torch.where(same, torch.zeros_like(a), (a - b).abs())
+    diff = abs_diff64(a, b)
+    b = b.detach().double()
     if torch.isnan(diff).any():
         return math.inf, math.inf
     abs_diff = float(diff.max())

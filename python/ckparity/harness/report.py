@@ -1,14 +1,37 @@
 """Reports: strict JSON (non-finite floats as the strings "nan", "inf",
-"-inf"), written atomically (temp file, then rename)."""
+"-inf"), written so that nothing is lost and nothing is replaced:
+
+- ``-`` is standard output; an existing path that is not a regular file (a
+  FIFO, a character device, a link such as /dev/stdout) is written directly,
+  never replaced;
+- anything else is written atomically: a temp file in the same directory,
+  flushed and fsync'ed, renamed onto the path, and the directory fsync'ed, so
+  a crash never leaves an empty or half report under the final name;
+- ``check_writable`` refuses an unwritable path before any work starts; if
+  writing still fails at the end (a full disk), the report goes to a fallback
+  file in the system temp dir and ReportNotWritten names it."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
+import tempfile
 from pathlib import Path
 
+from .config import UsageError
+
 SCHEMA = "ckparity.drift/1"
+STDOUT = "-"
+
+
+class ReportNotWritten(OSError):
+    """The report could not be written where asked; ``fallback`` holds it (or None)."""
+
+    def __init__(self, message: str, fallback: Path | None) -> None:
+        super().__init__(message)
+        self.fallback = fallback
 
 
 def strict(value):
@@ -26,13 +49,80 @@ def strict(value):
     return value
 
 
-def write_json(path: str | Path, data: dict) -> Path:
+def _special(path: Path) -> bool:
+    """An existing path that must be written through, not replaced."""
+    return path.is_symlink() or (path.exists() and not path.is_file())
+
+
+def check_writable(path: str | Path, what: str) -> None:
+    """Refuses (UsageError) a report path that cannot be written; creates its directory."""
+    if str(path) == STDOUT:
+        return
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(strict(data), indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    if path.is_dir():
+        raise UsageError(f"cannot write {what} {path}: it is a directory")
+    if _special(path):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {what} {path}: permission denied")
+        return
+    check_writable_dir(path.parent, what)
+
+
+def check_writable_dir(directory: str | Path, what: str) -> None:
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write {what} in {directory}: {err.strerror or err}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {what} in {directory}: permission denied")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_text(path: str | Path, text: str) -> Path | None:
+    """Writes text as the module docstring says; returns the path (None for stdout)."""
+    if str(path) == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return None
+    path = Path(path)
+    try:
+        if _special(path):
+            with open(path, "w") as f:
+                f.write(text)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(path, text)
+        return path
+    except OSError as err:
+        fallback = Path(tempfile.gettempdir()) / f"ckparity-{os.getpid()}-{path.name or 'report'}"
+        try:
+            _atomic_write(fallback, text)
+        except OSError:
+            fallback = None
+        where = f"; written to {fallback} instead" if fallback else "; no fallback could be written either"
+        raise ReportNotWritten(f"cannot write {path}: {err.strerror or err}{where}", fallback) from None
+
+
+def write_json(path: str | Path, data: dict) -> Path | None:
+    return write_text(path, json.dumps(strict(data), indent=1, allow_nan=False) + "\n")
 
 
 def _number(value):

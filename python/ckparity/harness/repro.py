@@ -4,15 +4,16 @@ an A/B table) and ckparity compare (reports side by side, and a plot)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
-from .config import parse_train_args
-from .report import read_report
+from .config import RunConfig
+from .report import check_writable_dir, read_report
 from .run import train
 
-PRESET = ["--epochs", "8", "--seq-len", "8", "--total-tokens", "131072", "--grad-accum", "8",
-          "--optimizer", "adamw", "--lr", "1e-3", "--seed", "42", "--max-steps", "850",
-          "--ck-rmsnorm-backend", "c", "--ck-swiglu-backend", "c", "--ck-optimizer-backend", "c"]
+# The seed's 850-step drift repro: AdamW at lr 1e-3, seq-len 8, grad-accum 8.
+PRESET = RunConfig(epochs=8, seq_len=8, total_tokens=131072, grad_accum=8, optimizer="adamw", lr=1e-3, seed=42,
+                   max_steps=850)
 LOSS_BACKENDS = ["c", "c_ptref", "torch"]
 
 
@@ -49,13 +50,16 @@ def table(reports: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def repro(out_dir: str = "reports", extra: list[str] | None = None) -> tuple[dict[str, dict], str]:
+def repro(out_dir: str = "reports", preset: RunConfig = PRESET) -> tuple[dict[str, dict], str]:
+    """The preset under each loss backend; stops after a run that was interrupted."""
+    check_writable_dir(out_dir, "--out-dir")
     reports = {}
     for backend in LOSS_BACKENDS:
         path = Path(out_dir) / f"repro_850_{backend}.json"
         print(f"ckparity repro: --ck-loss-backend {backend} -> {path}", flush=True)
-        config = parse_train_args(PRESET + ["--ck-loss-backend", backend, "--json-out", str(path)] + (extra or []))
-        reports[backend] = train(config)
+        reports[backend] = train(replace(preset, ck_loss_backend=backend, json_out=str(path)))
+        if reports[backend]["status"] == "interrupted":
+            break
     return reports, table(reports)
 
 
@@ -83,12 +87,13 @@ def plot(reports: dict[str, dict], out: str) -> None:
     axes[1].set_xlabel("step")
     fig.suptitle("ckparity drift: CK twin vs torch twin")
     fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
 def compare(paths: list[str], plot_out: str | None) -> str:
+    if plot_out:
+        check_writable_dir(Path(plot_out).parent, "--plot")
     reports = {Path(p).stem: read_report(p) for p in paths}
     if plot_out:
         plot(reports, plot_out)

@@ -38,6 +38,9 @@ class Twin:
         self.seconds += time.perf_counter() - start
         return loss.detach(), acts
 
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
     def update(self, max_grad_norm: float) -> None:
         start = time.perf_counter()
         if max_grad_norm > 0:
@@ -74,22 +77,24 @@ class Twin:
 
 def ops_for(config, side: str) -> Ops:
     """The CK twin's ops come from the backend flags; the torch twin's are torch's."""
-    pick = (lambda kind: getattr(config, f"ck_{kind}_backend")) if side == "ck" else (lambda kind: "torch")
-    return Ops(rms_norm=backends.RMSNORM[pick("rmsnorm")], swiglu=backends.SWIGLU[pick("swiglu")],
-               loss=backends.LOSS[pick("loss")])
+    if side == "torch":
+        return Ops(rms_norm=backends.RMS_NORM["torch"], swiglu=backends.SWIGLU["torch"],
+                   loss=backends.CROSS_ENTROPY["torch"])
+    return Ops(rms_norm=backends.RMS_NORM[config.ck_rmsnorm_backend], swiglu=backends.SWIGLU[config.ck_swiglu_backend],
+               loss=backends.CROSS_ENTROPY[config.ck_loss_backend])
 
 
 def make_optimizer(config, side: str, params):
     if config.optimizer == "sgd":  # no C kernel: both twins use torch's SGD
         return torch.optim.SGD(params, lr=config.lr)
-    name = config.ck_optimizer_backend if side == "ck" else "torch"
-    return backends.OPTIMIZER[name](params, lr=config.lr, betas=(config.adamw_beta1, config.adamw_beta2),
-                                    eps=config.adamw_eps, weight_decay=config.adamw_weight_decay)
+    make = backends.ADAMW[config.ck_optimizer_backend if side == "ck" else "torch"]
+    return make(params, lr=config.lr, betas=(config.adamw_beta1, config.adamw_beta2), eps=config.adamw_eps,
+                weight_decay=config.adamw_weight_decay)
 
 
 def build_twin(config, side: str, model=None) -> Twin:
     model = model if model is not None else build_model(config, ops_for(config, side))
-    clip = backends.CLIP["c" if side == "ck" else "torch"]
+    clip = backends.CLIP_GRAD_NORM["c" if side == "ck" else "torch"]
     return Twin(side, model, make_optimizer(config, side, model.parameters()), clip)
 
 

@@ -6,45 +6,16 @@ Inputs that are not contiguous are copied first.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from .._native import check, ffi, lib
-from .._tensors import pointer, require_cpu, require_float32
-
-VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
-REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}
-
-
-def _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad=None):
-    if weight is None and row_grad is None:
-        return _plain_options(ignore_index, reduction, label_smoothing, z_loss, variant)
-    return _new_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad)
-
-
-@functools.lru_cache(maxsize=64)
-def _plain_options(ignore_index, reduction, label_smoothing, z_loss, variant):
-    """Options without pointers, made once per setting (the C side only reads
-    them): building a cffi struct costs more than a small kernel call."""
-    return _new_options(None, ignore_index, reduction, label_smoothing, z_loss, variant, None)
-
-
-def _new_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad):
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
-    opt = ffi.new("ckp_cross_entropy_options *")
-    opt.weight = pointer(weight)
-    opt.ignore_index = int(ignore_index)
-    opt.reduction = REDUCTIONS[reduction]
-    opt.label_smoothing = float(label_smoothing)
-    opt.z_loss = float(z_loss)
-    opt.variant = VARIANTS[variant]
-    opt.row_grad = pointer(row_grad)
-    return opt
+from .. import _bindings
+from .._tensors import require_cpu, require_float32
+from ..errors import InvalidArgument, InvalidType
+from ._function import refuse_vmap
 
 
 def cross_entropy_forward_backward(
@@ -72,56 +43,71 @@ def cross_entropy_forward_backward(
     (N, float32) is the upstream gradient of each row, folded in before rounding.
     """
     N, V = logits.shape
-    probs = target.is_floating_point()
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.float32)
     if compute_grad and dlogits is None:
         dlogits = torch.empty_like(logits)
     if not compute_grad:
         dlogits = None
-    opt = _options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad)
-    status = lib.ckp_cross_entropy(
-        pointer(logits),
-        ffi.NULL if probs else pointer(target),
-        pointer(target) if probs else ffi.NULL,
-        N,
-        V,
-        opt,
-        pointer(loss),
-        pointer(dlogits),
-    )
-    check(status, "cross_entropy")
+    options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant,
+                                              row_grad)
+    _bindings.cross_entropy(logits, target, options, loss, dlogits)
     return loss, dlogits
+
+
+def _target_grad(logits, target, weight, settings, grad_loss):
+    """The gradient of probability targets, by torch's own composite (the
+    kernel computes dlogits only; distillation losses that differentiate the
+    soft target are rare enough that torch's arithmetic serves)."""
+    with torch.enable_grad():
+        target = target.detach().requires_grad_(True)
+        loss = F.cross_entropy(logits.detach(), target, weight, reduction=settings["reduction"],
+                               label_smoothing=settings["label_smoothing"])
+        (dtarget,) = torch.autograd.grad(loss, target, grad_loss)
+    return dtarget
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
     """Reductions mean and sum: the gradient (for upstream 1) comes out of the
     forward's single pass and backward scales it. Reduction none: the upstream
     gradient differs per row, so backward runs the kernel with it (one pass,
-    one rounding, as torch folds it in) instead of rescaling a stored gradient."""
+    one rounding, as torch folds it in) instead of rescaling a stored gradient.
+
+    Once differentiable: a backward with create_graph=True gives gradients
+    that raise when differentiated again, never a silent first-order answer."""
 
     @staticmethod
-    def forward(ctx, logits, target, weight, settings):
+    def forward(logits, target, weight, settings, compute_grad):
+        fused = compute_grad and settings["reduction"] != "none"
+        return cross_entropy_forward_backward(logits, target, weight, **settings, compute_grad=fused)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits, target, weight, settings, _ = inputs
+        _, dlogits = output
         ctx.settings = settings
         ctx.reduction_none = settings["reduction"] == "none"
-        fused = ctx.needs_input_grad[0] and not ctx.reduction_none
-        loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings, compute_grad=fused)
-        if ctx.reduction_none:
-            ctx.save_for_backward(logits, target, weight)
+        if dlogits is not None:
+            ctx.mark_non_differentiable(dlogits)
+        if ctx.reduction_none or ctx.needs_input_grad[1]:
+            ctx.save_for_backward(logits, target, weight, dlogits)
         else:
-            ctx.save_for_backward(dlogits)
-        return loss
+            ctx.save_for_backward(None, None, None, dlogits)
 
     @staticmethod
-    def backward(ctx, grad_loss):
-        if ctx.reduction_none:
-            logits, target, weight = ctx.saved_tensors
+    @once_differentiable
+    def backward(ctx, grad_loss, _grad_dlogits):
+        logits, target, weight, dlogits = ctx.saved_tensors
+        dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss) if ctx.needs_input_grad[1] else None
+        if not ctx.needs_input_grad[0]:
+            dlogits = None
+        elif ctx.reduction_none:
             row_grad = grad_loss.contiguous().float()
             _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
-            return dlogits, None, None, None
-        (dlogits,) = ctx.saved_tensors
-        if float(grad_loss) == 1.0:
-            return dlogits, None, None, None  # x * 1 == x: skip a pass over (N, V)
-        return dlogits * grad_loss, None, None, None
+        elif float(grad_loss) != 1.0:  # x * 1 == x: skip a pass over (N, V)
+            dlogits = dlogits * grad_loss
+        return dlogits, dtarget, None, None, None
+
+    vmap = staticmethod(refuse_vmap("cross_entropy"))
 
 
 def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) -> bool:
@@ -130,18 +116,18 @@ def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) 
     if target.shape == input.shape and target.is_floating_point():
         require_float32(target, "target (class probabilities)")
         if ignore_index >= 0:
-            raise ValueError("ignore_index is not supported for floating point target (as in torch)")
+            raise InvalidArgument("ignore_index is not supported for floating point target (as in torch)")
         return True
     if target.is_floating_point():
-        raise ValueError(
+        raise InvalidArgument(
             f"a floating point target is read as class probabilities and must have the input's "
             f"shape {tuple(input.shape)}, got {tuple(target.shape)}"
         )
-    if target.dtype != torch.int64:
-        raise TypeError(f"class-index target must be int64 (torch.long), got {target.dtype}; use target.long()")
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise InvalidType(f"class-index target must be int64 (torch.long), got {target.dtype}; use target.long()")
     expected = input.shape[:1] + input.shape[2:] if input.dim() >= 2 else torch.Size([])
-    if target.shape != expected:
-        raise ValueError(
+    if target.shape != expected and not (input.dim() == 1 and target.shape == (1,)):
+        raise InvalidArgument(
             f"target shape {tuple(target.shape)} does not match input shape {tuple(input.shape)}: "
             f"expected {tuple(expected)} for class indices or {tuple(input.shape)} for probabilities"
         )
@@ -160,7 +146,7 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
     """Moves the class dimension last and flattens: (rows, C) logits, the
     matching target, and the shape of the unreduced loss."""
     if input.dim() == 2 and not probs:  # the common case, without the cost of the views
-        return input.contiguous(), target.contiguous(), input.shape[:1]
+        return input.contiguous(), target.long().contiguous(), input.shape[:1]
     if input.dim() == 1:
         logits, loss_shape = input.unsqueeze(0), ()
     else:
@@ -168,7 +154,7 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
         loss_shape = logits.shape[:-1]
     C = logits.shape[-1]
     flat_target = target.movedim(1, -1) if probs and target.dim() > 1 else target
-    flat_target = flat_target.reshape(-1, C) if probs else flat_target.reshape(-1)
+    flat_target = flat_target.reshape(-1, C) if probs else flat_target.reshape(-1).long()
     return logits.reshape(-1, C).contiguous(), flat_target.contiguous(), loss_shape
 
 
@@ -186,27 +172,30 @@ def cross_entropy(
     """F.cross_entropy with the same arguments, plus ``z_loss`` and ``variant``.
 
     input is (C), (N, C) or (N, C, d1, ...) float32 on the CPU; target is class
-    indices (int64, input's shape without C) or class probabilities (float32,
-    input's shape). ``z_loss`` adds z_loss * logsumexp(row)**2 to each
+    indices (int64 or uint8, input's shape without C) or class probabilities
+    (float32, input's shape). ``z_loss`` adds z_loss * logsumexp(row)**2 to each
     non-ignored row's loss before the reduction. ``variant`` is "default" (fused,
     threaded) or "ptref" (ATen's order of operations). Gradients flow to input
-    only; asking for a gradient of target or weight raises NotImplementedError.
+    and to probability targets; asking for a gradient of weight raises
+    NotImplementedError.
     """
     require_float32(input, "input")
     if input.dim() == 0:
-        raise ValueError("input must have at least 1 dimension (C), got a 0-dim tensor")
+        raise InvalidArgument("input must have at least 1 dimension (C), got a 0-dim tensor")
     probs = _check_target(input, target, ignore_index)
+    C = input.shape[0] if input.dim() == 1 else input.shape[1]
     if weight is not None:
         require_float32(weight, "weight")
-        C = input.shape[0] if input.dim() == 1 else input.shape[1]
         if weight.shape != (C,):
-            raise ValueError(f"weight must have shape ({C},) (one per class), got {tuple(weight.shape)}")
+            raise InvalidArgument(f"weight must have shape ({C},) (one per class), got {tuple(weight.shape)}")
         weight = weight.contiguous()
-    if torch.is_grad_enabled() and (target.requires_grad or (weight is not None and weight.requires_grad)):
-        raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input only")
+        if torch.is_grad_enabled() and weight.requires_grad:
+            raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
+                                      "probability targets, not weight")
 
     logits, flat_target, loss_shape = _flatten(input, target, probs)
-    C = logits.shape[1]
+    if C == 0 and not probs and flat_target.numel():
+        raise IndexError(f"Target {int(flat_target[0])} is out of bounds: input has 0 classes")
     if logits.shape[0] == 0 or C == 0:
         return _empty_result(input, loss_shape, reduction)
     settings = dict(
@@ -216,5 +205,6 @@ def cross_entropy(
         z_loss=z_loss,
         variant=variant,
     )
-    loss = _CrossEntropyFunction.apply(logits, flat_target, weight, settings)
+    compute_grad = torch.is_grad_enabled() and input.requires_grad
+    loss, _ = _CrossEntropyFunction.apply(logits, flat_target, weight, settings, compute_grad)
     return loss.reshape(loss_shape) if reduction == "none" else loss

@@ -5,35 +5,44 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from .._native import check, lib
-from .._tensors import pointer, require_float32
+from .. import _bindings
+from .._tensors import require_float32
+from ..errors import InvalidArgument
+from ._function import refuse_vmap
 
 # torch's eps=None: the float32 machine epsilon (ATen: numeric_limits<float>::epsilon()).
 DEFAULT_EPS = torch.finfo(torch.float32).eps
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        N, D = x.shape
-        y = torch.empty_like(x)
-        rstd = torch.empty(N, dtype=torch.float32)
-        check(lib.ckp_rms_norm_forward(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd)),
-              "rms_norm")
-        ctx.save_for_backward(x, weight, rstd)
-        return y
+    """Once differentiable: see _CrossEntropyFunction."""
 
     @staticmethod
-    def backward(ctx, dy):
+    def forward(x, weight, eps):
+        y = torch.empty_like(x)
+        rstd = torch.empty(x.shape[0], dtype=torch.float32)
+        _bindings.rms_norm_forward(x, weight, eps, y, rstd)
+        return y, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, _ = inputs
+        _, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(x, weight, rstd)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, _drstd):
         x, weight, rstd = ctx.saved_tensors
-        N, D = x.shape
-        dy = dy.contiguous()
         dx = torch.empty_like(x)
         dweight = torch.empty_like(weight) if weight is not None else None
-        check(lib.ckp_rms_norm_backward(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
-                                        pointer(dx), pointer(dweight)), "rms_norm backward")
+        _bindings.rms_norm_backward(dy.contiguous(), x, weight, rstd, dx, dweight)
         return dx, dweight, None
+
+    vmap = staticmethod(refuse_vmap("rms_norm"))
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -44,18 +53,18 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     require_float32(input, "input")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) == 0 or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
-        raise ValueError(f"normalized_shape {shape} must match the trailing dimensions of input "
-                         f"{tuple(input.shape)}")
+        raise InvalidArgument(f"normalized_shape {shape} must match the trailing dimensions of input "
+                              f"{tuple(input.shape)}")
     if weight is not None:
         require_float32(weight, "weight")
         if tuple(weight.shape) != shape:
-            raise ValueError(f"weight must have shape {shape}, got {tuple(weight.shape)}")
+            raise InvalidArgument(f"weight must have shape {shape}, got {tuple(weight.shape)}")
         weight = weight.contiguous()
     eps = DEFAULT_EPS if eps is None else float(eps)
     if not (eps >= 0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    D = math.prod(shape)
-    x = input.reshape(-1, D).contiguous()
-    if x.numel() == 0:
+        raise InvalidArgument(f"eps must be finite and >= 0, got {eps}")
+    if input.numel() == 0:  # no rows, or rows of width 0: torch returns the empty shape, graph kept
         return input * (weight if weight is not None else 1.0)
-    return _RMSNormFunction.apply(x, weight, eps).reshape(input.shape)
+    x = input.reshape(-1, math.prod(shape)).contiguous()
+    y, _ = _RMSNormFunction.apply(x, weight, eps)
+    return y.reshape(input.shape)

@@ -3,35 +3,43 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from .._native import check, lib
-from .._tensors import pointer, require_float32
+from .. import _bindings
+from .._tensors import require_float32
+from ..errors import InvalidArgument
+from ._function import refuse_vmap
 
 
 class _SwiGLUFunction(torch.autograd.Function):
+    """Once differentiable: see _CrossEntropyFunction."""
+
     @staticmethod
-    def forward(ctx, x):
-        N, H2 = x.shape
-        out = torch.empty(N, H2 // 2, dtype=torch.float32)
-        check(lib.ckp_swiglu_forward(pointer(x), N, H2 // 2, pointer(out)), "swiglu")
-        ctx.save_for_backward(x)
+    def forward(x):
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.float32)
+        _bindings.swiglu_forward(x, out)
         return out
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         (x,) = ctx.saved_tensors
-        N, H2 = x.shape
-        dout = dout.contiguous()
         dx = torch.empty_like(x)
-        check(lib.ckp_swiglu_backward(pointer(dout), pointer(x), N, H2 // 2, pointer(dx)), "swiglu backward")
+        _bindings.swiglu_backward(dout.contiguous(), x, dx)
         return dx
+
+    vmap = staticmethod(refuse_vmap("swiglu"))
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:]."""
     require_float32(x, "x")
     if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
-        raise ValueError(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
+        raise InvalidArgument(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
     H2 = x.shape[-1]
     flat = x.reshape(-1, H2).contiguous()
     out_shape = x.shape[:-1] + (H2 // 2,)

@@ -1,0 +1,137 @@
+"""One thin binding per C entry point: tensors in, pointers and sizes out to
+the C call, its status turned into an exception. No checks of shapes or
+dtypes beyond what the call needs (the ops do those), no allocation, no
+autograd: the ops, ``ckparity bench`` and the clone tests all call the C
+library through these, so a change to a C signature is made in one place.
+
+The layering follows Liger-Kernel's kernel -> driver -> autograd Function:
+csrc/*.c is the kernel, this module the driver, ``ckparity.ops`` the Functions.
+
+Every binding takes ``library``: another build of the same C API (the
+baseline-only build in tests/test_clones.py); the loaded one by default.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._native import check, ffi, lib
+
+_C_TYPES = {torch.float32: "float *", torch.int64: "int64_t *", torch.float64: "double *"}
+
+CE_VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
+REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}
+
+
+def pointer(tensor: torch.Tensor | None):
+    """A cffi pointer to a contiguous CPU tensor's data (NULL for None)."""
+    if tensor is None:
+        return ffi.NULL
+    assert tensor.is_contiguous(), "internal: pointer() needs a contiguous tensor"
+    return ffi.cast(_C_TYPES[tensor.dtype], tensor.data_ptr())
+
+
+# ---- cross_entropy ----------------------------------------------------------
+
+def cross_entropy_options(weight=None, ignore_index: int = -100, reduction: str = "mean",
+                          label_smoothing: float = 0.0, z_loss: float = 0.0, variant: str = "default",
+                          row_grad=None):
+    """A ckp_cross_entropy_options struct; without pointers it is made once
+    per setting (the C side only reads it, and building a cffi struct costs
+    more than a small kernel call)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
+    if variant not in CE_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(CE_VARIANTS)}, got {variant!r}")
+    if weight is None and row_grad is None:
+        return _plain_cross_entropy_options(int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+                                            variant)
+    return _new_cross_entropy_options(weight, int(ignore_index), reduction, float(label_smoothing),
+                                      float(z_loss), variant, row_grad)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_cross_entropy_options(ignore_index, reduction, label_smoothing, z_loss, variant):
+    return _new_cross_entropy_options(None, ignore_index, reduction, label_smoothing, z_loss, variant, None)
+
+
+def _new_cross_entropy_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad):
+    opt = ffi.new("ckp_cross_entropy_options *")
+    opt.weight = pointer(weight)
+    opt.ignore_index = ignore_index
+    opt.reduction = REDUCTIONS[reduction]
+    opt.label_smoothing = label_smoothing
+    opt.z_loss = z_loss
+    opt.variant = CE_VARIANTS[variant]
+    opt.row_grad = pointer(row_grad)
+    return opt
+
+
+def cross_entropy(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
+    """logits (N, V); target (N) int64 class indices or (N, V) float32
+    probabilities; loss (N) or (); dlogits (N, V), logits itself, or None."""
+    N, V = logits.shape
+    probs = target.is_floating_point()
+    check(library.ckp_cross_entropy(pointer(logits), ffi.NULL if probs else pointer(target),
+                                    pointer(target) if probs else ffi.NULL, N, V, options, pointer(loss),
+                                    pointer(dlogits)), "cross_entropy", library)
+
+
+# ---- rms_norm ---------------------------------------------------------------
+
+def rms_norm_forward(x, weight, eps: float, y, rstd, *, library=lib) -> None:
+    """x, y (N, D); weight (D) or None; rstd (N)."""
+    N, D = x.shape
+    check(library.ckp_rms_norm_forward(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd)),
+          "rms_norm", library)
+
+
+def rms_norm_backward(dy, x, weight, rstd, dx, dweight, *, library=lib) -> None:
+    """dy, x, dx (N, D); weight, dweight (D) or None; rstd (N) from the forward."""
+    N, D = x.shape
+    check(library.ckp_rms_norm_backward(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
+                                        pointer(dx), pointer(dweight)), "rms_norm backward", library)
+
+
+# ---- swiglu -----------------------------------------------------------------
+
+def swiglu_forward(x, out, *, library=lib) -> None:
+    """x (N, 2H), out (N, H)."""
+    N, H = out.shape
+    check(library.ckp_swiglu_forward(pointer(x), N, H, pointer(out)), "swiglu", library)
+
+
+def swiglu_backward(dout, x, dx, *, library=lib) -> None:
+    """dout (N, H); x, dx (N, 2H)."""
+    N, H = dout.shape
+    check(library.ckp_swiglu_backward(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward", library)
+
+
+# ---- adamw ------------------------------------------------------------------
+
+def adamw_options(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                  amsgrad: bool = False, maximize: bool = False):
+    opt = ffi.new("ckp_adamw_options *")
+    opt.lr, opt.beta1, opt.beta2, opt.eps = float(lr), float(beta1), float(beta2), float(eps)
+    opt.weight_decay, opt.amsgrad, opt.maximize = float(weight_decay), bool(amsgrad), bool(maximize)
+    return opt
+
+
+def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step: float, options, *, library=lib) -> None:
+    """One AdamW step in place on param and the moments, all (n); max_exp_avg_sq
+    is None without amsgrad; ``step`` counts this step (1 on the first)."""
+    check(library.ckp_adamw_step(pointer(param), pointer(grad), pointer(exp_avg), pointer(exp_avg_sq),
+                                 pointer(max_exp_avg_sq), param.numel(), step, options), "adamw", library)
+
+
+# ---- grad_norm --------------------------------------------------------------
+
+def grad_norm(tensors: list[torch.Tensor], norm_type: float, *, library=lib) -> float:
+    """The norm_type-norm of all the (contiguous float32) tensors together, in double."""
+    pointers = ffi.new("const float *[]", [pointer(t) for t in tensors])
+    sizes = ffi.new("int64_t[]", [t.numel() for t in tensors])
+    total = ffi.new("double *")
+    check(library.ckp_grad_norm(pointers, sizes, len(tensors), float(norm_type), total), "grad_norm", library)
+    return total[0]

@@ -1,0 +1,163 @@
+"""The per-step measures of a run: small objects that observe a step of the
+training loop (harness/run.py) and keep what the report needs.
+
+- StepComparison: what one step's twins differ by, filled in as the step runs
+  (losses and logits per micro-step, grads before the update, params and
+  moments after it) and closed into one row of the report's series;
+- DriftSeries: those rows, column by column;
+- FirstFail: the first step at which each quantity leaves its tolerance;
+- NonFinite: the first step with a NaN or inf in either twin, and whether
+  only one twin had it;
+- Localizer: the snapshot before each step and the replay of the step that
+  failed first (or --localize-step)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from .diff import all_finite, tensor_diff, worst_diff
+from .localize import localize
+
+# (series key, report key, tolerance field): the quantities with a first-fail step.
+CHECKS = [
+    ("loss_abs_diff", "first_loss_fail_step", "loss_tol"),
+    ("param_abs_diff", "first_param_fail_step", "param_tol"),
+    ("grad_abs_diff", "first_grad_fail_step", "grad_tol"),
+    ("logit_abs_diff", "first_logit_fail_step", "logit_tol"),
+    ("moment_abs_diff", "first_moment_fail_step", "moment_tol"),
+]
+# a run fails parity when one of these fails; the others inform
+PARITY_KEYS = ("first_loss_fail_step", "first_param_fail_step")
+
+SERIES_KEYS = (
+    "step", "ck_loss", "torch_loss", "loss_abs_diff", "logit_abs_diff", "logit_rel_diff",
+    "grad_abs_diff", "grad_rel_diff", "grad_tensor", "param_abs_diff", "param_rel_diff", "param_tensor",
+    "moment_abs_diff", "moment_rel_diff", "moment_tensor", "ck_grad_norm", "torch_grad_norm",
+    "ck_step_ms", "torch_step_ms")
+
+
+def _grad_norm(twin) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double())
+                                                       for g in twin.grads().values()])))
+
+
+class StepComparison:
+    """One step of the (ck, torch) twins, compared as it runs."""
+
+    def __init__(self, step: int, ck, ref) -> None:
+        self.step, self.ck, self.ref = step, ck, ref
+        self.seconds_at_start = (ck.seconds, ref.seconds)
+        self.losses: dict[str, list[float]] = {"ck": [], "torch": []}
+        self.loss_abs_diff = self.logit_abs_diff = self.logit_rel_diff = 0.0
+        self.grad_diff: dict = {}
+        self.grad_norms: dict[str, float] = {}
+        self.finite: dict[str, bool] = {}
+
+    def micro_step(self, ck_output, ref_output) -> None:
+        """Each twin's (loss, activations) of one micro-batch."""
+        (ck_loss, ck_acts), (ref_loss, ref_acts) = ck_output, ref_output
+        self.losses["ck"].append(float(ck_loss))
+        self.losses["torch"].append(float(ref_loss))
+        d = abs(self.losses["ck"][-1] - self.losses["torch"][-1])
+        self.loss_abs_diff = max(self.loss_abs_diff, d if math.isfinite(d) else math.inf)
+        a, r = tensor_diff(ck_acts["logits"], ref_acts["logits"])
+        self.logit_abs_diff, self.logit_rel_diff = max(self.logit_abs_diff, a), max(self.logit_rel_diff, r)
+
+    def backward_done(self) -> None:
+        """The accumulated gradients, before clipping and the update change them."""
+        ref_grads = self.ref.grads()
+        self.grad_diff = worst_diff({n: (g, ref_grads[n]) for n, g in self.ck.grads().items()})
+        self.grad_norms = {t.name: _grad_norm(t) for t in (self.ck, self.ref)}
+
+    def finish(self) -> dict:
+        """After the update: the step's row of the series."""
+        ck, ref = self.ck, self.ref
+        ref_params, ref_moments = ref.params(), ref.moments()
+        params = worst_diff({n: (p, ref_params[n]) for n, p in ck.params().items()})
+        moments = worst_diff({n: (m, ref_moments[n]) for n, m in ck.moments().items() if n in ref_moments})
+        self.finite = {t.name: all_finite([torch.tensor(self.losses[t.name])] + list(t.grads().values())
+                                          + list(t.params().values())) for t in (ck, ref)}
+        grads = self.grad_diff
+        return {
+            "step": self.step, "ck_loss": statistics.fmean(self.losses["ck"]),
+            "torch_loss": statistics.fmean(self.losses["torch"]),
+            "loss_abs_diff": self.loss_abs_diff, "logit_abs_diff": self.logit_abs_diff,
+            "logit_rel_diff": self.logit_rel_diff,
+            "grad_abs_diff": grads["abs"], "grad_rel_diff": grads["rel"], "grad_tensor": grads["tensor"],
+            "param_abs_diff": params["abs"], "param_rel_diff": params["rel"], "param_tensor": params["tensor"],
+            "moment_abs_diff": moments["abs"], "moment_rel_diff": moments["rel"], "moment_tensor": moments["tensor"],
+            "ck_grad_norm": self.grad_norms["ck"], "torch_grad_norm": self.grad_norms["torch"],
+            "ck_step_ms": 1e3 * (ck.seconds - self.seconds_at_start[0]),
+            "torch_step_ms": 1e3 * (ref.seconds - self.seconds_at_start[1]),
+        }
+
+
+class DriftSeries:
+    """The per-step rows, column by column (the report's "series")."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {key: [] for key in SERIES_KEYS}
+
+    def append(self, row: dict) -> None:
+        for key, value in row.items():
+            self.columns[key].append(value)
+
+    def __len__(self) -> int:
+        return len(self.columns["step"])
+
+    def largest(self, key: str):
+        """The largest value of a column (None before the first step)."""
+        values = self.columns[key]
+        return max(values) if values else None
+
+
+class FirstFail:
+    def __init__(self, config) -> None:
+        self.tolerances = {report_key: getattr(config, tol) for _, report_key, tol in CHECKS}
+        self.steps: dict[str, int | None] = {report_key: None for _, report_key, _ in CHECKS}
+
+    def observe(self, row: dict) -> bool:
+        """Records the step's new failures; True when loss or params fail first here."""
+        failed_now = False
+        for series_key, report_key, _ in CHECKS:
+            if self.steps[report_key] is None and not row[series_key] <= self.tolerances[report_key]:
+                self.steps[report_key] = row["step"]
+                failed_now = failed_now or report_key in PARITY_KEYS
+        return failed_now
+
+    @property
+    def parity_failed(self) -> bool:
+        return any(self.steps[key] is not None for key in PARITY_KEYS)
+
+
+class NonFinite:
+    def __init__(self) -> None:
+        self.first_step: int | None = None
+        self.one_sided = False
+
+    def observe(self, step: int, finite: dict[str, bool]) -> None:
+        if self.first_step is None and not all(finite.values()):
+            self.first_step = step
+        self.one_sided = self.one_sided or finite["ck"] != finite["torch"]
+
+
+class Localizer:
+    """Keeps the CK twin's state at the start of each step until a step is
+    localized: the first step whose loss or params fail, or --localize-step."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.at = config.localize_step or None
+        self.snapshot = None
+        self.result: dict | None = None
+
+    def before_step(self, step: int, ck) -> None:
+        if self.result is None and (self.at is None or self.at == step):
+            self.snapshot = ck.snapshot()
+
+    def after_step(self, step: int, windows, failed_now: bool) -> None:
+        if self.result is None and (self.at == step or (self.at is None and failed_now)):
+            self.result = localize(self.config, step, self.snapshot, windows)
