@@ -1,7 +1,8 @@
 /*
- * aten_sum.c — ckp_aten_sum: torch.sum's order (aten_sum.h) over any element
- * map, for the reductions of cross_entropy's ptref variant whose elements are
- * computed on the fly.
+ * aten_sum.c — torch.sum's order ([Note: ATen's summation order] in
+ * aten_sum.h) over any element map: ckp_aten_sum, the inner sum, for the
+ * reductions of cross_entropy's ptref variant whose elements are computed on
+ * the fly; ckp_multi_row_sum and ckp_row_sum, the scalar sums over rows.
  */
 #include "aten_sum.h"
 
@@ -34,4 +35,48 @@ CKP_DEFINE_ATEN_SUM(any_map_sum, any_map8, any_map1)
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n) {
     any_map m = {map, ctx};
     return any_map_sum(&m, n);
+}
+
+void ckp_multi_row_sum(ckp_float_map2 map, const void *ctx, int64_t size, int nrows, float *out) {
+    int64_t level_power = ckp_cascade_power(size);
+    int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
+    float acc[CKP_SUM_LEVELS][CKP_SUM_ILP] = {{0}};
+    int64_t i = 0;
+    while (i + level_step <= size) {
+        for (int64_t s = 0; s < level_step; s++, i++)
+            for (int k = 0; k < nrows; k++) acc[0][k] += map(ctx, i, k);
+        for (int l = 1; l < CKP_SUM_LEVELS; l++) {
+            for (int k = 0; k < nrows; k++) {
+                acc[l][k] += acc[l - 1][k];
+                acc[l - 1][k] = 0.0f;
+            }
+            if ((i & (level_mask << (l * level_power))) != 0) break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < nrows; k++) acc[0][k] += map(ctx, i, k);
+    for (int l = 1; l < CKP_SUM_LEVELS; l++)
+        for (int k = 0; k < nrows; k++) acc[0][k] += acc[l][k];
+    for (int k = 0; k < nrows; k++) out[k] = acc[0][k];
+}
+
+/* row_sum's view of the n values as (n / 4, 4): row i, column k is value i * 4 + k */
+typedef struct {
+    ckp_float_map2 map;
+    const void *ctx;
+} interleaved;
+
+static float interleaved_value(const void *ctx, int64_t i, int64_t k) {
+    const interleaved *v = ctx;
+    return v->map(v->ctx, i * CKP_SUM_ILP + k, 0);
+}
+
+float ckp_row_sum(ckp_float_map2 map, const void *ctx, int64_t n) {
+    float partial[CKP_SUM_ILP];
+    int64_t size_ilp = n / CKP_SUM_ILP;
+    interleaved view = {map, ctx};
+    ckp_multi_row_sum(interleaved_value, &view, size_ilp, CKP_SUM_ILP, partial);
+    for (int64_t i = size_ilp * CKP_SUM_ILP; i < n; i++) partial[0] += map(ctx, i, 0);
+    for (int k = 1; k < CKP_SUM_ILP; k++) partial[0] += partial[k];
+    return partial[0];
 }

@@ -1,15 +1,33 @@
 /*
- * aten_sum.h — torch.sum's order of additions (ATen's SumKernel.cpp) as an
- * inline template over 8-lane vectors, for kernels that must reproduce a torch
- * reduction bit for bit and still run vectorized.
+ * aten_sum.h — torch.sum's order of additions (ATen's SumKernel.cpp), for
+ * kernels that must reproduce a torch reduction bit for bit.
  *
- * vectorized_inner_sum -> row_sum -> multi_row_sum: the run is seen as whole
- * vectors of 8 lanes (torch 2.13's reduction kernels run at AVX2 width on
- * this build even where its softmax runs at AVX-512: checked bitwise against
- * x.sum(-1)); the vectors form a (rows, 4) array summed column-wise through a
- * 4-level cascade (level step 2^max(4, ceil_log2(rows)/4)); leftover vectors
- * join the first column; the columns are added, then the leftover elements
- * are summed first and the 8 lanes are added to them one by one.
+ * [Note: ATen's summation order]
+ * ATen's cascade_sum views a reduction as (size0 reduced) x (size1 kept) and
+ * picks one of four loops (torch 2.13's reduction kernels run at AVX2 width,
+ * 8 floats, on this build even where its softmax runs at AVX-512: checked
+ * bitwise against x.sum(-1)):
+ *   - reduced elements contiguous and size0 >= 8: vectorized_inner_sum — the
+ *     row as whole 8-lane vectors through row_sum, the leftover elements
+ *     summed first, then the 8 lanes added to them one by one;
+ *   - kept elements contiguous and size1 >= 8: vectorized_outer_sum — blocks
+ *     of 4 vectors (32 columns) through multi_row_sum (one cascade per column
+ *     over all rows), then single vectors and then single columns through
+ *     row_sum;
+ *   - otherwise, reduced stride < kept stride: scalar_inner_sum — row_sum per
+ *     row (so a row sum of 5..7 floats is not a running sum);
+ *   - otherwise scalar_outer_sum: groups of 4 columns through multi_row_sum,
+ *     the leftover columns through row_sum.
+ * multi_row_sum(size): nrows accumulators, each a 4-level cascade over the
+ * size rows (level step 2^max(4, ceil_log2(size)/4)).
+ * row_sum(n): the n values as a (n/4, 4) array through multi_row_sum (4
+ * interleaved accumulators), the n % 4 leftovers added to the first, then
+ * the other three added to it.
+ * A full reduction of a contiguous tensor is the inner case with one row.
+ *
+ * Here: CKP_DEFINE_ATEN_SUM (below) is the inner sum over a row, vectorized;
+ * ckp_multi_row_sum and ckp_row_sum (aten_sum.c) are the scalar forms, for
+ * sums over rows (rms_norm's dweight) and elements computed on the fly.
  *
  * CKP_DEFINE_ATEN_SUM(name, map8, map1) defines `float name(const void *ctx,
  * int64_t n)` over the caller's element map: map8(ctx, j) gives elements
@@ -34,6 +52,14 @@ static inline int64_t ckp_cascade_power(int64_t rows) {
 
 #define CKP_DEFINE_ATEN_SUM(name, map8, map1)                                                          \
 static inline __attribute__((always_inline)) float name(const void *ctx, int64_t n) {                  \
+    if (n < CKP_VLANES) { /* scalar_inner_sum: row_sum of at most one row of 4, no cascade */          \
+        float p[CKP_SUM_ILP] = {0.0f, 0.0f, 0.0f, 0.0f};                                               \
+        int64_t whole = n - n % CKP_SUM_ILP;                                                           \
+        for (int64_t j = 0; j < whole; j++) p[j] += map1(ctx, j);                                      \
+        for (int64_t j = whole; j < n; j++) p[0] += map1(ctx, j);                                      \
+        for (int k = 1; k < CKP_SUM_ILP; k++) p[0] += p[k];                                            \
+        return p[0];                                                                                   \
+    }                                                                                                  \
     int64_t nvec = n / CKP_VLANES, rows = nvec / CKP_SUM_ILP;                                          \
     int64_t level_power = ckp_cascade_power(rows);                                                     \
     int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;                       \

@@ -53,6 +53,16 @@ typedef float (*ckp_float_map)(void *ctx, int64_t j);
  * map is called with ascending j. */
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n);
 
+/* A map from (row i, column k) to value, for sums over rows. */
+typedef float (*ckp_float_map2)(const void *ctx, int64_t i, int64_t k);
+
+/* ATen's multi_row_sum and row_sum in float ([Note: ATen's summation order]
+ * in aten_sum.h): out[k] for k < nrows (<= 4) is the cascade over rows
+ * i < size of map(ctx, i, k); ckp_row_sum is the sum of map(ctx, i, 0) over
+ * i < n with 4 interleaved accumulators. */
+void ckp_multi_row_sum(ckp_float_map2 map, const void *ctx, int64_t size, int nrows, float *out);
+float ckp_row_sum(ckp_float_map2 map, const void *ctx, int64_t n);
+
 /* ATen's utils::CeilLog2: 1 for x <= 2. */
 int64_t ckp_ceil_log2(int64_t x);
 

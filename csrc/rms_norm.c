@@ -75,63 +75,32 @@ ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, 
     return CKP_OK;
 }
 
-/* dweight's terms dy_ij * (x_ij * rstd_i), for column j of the row cascade. */
+/* dweight's terms dy_ij * (x_ij * rstd_i): row i, column first + k. */
 typedef struct {
     const float *dy, *x, *rstd;
-    int64_t D, column;
+    int64_t D, first;
 } column_terms;
 
-static float column_term(const column_terms *c, int64_t i) {
-    int64_t k = i * c->D + c->column;
-    return c->dy[k] * (c->x[k] * c->rstd[i]);
+static float column_term(const void *ctx, int64_t i, int64_t k) {
+    const column_terms *c = ctx;
+    int64_t at = i * c->D + c->first + k;
+    return c->dy[at] * (c->x[at] * c->rstd[i]);
 }
 
-/* ATen's multi_row_sum over rows [0, size*4), 4 interleaved accumulators
- * (row i*4 + k goes to accumulator k), 4 cascade levels. */
-static void cascade_rows(const column_terms *c, int64_t size, float out[CKP_SUM_ILP]) {
-    const int nrows = CKP_SUM_ILP;
-    int64_t level_power = ckp_cascade_power(size);
-    int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
-    float acc[CKP_SUM_LEVELS][4] = {{0}};
-    int64_t i = 0;
-    while (i + level_step <= size) {
-        for (int64_t j = 0; j < level_step; j++, i++)
-            for (int k = 0; k < nrows; k++) acc[0][k] += column_term(c, i * nrows + k);
-        for (int j = 1; j < CKP_SUM_LEVELS; j++) {
-            for (int k = 0; k < nrows; k++) {
-                acc[j][k] += acc[j - 1][k];
-                acc[j - 1][k] = 0.0f;
-            }
-            if ((i & (level_mask << (j * level_power))) != 0) break;
-        }
-    }
-    for (; i < size; i++)
-        for (int k = 0; k < nrows; k++) acc[0][k] += column_term(c, i * nrows + k);
-    for (int j = 1; j < CKP_SUM_LEVELS; j++)
-        for (int k = 0; k < nrows; k++) acc[0][k] += acc[j][k];
-    for (int k = 0; k < nrows; k++) out[k] = acc[0][k];
+/* D == 1: the N terms are contiguous and torch reduces them as an inner sum. */
+static float column_term_inner(void *ctx, int64_t i) { return column_term(ctx, i, 0); }
+
+/* The columns ATen sums over the rows as one cascade each (multi_row_sum); the
+ * rest go through row_sum's 4 interleaved accumulators ([Note: ATen's
+ * summation order], aten_sum.h: vectorized_outer_sum from 8 columns on,
+ * scalar_outer_sum below). */
+static int64_t cascade_columns(int64_t D) {
+    if (D == 1) return 0;
+    return D < CKP_VLANES ? D - D % CKP_SUM_ILP : D - D % (CKP_SUM_ILP * CKP_VLANES);
 }
 
-/* dweight for a leftover column (past the last whole 8-wide vector): ATen's
- * row_sum, 4 interleaved accumulators, leftover rows into the first, then
- * the four added. D == 1: the rows are contiguous and torch reduces them as
- * an inner sum. */
-static float column_term_map(void *ctx, int64_t i) { return column_term(ctx, i); }
-
-static float dweight_leftover_column(const float *dy, const float *x, const float *rstd, int64_t N, int64_t D,
-                                     int64_t j) {
-    column_terms c = {dy, x, rstd, D, j};
-    if (D == 1) return ckp_aten_sum(column_term_map, &c, N);
-    float partial[CKP_SUM_ILP];
-    int64_t size_ilp = N / CKP_SUM_ILP;
-    cascade_rows(&c, size_ilp, partial);
-    for (int64_t i = size_ilp * CKP_SUM_ILP; i < N; i++) partial[0] += column_term(&c, i);
-    for (int k = 1; k < CKP_SUM_ILP; k++) partial[0] += partial[k];
-    return partial[0];
-}
-
-/* dweight for columns inside whole 8-wide vectors: ATen's vectorized_outer_sum
- * gives each one cascade over the rows (as multi_row_sum with one accumulator). Here one
+/* dweight for the cascade columns from D >= 8 on (ATen's vectorized_outer_sum
+ * over blocks of 4 vectors: one cascade per column over the rows). Here one
  * lane per column, VECS vectors (256 columns) at a time: the accumulators stay
  * in L1 and each row is read in 1 KB runs. (With 16 columns at a time, every
  * row's read was a TLB miss: dweight took 130 ms instead of 35 ms at
@@ -223,15 +192,25 @@ ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *w
 
     /* dweight first: dx may overwrite dy in place. */
     if (dweight != NULL) {
-        int64_t vec_cols = D == 1 ? 0 : D - D % CKP_VLANES;
-        int64_t groups = (vec_cols + VECS * CKP_VLANES - 1) / (VECS * CKP_VLANES);
+        int64_t cascade_end = cascade_columns(D);
+        if (D >= CKP_VLANES) {
+            int64_t groups = (cascade_end + VECS * CKP_VLANES - 1) / (VECS * CKP_VLANES);
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (parallel)
-        for (int64_t b = 0; b < groups; b++) {
-            int64_t j = b * VECS * CKP_VLANES;
-            int nvec = (int)((vec_cols - j) / CKP_VLANES < VECS ? (vec_cols - j) / CKP_VLANES : VECS);
-            dweight_columns(dy, x, rstd, N, D, j, nvec, dweight);
+            for (int64_t b = 0; b < groups; b++) {
+                int64_t j = b * VECS * CKP_VLANES;
+                int64_t left = (cascade_end - j) / CKP_VLANES;
+                dweight_columns(dy, x, rstd, N, D, j, (int)(left < VECS ? left : VECS), dweight);
+            }
+        } else {
+            for (int64_t j = 0; j < cascade_end; j += CKP_SUM_ILP) {
+                column_terms c = {dy, x, rstd, D, j};
+                ckp_multi_row_sum(column_term, &c, N, CKP_SUM_ILP, dweight + j);
+            }
         }
-        for (int64_t j = vec_cols; j < D; j++) dweight[j] = dweight_leftover_column(dy, x, rstd, N, D, j);
+        for (int64_t j = cascade_end; j < D; j++) {
+            column_terms c = {dy, x, rstd, D, j};
+            dweight[j] = D == 1 ? ckp_aten_sum(column_term_inner, &c, N) : ckp_row_sum(column_term, &c, N);
+        }
     }
 
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (parallel)

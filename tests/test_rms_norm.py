@@ -104,3 +104,25 @@ def test_bad_inputs():
         ckparity.rms_norm(x, (8,), eps=-1.0)
     strided = torch.randn(8, 4).t()
     torch.testing.assert_close(ckparity.rms_norm(strided, (8,)), F.rms_norm(strided, (8,)))
+
+
+# Every width 1..300 and some large odd ones, at row counts that take each of
+# ATen's summation paths ([Note: ATen's summation order], csrc/aten_sum.h):
+# 1 row, fewer rows than row_sum's 4 accumulators, leftover rows (5, 23), and
+# enough rows for the cascade's levels to turn over (70).
+SWEEP_WIDTHS = list(range(1, 301)) + [511, 1023, 4095, 4097, 8191]
+
+
+@pytest.mark.parametrize("N", [1, 3, 5, 23, 70])
+def test_bit_identical_at_every_width(N):
+    g = torch.Generator().manual_seed(N)
+    differing = []
+    for D in SWEEP_WIDTHS:
+        x, w = torch.randn(N, D, generator=g) * 3, torch.randn(D, generator=g)
+        upstream = torch.randn(N, D, generator=g)
+        for weight in (w, None):
+            outputs = [run(fn, x, weight, 1e-5, upstream, torch.float32) for fn in (ckparity.rms_norm, F.rms_norm)]
+            for label, a, b in zip(("y", "dx", "dweight"), *outputs):
+                if a is not None and not torch.equal(a, b):
+                    differing.append(f"D={D}{'' if weight is not None else ' (no weight)'} {label}")
+    assert not differing, f"{len(differing)} outputs differ from torch: {differing[:12]}"

@@ -11,6 +11,11 @@ from .errors import InvalidType
 def require_cpu(tensor: torch.Tensor, name: str) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise InvalidType(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        raise InvalidType(
+            f"{name} is a torch.func transform's tensor (grad, vmap, jacrev, ...); ckparity's C kernels read "
+            f"a tensor's memory, which those wrappers do not have: use torch.autograd.grad, and call the op "
+            f"on the whole batch instead of under vmap")
     if tensor.device.type != "cpu":
         raise InvalidType(
             f"{name} is on device {tensor.device}; ckparity's kernels run on the CPU only "

@@ -1,24 +1,41 @@
-"""What every ckparity autograd Function shares.
+"""What every ckparity autograd Function shares: first-order gradients only,
+and never silently.
 
-The Functions are written in torch.func's style (forward without ctx, a
-separate setup_context), so torch.func.grad, jacrev and friends run through
-them. vmap cannot: a C kernel reads a tensor's memory, and a batched tensor
-under vmap has none of its own. Each Function's vmap rule therefore raises
-an error that says so, instead of torch's generic one."""
+A C backward is not differentiable by autograd. torch's own
+``once_differentiable`` marks the gradients it returns so that a second
+backward through them raises, but only when the incoming gradient itself
+requires grad: for ``torch.autograd.grad(loss, x, create_graph=True)`` it
+does not, and the gradient comes back with no graph at all, so a gradient
+penalty silently loses its second-order term. ``first_order_only`` marks
+the gradients whenever a graph is being built (create_graph=True): using
+them in a second backward raises; using them as values is fine."""
 
 from __future__ import annotations
 
-from ..errors import CkparityError
+import functools
+
+import torch
+
+_MESSAGE = (b"ckparity's kernels are differentiable once: this gradient came from a C backward under "
+            b"create_graph=True and has no second derivative (compute it with torch's own ops instead)")
 
 
-class VmapUnsupported(CkparityError, NotImplementedError):
-    """torch.func.vmap over a ckparity op."""
-
-
-def refuse_vmap(op: str):
-    def vmap(info, in_dims, *args):
-        raise VmapUnsupported(
-            f"ckparity.{op} does not support torch.func.vmap: its C kernel reads the tensors' memory "
-            f"directly; call it on the batched tensor (it takes any number of leading dimensions) or "
-            f"loop over the batch")
-    return vmap
+def first_order_only(backward):
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled():  # a plain backward: nothing will differentiate these
+            return outputs
+        single = not isinstance(outputs, tuple)
+        outputs = (outputs,) if single else outputs
+        marked = [o.detach().requires_grad_(True) if isinstance(o, torch.Tensor) else o for o in outputs]
+        tensors = [o for o in marked if isinstance(o, torch.Tensor)]
+        if not tensors:
+            return outputs[0] if single else outputs
+        # DelayedError: the node torch's once_differentiable uses; it raises when backward reaches it
+        errored = torch._C._functions.DelayedError(_MESSAGE, len(tensors))(*tensors)
+        errored = iter(errored if isinstance(errored, tuple) else (errored,))
+        out = tuple(next(errored) if isinstance(o, torch.Tensor) else o for o in marked)
+        return out[0] if single else out
+    return wrapper

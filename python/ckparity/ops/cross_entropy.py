@@ -10,12 +10,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .. import _bindings
 from .._tensors import require_cpu, require_float32
 from ..errors import InvalidArgument, InvalidType
-from ._function import refuse_vmap
+from ._function import first_order_only
 
 
 def cross_entropy_forward_backward(
@@ -72,8 +71,9 @@ class _CrossEntropyFunction(torch.autograd.Function):
     gradient differs per row, so backward runs the kernel with it (one pass,
     one rounding, as torch folds it in) instead of rescaling a stored gradient.
 
-    Once differentiable: a backward with create_graph=True gives gradients
-    that raise when differentiated again, never a silent first-order answer."""
+    First-order only (ops/_function.py): a gradient computed under
+    create_graph=True raises when differentiated again, never a silent
+    first-order answer."""
 
     @staticmethod
     def forward(logits, target, weight, settings, compute_grad):
@@ -94,7 +94,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(None, None, None, dlogits)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_loss, _grad_dlogits):
         logits, target, weight, dlogits = ctx.saved_tensors
         dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss) if ctx.needs_input_grad[1] else None
@@ -106,8 +106,6 @@ class _CrossEntropyFunction(torch.autograd.Function):
         elif float(grad_loss) != 1.0:  # x * 1 == x: skip a pass over (N, V)
             dlogits = dlogits * grad_loss
         return dlogits, dtarget, None, None, None
-
-    vmap = staticmethod(refuse_vmap("cross_entropy"))
 
 
 def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) -> bool:

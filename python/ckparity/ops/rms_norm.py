@@ -5,19 +5,18 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import _bindings
 from .._tensors import require_float32
 from ..errors import InvalidArgument
-from ._function import refuse_vmap
+from ._function import first_order_only
 
 # torch's eps=None: the float32 machine epsilon (ATen: numeric_limits<float>::epsilon()).
 DEFAULT_EPS = torch.finfo(torch.float32).eps
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """Once differentiable: see _CrossEntropyFunction."""
+    """First-order only: see ops/_function.py."""
 
     @staticmethod
     def forward(x, weight, eps):
@@ -34,15 +33,13 @@ class _RMSNormFunction(torch.autograd.Function):
         ctx.save_for_backward(x, weight, rstd)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, dy, _drstd):
         x, weight, rstd = ctx.saved_tensors
         dx = torch.empty_like(x)
         dweight = torch.empty_like(weight) if weight is not None else None
         _bindings.rms_norm_backward(dy.contiguous(), x, weight, rstd, dx, dweight)
         return dx, dweight, None
-
-    vmap = staticmethod(refuse_vmap("rms_norm"))
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,

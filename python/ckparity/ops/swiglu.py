@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import _bindings
 from .._tensors import require_float32
 from ..errors import InvalidArgument
-from ._function import refuse_vmap
+from ._function import first_order_only
 
 
 class _SwiGLUFunction(torch.autograd.Function):
-    """Once differentiable: see _CrossEntropyFunction."""
+    """First-order only: see ops/_function.py."""
 
     @staticmethod
     def forward(x):
@@ -25,14 +24,12 @@ class _SwiGLUFunction(torch.autograd.Function):
         ctx.save_for_backward(inputs[0])
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, dout):
         (x,) = ctx.saved_tensors
         dx = torch.empty_like(x)
         _bindings.swiglu_backward(dout.contiguous(), x, dx)
         return dx
-
-    vmap = staticmethod(refuse_vmap("swiglu"))
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
