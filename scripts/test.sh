@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set up (scripts/setup.sh), then the C tests (plain and
-# under ASan+UBSan), a build with baseline code only, then pytest. Exits non-zero on any failure.
+# under ASan+UBSan), a build with baseline code only, pytest, then the C API
+# fuzz again against the ASan+UBSan build. Exits non-zero on any failure.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -k cross_entropy).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,3 +28,10 @@ export CKP_BASELINE_LIB="$ROOT/build/baseline/libckparity.so"
 echo "== pytest"
 cd "$ROOT/tests"
 python -m pytest -q "$@"
+
+echo "== C API fuzz against the ASan+UBSan build"
+# The sanitized library loads into an unsanitized Python with libasan
+# preloaded; leak checking is off (Python and torch keep memory until exit).
+LD_PRELOAD="$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 CKP_LIB="$ROOT/build/asan/libckparity.so" \
+  python -m pytest -q -p no:cacheprovider test_fuzz_c_api.py

@@ -1,0 +1,170 @@
+"""A seeded fuzz of the C API through cffi: every entry point with random
+sizes (0, 1, negative, odd), NULL pointers, overlapping buffers,
+NaN/Inf/denormal data, out-of-range targets and options out of their
+domain. Every call must return a status (never crash), and a call that
+returns an error must leave its outputs as they were.
+
+./scripts/test.sh runs this file a second time against the ASan+UBSan build
+of the library (CKP_LIB, with libasan preloaded), where an out-of-bounds
+read or write, or undefined behaviour, aborts the run.
+
+The buffers are always as large as the sizes passed claim: a caller that
+lies about a buffer's size is beyond what any C API can check."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from ckparity._native import ffi, lib
+
+CASES = 600  # per entry point; a few thousand calls in all
+SIZES = [-3, 0, 1, 2, 3, 7, 8, 9, 31, 33, 257]
+SPECIAL = [math.nan, math.inf, -math.inf, 1e-45, -1e-45, 1e-38, 3e38, -3e38, 0.0, -0.0]
+
+
+def data(rng: random.Random, n: int) -> torch.Tensor:
+    """n floats (at least one, so a pointer exists), some of them NaN/Inf/denormal."""
+    t = torch.randn(max(n, 1), generator=torch.Generator().manual_seed(rng.randrange(2**31))) * rng.choice([1, 30])
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        t[rng.randrange(t.numel())] = rng.choice(SPECIAL)
+    return t
+
+
+def ptr(t: torch.Tensor | None, offset: int = 0, ctype: str = "float *"):
+    """A pointer into t, which the caller must keep alive until the call returns."""
+    return ffi.NULL if t is None else ffi.cast(ctype, t.data_ptr() + offset * t.element_size())
+
+
+def maybe_null(rng: random.Random, t):
+    return None if rng.random() < 0.05 else t
+
+
+def pick(rng: random.Random, good, *bad):
+    """Mostly a value in the domain, now and then one outside it: enough calls get through."""
+    return rng.choice(bad) if bad and rng.random() < 0.12 else (rng.choice(good) if isinstance(good, list) else good)
+
+
+def call_and_check(rng: random.Random, call, outputs: list[torch.Tensor]) -> int:
+    """Runs call(); on an error status the outputs must be unchanged."""
+    for t in outputs:
+        t.fill_(rng.choice([7.25, -0.5]))
+    before = [t.clone() for t in outputs]
+    status = call()
+    assert status in (lib.CKP_OK, lib.CKP_ERR_NULL_POINTER, lib.CKP_ERR_BAD_SIZE, lib.CKP_ERR_TARGET_OUT_OF_RANGE,
+                      lib.CKP_ERR_BAD_OPTION, lib.CKP_ERR_ALIASING), f"unknown status {status}"
+    if status != lib.CKP_OK:
+        assert ffi.string(lib.ckp_last_error()), "an error status without a message"
+        for a, b in zip(outputs, before):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), "an output was written on error"
+    return status
+
+
+def fuzz_cross_entropy(rng: random.Random) -> int:
+    N, V = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
+    n = max(N, 0) * max(V, 0)
+    logits = data(rng, n + 1)
+    probs = rng.random() < 0.3
+    target = torch.tensor([pick(rng, [-100, 0, max(V - 1, 0)], -1, max(V, 0), 10**9)
+                           for _ in range(max(N, 1))], dtype=torch.int64)
+    target_probs = data(rng, n).abs() if probs else None
+    weight = data(rng, max(V, 1)).abs() if rng.random() < 0.3 else None
+    row_grad = data(rng, max(N, 1)) if rng.random() < 0.2 else None
+    opt = ffi.new("ckp_cross_entropy_options *")
+    lib.ckp_cross_entropy_options_init(opt)
+    opt.weight, opt.row_grad = ptr(weight), ptr(row_grad)
+    opt.ignore_index = rng.choice([-100, 0, 1])
+    opt.reduction = pick(rng, [0, 1, 2], 5, 1000)
+    opt.label_smoothing = pick(rng, [0.0, 0.1, 1.0], -0.1, 1.5, math.nan)
+    opt.z_loss = pick(rng, [0.0, 1e-4], -1.0, math.inf)
+    opt.variant = pick(rng, [0, 1], 7)
+    loss = torch.empty(max(N, 1) + 1)
+    dlogits_buffer = torch.empty(n + 1)
+    aliasing = rng.random()
+    if aliasing < 0.1:
+        dlogits_buffer, dlogits_ptr = logits, ptr(logits, 1)   # partial overlap: must be refused
+    elif aliasing < 0.2:
+        dlogits_buffer, dlogits_ptr = logits, ptr(logits)      # exact in place: allowed
+    else:
+        dlogits_ptr = ffi.NULL if rng.random() < 0.2 else ptr(dlogits_buffer)
+    outputs = [loss] + ([dlogits_buffer] if dlogits_buffer is not logits else [])
+    return call_and_check(rng, lambda: lib.ckp_cross_entropy(
+        ptr(maybe_null(rng, logits)), ffi.NULL if probs else ptr(target, 0, "int64_t *"), ptr(target_probs), N, V,
+        opt if rng.random() > 0.03 else ffi.NULL, ptr(maybe_null(rng, loss)), dlogits_ptr), outputs)
+
+
+def fuzz_rms_norm(rng: random.Random) -> int:
+    N, D = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
+    n = max(N, 0) * max(D, 0)
+    x, weight = data(rng, n), data(rng, max(D, 1)) if rng.random() < 0.7 else None
+    y, rstd = torch.empty(n + 1), torch.empty(max(N, 1))
+    eps = pick(rng, [1e-5, 0.0], -1e-5, math.nan, math.inf)
+    if rng.random() < 0.5:
+        return call_and_check(rng, lambda: lib.ckp_rms_norm_forward(
+            ptr(maybe_null(rng, x)), ptr(weight), N, D, eps, ptr(maybe_null(rng, y)), ptr(rstd)), [y, rstd])
+    dy = data(rng, n)
+    rstd = data(rng, max(N, 1)).abs()  # a forward's rstd is positive
+    dweight = torch.empty(max(D, 1)) if weight is not None or rng.random() < 0.05 else None
+    dx = x if rng.random() < 0.05 else (dy if rng.random() < 0.1 else torch.empty(n + 1))  # in place on dy is allowed
+    outputs = [t for t in (dx, dweight) if t is not None and t is not x and t is not dy]
+    return call_and_check(rng, lambda: lib.ckp_rms_norm_backward(
+        ptr(dy), ptr(x), ptr(weight), ptr(rstd), N, D, ptr(maybe_null(rng, dx)), ptr(dweight)), outputs)
+
+
+def fuzz_swiglu(rng: random.Random) -> int:
+    N, H = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
+    x = data(rng, max(N, 0) * 2 * max(H, 0))
+    out = torch.empty(max(N, 0) * max(H, 0) + 1)
+    if rng.random() < 0.5:
+        target = x if rng.random() < 0.05 else out
+        return call_and_check(rng, lambda: lib.ckp_swiglu_forward(ptr(maybe_null(rng, x)), N, H, ptr(target)),
+                              [out] if target is out else [])
+    dout = data(rng, max(N, 0) * max(H, 0))
+    dx = x if rng.random() < 0.05 else torch.empty(x.numel() + 1)
+    return call_and_check(rng, lambda: lib.ckp_swiglu_backward(ptr(maybe_null(rng, dout)), ptr(x), N, H, ptr(dx)),
+                          [dx] if dx is not x else [])
+
+
+def fuzz_adamw(rng: random.Random) -> int:
+    n = pick(rng, SIZES[2:], -3, 0)
+    p, g, m = data(rng, n), data(rng, n), data(rng, n)
+    v = data(rng, n).abs()
+    vmax = data(rng, n).abs() if rng.random() < 0.5 else None
+    opt = ffi.new("ckp_adamw_options *")
+    opt.lr = pick(rng, [1e-3, 0.0], -1e-3, math.nan)
+    opt.beta1, opt.beta2 = pick(rng, [0.9, 0.0], 1.0, -0.1), pick(rng, 0.999, 1.0, math.nan)
+    opt.eps, opt.weight_decay = pick(rng, [1e-8, 0.0], -1.0), pick(rng, [0.01, 0.0], -0.01, math.inf)
+    opt.amsgrad, opt.maximize = rng.random() < 0.5, rng.random() < 0.5
+    grad = p if rng.random() < 0.05 else g  # aliasing: must be refused
+    step = pick(rng, [1.0, 2.0, 100.0], 0.0, -1.0, 1.5, math.nan)
+    outputs = [p, m, v] + ([vmax] if vmax is not None else [])
+    return call_and_check(rng, lambda: lib.ckp_adamw_step(
+        ptr(maybe_null(rng, p)), ptr(grad), ptr(m), ptr(v), ptr(vmax), n, step,
+        opt if rng.random() > 0.03 else ffi.NULL), outputs)
+
+
+def fuzz_grad_norm(rng: random.Random) -> int:
+    count = pick(rng, [0, 1, 2, 5], -1)
+    tensors = [data(rng, rng.choice(SIZES[1:])) for _ in range(max(count, 0))]
+    sizes = [rng.choice([t.numel(), 0, -1]) if rng.random() < 0.1 else t.numel() for t in tensors]
+    arr = ffi.new("const float *[]", [ptr(maybe_null(rng, t)) for t in tensors] or [ffi.NULL])
+    sizes_arr = ffi.new("int64_t[]", sizes or [0])
+    out = ffi.new("double *", 7.25)
+    norm_type = pick(rng, [2.0, 1.0, 3.0, math.inf], 0.0, -1.0, math.nan, -math.inf)
+    status = lib.ckp_grad_norm(arr, sizes_arr, count, norm_type, out)
+    if status != lib.CKP_OK:
+        assert out[0] == 7.25, "total_norm was written on error"
+    return status
+
+
+@pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_adamw, fuzz_grad_norm],
+                         ids=lambda f: f.__name__.removeprefix("fuzz_"))
+def test_fuzz_every_entry_point(entry):
+    rng = random.Random(f"ckparity-fuzz-{entry.__name__}")
+    statuses = [entry(rng) for _ in range(CASES)]
+    # the fuzz reaches both sides of the API: calls that succeed and calls that are refused
+    assert statuses.count(lib.CKP_OK) > CASES // 20, "almost every call was refused: the fuzz tests nothing"
+    assert len(set(statuses)) >= 3, f"only statuses {set(statuses)}"
