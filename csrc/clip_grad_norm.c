@@ -24,7 +24,7 @@ static double block_power_sum(const float *g, int64_t lo, int64_t hi, double p) 
     double acc = 0.0, lane[LANES] = {0};
     int64_t j = lo;
     if (isinf(p)) {
-        for (int64_t j = lo; j < hi; j++) {
+        for (; j < hi; j++) {
             double a = fabs((double)g[j]);
             if (a > acc || a != a) acc = a;
             if (acc != acc) break;
@@ -40,7 +40,7 @@ static double block_power_sum(const float *g, int64_t lo, int64_t hi, double p) 
         for (int l = 0; j < hi; j++, l++) lane[l] += fabs((double)g[j]);
         acc = lanes_total(lane);
     } else {
-        for (int64_t j = lo; j < hi; j++) acc += pow(fabs((double)g[j]), p);
+        for (; j < hi; j++) acc += pow(fabs((double)g[j]), p);
     }
     return acc;
 }

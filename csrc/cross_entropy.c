@@ -207,12 +207,12 @@ CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, cons
         double b = c->smoothing / (double)V * scale;
         double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * scale;
         /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
-        const float scale = (float)(k / sum_exp), b_f = (float)b;
+        const float k_over_sum = (float)(k / sum_exp), b_f = (float)b;
         float e_t = dx[t];
         if (w != NULL)
-            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * scale - b_f * w[j];
+            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * k_over_sum - b_f * w[j];
         else
-            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * scale - b_f;
+            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * k_over_sum - b_f;
         /* the target's entry subtracts a from a value near a: evaluated in double */
         dx[t] = (float)((double)e_t / sum_exp * k - b * w_t - a);
     }
