@@ -1,7 +1,8 @@
 """The ckparity command line.
 
   ckparity train    the harness: CK twin vs torch twin, a drift report
-  ckparity repro    the 850-step preset under each loss backend, and an A/B table
+  ckparity repro    a preset (850, stress) under each loss backend, and an A/B table
+  ckparity attribute  an ablation over the backends: which kernel makes the run fail
   ckparity compare  reports side by side, and a drift plot
   ckparity gate     the CI parity gates (--tier quick|full, --only, --config gates.toml)
   ckparity bench    kernel speed against torch and against a copy's bandwidth
@@ -48,17 +49,40 @@ def _train(argv: list[str]) -> int:
 
 
 def _repro(argv: list[str]) -> int:
-    from .harness.repro import PRESET, repro
+    from .harness.repro import PRESETS, repro
 
-    parser = argparse.ArgumentParser(prog="ckparity repro", description="The seed's 850-step preset with "
-                                     "--ck-loss-backend c, c_ptref and torch, then an A/B table.")
+    parser = argparse.ArgumentParser(prog="ckparity repro", description="A preset run with --ck-loss-backend c, "
+                                     "c_ptref and torch, then an A/B table. 850: the seed's 850-step repro; "
+                                     "stress: the text 'Hello!' repeated, lr 1e-3, 1000 steps.")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="850")
     parser.add_argument("--out-dir", default="reports")
-    parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset (default 850)")
+    parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset")
+    parser.add_argument("--f64-shadow", action="store_true", help="add the float64 shadow to each run")
     args = parser.parse_args(argv)
-    preset = PRESET if args.max_steps is None else replace(PRESET, max_steps=args.max_steps)
-    reports, text = repro(args.out_dir, preset)
+    preset = PRESETS[args.preset]
+    if args.max_steps is not None:
+        preset = replace(preset, max_steps=args.max_steps)
+    if args.f64_shadow:
+        preset = replace(preset, f64_shadow=True)
+    reports, text = repro(args.out_dir, preset, args.preset)
     print(text)
     return max(_exit_code(r) for r in reports.values())
+
+
+def _attribute(argv: list[str]) -> int:
+    import os
+
+    from .harness.attribute import attribute, table
+    from .harness.config import UsageError, parse_train_args
+
+    config, own = parse_train_args(argv, prog="ckparity attribute", extra={
+        "--jobs": {"type": int, "default": os.cpu_count() or 1, "help": "variants run at once (default: cores)"}})
+    if own["jobs"] < 1:
+        raise UsageError(f"--jobs must be >= 1, got {own['jobs']}")
+    json_out = config.json_out or "reports/attribute_latest.json"
+    result = attribute(config, json_out, own["jobs"])
+    print(table(result), file=sys.stderr if json_out == "-" else sys.stdout)
+    return EXIT_PASS
 
 
 def _compare(argv: list[str]) -> int:
@@ -134,7 +158,8 @@ def _info(argv: list[str]) -> int:
     return EXIT_PASS
 
 
-COMMANDS = {"train": _train, "repro": _repro, "compare": _compare, "gate": _gate, "bench": _bench, "info": _info}
+COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare": _compare, "gate": _gate,
+            "bench": _bench, "info": _info}
 
 
 def main(argv: list[str] | None = None) -> int:

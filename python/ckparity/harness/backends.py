@@ -31,6 +31,9 @@ CLIP_GRAD_NORM: dict[str, Callable] = {"c": ckparity.clip_grad_norm_, "torch": t
 BACKENDS: dict[str, dict[str, Callable]] = {
     "rms_norm": RMS_NORM, "swiglu": SWIGLU, "cross_entropy": CROSS_ENTROPY, "adamw": ADAMW}
 
+# the backends ckparity itself offers (register() adds others, e.g. planted faults)
+BUILTIN: dict[str, tuple[str, ...]] = {kernel: tuple(table) for kernel, table in BACKENDS.items()}
+
 # RunConfig field (the seed's flag, --ck-loss-backend) -> kernel name
 FLAGS = {"ck_rmsnorm_backend": "rms_norm", "ck_swiglu_backend": "swiglu", "ck_loss_backend": "cross_entropy",
          "ck_optimizer_backend": "adamw"}

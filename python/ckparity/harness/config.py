@@ -55,6 +55,8 @@ class RunConfig:
     localize_step: int = _flag(0, "localize at this step (0: the first failing step)")
     json_out: str | None = _flag(None, "report path (default reports/train_latest.json)")
     no_progress: bool = _flag(False, "no progress bar even on a terminal")
+    f64_shadow: bool = _flag(False, "train a third twin in float64 and say which float32 twin is closer to it")
+    shadow_every: int = _flag(10, "with --f64-shadow: a one-step local-error probe every N steps")
     # The CK twin's kernels, by the seed's flags; backends.FLAGS maps each
     # flag to its kernel and names the choices.
     ck_rmsnorm_backend: str = _flag("c", "the CK twin's rms_norm")
@@ -77,7 +79,8 @@ def _validate(config: RunConfig) -> None:
     for f in fields(config):
         if f.metadata.get("choices") and getattr(config, f.name) not in f.metadata["choices"]:
             raise UsageError(f"{_name(f.name)} must be one of {f.metadata['choices']}, got {getattr(config, f.name)!r}")
-    positive = ["epochs", "seq_len", "total_tokens", "vocab", "d_model", "hidden", "grad_accum", "num_layers"]
+    positive = ["epochs", "seq_len", "total_tokens", "vocab", "d_model", "hidden", "grad_accum", "num_layers",
+                "shadow_every"]
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
@@ -119,7 +122,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_text} (default {default})")
 
 
-def parse_train_args(argv: list[str]) -> RunConfig:
-    parser = argparse.ArgumentParser(prog="ckparity train")
+def parse_train_args(argv: list[str], prog: str = "ckparity train",
+                     extra: dict[str, dict] | None = None) -> tuple[RunConfig, dict] | RunConfig:
+    """The RunConfig the flags give; with ``extra`` ({flag: argparse kwargs}),
+    also the values of those flags (a command's own flags next to train's)."""
+    parser = argparse.ArgumentParser(prog=prog)
     add_train_arguments(parser)
-    return RunConfig(**vars(parser.parse_args(argv)))
+    for flag, kwargs in (extra or {}).items():
+        parser.add_argument(flag, **kwargs)
+    values = vars(parser.parse_args(argv))
+    own = {name: values.pop(name) for name in list(values) if name not in {f.name for f in fields(RunConfig)}}
+    config = RunConfig(**values)
+    return (config, own) if extra else config

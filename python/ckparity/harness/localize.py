@@ -1,6 +1,11 @@
-"""Localization: replay one step's window from one shared state through both
-twins, and name the first forward stage, the first backward stage and the
-first parameter tensor whose difference is over tolerance.
+"""Replaying one step's window from one shared state through both twins,
+stage by stage, and reading the replay two ways:
+
+- localize: the first forward stage, backward stage and parameter tensor
+  whose difference is over tolerance — and, when none is (the drift built up
+  over many steps, no single step shows it), says so ("kind": "accumulated");
+- first_difference: the first stage and tensor whose bits differ at all, for
+  the first step at which the twins stop being bit-identical.
 
 The shared state is the CK twin's weights and optimizer state at the start of
 that step: the state in which the failure showed, so a fault that only bites
@@ -10,20 +15,27 @@ the drift that led there."""
 
 from __future__ import annotations
 
+import torch
+
 from .diff import tensor_diff
 from .twins import build_twin
 
 
-def _first_over(rows: list[dict]) -> str | None:
-    return next((r["stage"] for r in rows if r["over"]), None)
+def _row(stage: str, a: torch.Tensor, b: torch.Tensor, tol: float) -> dict:
+    abs_diff, rel = tensor_diff(a, b)
+    return {"stage": stage, "abs_diff": abs_diff, "rel_diff": rel, "tol": tol, "over": abs_diff > tol,
+            "identical": bool(torch.equal(a, b) or abs_diff == 0.0)}
 
 
-def localize(config, step: int, snapshot: dict, windows) -> dict:
-    """``step`` is 1-based; ``windows`` the step's (tokens, targets) micro-batches."""
+def replay(config, snapshot: dict, windows) -> dict:
+    """Rows for every forward stage, backward stage (from the loss back to the
+    embedding, then the parameter grads) and parameter after the update, in
+    the order the step computes them. A stage's figures are its worst over the
+    window's micro-batches."""
     ck, ref = build_twin(config, "ck"), build_twin(config, "torch")
     for twin in (ck, ref):
         twin.restore(snapshot)
-        twin.optimizer.zero_grad(set_to_none=True)
+        twin.zero_grad()
     scale = 1.0 / len(windows)
     acts = {"ck": [], "torch": []}  # per micro-batch, per stage
     for tokens, targets in windows:
@@ -31,44 +43,55 @@ def localize(config, step: int, snapshot: dict, windows) -> dict:
             acts[twin.name].append(twin.micro_step(tokens, targets, scale, keep_activations=True)[1])
     stages = list(acts["ck"][0])
 
-    def stage_diff(stage, grad):
-        """The worst difference of a stage (or its gradient) over the window's micro-batches."""
-        worst = (0.0, 0.0)
+    def worst(stage: str, grad: bool, tol: float) -> dict:
+        rows = []
         for a, b in zip(acts["ck"], acts["torch"]):
             x, y = (a[stage].grad, b[stage].grad) if grad else (a[stage], b[stage])
             if x is not None and y is not None:
-                worst = max(worst, tensor_diff(x, y))
-        return worst
+                rows.append(_row(f"d{stage}" if grad else stage, x, y, tol))
+        if not rows:
+            return {"stage": f"d{stage}" if grad else stage, "abs_diff": 0.0, "rel_diff": 0.0, "tol": tol,
+                    "over": False, "identical": True}
+        row = max(rows, key=lambda r: (r["abs_diff"], not r["identical"]))
+        row["identical"] = all(r["identical"] for r in rows)
+        return row
 
-    forward, backward = [], []
-    for stage in stages:
-        abs_diff, rel = stage_diff(stage, grad=False)
-        tol = config.loss_tol if stage == "loss" else config.logit_tol
-        forward.append({"stage": stage, "abs_diff": abs_diff, "rel_diff": rel, "tol": tol, "over": abs_diff > tol})
-    for stage in reversed(stages):  # backward runs from the loss to the embedding
-        abs_diff, rel = stage_diff(stage, grad=True)
-        backward.append({"stage": f"d{stage}", "abs_diff": abs_diff, "rel_diff": rel, "tol": config.grad_tol,
-                         "over": abs_diff > config.grad_tol})
+    forward = [worst(stage, False, config.loss_tol if stage == "loss" else config.logit_tol) for stage in stages]
+    backward = [worst(stage, True, config.grad_tol) for stage in reversed(stages)]
     ck_grads, ref_grads = ck.grads(), ref.grads()
-    for name in ck_grads:
-        abs_diff, rel = tensor_diff(ck_grads[name], ref_grads[name])
-        backward.append({"stage": f"{name}.grad", "abs_diff": abs_diff, "rel_diff": rel, "tol": config.grad_tol,
-                         "over": abs_diff > config.grad_tol})
-
+    backward += [_row(f"{name}.grad", ck_grads[name], ref_grads[name], config.grad_tol) for name in ck_grads]
     for twin in (ck, ref):
         twin.update(config.max_grad_norm)
-    params = []
     ck_params, ref_params = ck.params(), ref.params()
-    for name in ck_params:
-        abs_diff, rel = tensor_diff(ck_params[name], ref_params[name])
-        params.append({"stage": name, "abs_diff": abs_diff, "rel_diff": rel, "tol": config.param_tol,
-                       "over": abs_diff > config.param_tol})
-    return {
-        "step": step,
-        "first_forward_stage": _first_over(forward),
-        "first_backward_stage": _first_over(backward),
-        "first_param_tensor": _first_over(params),
-        "forward": forward,
-        "backward": backward,
-        "params": params,
-    }
+    params = [_row(name, ck_params[name], ref_params[name], config.param_tol) for name in ck_params]
+    return {"forward": forward, "backward": backward, "params": params}
+
+
+def _first(rows: list[dict], key: str) -> str | None:
+    return next((r["stage"] for r in rows if r[key]), None)
+
+
+def localize(config, step: int, snapshot: dict, windows) -> dict:
+    """``step`` is 1-based; ``windows`` the step's (tokens, targets) micro-batches."""
+    rows = replay(config, snapshot, windows)
+    found = {"first_forward_stage": _first(rows["forward"], "over"),
+             "first_backward_stage": _first(rows["backward"], "over"),
+             "first_param_tensor": _first(rows["params"], "over")}
+    # Nothing over tolerance in one step from a shared state: the difference
+    # that failed was built up over the steps before (see "divergence").
+    kind = "single_step" if any(found.values()) else "accumulated"
+    return {"step": step, "kind": kind, **found, **rows}
+
+
+def first_difference(config, snapshot: dict, windows) -> dict:
+    """The first stage of the step whose bits differ between the twins, and
+    the first parameter grad and parameter that differ."""
+    rows = replay(config, snapshot, windows)
+    not_identical = [{**r, "differs": not r["identical"]} for r in rows["forward"] + rows["backward"]]
+    stage = _first(not_identical, "differs")
+    # parameter grads in the order backward produces them (the models are sequential: last layer first)
+    grads = [r for r in rows["backward"] if r["stage"].endswith(".grad")][::-1]
+    tensor = next((r["stage"] for r in grads + rows["params"] if not r["identical"]), None)
+    if stage is None and tensor is not None:
+        stage = "update"  # forward and backward agree bit for bit: the optimizer step differs
+    return {"stage": stage, "tensor": tensor}

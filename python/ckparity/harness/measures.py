@@ -8,8 +8,12 @@ training loop (harness/run.py) and keep what the report needs.
 - FirstFail: the first step at which each quantity leaves its tolerance;
 - NonFinite: the first step with a NaN or inf in either twin, and whether
   only one twin had it;
-- Localizer: the snapshot before each step and the replay of the step that
-  failed first (or --localize-step)."""
+- Localizer: the replay of the step that
+  failed first (or --localize-step);
+- DivergenceTracer: the first step at which each quantity differs at all (any
+  bit), and the stage and tensor that first differ at the first such step.
+The float64 shadow (shadow.py) and the drift forecast (forecast.py) observe a
+step the same way."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import statistics
 import torch
 
 from .diff import all_finite, tensor_diff, worst_diff
-from .localize import localize
+from .localize import first_difference, localize
 
 # (series key, report key, tolerance field): the quantities with a first-fail step.
 CHECKS = [
@@ -39,6 +43,11 @@ SERIES_KEYS = (
     "ck_step_ms", "torch_step_ms")
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (NaN where both have NaN counts as the same)."""
+    return bool(torch.equal(a, b)) or bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 def _grad_norm(twin) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double())
                                                        for g in twin.grads().values()])))
@@ -55,12 +64,16 @@ class StepComparison:
         self.grad_diff: dict = {}
         self.grad_norms: dict[str, float] = {}
         self.finite: dict[str, bool] = {}
+        # per quantity: the twins' values equal bit for bit at this step
+        self.identical = {"logits": True, "loss": True, "grads": True, "params": True, "moments": True}
 
     def micro_step(self, ck_output, ref_output) -> None:
         """Each twin's (loss, activations) of one micro-batch."""
         (ck_loss, ck_acts), (ref_loss, ref_acts) = ck_output, ref_output
         self.losses["ck"].append(float(ck_loss))
         self.losses["torch"].append(float(ref_loss))
+        self.identical["loss"] &= _same(ck_loss, ref_loss)
+        self.identical["logits"] &= _same(ck_acts["logits"], ref_acts["logits"])
         d = abs(self.losses["ck"][-1] - self.losses["torch"][-1])
         self.loss_abs_diff = max(self.loss_abs_diff, d if math.isfinite(d) else math.inf)
         a, r = tensor_diff(ck_acts["logits"], ref_acts["logits"])
@@ -69,15 +82,20 @@ class StepComparison:
     def backward_done(self) -> None:
         """The accumulated gradients, before clipping and the update change them."""
         ref_grads = self.ref.grads()
-        self.grad_diff = worst_diff({n: (g, ref_grads[n]) for n, g in self.ck.grads().items()})
+        pairs = {n: (g, ref_grads[n]) for n, g in self.ck.grads().items()}
+        self.identical["grads"] = all(_same(a, b) for a, b in pairs.values())
+        self.grad_diff = worst_diff(pairs)
         self.grad_norms = {t.name: _grad_norm(t) for t in (self.ck, self.ref)}
 
     def finish(self) -> dict:
         """After the update: the step's row of the series."""
         ck, ref = self.ck, self.ref
         ref_params, ref_moments = ref.params(), ref.moments()
-        params = worst_diff({n: (p, ref_params[n]) for n, p in ck.params().items()})
-        moments = worst_diff({n: (m, ref_moments[n]) for n, m in ck.moments().items() if n in ref_moments})
+        param_pairs = {n: (p, ref_params[n]) for n, p in ck.params().items()}
+        moment_pairs = {n: (m, ref_moments[n]) for n, m in ck.moments().items() if n in ref_moments}
+        self.identical["params"] = all(_same(a, b) for a, b in param_pairs.values())
+        self.identical["moments"] = all(_same(a, b) for a, b in moment_pairs.values())
+        params, moments = worst_diff(param_pairs), worst_diff(moment_pairs)
         self.finite = {t.name: all_finite([torch.tensor(self.losses[t.name])] + list(t.grads().values())
                                           + list(t.params().values())) for t in (ck, ref)}
         grads = self.grad_diff
@@ -145,19 +163,47 @@ class NonFinite:
 
 
 class Localizer:
-    """Keeps the CK twin's state at the start of each step until a step is
-    localized: the first step whose loss or params fail, or --localize-step."""
+    """Replays the first step whose loss or params fail (or --localize-step)
+    from the CK twin's state at its start."""
 
     def __init__(self, config) -> None:
         self.config = config
         self.at = config.localize_step or None
-        self.snapshot = None
         self.result: dict | None = None
 
-    def before_step(self, step: int, ck) -> None:
-        if self.result is None and (self.at is None or self.at == step):
-            self.snapshot = ck.snapshot()
+    def wants_snapshot(self, step: int) -> bool:
+        return self.result is None and (self.at is None or self.at == step)
 
-    def after_step(self, step: int, windows, failed_now: bool) -> None:
+    def after_step(self, step: int, snapshot, windows, failed_now: bool) -> None:
         if self.result is None and (self.at == step or (self.at is None and failed_now)):
-            self.result = localize(self.config, step, self.snapshot, windows)
+            self.result = localize(self.config, step, snapshot, windows)
+
+
+class DivergenceTracer:
+    """The first step at which the twins differ at all, per quantity, and at
+    the first such step the stage and tensor whose bits differ first (found
+    by replaying that step from the shared state before it: until then the
+    twins were bit-identical, so the CK twin's state is both twins' state)."""
+
+    QUANTITIES = ("logits", "loss", "grads", "params", "moments")
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.per_quantity: dict[str, int | None] = {q: None for q in self.QUANTITIES}
+        self.first_step: int | None = None
+        self.where = {"stage": None, "tensor": None}
+
+    @property
+    def wants_snapshot(self) -> bool:
+        return self.first_step is None
+
+    def after_step(self, step: int, snapshot, windows, identical: dict[str, bool]) -> None:
+        for quantity in self.QUANTITIES:
+            if self.per_quantity[quantity] is None and not identical[quantity]:
+                self.per_quantity[quantity] = step
+        if self.first_step is None and not all(identical.values()):
+            self.first_step = step
+            self.where = first_difference(self.config, snapshot, windows)
+
+    def report(self) -> dict:
+        return {"first_step": self.first_step, **self.where, "per_quantity": self.per_quantity}

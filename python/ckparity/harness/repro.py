@@ -14,6 +14,13 @@ from .run import train
 # The seed's 850-step drift repro: AdamW at lr 1e-3, seq-len 8, grad-accum 8.
 PRESET = RunConfig(epochs=8, seq_len=8, total_tokens=131072, grad_accum=8, optimizer="adamw", lr=1e-3, seed=42,
                    max_steps=850)
+# The CK v7 status notes' stress profile: the 6-byte text "Hello!" repeated to
+# 4097 tokens, 16 epochs, lr 1e-3, 1000 steps: the same few windows again and
+# again, so a kernel's systematic rounding bias accumulates instead of averaging out.
+HELLO_TEXT = str(Path(__file__).resolve().parent.parent / "data" / "hello.txt")
+STRESS = RunConfig(train_text=HELLO_TEXT, total_tokens=4097, epochs=16, seq_len=8, grad_accum=8, lr=1e-3,
+                   max_steps=1000)
+PRESETS = {"850": PRESET, "stress": STRESS}
 LOSS_BACKENDS = ["c", "c_ptref", "torch"]
 
 
@@ -32,9 +39,15 @@ def _fmt(value) -> str:
 _TOP_LEVEL = ["status", "pass_parity", "steps", "first_loss_fail_step", "first_param_fail_step",
               "first_grad_fail_step", "first_logit_fail_step", "first_moment_fail_step", "first_nonfinite_step",
               "max_loss_abs_diff", "max_param_abs_diff", "final_ck_loss", "final_torch_loss"]
-ROWS = [(key, lambda r, key=key: r[key]) for key in _TOP_LEVEL] + [
+ROWS = [(key, lambda r, key=key: r.get(key)) for key in _TOP_LEVEL] + [
+    ("first_divergence_step", lambda r: (r.get("divergence") or {}).get("first_step")),
+    ("first_divergence_stage", lambda r: (r.get("divergence") or {}).get("stage")),
+    ("forecast_param_fail_step", lambda r: r.get("forecast_param_fail_step")),
     ("localized_stage", lambda r: (r["localization"] or {}).get("first_forward_stage")
         or (r["localization"] or {}).get("first_param_tensor")),
+    ("localization_kind", lambda r: (r["localization"] or {}).get("kind")),
+    ("closer_to_f64 (run / local)", lambda r: None if not r.get("shadow") else
+        f"{r['shadow']['summary']['closer_to_f64']} / {r['shadow']['summary']['closer_to_f64_locally']}"),
     ("wall_s", lambda r: r["timing"]["wall_s"]),
     ("ck_step_ms (median)", lambda r: r["timing"]["ck_step_ms_median"]),
     ("torch_step_ms (median)", lambda r: r["timing"]["torch_step_ms_median"]),
@@ -50,12 +63,12 @@ def table(reports: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def repro(out_dir: str = "reports", preset: RunConfig = PRESET) -> tuple[dict[str, dict], str]:
+def repro(out_dir: str = "reports", preset: RunConfig = PRESET, name: str = "850") -> tuple[dict[str, dict], str]:
     """The preset under each loss backend; stops after a run that was interrupted."""
     check_writable_dir(out_dir, "--out-dir")
     reports = {}
     for backend in LOSS_BACKENDS:
-        path = Path(out_dir) / f"repro_850_{backend}.json"
+        path = Path(out_dir) / f"repro_{name}_{backend}.json"
         print(f"ckparity repro: --ck-loss-backend {backend} -> {path}", flush=True)
         reports[backend] = train(replace(preset, ck_loss_backend=backend, json_out=str(path)))
         if reports[backend]["status"] == "interrupted":
@@ -71,13 +84,22 @@ def plot(reports: dict[str, dict], out: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    for name, r in reports.items():
+    for k, (name, r) in enumerate(reports.items()):
         steps = r["series"]["step"]
+        color = f"C{k}"
         for ax, key in zip(axes, ("loss_abs_diff", "param_abs_diff")):
             # zeros cannot sit on a log axis: they are drawn at the floor
             values = [max(v, 1e-12) if isinstance(v, float) and math.isfinite(v) else float("nan")
                       for v in r["series"][key]]
-            ax.plot(steps, values, label=name, linewidth=1)
+            ax.plot(steps, values, label=name, linewidth=1, color=color)
+        # where the twins first differ at all (dotted) and first leave tolerance (dashed)
+        marks = [((r.get("divergence") or {}).get("first_step"), ":"), (r.get("first_loss_fail_step"), "--"),
+                 (r.get("first_param_fail_step"), "--")]
+        for ax, (step, style) in zip((axes[0], axes[0], axes[1]), marks):
+            if step is not None:
+                ax.axvline(step, color=color, linestyle=style, linewidth=0.8)
+        if marks[0][0] is not None:
+            axes[1].axvline(marks[0][0], color=color, linestyle=":", linewidth=0.8)
     for ax, key, tol in zip(axes, ("|loss difference|", "max |param difference|"), ("loss_tol", "param_tol")):
         ax.set_yscale("log")
         ax.set_ylabel(key)
@@ -85,7 +107,7 @@ def plot(reports: dict[str, dict], out: str) -> None:
         ax.axhline(first["config"][tol], color="grey", linestyle="--", linewidth=0.8, label=tol)
         ax.legend(fontsize=8)
     axes[1].set_xlabel("step")
-    fig.suptitle("ckparity drift: CK twin vs torch twin")
+    fig.suptitle("ckparity drift: CK twin vs torch twin (dotted: first bitwise divergence, dashed: first fail)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

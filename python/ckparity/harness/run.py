@@ -17,8 +17,10 @@ from . import report
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
-from .measures import DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
+from .forecast import forecast
+from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from .resources import check_memory
+from .shadow import Float64Shadow
 from .twins import build_twins
 
 DEFAULT_JSON_OUT = "reports/train_latest.json"
@@ -80,14 +82,17 @@ def train(config: RunConfig) -> dict:
         torch.set_num_threads(config.threads)
     ck, ref = build_twins(config)
     twins = (ck, ref)
-    series, first_fail, nonfinite, localizer = DriftSeries(), FirstFail(config), NonFinite(), Localizer(config)
+    series, first_fail, nonfinite = DriftSeries(), FirstFail(config), NonFinite()
+    localizer, divergence = Localizer(config), DivergenceTracer(config)
+    shadow = Float64Shadow(config, ref) if config.f64_shadow else None
     progress = _Progress(batches.num_steps, not config.no_progress)
     status, error, stopped_by = "pass", None, None
     started = time.perf_counter()
     with stop_on_signals() as stop:
         try:
             for step, windows in batches:
-                localizer.before_step(step, ck)
+                # the CK twin's state at the start of the step, while a replay may need it
+                snapshot = ck.snapshot() if localizer.wants_snapshot(step) or divergence.wants_snapshot else None
                 comparison = StepComparison(step, ck, ref)
                 for twin in twins:
                     twin.zero_grad()
@@ -100,7 +105,10 @@ def train(config: RunConfig) -> dict:
                 series.append(row)
                 failed_now = first_fail.observe(row)
                 nonfinite.observe(step, comparison.finite)
-                localizer.after_step(step, windows, failed_now)
+                divergence.after_step(step, snapshot, windows, comparison.identical)
+                localizer.after_step(step, snapshot, windows, failed_now)
+                if shadow is not None:
+                    shadow.after_step(step, windows, ck, ref, comparison.losses)
                 progress.update()
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP through stop_on_signals
             status, stopped_by = "interrupted", err.signum if isinstance(err, Interrupted) else 2
@@ -112,6 +120,13 @@ def train(config: RunConfig) -> dict:
         result = _report(config, batches, series, first_fail, nonfinite, localizer, (ck, ref), status, error,
                          time.perf_counter() - started)
         result["stopped_by_signal"] = stopped_by
+        result["divergence"] = divergence.report()
+        result["forecast"] = forecast(series.columns["step"], series.columns["param_abs_diff"], config.param_tol,
+                                      batches.num_steps, divergence.first_step)
+        result["forecast_param_fail_step"] = result["forecast"]["param_fail_step"]
+        result["shadow"] = shadow.report(len(series)) if shadow is not None else None
+        if result["localization"] is not None:
+            result["localization"]["first_divergence_step"] = divergence.first_step
         report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
     return result
 

@@ -1,0 +1,115 @@
+"""The float64 shadow: who is closer to exact arithmetic, the CK twin or the
+torch twin?
+
+A third twin — the torch model in float64 (the torch twin's initial weights,
+cast), torch's ops and torch's AdamW in float64 — trains on the same batches.
+Two measures:
+
+- along the run: each float32 twin's max |param - shadow param| and
+  |loss - shadow loss| per step. Over a long run chaos amplifies any
+  difference, so this says where the twins ended up, not who rounds better;
+- local probes, every ``shadow_every`` steps: from the torch twin's current
+  state, one step by a fresh CK twin, a fresh torch twin (float32) and the
+  shadow (float64); each float32 twin's local error is its max |param -
+  shadow param| after that one step. Both start from the same state, so
+  the probe measures one step's rounding, free of the history.
+
+"tie": two errors within 10% of each other (or both zero) — neither twin is
+measurably closer. closer_to_f64 over the probes is the twin with more
+probe wins; a tie when the wins are equal."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from .. import reference
+from .models import build_model
+from .twins import Twin, build_twin, ops_for
+
+TIE = 0.10
+
+
+def _max_abs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[n].double() - b[n]).abs().max()) for n in a)
+
+
+def _closer(ck: float, ref: float) -> str:
+    if abs(ck - ref) <= TIE * max(ck, ref):
+        return "tie"
+    return "ck" if ck < ref else "torch"
+
+
+def _float64_twin(config, snapshot: dict) -> Twin:
+    """torch's model, loss and optimizer in float64 (reference.adamw, not the
+    backend table's "torch" entry: a test may plant a fault in the torch twin)."""
+    model = build_model(config, ops_for(config, "torch")).double()
+    if config.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    else:
+        optimizer = reference.adamw(model.parameters(), lr=config.lr, betas=(config.adamw_beta1, config.adamw_beta2),
+                                    eps=config.adamw_eps, weight_decay=config.adamw_weight_decay)
+    twin = Twin("f64", model, optimizer, torch.nn.utils.clip_grad_norm_)
+    twin.restore(snapshot)  # load_state_dict casts the float32 weights and moments to float64
+    return twin
+
+
+class Float64Shadow:
+    def __init__(self, config, ref: Twin) -> None:
+        self.config = config
+        self.twin = _float64_twin(config, ref.snapshot())
+        self.series: dict[str, list] = {k: [] for k in ("step", "ck_param_diff", "torch_param_diff",
+                                                          "ck_loss_diff", "torch_loss_diff")}
+        self.probes: dict[str, list] = {k: [] for k in ("step", "ck_local_error", "torch_local_error")}
+        self.seconds = 0.0
+
+    def after_step(self, step: int, windows, ck: Twin, ref: Twin, losses: dict[str, list[float]]) -> None:
+        start = time.perf_counter()
+        self.twin.zero_grad()
+        shadow_losses = [float(self.twin.micro_step(tokens, targets, 1.0 / len(windows))[0]) for tokens, targets in windows]
+        self.twin.update(self.config.max_grad_norm)
+        shadow_params = self.twin.params()
+        shadow_loss = statistics.fmean(shadow_losses)
+        self.series["step"].append(step)
+        for twin in (ck, ref):
+            self.series[f"{twin.name}_param_diff"].append(_max_abs(twin.params(), shadow_params))
+            self.series[f"{twin.name}_loss_diff"].append(abs(statistics.fmean(losses[twin.name]) - shadow_loss))
+        if step % self.config.shadow_every == 0:
+            self._probe(step, windows, ref)
+        self.seconds += time.perf_counter() - start
+
+    def _probe(self, step: int, windows, ref: Twin) -> None:
+        state = ref.snapshot()
+        twins = [build_twin(self.config, side) for side in ("ck", "torch")]
+        for twin in twins:
+            twin.restore(copy.deepcopy(state))
+        twins.append(_float64_twin(self.config, state))
+        for twin in twins:
+            twin.zero_grad()
+            for tokens, targets in windows:
+                twin.micro_step(tokens, targets, 1.0 / len(windows))
+            twin.update(self.config.max_grad_norm)
+        exact = twins[2].params()
+        self.probes["step"].append(step)
+        self.probes["ck_local_error"].append(_max_abs(twins[0].params(), exact))
+        self.probes["torch_local_error"].append(_max_abs(twins[1].params(), exact))
+
+    def report(self, steps: int) -> dict:
+        s, p = self.series, self.probes
+        summary = {"closer_to_f64": None, "closer_to_f64_locally": None}
+        if s["step"]:
+            final = (s["ck_param_diff"][-1], s["torch_param_diff"][-1])
+            summary.update(closer_to_f64=_closer(*final), final_ck_param_diff=final[0],
+                           final_torch_param_diff=final[1])
+        if p["step"]:
+            verdicts = [_closer(c, t) for c, t in zip(p["ck_local_error"], p["torch_local_error"])]
+            wins = {side: verdicts.count(side) for side in ("ck", "torch", "tie")}
+            summary.update(
+                closer_to_f64_locally="tie" if wins["ck"] == wins["torch"] else max(("ck", "torch"), key=wins.get),
+                probe_wins=wins, median_ck_local_error=statistics.median(p["ck_local_error"]),
+                median_torch_local_error=statistics.median(p["torch_local_error"]))
+        summary["seconds_per_step"] = self.seconds / steps if steps else None
+        return {"summary": summary, "series": s, "probes": p, "tie_within": TIE}

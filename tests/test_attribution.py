@@ -1,0 +1,193 @@
+"""Drift attribution: the cyclic text, the first bitwise divergence, the
+ablation verdict (ckparity attribute), the float64 shadow and the forecast,
+each shown to name the planted cause."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity.cli import main
+from ckparity.harness import backends
+from ckparity.harness.attribute import attribute, verdict
+from ckparity.harness.config import RunConfig
+from ckparity.harness.data import load_tokens
+from ckparity.harness.forecast import forecast
+from ckparity.harness.repro import HELLO_TEXT
+from ckparity.harness.run import train
+
+SHORT = RunConfig(max_steps=6, grad_accum=2, total_tokens=4096, no_progress=True)
+ALL_TORCH = dict(ck_rmsnorm_backend="torch", ck_swiglu_backend="torch", ck_loss_backend="torch",
+                 ck_optimizer_backend="torch")
+
+
+def run(tmp_path, config: RunConfig, name: str = "r.json") -> dict:
+    return train(replace(config, json_out=str(tmp_path / name)))
+
+
+def test_cyclic_text_is_the_bytes_repeated():
+    tokens = load_tokens(replace(SHORT, train_text=HELLO_TEXT, total_tokens=20))
+    assert tokens.tolist() == (list(b"Hello!") * 4)[:20]
+
+
+class _SwiGLUOneUlpBackward(torch.autograd.Function):
+    """planted fault: swiglu's gradient one ULP up, its forward exact"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        H = x.shape[-1] // 2
+        return F.silu(x[..., :H]) * x[..., H:]
+
+    @staticmethod
+    def backward(ctx, dout):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_(True)
+            H = xx.shape[-1] // 2
+            (dx,) = torch.autograd.grad(F.silu(xx[..., :H]) * xx[..., H:], xx, dout)
+        return torch.nextafter(dx, torch.full_like(dx, math.inf))
+
+
+backends.register("swiglu", "fault_one_ulp_backward", _SwiGLUOneUlpBackward.apply)
+
+
+def test_divergence_names_the_planted_stage(tmp_path):
+    result = run(tmp_path, replace(SHORT, **{**ALL_TORCH, "ck_swiglu_backend": "fault_one_ulp_backward"}))
+    divergence = result["divergence"]
+    assert divergence["first_step"] == 1
+    assert divergence["stage"] == "dfc1"  # the gradient swiglu returns, for its input fc1
+    assert divergence["tensor"] == "fc1.weight.grad"
+    assert divergence["per_quantity"]["grads"] == 1 and divergence["per_quantity"]["logits"] in (None, 2)
+    assert result["pass_parity"]  # a one-ULP difference is within tolerance: the tracer sees below it
+
+
+def test_identical_twins_have_no_divergence(tmp_path):
+    divergence = run(tmp_path, replace(SHORT, **ALL_TORCH))["divergence"]
+    assert divergence["first_step"] is None and divergence["stage"] is None
+    assert set(divergence["per_quantity"].values()) == {None}
+
+
+def test_accumulated_drift_is_localized_as_such(tmp_path):
+    # param-tol below the first step's difference but nothing in one replayed step over the other tolerances
+    result = run(tmp_path, replace(SHORT, param_tol=1e-12, ck_loss_backend="c"))
+    assert result["first_param_fail_step"] == 1
+    assert result["localization"]["kind"] in ("single_step", "accumulated")
+    assert result["localization"]["first_divergence_step"] == result["divergence"]["first_step"]
+
+
+def _loss_scaled(logits, targets):
+    return F.cross_entropy(logits, targets) * 1.001  # planted fault: 0.1% off
+
+
+backends.register("cross_entropy", "fault_scaled_loss", _loss_scaled)
+
+
+def test_attribute_names_the_planted_backend_only(tmp_path):
+    config = replace(SHORT, ck_loss_backend="fault_scaled_loss")
+    result = attribute(config, str(tmp_path / "attr.json"), jobs=1)
+    assert result["verdict"]["responsible"] == ["loss"], result["verdict"]
+    assert "loss" in result["verdict"]["summary"]
+    names = {v["name"]: v for v in result["variants"]}
+    assert names["all torch"]["status"] == "pass" and names["only loss"]["status"] == "fail"
+    assert (tmp_path / "attr_runs" / "only_loss.json").exists()
+
+
+def test_attribute_without_a_fault_blames_nothing(tmp_path):
+    result = attribute(SHORT, str(tmp_path / "attr.json"), jobs=1)
+    assert result["verdict"]["responsible"] == []
+    assert "nothing is responsible" in result["verdict"]["summary"]
+
+
+def test_attribute_when_torch_disagrees_with_itself(tmp_path, monkeypatch):
+    # torch's own loss, made nondeterministic: both twins use it, so even the control fails
+    noisy = lambda logits, t: F.cross_entropy(logits, t) * (1 + 1e-3 * torch.rand(()))  # noqa: E731
+    monkeypatch.setitem(backends.CROSS_ENTROPY, "torch", noisy)
+    result = attribute(SHORT, str(tmp_path / "attr.json"), jobs=1)
+    assert result["verdict"]["responsible"] == []
+    assert "control fails too" in result["verdict"]["summary"]
+
+
+def _row(failed: bool) -> dict:
+    return {"status": "fail" if failed else "pass"}
+
+
+def test_verdict_for_a_combination():
+    rows = {"as configured": _row(True), "all torch": _row(False),
+            "without loss": _row(False), "only loss": _row(False),
+            "without optimizer": _row(False), "only optimizer": _row(False),
+            "without rmsnorm": _row(True), "only rmsnorm": _row(False)}
+    v = verdict(rows)
+    assert v["responsible"] == ["loss", "optimizer"]
+    assert "only the combination" in v["summary"] and "loss or optimizer" in v["summary"]
+
+
+class _BiasedAdamW(torch.optim.AdamW):
+    """planted fault: every update 1e-5 too large"""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, foreach=False, **kw)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(1e-5)
+
+
+backends.register("adamw", "fault_biased", _BiasedAdamW)
+
+
+def test_shadow_says_the_biased_twin_is_further_from_float64(tmp_path, monkeypatch):
+    config = replace(SHORT, **ALL_TORCH, f64_shadow=True, shadow_every=2)
+    ck_biased = run(tmp_path, replace(config, ck_optimizer_backend="fault_biased"), "ck.json")["shadow"]["summary"]
+    assert ck_biased["closer_to_f64"] == "torch" and ck_biased["closer_to_f64_locally"] == "torch"
+    monkeypatch.setitem(backends.ADAMW, "torch", _BiasedAdamW)  # the torch twin perturbed instead
+    torch_biased = run(tmp_path, replace(config, ck_optimizer_backend="c"), "torch.json")["shadow"]["summary"]
+    assert torch_biased["closer_to_f64"] == "ck" and torch_biased["closer_to_f64_locally"] == "ck"
+
+
+def test_shadow_ties_bit_identical_twins(tmp_path):
+    summary = run(tmp_path, replace(SHORT, **ALL_TORCH, f64_shadow=True, shadow_every=3))["shadow"]["summary"]
+    assert summary["closer_to_f64"] == "tie" and summary["probe_wins"] == {"ck": 0, "torch": 0, "tie": 2}
+
+
+def test_forecast_of_exponential_growth():
+    steps = list(range(1, 101))
+    diffs = [1e-8 * math.exp(0.05 * s) for s in steps]  # crosses 3e-5 at step 160.1
+    f = forecast(steps, diffs, 3e-5, 400, first_divergence=1)
+    assert f["model"] == "exponential" and f["param_fail_step"] == 161 and f["fit_steps"] == [1, 100]
+
+
+def test_forecast_says_why_it_has_no_step():
+    assert "never differed" in forecast([1, 2], [0.0, 0.0], 3e-5, 10, None)["reason"]
+    assert "crossed within" in forecast(list(range(1, 11)), [1.0] * 10, 3e-5, 30, 1)["reason"]
+    flat = forecast(list(range(1, 31)), [1e-6] * 30, 3e-5, 100, 1)
+    assert flat["param_fail_step"] is None and "does not grow" in flat["reason"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--f64-shadow", "--shadow-every", "0"], "--shadow-every must be >= 1"),
+    (["attribute", "--jobs", "0"], "--jobs must be >= 1"),
+    (["attribute", "--ck-loss-backend", "nope"], "--ck-loss-backend must be one of"),
+])
+def test_new_flags_refuse_bad_values(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_repro_rejects_an_unknown_preset(capsys):
+    assert main(["repro", "--preset", "nope"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_hello_text_ships_with_the_package():
+    assert open(HELLO_TEXT, "rb").read() == b"Hello!"
+    assert ckparity.__file__  # the text is found next to the installed package
