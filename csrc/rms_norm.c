@@ -155,9 +155,10 @@ static inline __attribute__((always_inline)) float grad_a_times_x1(const void *c
 
 CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1)
 
-/* One row of dx (dx may be dy: each dy_j is read before dx_j is written). */
+/* One row of dx (dx may be dy: each dy_j is read before dx_j is written);
+ * with dx_rstd, dx gets the first term and dx_rstd the second, unadded. */
 CKP_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
-                                    float *dx) {
+                                    float *dx, float *dx_rstd) {
     row_terms terms = {dy, x, weight};
     float grad_rstd = sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)D;
@@ -165,17 +166,28 @@ CKP_CLONES static void backward_row(const float *dy, const float *x, const float
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
         ckp_v8f g = ckp_load8(dy + j);
         if (weight) g = g * ckp_load8(weight + j);
-        ckp_store8(dx + j, g * r + grad_mean * (2.0f * ckp_load8(x + j)));
+        ckp_v8f normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_load8(x + j));
+        if (dx_rstd) {
+            ckp_store8(dx + j, normalized);
+            ckp_store8(dx_rstd + j, through_rstd);
+        } else {
+            ckp_store8(dx + j, normalized + through_rstd);
+        }
     }
     for (; j < D; j++) {
         float g = weight ? dy[j] * weight[j] : dy[j];
-        dx[j] = g * r + grad_mean * (2.0f * x[j]);
+        float normalized = g * r, through_rstd = grad_mean * (2.0f * x[j]);
+        if (dx_rstd) {
+            dx[j] = normalized;
+            dx_rstd[j] = through_rstd;
+        } else {
+            dx[j] = normalized + through_rstd;
+        }
     }
 }
 
-ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight,
-                                 const float *rstd, int64_t N, int64_t D,
-                                 float *dx, float *dweight) {
+static ckp_status backward(const float *dy, const float *x, const float *weight, const float *rstd, int64_t N,
+                           int64_t D, float *dx, float *dx_rstd, float *dweight) {
     if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
     if ((weight == NULL) != (dweight == NULL))
@@ -187,6 +199,14 @@ ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *w
         return ckp_fail(CKP_ERR_ALIASING, "dx partially overlaps dy");
     if (ckp_overlaps(dx, bytes, x, bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x");
+    if (dx_rstd != NULL && (ckp_overlaps(dx_rstd, bytes, dx, bytes) || ckp_overlaps(dx_rstd, bytes, dy, bytes) ||
+                            ckp_overlaps(dx_rstd, bytes, x, bytes)))
+        return ckp_fail(CKP_ERR_ALIASING, "dx_rstd overlaps dx, dy or x");
+    size_t dweight_bytes = (size_t)D * sizeof(float);
+    if (dweight != NULL && (ckp_overlaps(dweight, dweight_bytes, dx, bytes) || ckp_overlaps(dweight, dweight_bytes, dy, bytes) ||
+                            ckp_overlaps(dweight, dweight_bytes, x, bytes) ||
+                            (dx_rstd != NULL && ckp_overlaps(dweight, dweight_bytes, dx_rstd, bytes))))
+        return ckp_fail(CKP_ERR_ALIASING, "dweight overlaps dy, x or an output");
     ckp_clear_error();
     const int parallel = N * D >= 32768;
 
@@ -214,6 +234,18 @@ ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *w
     }
 
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (parallel)
-    for (int64_t i = 0; i < N; i++) backward_row(dy + i * D, x + i * D, weight, rstd[i], D, dx + i * D);
+    for (int64_t i = 0; i < N; i++)
+        backward_row(dy + i * D, x + i * D, weight, rstd[i], D, dx + i * D, dx_rstd ? dx_rstd + i * D : NULL);
     return CKP_OK;
+}
+
+ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight, const float *rstd,
+                                 int64_t N, int64_t D, float *dx, float *dweight) {
+    return backward(dy, x, weight, rstd, N, D, dx, NULL, dweight);
+}
+
+ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const float *weight, const float *rstd,
+                                       int64_t N, int64_t D, float *dx_normalized, float *dx_rstd, float *dweight) {
+    if (dx_rstd == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx_rstd must not be NULL");
+    return backward(dy, x, weight, rstd, N, D, dx_normalized, dx_rstd, dweight);
 }

@@ -120,6 +120,19 @@ ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *w
                                  const float *rstd, int64_t N, int64_t D,
                                  float *dx, float *dweight);
 
+/* The same backward with dx as the two terms torch's autograd adds
+ * separately: dx_normalized = (dy * weight) * rstd, the gradient through the
+ * product x * rstd, and dx_rstd = (g_mean / D) * (2 * x), the gradient through
+ * rstd (dx = dx_normalized + dx_rstd). When x has other uses (a residual
+ * stream), torch's engine adds the gradients of all of x's uses one by one,
+ * these two among them; a caller whose autograd engine adds the two terms in
+ * their place gets the same association of the sum, where one pre-added dx
+ * would not (ckparity.rms_norm does this). dx_normalized may be dy (in
+ * place); dx_rstd may overlap nothing. */
+ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const float *weight,
+                                       const float *rstd, int64_t N, int64_t D,
+                                       float *dx_normalized, float *dx_rstd, float *dweight);
+
 /* ------------------------------------------------------------------------
  * swiglu (csrc/swiglu.c): x is (N, 2H), gate = x[:, :H], up = x[:, H:],
  * out = F.silu(gate) * up is (N, H).

@@ -48,7 +48,17 @@ static void test_rms_norm(void) {
             CHECK(memcmp(dx, dx2, sizeof(float) * N * D) == 0 && memcmp(dw, dw2, sizeof dw) == 0 &&
                   memcmp(y, y2, sizeof(float) * N * D) == 0, "%d threads change bits", threads);
     }
-    free(x); free(y); free(y2); free(dy); free(dx); free(dx2);
+    /* the two terms, added as an autograd engine adds them, give dx to the bit */
+    float *normalized = malloc(sizeof(float) * N * D), *through_rstd = malloc(sizeof(float) * N * D), dw3[D];
+    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, NULL, dw3) == CKP_ERR_NULL_POINTER,
+          "dx_rstd missing");
+    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, dy, dw3) == CKP_ERR_ALIASING,
+          "dx_rstd over dy");
+    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, through_rstd, dw3) == CKP_OK, "terms");
+    int same = memcmp(dw, dw3, sizeof dw) == 0;
+    for (int k = 0; k < N * D; k++) same = same && normalized[k] + through_rstd[k] == dx[k];
+    CHECK(same, "dx_normalized + dx_rstd != dx");
+    free(x); free(y); free(y2); free(dy); free(dx); free(dx2); free(normalized); free(through_rstd);
 }
 
 static void test_swiglu(void) {

@@ -95,6 +95,14 @@ def rms_norm_backward(dy, x, weight, rstd, dx, dweight, *, library=lib) -> None:
                                         pointer(dx), pointer(dweight)), "rms_norm backward", library)
 
 
+def rms_norm_backward_terms(dy, x, weight, rstd, dx_normalized, dx_rstd, dweight, *, library=lib) -> None:
+    """As rms_norm_backward, with dx as its two unadded terms."""
+    N, D = x.shape
+    check(library.ckp_rms_norm_backward_terms(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
+                                              pointer(dx_normalized), pointer(dx_rstd), pointer(dweight)),
+          "rms_norm backward", library)
+
+
 # ---- swiglu -----------------------------------------------------------------
 
 def swiglu_forward(x, out, *, library=lib) -> None:

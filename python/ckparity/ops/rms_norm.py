@@ -15,19 +15,33 @@ from ._function import first_order_only
 DEFAULT_EPS = torch.finfo(torch.float32).eps
 
 
+def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
+    return t.reshape(-1, D).contiguous()
+
+
 class _RMSNormFunction(torch.autograd.Function):
-    """First-order only: see ops/_function.py."""
+    """x comes in twice — the x of torch's product x * rstd and the x of its
+    rstd = rsqrt(mean(x**2) + eps) — and backward returns one gradient term for
+    each (ckp_rms_norm_backward_terms). Autograd adds them into x's gradient
+    one by one, in its engine's order, with the gradients of x's other uses (a
+    residual stream): the same association of the sum as torch's composite
+    rms_norm, whose engine adds the two terms separately too. One pre-added dx
+    would make the residual sum (res + (a + b)) where torch has ((res + a) + b).
+
+    First-order only: see ops/_function.py."""
 
     @staticmethod
-    def forward(x, weight, eps):
-        y = torch.empty_like(x)
-        rstd = torch.empty(x.shape[0], dtype=torch.float32)
-        _bindings.rms_norm_forward(x, weight, eps, y, rstd)
+    def forward(x, x_again, weight, eps):
+        D = x.shape[-1]
+        rows = _rows(x, D)
+        y = torch.empty(x.shape, dtype=torch.float32)
+        rstd = torch.empty(rows.shape[0], dtype=torch.float32)
+        _bindings.rms_norm_forward(rows, weight, eps, y.view(-1, D), rstd)
         return y, rstd
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, weight, _ = inputs
+        x, _, weight, _ = inputs
         _, rstd = output
         ctx.mark_non_differentiable(rstd)
         ctx.save_for_backward(x, weight, rstd)
@@ -36,10 +50,13 @@ class _RMSNormFunction(torch.autograd.Function):
     @first_order_only
     def backward(ctx, dy, _drstd):
         x, weight, rstd = ctx.saved_tensors
-        dx = torch.empty_like(x)
+        D = x.shape[-1]
+        rows = _rows(x, D)
+        dx_normalized, dx_rstd = torch.empty(x.shape, dtype=torch.float32), torch.empty(x.shape, dtype=torch.float32)
         dweight = torch.empty_like(weight) if weight is not None else None
-        _bindings.rms_norm_backward(dy.contiguous(), x, weight, rstd, dx, dweight)
-        return dx, dweight, None
+        _bindings.rms_norm_backward_terms(_rows(dy, D), rows, weight, rstd, dx_normalized.view(-1, D),
+                                          dx_rstd.view(-1, D), dweight)
+        return dx_normalized, dx_rstd, dweight, None
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -62,6 +79,9 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
         raise InvalidArgument(f"eps must be finite and >= 0, got {eps}")
     if input.numel() == 0:  # no rows, or rows of width 0: torch returns the empty shape, graph kept
         return input * (weight if weight is not None else 1.0)
-    x = input.reshape(-1, math.prod(shape)).contiguous()
-    y, _ = _RMSNormFunction.apply(x, weight, eps)
-    return y.reshape(input.shape)
+    D = math.prod(shape)
+    # the last len(shape) dimensions flattened to D (a view when it can be; the
+    # function's gradients come back in this shape, then through the view)
+    x = input if len(shape) == 1 else input.flatten(-len(shape))
+    y, _ = _RMSNormFunction.apply(x, x, weight.reshape(D) if weight is not None else None, eps)
+    return y if len(shape) == 1 else y.unflatten(-1, shape)
