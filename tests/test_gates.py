@@ -131,3 +131,17 @@ def test_failing_gate_exits_1(tmp_path, monkeypatch):
     config = tmp_path / "gates.toml"
     config.write_text("[optimizer_parity]\nsteps = 3\nsizes = [7]\n")
     assert main(["gate", "--only", "optimizer_parity", "--config", str(config), "--out-dir", str(tmp_path)]) == 1
+
+
+def test_depth_sweep_passes_as_built(tmp_path):
+    result = gates.depth_sweep(small("depth_sweep", steps=3), tmp_path)
+    assert result["passed"], result["summary"]
+    assert all(r["bitwise"] for r in result["details"]["rows"] if r["variant"] == "bitwise")
+
+
+def test_depth_sweep_catches_a_broken_composition(tmp_path, monkeypatch):
+    from test_composition import _pre_added_rms_norm
+
+    monkeypatch.setitem(backends.RMS_NORM, "c", _pre_added_rms_norm)  # the pre-added dx, planted as "c"
+    result = gates.depth_sweep(small("depth_sweep", steps=3, variants=["bitwise"]), tmp_path)
+    assert not result["passed"] and "not bit-identical" in result["summary"]

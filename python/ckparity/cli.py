@@ -49,21 +49,26 @@ def _train(argv: list[str]) -> int:
 
 
 def _repro(argv: list[str]) -> int:
-    from .harness.repro import PRESETS, repro
+    from .harness.repro import DEPTH, PRESETS, depth_sweep, repro
 
     parser = argparse.ArgumentParser(prog="ckparity repro", description="A preset run with --ck-loss-backend c, "
                                      "c_ptref and torch, then an A/B table. 850: the seed's 850-step repro; "
-                                     "stress: the text 'Hello!' repeated, lr 1e-3, 1000 steps.")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="850")
+                                     "stress: the text 'Hello!' repeated, lr 1e-3, 1000 steps; ckv7-gates: the "
+                                     "seed's larger profile; depth: residual models of 1..24 layers, 100 steps.")
+    parser.add_argument("--preset", choices=sorted(PRESETS) + ["depth"], default="850")
     parser.add_argument("--out-dir", default="reports")
     parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset")
     parser.add_argument("--f64-shadow", action="store_true", help="add the float64 shadow to each run")
     args = parser.parse_args(argv)
-    preset = PRESETS[args.preset]
+    preset = DEPTH if args.preset == "depth" else PRESETS[args.preset]
     if args.max_steps is not None:
         preset = replace(preset, max_steps=args.max_steps)
     if args.f64_shadow:
         preset = replace(preset, f64_shadow=True)
+    if args.preset == "depth":
+        rows, text = depth_sweep(args.out_dir, preset)
+        print(text)
+        return max(_exit_code(r) for r in rows)
     reports, text = repro(args.out_dir, preset, args.preset)
     print(text)
     return max(_exit_code(r) for r in reports.values())

@@ -32,7 +32,7 @@ from .harness.twins import build_twins
 from .measure import RULES, max_ulp, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
-              "long_horizon"]
+              "long_horizon", "depth_sweep"]
 
 # Settings per gate; the "full" tier overrides some of them (TIERS).
 DEFAULTS: dict[str, dict] = {
@@ -45,9 +45,12 @@ DEFAULTS: dict[str, dict] = {
     "drift_smoke": {"steps": 100, "grad_accum": 2, "models": ["tiny", "stacked"], "ck_loss_backend": "c",
                     "ck_optimizer_backend": "c"},
     "long_horizon": {"steps": 150, "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
+    "depth_sweep": {"depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"]},
 }
 TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {"coordinates": 64},
-                               "drift_smoke": {"steps": 300}}}
+                               "drift_smoke": {"steps": 300},
+                               "depth_sweep": {"depths": [1, 2, 6, 12, 24], "steps": 100,
+                                               "variants": ["bitwise", "c", "c_ptref", "torch"]}}}
 
 
 def _result(passed: bool, summary: str, **details) -> dict:
@@ -309,6 +312,27 @@ def long_horizon(settings: dict, out_dir: Path) -> dict:
     return _harness_gate(runs, out_dir, "long_horizon")
 
 
+def depth_sweep(settings: dict, out_dir: Path) -> dict:
+    """Residual twins of growing depth: the "bitwise" variant (every kernel
+    bit-identical) must stay bit-identical at every depth, and every variant
+    must pass parity."""
+    from .harness.repro import DEPTH, DEPTH_VARIANTS
+    from .harness.repro import depth_sweep as sweep
+
+    variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
+    rows, _ = sweep(str(out_dir), replace(DEPTH, max_steps=settings["steps"], no_progress=True),
+                    settings["depths"], variants)
+    if any(r["status"] == "interrupted" for r in rows):
+        raise Interrupted(2)
+    failures = [f"L={r['layers']} {r['variant']}: not bit-identical (first divergence at {r['first_divergence_stage']})"
+                for r in rows if r["variant"] == "bitwise" and not r["bitwise"]]
+    failures += [f"L={r['layers']} {r['variant']}: {r['status']} (params fail at {r['first_param_fail_step']})"
+                 for r in rows if r["status"] != "pass"]
+    summary = failures[0] if failures else (f"{len(rows)} runs at L={settings['depths']}: all pass, "
+                                            f"bitwise variant bit-identical at every depth")
+    return _result(not failures, summary, rows=rows, failures=failures)
+
+
 GATES: dict[str, Callable] = {
     "kernel_parity": lambda s, out: kernel_parity(s),
     "optimizer_parity": lambda s, out: optimizer_parity(s),
@@ -316,6 +340,7 @@ GATES: dict[str, Callable] = {
     "replay_determinism": replay_determinism,
     "drift_smoke": drift_smoke,
     "long_horizon": long_horizon,
+    "depth_sweep": depth_sweep,
 }
 
 

@@ -20,8 +20,21 @@ PRESET = RunConfig(epochs=8, seq_len=8, total_tokens=131072, grad_accum=8, optim
 HELLO_TEXT = str(Path(__file__).resolve().parent.parent / "data" / "hello.txt")
 STRESS = RunConfig(train_text=HELLO_TEXT, total_tokens=4097, epochs=16, seq_len=8, grad_accum=8, lr=1e-3,
                    max_steps=1000)
-PRESETS = {"850": PRESET, "stress": STRESS}
+# The seed harness's larger "production-safe" profile (CK v7's gates).
+CKV7_GATES = RunConfig(vocab=1024, d_model=256, hidden=1024, lr=5e-4, max_grad_norm=1.0, epochs=3, total_tokens=4096,
+                       seq_len=8, grad_accum=8)
+PRESETS = {"850": PRESET, "stress": STRESS, "ckv7-gates": CKV7_GATES}
 LOSS_BACKENDS = ["c", "c_ptref", "torch"]
+
+# The depth sweep: the stress profile's data and lr on residual models of
+# growing depth, each loss backend with the C AdamW, and the "bitwise" variant
+# (C rms_norm and swiglu, torch's loss and AdamW: every kernel bit-identical,
+# so the whole twin must be).
+DEPTH = replace(STRESS, model="stacked", max_steps=100)
+DEPTHS = [1, 2, 6, 12, 24]
+DEPTH_VARIANTS = {"c": {"ck_loss_backend": "c"}, "c_ptref": {"ck_loss_backend": "c_ptref"},
+                  "torch": {"ck_loss_backend": "torch"},
+                  "bitwise": {"ck_loss_backend": "torch", "ck_optimizer_backend": "torch"}}
 
 
 def _fmt(value) -> str:
@@ -74,6 +87,37 @@ def repro(out_dir: str = "reports", preset: RunConfig = PRESET, name: str = "850
         if reports[backend]["status"] == "interrupted":
             break
     return reports, table(reports)
+
+
+def depth_sweep(out_dir: str, preset: RunConfig = DEPTH, depths: list[int] = DEPTHS,
+                variants: dict[str, dict] = DEPTH_VARIANTS) -> tuple[list[dict], str]:
+    """One run per depth and variant; rows for the table (and the depth gate)."""
+    check_writable_dir(out_dir, "--out-dir")
+    rows = []
+    for depth in depths:
+        for name, overrides in variants.items():
+            path = Path(out_dir) / f"depth_{preset.model}_L{depth}_{name}.json"
+            r = train(replace(preset, num_layers=depth, json_out=str(path), **overrides))
+            rows.append({"model": preset.model, "layers": depth, "variant": name, "status": r["status"],
+                         "first_param_fail_step": r["first_param_fail_step"],
+                         "first_loss_fail_step": r["first_loss_fail_step"],
+                         "max_param_abs_diff": r["max_param_abs_diff"],
+                         "bitwise": r["divergence"]["first_step"] is None,
+                         "first_divergence_stage": r["divergence"]["stage"], "wall_s": r["timing"]["wall_s"]})
+            if r["status"] == "interrupted":
+                return rows, depth_table(rows)
+    return rows, depth_table(rows)
+
+
+def depth_table(rows: list[dict]) -> str:
+    lines = ["| model | L | variant | status | first param fail | first loss fail | max param diff | bitwise "
+             "| first divergence | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['layers']} | {r['variant']} | {r['status']} | "
+                     f"{_fmt(r['first_param_fail_step'])} | {_fmt(r['first_loss_fail_step'])} | "
+                     f"{_fmt(r['max_param_abs_diff'])} | {_fmt(r['bitwise'])} | {_fmt(r['first_divergence_stage'])} | "
+                     f"{r['wall_s']:.1f} |")
+    return "\n".join(lines)
 
 
 def plot(reports: dict[str, dict], out: str) -> None:
