@@ -44,6 +44,13 @@ def swiglu(L, x, dout):
     return out, dx
 
 
+def rope(L, x, cos, sin, layout):
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+    C.rope_forward(x, cos, sin, layout, out, library=L)
+    C.rope_backward(out, cos, sin, layout, dx, library=L)
+    return out, dx
+
+
 def adamw(L, p, g, m, v, amsgrad):
     p, m, v = p.clone(), m.clone(), v.clone()
     vmax = v.clone() if amsgrad else None
@@ -77,6 +84,9 @@ def cases():
     xs = torch.randn(9, 200, generator=g) * 30
     ds = torch.randn(9, 100, generator=g)
     yield "swiglu", lambda L: swiglu(L, xs, ds)
+    xq, angles = torch.randn(6, 11, 74, generator=g) * 3, torch.rand(11, 37, generator=g) * 6
+    for layout in ("half", "interleaved"):
+        yield f"rope {layout}", lambda L, lay=layout: rope(L, xq, angles.cos(), angles.sin(), lay)
     n = 1003
     pa, ga, ma = (torch.randn(n, generator=g) for _ in range(3))
     va = torch.rand(n, generator=g)

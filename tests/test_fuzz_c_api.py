@@ -128,6 +128,18 @@ def fuzz_swiglu(rng: random.Random) -> int:
                           [dx] if dx is not x else [])
 
 
+def fuzz_rope(rng: random.Random) -> int:
+    N, T, d = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:6], 0), pick(rng, [2, 4, 8, 66], 0, 7, -2)
+    n = max(N, 0) * max(T, 0) * max(d, 0)
+    x = data(rng, n)
+    cos, sin = data(rng, max(T, 1) * max(d, 2) // 2), data(rng, max(T, 1) * max(d, 2) // 2)
+    out = x if rng.random() < 0.05 else torch.empty(n + 1)
+    layout = pick(rng, [0, 1], 2, 100)
+    call = lib.ckp_rope_forward if rng.random() < 0.5 else lib.ckp_rope_backward
+    return call_and_check(rng, lambda: call(ptr(maybe_null(rng, x)), ptr(cos), ptr(maybe_null(rng, sin)), N, T, d,
+                                            layout, ptr(out)), [out] if out is not x else [])
+
+
 def fuzz_adamw(rng: random.Random) -> int:
     n = pick(rng, SIZES[2:], -3, 0)
     p, g, m = data(rng, n), data(rng, n), data(rng, n)
@@ -160,7 +172,8 @@ def fuzz_grad_norm(rng: random.Random) -> int:
     return status
 
 
-@pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_adamw, fuzz_grad_norm],
+@pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_adamw,
+                                   fuzz_grad_norm],
                          ids=lambda f: f.__name__.removeprefix("fuzz_"))
 def test_fuzz_every_entry_point(entry):
     rng = random.Random(f"ckparity-fuzz-{entry.__name__}")

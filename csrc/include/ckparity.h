@@ -169,6 +169,24 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
 ckp_status ckp_grad_norm(const float *const *tensors, const int64_t *sizes, int64_t count,
                          double norm_type, double *total_norm);
 
+/* ------------------------------------------------------------------------
+ * rope (csrc/rope.c): rotary position embedding of x (N, T, d), N = batch x
+ * heads, d even, with cos and sin (T, d/2): one angle per position and
+ * frequency. Layouts: rotate-half (Llama) and interleaved pairs. out and dx
+ * may not overlap any input.
+ * ---------------------------------------------------------------------- */
+typedef enum {
+    CKP_ROPE_HALF = 0,        /* (x[i], x[i + d/2]) rotate together */
+    CKP_ROPE_INTERLEAVED = 1  /* (x[2i], x[2i + 1]) rotate together */
+} ckp_rope_layout;
+
+ckp_status ckp_rope_forward(const float *x, const float *cos, const float *sin, int64_t N, int64_t T, int64_t d,
+                            int layout, float *out);
+
+/* dout and dx are (N, T, d): the gradient of x (the transpose rotation). */
+ckp_status ckp_rope_backward(const float *dout, const float *cos, const float *sin, int64_t N, int64_t T,
+                             int64_t d, int layout, float *dx);
+
 /* CKP_CDEF_END */
 
 #ifdef __cplusplus

@@ -129,7 +129,37 @@ static void test_grad_norm(void) {
     CHECK(ckp_grad_norm(tensors, sizes, 2, 2.0, &total) == CKP_OK && isinf(total), "inf 2-norm");
 }
 
+static void test_rope(void) {
+    enum { RN = 6, RT = 37, RD = 66 };  /* RD/2 = 33: no vector-friendly width */
+    float *x = malloc(sizeof(float) * RN * RT * RD), *out = malloc(sizeof(float) * RN * RT * RD);
+    float *out2 = malloc(sizeof(float) * RN * RT * RD), *back = malloc(sizeof(float) * RN * RT * RD);
+    float c[RT * RD / 2], s[RT * RD / 2];
+    for (int k = 0; k < RN * RT * RD; k++) x[k] = check_uniform(3.0f);
+    for (int k = 0; k < RT * RD / 2; k++) {
+        c[k] = cosf(0.37f * (float)k);
+        s[k] = sinf(0.37f * (float)k);
+    }
+    CHECK(ckp_rope_forward(x, c, s, RN, RT, 7, CKP_ROPE_HALF, out) == CKP_ERR_BAD_SIZE, "odd head dim");
+    CHECK(ckp_rope_forward(x, c, NULL, RN, RT, RD, CKP_ROPE_HALF, out) == CKP_ERR_NULL_POINTER, "NULL sin");
+    CHECK(ckp_rope_forward(x, c, s, RN, RT, RD, 2, out) == CKP_ERR_BAD_OPTION, "bad layout");
+    CHECK(ckp_rope_forward(x, c, s, RN, RT, RD, CKP_ROPE_HALF, x) == CKP_ERR_ALIASING, "in place");
+    for (int layout = 0; layout < 2; layout++) {
+        for (int threads = 1; threads <= 4; threads *= 2) {
+            ckp_set_num_threads(threads);
+            CHECK(ckp_rope_forward(x, c, s, RN, RT, RD, layout, threads == 1 ? out : out2) == CKP_OK, "forward");
+        }
+        CHECK(memcmp(out, out2, sizeof(float) * RN * RT * RD) == 0, "layout %d: threads change bits", layout);
+        /* the backward is the transpose rotation: it takes the output back to x */
+        CHECK(ckp_rope_backward(out, c, s, RN, RT, RD, layout, back) == CKP_OK, "backward");
+        float worst = 0.0f;
+        for (int k = 0; k < RN * RT * RD; k++) worst = fmaxf(worst, fabsf(back[k] - x[k]));
+        CHECK(worst < 1e-5f, "layout %d: backward(forward(x)) is %g from x", layout, worst);
+    }
+    free(x); free(out); free(out2); free(back);
+}
+
 int main(void) {
+    test_rope();
     test_rms_norm();
     test_swiglu();
     test_adamw();

@@ -9,6 +9,7 @@ from .errors import CkparityError
 from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
 from .ops.rms_norm import rms_norm
+from .ops.rope import rope
 from .ops.swiglu import swiglu
 from .threads import get_num_threads, set_num_threads
 
@@ -23,6 +24,7 @@ __all__ = [
     "nn",
     "optim",
     "rms_norm",
+    "rope",
     "set_num_threads",
     "swiglu",
     "__version__",

@@ -117,6 +117,25 @@ def swiglu_backward(dout, x, dx, *, library=lib) -> None:
     check(library.ckp_swiglu_backward(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward", library)
 
 
+# ---- rope -------------------------------------------------------------------
+
+ROPE_LAYOUTS = {"half": lib.CKP_ROPE_HALF, "interleaved": lib.CKP_ROPE_INTERLEAVED}
+
+
+def rope_forward(x, cos, sin, layout: str, out, *, library=lib) -> None:
+    """x, out (N, T, d); cos, sin (T, d/2)."""
+    N, T, d = x.shape
+    check(library.ckp_rope_forward(pointer(x), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
+                                   pointer(out)), "rope", library)
+
+
+def rope_backward(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
+    """dout, dx (N, T, d); cos, sin (T, d/2)."""
+    N, T, d = dout.shape
+    check(library.ckp_rope_backward(pointer(dout), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
+                                    pointer(dx)), "rope backward", library)
+
+
 # ---- adamw ------------------------------------------------------------------
 
 def adamw_options(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,

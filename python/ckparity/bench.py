@@ -113,6 +113,15 @@ def _swiglu_kernel(x):
     return run
 
 
+def _rope_kernel(x, cos, sin):
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+
+    def run():
+        _bindings.rope_forward(x, cos, sin, "half", out)
+        _bindings.rope_backward(out, cos, sin, "half", dx)
+    return run
+
+
 def _adamw_kernel(n, g):
     p, grad, m, v = (torch.randn(n, generator=g) for _ in range(4))
     v.abs_()
@@ -138,6 +147,13 @@ def cases():
         # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
         yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(reference.swiglu, x),
                    32 * N * H, _swiglu_kernel(x.detach()), 2)
+    for N, T, d in ((64, 512, 128), (4, 8, 16)):
+        x = torch.randn(N, T, d, generator=g).requires_grad_(True)
+        angles = torch.rand(T, d // 2, generator=g) * 6
+        cos, sin = angles.cos(), angles.sin()
+        # forward reads x, writes out; backward reads dout, writes dx (the tables stay in cache)
+        yield Case("rope", f"N={N},T={T},d={d}", _fwd_bwd(ckparity.rope, x, cos, sin),
+                   _fwd_bwd(reference.rope, x, cos, sin), 16 * N * T * d, _rope_kernel(x.detach(), cos, sin), 2)
     for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
         params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused")}
         grad = torch.randn(n, generator=g)

@@ -1,0 +1,81 @@
+/*
+ * rope.c — rotary position embedding, forward and backward, in the two layouts
+ * people use. x is (N, T, d) (N = batch x heads), cos and sin are (T, d/2): one
+ * angle per position and frequency. With h = d/2 and c, s = cos, sin[t, i]:
+ *
+ *   half (rotate-half, as in Llama; the torch formulation
+ *   x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), rotate_half(x) = cat(-x2, x1)):
+ *     out[i]     = x[i] * c - x[i+h] * s          dx[i]     = g[i] * c + g[i+h] * s
+ *     out[i+h]   = x[i+h] * c + x[i] * s          dx[i+h]   = g[i+h] * c - g[i] * s
+ *   interleaved (pairs (x[2i], x[2i+1]); the torch formulation
+ *   stack(x1 * cos - x2 * sin, x2 * cos + x1 * sin, -1).flatten(-2), x1, x2 = x[..., 0::2], x[..., 1::2]):
+ *     out[2i]    = x[2i] * c - x[2i+1] * s        dx[2i]    = g[2i] * c + g[2i+1] * s
+ *     out[2i+1]  = x[2i+1] * c + x[2i] * s        dx[2i+1]  = g[2i+1] * c - g[2i] * s
+ *
+ * Each element is two rounded products and one rounded sum, as torch computes
+ * it (adding -(b*s) is subtracting b*s, exactly); the backward's two terms are
+ * the gradients autograd adds for x's two uses (reference: ckparity.reference.rope
+ * and its autograd). No sums across elements: any thread split gives the same bits.
+ */
+#include "ckp_internal.h"
+
+static ckp_status check_args(const float *x, const float *cos_, const float *sin_, const float *out, int64_t N,
+                             int64_t T, int64_t d, int layout) {
+    if (x == NULL || cos_ == NULL || sin_ == NULL || out == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "x, cos, sin and out must not be NULL");
+    if (N <= 0 || T <= 0 || d <= 0)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "N, T and d must be positive, got N=%lld T=%lld d=%lld", (long long)N,
+                        (long long)T, (long long)d);
+    if (d % 2 != 0) return ckp_fail(CKP_ERR_BAD_SIZE, "the head dim d must be even, got %lld", (long long)d);
+    if (N > INT64_MAX / T / d)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "N*T*d overflows: N=%lld T=%lld d=%lld", (long long)N, (long long)T,
+                        (long long)d);
+    if (layout != CKP_ROPE_HALF && layout != CKP_ROPE_INTERLEAVED)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "layout must be 0 (half) or 1 (interleaved), got %d", layout);
+    size_t bytes = (size_t)(N * T * d) * sizeof(float), table = (size_t)(T * d / 2) * sizeof(float);
+    if (ckp_overlaps(out, bytes, x, bytes) || ckp_overlaps(out, bytes, cos_, table) ||
+        ckp_overlaps(out, bytes, sin_, table))
+        return ckp_fail(CKP_ERR_ALIASING, "the output overlaps an input");
+    ckp_clear_error();
+    return CKP_OK;
+}
+
+/* sign = -1: the forward rotation; +1: its transpose (the backward). */
+CKP_CLONES static void rotate_row(const float *x, const float *c, const float *s, int64_t d, int layout, float sign,
+                                  float *out) {
+    int64_t h = d / 2;
+    if (layout == CKP_ROPE_HALF) {
+        for (int64_t i = 0; i < h; i++) {
+            out[i] = x[i] * c[i] + sign * (x[i + h] * s[i]);
+            out[i + h] = x[i + h] * c[i] - sign * (x[i] * s[i]);
+        }
+    } else {
+        for (int64_t i = 0; i < h; i++) {
+            out[2 * i] = x[2 * i] * c[i] + sign * (x[2 * i + 1] * s[i]);
+            out[2 * i + 1] = x[2 * i + 1] * c[i] - sign * (x[2 * i] * s[i]);
+        }
+    }
+}
+
+static ckp_status rotate(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
+                         int layout, float sign, float *out) {
+    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout);
+    if (status != CKP_OK) return status;
+    /* x and out (N, T, d); cos and sin (T, d/2) */
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
+    for (int64_t row = 0; row < N * T; row++) {
+        int64_t t = row % T;
+        rotate_row(x + row * d, cos_ + t * (d / 2), sin_ + t * (d / 2), d, layout, sign, out + row * d);
+    }
+    return CKP_OK;
+}
+
+ckp_status ckp_rope_forward(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
+                            int layout, float *out) {
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out);
+}
+
+ckp_status ckp_rope_backward(const float *dout, const float *cos_, const float *sin_, int64_t N, int64_t T,
+                             int64_t d, int layout, float *dx) {
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx);
+}
