@@ -45,7 +45,7 @@ DEFAULTS: dict[str, dict] = {
     "drift_smoke": {"steps": 100, "grad_accum": 2, "models": ["tiny", "stacked"], "ck_loss_backend": "c",
                     "ck_optimizer_backend": "c"},
     "long_horizon": {"steps": 150, "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
-    "depth_sweep": {"depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"]},
+    "depth_sweep": {"depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"], "models": ["stacked", "llama"]},
 }
 TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {"coordinates": 64},
                                "drift_smoke": {"steps": 300},
@@ -321,7 +321,7 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
 
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
     rows, _ = sweep(str(out_dir), replace(DEPTH, max_steps=settings["steps"], no_progress=True),
-                    settings["depths"], variants)
+                    settings["depths"], variants, settings["models"])
     if any(r["status"] == "interrupted" for r in rows):
         raise Interrupted(2)
     failures = [f"L={r['layers']} {r['variant']}: not bit-identical (first divergence at {r['first_divergence_stage']})"

@@ -24,19 +24,22 @@ CROSS_ENTROPY: dict[str, Callable] = {
     "c_ptref": lambda logits, targets: ckparity.cross_entropy(logits, targets, variant="ptref"),
     "torch": F.cross_entropy,
 }
+# rope takes (q or k (B, heads, T, d), cos, sin (T, d/2)), rotate-half layout.
+ROPE: dict[str, Callable] = {"c": lambda x, cos, sin: ckparity.rope(x, cos, sin, layout="half"),
+                             "torch": lambda x, cos, sin: reference.rope(x, cos, sin, "half")}
 # optimizers take (params, lr, betas, eps, weight_decay) like torch.optim.AdamW.
 ADAMW: dict[str, Callable] = {"c": ckparity.optim.AdamW, "torch": reference.adamw}
 CLIP_GRAD_NORM: dict[str, Callable] = {"c": ckparity.clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_}
 
 BACKENDS: dict[str, dict[str, Callable]] = {
-    "rms_norm": RMS_NORM, "swiglu": SWIGLU, "cross_entropy": CROSS_ENTROPY, "adamw": ADAMW}
+    "rms_norm": RMS_NORM, "swiglu": SWIGLU, "cross_entropy": CROSS_ENTROPY, "rope": ROPE, "adamw": ADAMW}
 
 # the backends ckparity itself offers (register() adds others, e.g. planted faults)
 BUILTIN: dict[str, tuple[str, ...]] = {kernel: tuple(table) for kernel, table in BACKENDS.items()}
 
 # RunConfig field (the seed's flag, --ck-loss-backend) -> kernel name
 FLAGS = {"ck_rmsnorm_backend": "rms_norm", "ck_swiglu_backend": "swiglu", "ck_loss_backend": "cross_entropy",
-         "ck_optimizer_backend": "adamw"}
+         "ck_rope_backend": "rope", "ck_optimizer_backend": "adamw"}
 
 
 def register(kernel: str, name: str, fn: Callable) -> None:

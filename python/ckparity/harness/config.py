@@ -25,8 +25,13 @@ def _flag(default, help: str, **argparse_kwargs):
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: str = _flag("tiny", "the twin model", choices=["tiny", "stacked"])
-    num_layers: int = _flag(2, "blocks of the stacked model")
+    model: str = _flag("tiny", "the twin model", choices=["tiny", "stacked", "llama"])
+    num_layers: int = _flag(2, "blocks of the stacked and llama models")
+    heads: int = _flag(4, "llama: attention heads (d-model / heads is the head dim, even)")
+    kv_heads: int = _flag(0, "llama: key/value heads for grouped-query attention (0: as many as --heads)")
+    rope_theta: float = _flag(10000.0, "llama: the rotary embedding's base")
+    tie_embeddings: bool = _flag(False, "llama: lm_head shares the embedding matrix")
+    batch_size: int = _flag(1, "windows per micro-step (B)")
     epochs: int = _flag(1, "passes over the token stream")
     seq_len: int = _flag(8, "tokens per micro-batch")
     total_tokens: int = _flag(131072, "tokens in the stream (a --train-text is repeated until it has them)")
@@ -62,6 +67,7 @@ class RunConfig:
     ck_rmsnorm_backend: str = _flag("c", "the CK twin's rms_norm")
     ck_swiglu_backend: str = _flag("c", "the CK twin's swiglu")
     ck_loss_backend: str = _flag("c", "the CK twin's cross_entropy (c: default variant, c_ptref: ptref)")
+    ck_rope_backend: str = _flag("c", "the CK twin's rope (llama)")
     ck_optimizer_backend: str = _flag("c", "the CK twin's adamw")
 
     def __post_init__(self) -> None:
@@ -80,7 +86,7 @@ def _validate(config: RunConfig) -> None:
         if f.metadata.get("choices") and getattr(config, f.name) not in f.metadata["choices"]:
             raise UsageError(f"{_name(f.name)} must be one of {f.metadata['choices']}, got {getattr(config, f.name)!r}")
     positive = ["epochs", "seq_len", "total_tokens", "vocab", "d_model", "hidden", "grad_accum", "num_layers",
-                "shadow_every"]
+                "shadow_every", "heads", "batch_size"]
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
@@ -103,6 +109,16 @@ def _validate(config: RunConfig) -> None:
         choices = sorted(backends.BACKENDS[kernel])
         if getattr(config, name) not in choices:
             raise UsageError(f"{_name(name)} must be one of {choices}, got {getattr(config, name)!r}")
+    if config.kv_heads < 0:
+        raise UsageError(f"--kv-heads must be >= 0, got {config.kv_heads}")
+    if not (config.rope_theta > 0 and math.isfinite(config.rope_theta)):
+        raise UsageError(f"--rope-theta must be finite and > 0, got {config.rope_theta}")
+    if config.model == "llama":
+        if config.d_model % config.heads or (config.d_model // config.heads) % 2:
+            raise UsageError(f"--d-model {config.d_model} must split into --heads {config.heads} heads of an even "
+                             f"head dim")
+        if config.heads % (config.kv_heads or config.heads):
+            raise UsageError(f"--heads {config.heads} must be a multiple of --kv-heads {config.kv_heads}")
     if config.optimizer == "sgd" and config.ck_optimizer_backend != "c":
         raise UsageError("--ck-optimizer-backend takes no effect with --optimizer sgd (both twins run torch's SGD)")
 

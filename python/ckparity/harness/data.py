@@ -2,12 +2,14 @@
 
 Tokens are seeded random integers in [0, vocab), or the bytes of a text file
 mod vocab, repeated until the stream has total_tokens (as the seed's harness
-does: a 6-byte "Hello!" trains like any other text). A micro-batch is one window of seq_len input tokens and the
-seq_len tokens that follow each of them as targets; a step takes grad_accum
-consecutive windows. When the windows of an epoch do not divide evenly, the
+does: a 6-byte "Hello!" trains like any other text). A window is seq_len
+input tokens and the seq_len tokens that follow each of them as targets; a
+micro-batch is batch_size consecutive windows (B, T); a step is grad_accum
+micro-batches. When the windows of an epoch do not divide evenly, the
 epoch's last step is partial: it takes the windows that are left (and its
-micro-losses are scaled by 1/len(step), not 1/grad_accum). With --ignore-frac, that fraction of the targets
-(chosen by the seed) is set to ignore_index (-100)."""
+micro-losses are scaled by 1/len(step), not 1/grad_accum). With
+--ignore-frac, that fraction of the targets (chosen by the seed) is set to
+ignore_index (-100)."""
 
 from __future__ import annotations
 
@@ -58,18 +60,22 @@ class Batches:
     def __init__(self, tokens: torch.Tensor, config) -> None:
         self.inputs = tokens[:-1]
         self.targets = make_targets(tokens, config)
-        self.seq_len, self.grad_accum = config.seq_len, config.grad_accum
+        self.seq_len, self.grad_accum, self.batch_size = config.seq_len, config.grad_accum, config.batch_size
         self.windows_per_epoch = self.inputs.numel() // self.seq_len
-        self.steps_per_epoch = -(-self.windows_per_epoch // self.grad_accum)
+        self.steps_per_epoch = -(-self.windows_per_epoch // (self.grad_accum * self.batch_size))
         total = self.steps_per_epoch * config.epochs
         self.num_steps = min(total, config.max_steps) if config.max_steps > 0 else total
 
     def step(self, s: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        first = (s % self.steps_per_epoch) * self.grad_accum
-        out = []
-        for w in range(first, min(first + self.grad_accum, self.windows_per_epoch)):
-            lo = w * self.seq_len
-            out.append((self.inputs[lo: lo + self.seq_len], self.targets[lo: lo + self.seq_len]))
+        """The step's micro-batches: (tokens, targets), each (B, T)."""
+        per_step = self.grad_accum * self.batch_size
+        first = (s % self.steps_per_epoch) * per_step
+        last = min(first + per_step, self.windows_per_epoch)
+        T, out = self.seq_len, []
+        for lo in range(first, last, self.batch_size):
+            windows = range(lo, min(lo + self.batch_size, last))
+            out.append((torch.stack([self.inputs[w * T: (w + 1) * T] for w in windows]),
+                        torch.stack([self.targets[w * T: (w + 1) * T] for w in windows])))
         return out
 
     def __iter__(self):

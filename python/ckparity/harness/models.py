@@ -1,5 +1,6 @@
 """The twin models. Both twins are instances of the same class built with
-different ops (twins.build_twins copies the weights).
+different ops (twins.build_twins copies the weights). Tokens are (B, T):
+B windows of T tokens.
 
 Every forward returns the activations of each stage by name, so that
 localization can compare the twins stage by stage."""
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -18,6 +20,7 @@ class Ops:
     rms_norm: Callable  # (x, normalized_shape, weight, eps) like F.rms_norm
     swiglu: Callable    # (x [..., 2H]) -> [..., H]
     loss: Callable      # (logits (N, V), targets (N)) -> mean loss
+    rope: Callable      # (q or k (B, heads, T, d), cos, sin (T, d/2)) -> rotated, rotate-half layout
 
 
 class RMSNormLayer(nn.Module):
@@ -91,8 +94,93 @@ class StackedModel(nn.Module):
         return acts
 
 
+def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's rotary angles: position t times theta**(-2i/d), as cos and sin (T, d/2) in float32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads and rotary embeddings:
+    q, k, v projections, rope on q and k, F.scaled_dot_product_attention
+    (is_causal), o projection."""
+
+    def __init__(self, d_model: int, heads: int, kv_heads: int, ops: Ops) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.ops = heads, kv_heads, d_model // heads, ops
+        self.q_proj = nn.Linear(d_model, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, d_model, bias=False)
+
+    def forward(self, x, cos, sin, acts: dict, prefix: str):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        acts[f"{prefix}.q_rope"] = q = self.ops.rope(q, cos[:T], sin[:T])
+        acts[f"{prefix}.k_rope"] = k = self.ops.rope(k, cos[:T], sin[:T])
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        acts[f"{prefix}.attention"] = out
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+
+class LlamaBlock(nn.Module):
+    """h = x + attention(rmsnorm(x)); out = h + down(swiglu(gate_up(rmsnorm(h))))"""
+
+    def __init__(self, d_model: int, hidden: int, heads: int, kv_heads: int, eps: float, ops: Ops) -> None:
+        super().__init__()
+        self.ops = ops
+        self.attn_norm = RMSNormLayer(d_model, eps, ops)
+        self.attention = Attention(d_model, heads, kv_heads, ops)
+        self.mlp_norm = RMSNormLayer(d_model, eps, ops)
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False)  # [gate | up], as swiglu takes them
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x, cos, sin, acts: dict, prefix: str):
+        acts[f"{prefix}.attn_norm"] = h = self.attn_norm(x)
+        acts[f"{prefix}.attn_out"] = x = x + self.attention(h, cos, sin, acts, prefix)
+        acts[f"{prefix}.mlp_norm"] = h = self.mlp_norm(x)
+        acts[f"{prefix}.gate_up"] = h = self.gate_up(h)
+        acts[f"{prefix}.swiglu"] = h = self.ops.swiglu(h)
+        acts[f"{prefix}.out"] = out = x + self.down(h)
+        return out
+
+
+class LlamaModel(nn.Module):
+    """Token embedding, L pre-norm Llama blocks, final RMSNorm, lm_head (tied
+    to the embedding with tie_embeddings)."""
+
+    def __init__(self, config, ops: Ops) -> None:
+        super().__init__()
+        self.ops = ops
+        D = config.d_model
+        self.embedding = nn.Embedding(config.vocab, D)
+        self.blocks = nn.ModuleList(LlamaBlock(D, config.hidden, config.heads, config.kv_heads or config.heads,
+                                               config.eps, ops) for _ in range(config.num_layers))
+        self.norm = RMSNormLayer(D, config.eps, ops)
+        self.lm_head = nn.Linear(D, config.vocab, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embedding.weight
+        cos, sin = rope_tables(config.seq_len, D // config.heads, config.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        acts = {"embedding": self.embedding(tokens)}
+        x = acts["embedding"]
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.cos, self.sin, acts, f"block{i}")
+        acts["rmsnorm"] = self.norm(x)
+        acts["logits"] = self.lm_head(acts["rmsnorm"])
+        return acts
+
+
 def build_model(config, ops: Ops) -> nn.Module:
     if config.model == "tiny":
         return TinyModel(config.vocab, config.d_model, config.hidden, config.eps, ops)
+    if config.model == "llama":
+        return LlamaModel(config, ops)
     return StackedModel(config.vocab, config.d_model, config.hidden, config.eps, ops, config.num_layers)
 

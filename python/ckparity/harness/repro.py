@@ -30,8 +30,9 @@ LOSS_BACKENDS = ["c", "c_ptref", "torch"]
 # growing depth, each loss backend with the C AdamW, and the "bitwise" variant
 # (C rms_norm and swiglu, torch's loss and AdamW: every kernel bit-identical,
 # so the whole twin must be).
-DEPTH = replace(STRESS, model="stacked", max_steps=100)
+DEPTH = replace(STRESS, max_steps=100)
 DEPTHS = [1, 2, 6, 12, 24]
+DEPTH_MODELS = ["stacked", "llama"]
 DEPTH_VARIANTS = {"c": {"ck_loss_backend": "c"}, "c_ptref": {"ck_loss_backend": "c_ptref"},
                   "torch": {"ck_loss_backend": "torch"},
                   "bitwise": {"ck_loss_backend": "torch", "ck_optimizer_backend": "torch"}}
@@ -90,22 +91,21 @@ def repro(out_dir: str = "reports", preset: RunConfig = PRESET, name: str = "850
 
 
 def depth_sweep(out_dir: str, preset: RunConfig = DEPTH, depths: list[int] = DEPTHS,
-                variants: dict[str, dict] = DEPTH_VARIANTS) -> tuple[list[dict], str]:
-    """One run per depth and variant; rows for the table (and the depth gate)."""
+                variants: dict[str, dict] = DEPTH_VARIANTS, models: list[str] = DEPTH_MODELS) -> tuple[list[dict], str]:
+    """One run per model, depth and variant; rows for the table (and the depth gate)."""
     check_writable_dir(out_dir, "--out-dir")
     rows = []
-    for depth in depths:
-        for name, overrides in variants.items():
-            path = Path(out_dir) / f"depth_{preset.model}_L{depth}_{name}.json"
-            r = train(replace(preset, num_layers=depth, json_out=str(path), **overrides))
-            rows.append({"model": preset.model, "layers": depth, "variant": name, "status": r["status"],
-                         "first_param_fail_step": r["first_param_fail_step"],
-                         "first_loss_fail_step": r["first_loss_fail_step"],
-                         "max_param_abs_diff": r["max_param_abs_diff"],
-                         "bitwise": r["divergence"]["first_step"] is None,
-                         "first_divergence_stage": r["divergence"]["stage"], "wall_s": r["timing"]["wall_s"]})
-            if r["status"] == "interrupted":
-                return rows, depth_table(rows)
+    for model, depth, (name, overrides) in ((m, d, v) for m in models for d in depths for v in variants.items()):
+        path = Path(out_dir) / f"depth_{model}_L{depth}_{name}.json"
+        r = train(replace(preset, model=model, num_layers=depth, json_out=str(path), **overrides))
+        rows.append({"model": model, "layers": depth, "variant": name, "status": r["status"],
+                     "first_param_fail_step": r["first_param_fail_step"],
+                     "first_loss_fail_step": r["first_loss_fail_step"],
+                     "max_param_abs_diff": r["max_param_abs_diff"],
+                     "bitwise": r["divergence"]["first_step"] is None,
+                     "first_divergence_stage": r["divergence"]["stage"], "wall_s": r["timing"]["wall_s"]})
+        if r["status"] == "interrupted":
+            break
     return rows, depth_table(rows)
 
 

@@ -16,7 +16,10 @@ def parameter_count(config) -> int:
     block = D + D * 2 * H + H * (V if config.model == "tiny" else D)
     if config.model == "tiny":
         return V * D + block
-    return V * D + config.num_layers * block + D + D * V
+    if config.model == "llama":
+        kv = (config.kv_heads or config.heads) * (D // config.heads)
+        block += D + 2 * D * D + 2 * D * kv  # attention norm, q and o, k and v
+    return V * D + config.num_layers * block + D + (0 if config.tie_embeddings else D * V)
 
 
 def estimated_bytes(config) -> int:
@@ -25,7 +28,7 @@ def estimated_bytes(config) -> int:
     params = parameter_count(config) * _COPIES_PER_TWIN
     width = config.d_model + 2 * config.hidden + config.hidden + config.vocab
     layers = config.num_layers if config.model == "stacked" else 1
-    activations = 2 * config.seq_len * width * layers
+    activations = 2 * config.batch_size * config.seq_len * width * layers
     return 4 * 2 * (params + activations)
 
 

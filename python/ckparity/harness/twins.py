@@ -30,7 +30,8 @@ class Twin:
         if keep_activations:
             for t in acts.values():
                 t.retain_grad()
-        loss = self.model.ops.loss(acts["logits"], targets)
+        logits = acts["logits"]
+        loss = self.model.ops.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         if keep_activations:
             loss.retain_grad()
             acts["loss"] = loss
@@ -79,9 +80,9 @@ def ops_for(config, side: str) -> Ops:
     """The CK twin's ops come from the backend flags; the torch twin's are torch's."""
     if side == "torch":
         return Ops(rms_norm=backends.RMS_NORM["torch"], swiglu=backends.SWIGLU["torch"],
-                   loss=backends.CROSS_ENTROPY["torch"])
+                   loss=backends.CROSS_ENTROPY["torch"], rope=backends.ROPE["torch"])
     return Ops(rms_norm=backends.RMS_NORM[config.ck_rmsnorm_backend], swiglu=backends.SWIGLU[config.ck_swiglu_backend],
-               loss=backends.CROSS_ENTROPY[config.ck_loss_backend])
+               loss=backends.CROSS_ENTROPY[config.ck_loss_backend], rope=backends.ROPE[config.ck_rope_backend])
 
 
 def make_optimizer(config, side: str, params):
