@@ -146,16 +146,17 @@ def test_identical_runs_identical_reports(tmp_path):
     assert _without_timing(a) == _without_timing(b)
 
 
-def test_sigint_writes_interrupted_report(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_signal_writes_interrupted_report(tmp_path, signum, code):
     out = tmp_path / "int.json"
     proc = subprocess.Popen([sys.executable, "-m", "ckparity", "train", "--max-steps", "100000", "--epochs", "50",
                              "--json-out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(12)  # past torch's import and some steps
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == code
     data = strict_load(out)
-    assert data["status"] == "interrupted" and not data["pass_parity"]
+    assert data["status"] == "interrupted" and not data["pass_parity"] and data["stopped_by_signal"] == signum
     assert 0 < data["steps"] < 100000 and len(data["series"]["step"]) == data["steps"]
 
 

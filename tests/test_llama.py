@@ -48,8 +48,8 @@ def reference_llama(model, tokens):
         scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
         attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1)
         x = x + attn @ a.o_proj.weight.T
-        gate, up = (rms(x, blk.mlp_norm.weight) @ blk.gate_up.weight.T).chunk(2, -1)
-        x = x + (F.silu(gate) * up) @ blk.down.weight.T
+        gate, up = (rms(x, blk.mlp.norm.weight) @ blk.mlp.fc1.weight.T).chunk(2, -1)
+        x = x + (F.silu(gate) * up) @ blk.mlp.fc2.weight.T
     return rms(x, model.norm.weight) @ model.lm_head.weight.T
 
 

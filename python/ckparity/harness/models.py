@@ -127,25 +127,20 @@ class Attention(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """h = x + attention(rmsnorm(x)); out = h + down(swiglu(gate_up(rmsnorm(h))))"""
+    """h = x + attention(rmsnorm(x)), then the stacked model's Block on h:
+    h + fc2(swiglu(fc1(rmsnorm(h)))) — fc1's output halves are swiglu's gate
+    and up, fc2 is the down projection."""
 
     def __init__(self, d_model: int, hidden: int, heads: int, kv_heads: int, eps: float, ops: Ops) -> None:
         super().__init__()
-        self.ops = ops
         self.attn_norm = RMSNormLayer(d_model, eps, ops)
         self.attention = Attention(d_model, heads, kv_heads, ops)
-        self.mlp_norm = RMSNormLayer(d_model, eps, ops)
-        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False)  # [gate | up], as swiglu takes them
-        self.down = nn.Linear(hidden, d_model, bias=False)
+        self.mlp = Block(d_model, hidden, eps, ops)
 
     def forward(self, x, cos, sin, acts: dict, prefix: str):
         acts[f"{prefix}.attn_norm"] = h = self.attn_norm(x)
         acts[f"{prefix}.attn_out"] = x = x + self.attention(h, cos, sin, acts, prefix)
-        acts[f"{prefix}.mlp_norm"] = h = self.mlp_norm(x)
-        acts[f"{prefix}.gate_up"] = h = self.gate_up(h)
-        acts[f"{prefix}.swiglu"] = h = self.ops.swiglu(h)
-        acts[f"{prefix}.out"] = out = x + self.down(h)
-        return out
+        return self.mlp(x, acts, prefix)
 
 
 class LlamaModel(nn.Module):
