@@ -140,6 +140,37 @@ def fuzz_rope(rng: random.Random) -> int:
                                             layout, ptr(out)), [out] if out is not x else [])
 
 
+def fuzz_vocab_parallel_ce(rng: random.Random) -> int:
+    N, V_local = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], 0, -1)
+    V = max(V_local, 1) + pick(rng, [0, 5, 40], -1)
+    vocab_start = pick(rng, [0, max(V - max(V_local, 1), 0)], -1, V)
+    n = max(N, 0) * max(V_local, 0)
+    logits = data(rng, n)
+    target = torch.tensor([pick(rng, [-100, 0, max(V - 1, 0)], -5, V, 10**9) for _ in range(max(N, 1))])
+    row_max, sums = data(rng, max(N, 1)), data(rng, 3 * max(N, 1)).double().abs()
+    ignore, ls, z = -100, pick(rng, [0.0, 0.1], -0.5, 2.0, math.nan), pick(rng, [0.0, 1e-3], -1.0, math.inf)
+    which = rng.randrange(4)
+    if which == 0:
+        out = torch.empty(max(N, 1))
+        return call_and_check(rng, lambda: lib.ckp_vocab_parallel_ce_max(ptr(maybe_null(rng, logits)), N, V_local,
+                                                                        ptr(out)), [out])
+    if which == 1:
+        out = torch.empty(3 * max(N, 1), dtype=torch.float64)
+        return call_and_check(rng, lambda: lib.ckp_vocab_parallel_ce_sums(
+            ptr(logits), ptr(maybe_null(rng, target), 0, "int64_t *"), N, V_local, vocab_start, V, ignore,
+            ptr(row_max), ptr(out, 0, "double *")), [out])
+    if which == 2:
+        out = torch.empty(max(N, 1))
+        return call_and_check(rng, lambda: lib.ckp_vocab_parallel_ce_loss(
+            ptr(target, 0, "int64_t *"), N, V, ignore, ls, z, ptr(row_max), ptr(sums, 0, "double *"),
+            ptr(maybe_null(rng, out))), [out])
+    row_grad = data(rng, max(N, 1))
+    out = torch.empty(n + 1)
+    return call_and_check(rng, lambda: lib.ckp_vocab_parallel_ce_backward(
+        ptr(logits), ptr(target, 0, "int64_t *"), N, V_local, vocab_start, V, ignore, ls, z, ptr(row_max),
+        ptr(sums, 0, "double *"), ptr(row_grad), ptr(maybe_null(rng, out))), [out])
+
+
 def fuzz_adamw(rng: random.Random) -> int:
     n = pick(rng, SIZES[2:], -3, 0)
     p, g, m = data(rng, n), data(rng, n), data(rng, n)
@@ -172,8 +203,8 @@ def fuzz_grad_norm(rng: random.Random) -> int:
     return status
 
 
-@pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_adamw,
-                                   fuzz_grad_norm],
+@pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_vocab_parallel_ce,
+                                   fuzz_adamw, fuzz_grad_norm],
                          ids=lambda f: f.__name__.removeprefix("fuzz_"))
 def test_fuzz_every_entry_point(entry):
     rng = random.Random(f"ckparity-fuzz-{entry.__name__}")

@@ -187,6 +187,26 @@ ckp_status ckp_rope_forward(const float *x, const float *cos, const float *sin, 
 ckp_status ckp_rope_backward(const float *dout, const float *cos, const float *sin, int64_t N, int64_t T,
                              int64_t d, int layout, float *dx);
 
+/* ------------------------------------------------------------------------
+ * vocab-parallel cross_entropy (csrc/vocab_parallel_cross_entropy.c): class
+ * targets, logits split by vocabulary; this rank holds columns
+ * [vocab_start, vocab_start + V_local) of V. The caller all-reduces between
+ * the passes: MAX over row_max, SUM over sums (N, 3 doubles). See the file.
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_vocab_parallel_ce_max(const float *logits, int64_t N, int64_t V_local, float *row_max);
+ckp_status ckp_vocab_parallel_ce_sums(const float *logits, const int64_t *target, int64_t N, int64_t V_local,
+                                      int64_t vocab_start, int64_t V, int64_t ignore_index,
+                                      const float *global_max, double *sums);
+ckp_status ckp_vocab_parallel_ce_loss(const int64_t *target, int64_t N, int64_t V, int64_t ignore_index,
+                                      double label_smoothing, double z_loss, const float *global_max,
+                                      const double *global_sums, float *loss_rows);
+/* row_grad (N) is each row's upstream gradient (the reduction's 1/count
+ * folded in); dlogits (N, V_local) may be logits (in place). */
+ckp_status ckp_vocab_parallel_ce_backward(const float *logits, const int64_t *target, int64_t N, int64_t V_local,
+                                          int64_t vocab_start, int64_t V, int64_t ignore_index,
+                                          double label_smoothing, double z_loss, const float *global_max,
+                                          const double *global_sums, const float *row_grad, float *dlogits);
+
 /* CKP_CDEF_END */
 
 #ifdef __cplusplus

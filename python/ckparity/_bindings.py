@@ -117,6 +117,41 @@ def swiglu_backward(dout, x, dx, *, library=lib) -> None:
     check(library.ckp_swiglu_backward(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward", library)
 
 
+# ---- vocab-parallel cross_entropy ------------------------------------------
+
+def vocab_parallel_ce_max(logits, row_max, *, library=lib) -> None:
+    """logits (N, V_local); row_max (N)."""
+    N, V_local = logits.shape
+    check(library.ckp_vocab_parallel_ce_max(pointer(logits), N, V_local, pointer(row_max)),
+          "vocab_parallel_cross_entropy", library)
+
+
+def vocab_parallel_ce_sums(logits, target, vocab_start: int, V: int, ignore_index: int, global_max, sums, *,
+                           library=lib) -> None:
+    """sums (N, 3) float64: sum of exp(x - max), the owned target logit, sum of x."""
+    N, V_local = logits.shape
+    check(library.ckp_vocab_parallel_ce_sums(pointer(logits), pointer(target), N, V_local, vocab_start, V,
+                                             ignore_index, pointer(global_max), pointer(sums)),
+          "vocab_parallel_cross_entropy", library)
+
+
+def vocab_parallel_ce_loss(target, V: int, ignore_index: int, label_smoothing: float, z_loss: float, global_max,
+                           global_sums, loss_rows, *, library=lib) -> None:
+    check(library.ckp_vocab_parallel_ce_loss(pointer(target), target.shape[0], V, ignore_index,
+                                             float(label_smoothing), float(z_loss), pointer(global_max),
+                                             pointer(global_sums), pointer(loss_rows)),
+          "vocab_parallel_cross_entropy", library)
+
+
+def vocab_parallel_ce_backward(logits, target, vocab_start: int, V: int, ignore_index: int, label_smoothing: float,
+                               z_loss: float, global_max, global_sums, row_grad, dlogits, *, library=lib) -> None:
+    N, V_local = logits.shape
+    check(library.ckp_vocab_parallel_ce_backward(pointer(logits), pointer(target), N, V_local, vocab_start, V,
+                                                 ignore_index, float(label_smoothing), float(z_loss),
+                                                 pointer(global_max), pointer(global_sums), pointer(row_grad),
+                                                 pointer(dlogits)), "vocab_parallel_cross_entropy backward", library)
+
+
 # ---- rope -------------------------------------------------------------------
 
 ROPE_LAYOUTS = {"half": lib.CKP_ROPE_HALF, "interleaved": lib.CKP_ROPE_INTERLEAVED}

@@ -1,0 +1,154 @@
+"""ckparity.distributed.vocab_parallel_cross_entropy on gloo, world sizes 1,
+2 and 3 (uneven shards of V = 37): the loss and the gathered dlogits against
+single-process F.cross_entropy and ckparity.cross_entropy on the full
+logits, with ignored rows, all rows ignored, label smoothing and z-loss;
+the same bits run after run; how far apart the world sizes land."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import ckparity
+from ckparity.distributed import shard_range, vocab_parallel_cross_entropy
+from parity import MEASUREMENTS, max_ulp
+
+N, V = 11, 37
+CASES = {
+    "mean": dict(reduction="mean"),
+    "ignored rows": dict(reduction="mean", ignored=[0, 4, 5]),
+    "all ignored": dict(reduction="mean", ignored=list(range(N))),
+    "label smoothing, sum": dict(reduction="sum", label_smoothing=0.1),
+    "z-loss, none": dict(reduction="none", z_loss=1e-3),
+}
+
+
+def inputs(case: dict):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(N, V, generator=g) * 3
+    target = torch.randint(0, V, (N,), generator=g)
+    target[case.get("ignored", [])] = -100
+    upstream = torch.rand(N, generator=g) + 0.5 if case["reduction"] == "none" else torch.tensor(1.7)
+    return logits, target, upstream
+
+
+def options(case: dict) -> dict:
+    return {k: v for k, v in case.items() if k in ("reduction", "label_smoothing", "z_loss")}
+
+
+def _worker(rank: int, world_size: int, port: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    start, end = shard_range(V, rank, world_size)
+    results = {}
+    for name, case in CASES.items():
+        logits, target, upstream = inputs(case)
+        runs = []
+        for _ in range(2):  # run after run
+            shard = logits[:, start:end].clone().requires_grad_(True)
+            loss = vocab_parallel_cross_entropy(shard, target, vocab_start=start, vocab_size=V, **options(case))
+            loss.backward(upstream)
+            runs.append((loss.detach(), shard.grad))
+        results[name] = runs
+    results["loss_parallel"] = _torch_loss_parallel(world_size)
+    torch.save(results, f"{out}.rank{rank}")  # shards differ in width: gloo's all_gather takes equal sizes only
+    dist.destroy_process_group()
+
+
+def _torch_loss_parallel(world_size: int):
+    """torch's own vocab-parallel loss on the "mean" case: the logits a DTensor sharded by vocabulary (torch's
+    shards, as even as DTensor makes them), the target replicated."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    logits, target, upstream = inputs(CASES["mean"])
+    dt = distribute_tensor(logits.clone(), mesh, [Shard(1)]).requires_grad_(True)
+    with loss_parallel():
+        loss = F.cross_entropy(dt, distribute_tensor(target, mesh, [Replicate()]))
+        loss.backward(distribute_tensor(upstream, mesh, [Replicate()]))
+    return loss.full_tensor().detach(), dt.grad.full_tensor()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def by_world_size(tmp_path_factory):
+    results = {}
+    for world_size in (1, 2, 3):
+        out = str(tmp_path_factory.mktemp("dist") / f"ws{world_size}.pt")
+        mp.start_processes(_worker, args=(world_size, free_port(), out), nprocs=world_size, start_method="spawn")
+        ranks = [torch.load(f"{out}.rank{r}") for r in range(world_size)]
+        # every rank holds the whole loss; the gradient is the ranks' shards side by side
+        results[world_size] = {name: [(ranks[0][name][k][0], torch.cat([r[name][k][1] for r in ranks], dim=1))
+                                      for k in range(2)] for name in CASES}
+        results[world_size]["loss_parallel"] = ranks[0]["loss_parallel"]
+        assert all(torch.equal(r[name][0][0], ranks[0][name][0][0]) for r in ranks for name in CASES
+                   if not ranks[0][name][0][0].isnan().any())
+    return results
+
+
+def reference(fn, case):
+    logits, target, upstream = inputs(case)
+    x = logits.clone().requires_grad_(True)
+    loss = fn(x, target, **options(case))
+    loss.backward(upstream)
+    return loss.detach(), x.grad
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_single_process(by_world_size, world_size, name):
+    case = CASES[name]
+    (loss, dlogits), again = by_world_size[world_size][name]
+    assert torch.equal(loss, again[0]) or (loss.isnan().all() and again[0].isnan().all()), "loss moved run to run"
+    assert torch.equal(dlogits, again[1]), "dlogits moved run to run"
+    for fn in (F.cross_entropy, ckparity.cross_entropy):
+        if fn is F.cross_entropy and case.get("z_loss"):
+            continue  # z-loss is ckparity's extension
+        ref_loss, ref_grad = reference(fn, case)
+        torch.testing.assert_close(loss, ref_loss, equal_nan=True, rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(dlogits, ref_grad, rtol=2e-6, atol=1e-7)
+    if name == "all ignored":
+        assert loss.isnan() and not dlogits.any()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_matches_torch_loss_parallel(by_world_size, world_size):
+    loss, dlogits = by_world_size[world_size]["mean"][0]
+    theirs_loss, theirs_grad = by_world_size[world_size]["loss_parallel"]
+    torch.testing.assert_close(loss, theirs_loss, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(dlogits, theirs_grad, rtol=2e-6, atol=1e-7)
+    MEASUREMENTS.append({"name": f"vocab_parallel_ce[mean, world {world_size}] vs loss_parallel",
+                         "loss_ulp": max_ulp(loss, theirs_loss), "grad_ulp": max_ulp(dlogits, theirs_grad)})
+
+
+def test_world_sizes_land_close(by_world_size):
+    """The all-reduce order is the only thing the world size changes: measured in ULPs between world sizes, and
+    each world size's error against a float64 evaluation."""
+    for name, case in CASES.items():
+        logits, target, upstream = inputs(case)
+        x = logits.double().requires_grad_(True)
+        exact = F.cross_entropy(x, target, **{k: v for k, v in options(case).items() if k != "z_loss"})
+        if case.get("z_loss"):
+            lse = torch.logsumexp(x, 1)
+            exact = exact + case["z_loss"] * lse ** 2 * (target != -100)
+        exact.backward(upstream.double())
+        base_loss, base_grad = by_world_size[1][name][0]
+        for ws in (2, 3):
+            loss, grad = by_world_size[ws][name][0]
+            figures = {"name": f"vocab_parallel_ce[{name}, world {ws} vs 1]", "loss_ulp": max_ulp(loss, base_loss),
+                       "grad_ulp": max_ulp(grad, base_grad),
+                       "grad_error64": float((grad.double() - x.grad).abs().max()),
+                       "grad_error64_world1": float((base_grad.double() - x.grad).abs().max())}
+            MEASUREMENTS.append(figures)
+            assert figures["loss_ulp"] <= 1 and figures["grad_ulp"] <= 1, figures
