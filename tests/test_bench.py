@@ -21,7 +21,7 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "cases", one_case)
     out = tmp_path / "bench.json"
-    assert main(["bench", "--json-out", str(out), "--repeats", "2"]) == 0
+    assert main(["bench", "--json-out", str(out), "--repeats", "2", "--no-compile"]) == 0
     data = json.loads(out.read_text())
     assert data["copy_gbps"] > 0 and data["threads"] == ckparity.get_num_threads()
     (row,) = data["results"]
@@ -30,6 +30,7 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
         assert key in row
     assert row["speedup"] == row["torch_ms"] / row["ckparity_ms"]
     assert row["overhead_us_per_call"] == 1e3 * (row["ckparity_ms"] - row["kernel_ms"])
+    assert row["torch_compile_ms"] is None and row["compile_error"] == "--no-compile"
     assert "| cross_entropy | N=8,V=256 |" in capsys.readouterr().out
     assert main(["bench", "--repeats", "0"]) == 2
 
@@ -47,3 +48,20 @@ def test_a_failing_kernel_closure_is_an_error(monkeypatch):
     monkeypatch.setattr(bench, "cases", bad_case)
     with pytest.raises(IndexError, match="out of bounds"):
         bench.bench(1)
+
+
+def test_torch_compile_column(monkeypatch):
+    """The compiled counterpart is timed beside eager, or its row says why not."""
+    x = torch.randn(8, 64).requires_grad_(True)
+
+    ours, theirs = bench._fwd_bwd(ckparity.swiglu, x), bench._fwd_bwd(bench.reference.swiglu, x)
+
+    def one_case():
+        yield bench.Case("swiglu", "N=8,H=32", ours, theirs, 1,
+                         compiled=bench._compiled_fwd_bwd(bench.reference.swiglu, x))
+        yield bench.Case("swiglu", "broken", ours, theirs, 1, compiled=lambda: 1 / 0)
+
+    monkeypatch.setattr(bench, "cases", one_case)
+    ok, broken = bench.bench(1)["results"]
+    assert ok["torch_compile_ms"] > 0 and ok["speedup_vs_compile"] == ok["torch_compile_ms"] / ok["ckparity_ms"]
+    assert broken["torch_compile_ms"] is None and broken["compile_error"].startswith("ZeroDivisionError")

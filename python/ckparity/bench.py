@@ -13,7 +13,11 @@ Per kernel and shape:
   ckparity_ms, as a fraction of a STREAM-style copy measured in the same run;
   ``kernel_bandwidth_fraction`` the same over kernel_ms;
 - ``overhead_us_per_call``: (ckparity_ms - kernel_ms) / c_calls, the cost of
-  the op above the binding (checks, output allocation, autograd) per call.
+  the op above the binding (checks, output allocation, autograd) per call;
+- ``torch_compile_ms`` / ``speedup_vs_compile``: torch's counterpart through
+  ``torch.compile`` (inductor; compiled once, outside the timing; the
+  optimizer rows compile the single-tensor step), the peer a user would pick
+  instead of eager — or null and ``compile_error`` where inductor cannot run.
 
 The three timings of a case are taken in turn, repeat by repeat, so a drift
 in the machine's speed hits them alike; each is a median. The copy bandwidth
@@ -77,6 +81,7 @@ class Case:
     nbytes: int                   # bytes the operation must move at minimum
     c_kernel: Callable[[], None] | None = None  # the C calls alone (through _bindings), preallocated outputs
     c_calls: int = 1
+    compiled: Callable[[], Callable[[], object]] | None = None  # makes torch's counterpart under torch.compile
 
 
 def _fwd_bwd(fn, x, *args, **kwargs):
@@ -85,6 +90,15 @@ def _fwd_bwd(fn, x, *args, **kwargs):
         out = fn(x, *args, **kwargs)
         out.backward(torch.ones_like(out) if out.dim() else None)
     return run
+
+
+def _compiled_fwd_bwd(fn, x, *args, **kwargs):
+    """A maker of the fwd+bwd closure of torch.compile(fn), for Case.compiled."""
+    return lambda: _fwd_bwd(torch.compile(fn), x, *args, **kwargs)
+
+
+def _compiled_step(optimizer):
+    return lambda: torch.compile(optimizer.step)
 
 
 def _ce_kernel(x, t):
@@ -135,47 +149,69 @@ def cases():
         x = torch.randn(N, V, generator=g).requires_grad_(True)
         t = torch.randint(0, V, (N,), generator=g)
         yield Case("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
-                   _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t))
+                   _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t),
+                   compiled=_compiled_fwd_bwd(F.cross_entropy, x, t))
     for N, D in ((8192, 4096), (8, 64)):
         x = torch.randn(N, D, generator=g).requires_grad_(True)
         w = torch.randn(D, generator=g)
         # forward reads x, writes y; backward reads dy and x, writes dx
         yield Case("rms_norm", f"N={N},D={D}", _fwd_bwd(ckparity.rms_norm, x, (D,), w),
-                   _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D, _rms_kernel(x.detach(), w), 2)
+                   _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D, _rms_kernel(x.detach(), w), 2,
+                   compiled=_compiled_fwd_bwd(F.rms_norm, x, (D,), w))
     for N, H in ((2048, 8192), (8, 128)):
         x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
         # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
         yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(reference.swiglu, x),
-                   32 * N * H, _swiglu_kernel(x.detach()), 2)
+                   32 * N * H, _swiglu_kernel(x.detach()), 2, compiled=_compiled_fwd_bwd(reference.swiglu, x))
     for N, T, d in ((64, 512, 128), (4, 8, 16)):
         x = torch.randn(N, T, d, generator=g).requires_grad_(True)
         angles = torch.rand(T, d // 2, generator=g) * 6
         cos, sin = angles.cos(), angles.sin()
         # forward reads x, writes out; backward reads dout, writes dx (the tables stay in cache)
         yield Case("rope", f"N={N},T={T},d={d}", _fwd_bwd(ckparity.rope, x, cos, sin),
-                   _fwd_bwd(reference.rope, x, cos, sin), 16 * N * T * d, _rope_kernel(x.detach(), cos, sin), 2)
+                   _fwd_bwd(reference.rope, x, cos, sin), 16 * N * T * d, _rope_kernel(x.detach(), cos, sin), 2,
+                   compiled=_compiled_fwd_bwd(reference.rope, x, cos, sin))
     for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
-        params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused")}
+        params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused", "compiled")}
         grad = torch.randn(n, generator=g)
         for p in params.values():
             p.grad = grad.clone()
         ck = ckparity.optim.AdamW([params["ck"]])
         ref = reference.adamw([params["torch"]])
         fused = torch.optim.AdamW([params["fused"]], fused=True)
+        compiled = _compiled_step(reference.adamw([params["compiled"]]))
         kernel = _adamw_kernel(n, g)
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
-        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel)
+        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel, compiled=compiled)
         yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
 
 
-def bench(repeats: int = 5) -> dict:
+def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
+    """torch's counterpart compiled and run once (the compile happens here, not in the timing)."""
+    if case.compiled is None:
+        return None, "no compiled counterpart for this row"
+    try:
+        fn = case.compiled()
+        fn()
+        return fn, None
+    except Exception as err:  # inductor needs a C++ compiler and more; say why it could not run
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def bench(repeats: int = 5, compile: bool = True) -> dict:
     copy = copy_gbps(repeats)
     results = []
     for case in cases():
-        fns = [case.ours, case.theirs] + ([case.c_kernel] if case.c_kernel is not None else [])
-        ck_ms, torch_ms, *kernel = interleaved_median_ms(fns, repeats)
+        compiled, compile_error = _compile(case) if compile else (None, "--no-compile")
+        fns = [case.ours, case.theirs] + ([compiled] if compiled is not None else []) + \
+              ([case.c_kernel] if case.c_kernel is not None else [])
+        ck_ms, torch_ms, *rest = interleaved_median_ms(fns, repeats)
+        compile_ms = rest.pop(0) if compiled is not None else None
+        kernel = rest
         row = {"kernel": case.kernel, "shape": case.shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,
-               "speedup": torch_ms / ck_ms, "ckparity_gbps": case.nbytes / (ck_ms * 1e6)}
+               "speedup": torch_ms / ck_ms, "torch_compile_ms": compile_ms,
+               "speedup_vs_compile": compile_ms / ck_ms if compile_ms is not None else None,
+               "compile_error": compile_error, "ckparity_gbps": case.nbytes / (ck_ms * 1e6)}
         row["bandwidth_fraction"] = row["ckparity_gbps"] / copy
         if kernel:
             kernel_ms = kernel[0]
@@ -183,18 +219,20 @@ def bench(repeats: int = 5) -> dict:
                        kernel_bandwidth_fraction=case.nbytes / (kernel_ms * 1e6) / copy,
                        overhead_us_per_call=1e3 * (ck_ms - kernel_ms) / case.c_calls)
         results.append(row)
-    return {"schema": "ckparity.bench/2", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
+    return {"schema": "ckparity.bench/3", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 
 
 def table(data: dict) -> str:
     lines = [f"copy bandwidth {data['copy_gbps']:.1f} GB/s (best of {data['repeats']}), {data['threads']} threads",
-             "", "| kernel | shape | ckparity ms | torch ms | speedup | of copy | C kernel ms | kernel of copy "
-             "| overhead us/call |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| kernel | shape | ckparity ms | torch eager ms | speedup | torch.compile ms | speedup vs compile "
+             "| of copy | C kernel ms | kernel of copy | overhead us/call |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
         kernel = (f"{r['kernel_ms']:.3f} | {100 * r['kernel_bandwidth_fraction']:.0f}% | "
                   f"{r['overhead_us_per_call']:.0f}") if "kernel_ms" in r else "- | - | -"
+        compiled = (f"{r['torch_compile_ms']:.3f} | {r['speedup_vs_compile']:.2f}x" if r["torch_compile_ms"] is not None
+                    else "- | -")
         lines.append(f"| {r['kernel']} | {r['shape']} | {r['ckparity_ms']:.3f} | {r['torch_ms']:.3f} | "
-                     f"{r['speedup']:.2f}x | {100 * r['bandwidth_fraction']:.0f}% | {kernel} |")
+                     f"{r['speedup']:.2f}x | {compiled} | {100 * r['bandwidth_fraction']:.0f}% | {kernel} |")
     return "\n".join(lines)

@@ -145,11 +145,13 @@ def _bench(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ckparity bench")
     parser.add_argument("--json-out", default="reports/bench_latest.json")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (compiling takes "
+                        "minutes on a small machine)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     check_writable(args.json_out, "--json-out")
-    data = bench(args.repeats)
+    data = bench(args.repeats, compile=not args.no_compile)
     write_json(args.json_out, data)
     print(table(data), file=sys.stderr if args.json_out == "-" else sys.stdout)
     return EXIT_PASS
