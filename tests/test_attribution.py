@@ -191,3 +191,24 @@ def test_repro_rejects_an_unknown_preset(capsys):
 def test_hello_text_ships_with_the_package():
     assert open(HELLO_TEXT, "rb").read() == b"Hello!"
     assert ckparity.__file__  # the text is found next to the installed package
+
+
+def test_attribute_in_processes_and_sigterm(tmp_path):
+    """--jobs 2 runs each variant in its own process; SIGTERM reaches the running ones, their reports say
+    "interrupted", and the ablation's report is written and says so."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "attr.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ckparity", "attribute", "--max-steps", "100000", "--epochs", "50",
+                             "--jobs", "2", "--json-out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(15)  # torch imported, two variants training
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    result = json.loads(out.read_text())
+    assert result["status"] == "interrupted" and result["stopped_by_signal"] == signal.SIGTERM
+    assert [v["status"] for v in result["variants"]] == ["interrupted", "interrupted"]

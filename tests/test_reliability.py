@@ -125,3 +125,14 @@ def test_adamw_accepts_torch_keywords_for_its_own_path():
 def test_adamw_malformed_betas(betas, message):
     with pytest.raises(ValueError, match=message):
         ckparity.optim.AdamW([torch.nn.Parameter(torch.randn(3))], betas=betas)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-heads", "2"], "--kv-heads takes no effect with --model tiny"),
+    (["--model", "stacked", "--tie-embeddings"], "--tie-embeddings takes no effect with --model stacked"),
+    (["--num-layers", "4"], "--num-layers takes no effect with --model tiny"),
+    (["--shadow-every", "5"], "--shadow-every takes no effect without --f64-shadow"),
+])
+def test_flags_that_cannot_take_effect_are_refused(args, message, capsys):
+    assert main(["train", *QUICK, *args]) == 2
+    assert message in one_line(capsys.readouterr().err)

@@ -87,7 +87,7 @@ def _attribute(argv: list[str]) -> int:
     json_out = config.json_out or "reports/attribute_latest.json"
     result = attribute(config, json_out, own["jobs"])
     print(table(result), file=sys.stderr if json_out == "-" else sys.stdout)
-    return EXIT_PASS
+    return _exit_code({"status": "interrupted", **result}) if result["status"] == "interrupted" else EXIT_PASS
 
 
 def _compare(argv: list[str]) -> int:

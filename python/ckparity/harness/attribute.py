@@ -19,16 +19,19 @@ and the verdict reads them:
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from multiprocessing import get_context
 from pathlib import Path
 
 from .backends import BUILTIN, FLAGS
 from .config import RunConfig
-from .report import check_writable, check_writable_dir, write_json
+from .interrupts import Interrupted, stop_on_signals
+from .report import check_writable, check_writable_dir, read_report, write_json
 
 SCHEMA = "ckparity.attribution/1"
 # the seed's names of the kinds, as the flags say them (--ck-loss-backend: "loss")
@@ -36,8 +39,8 @@ KINDS = {flag: flag.removeprefix("ck_").removesuffix("_backend") for flag in FLA
 
 
 def variants(config: RunConfig) -> dict[str, dict[str, str]]:
-    """name -> the backend of every kind (flag -> backend)."""
-    configured = {flag: getattr(config, flag) for flag in FLAGS}
+    """name -> the backend of every kind the model uses (flag -> backend)."""
+    configured = {flag: getattr(config, flag) for flag in FLAGS if flag != "ck_rope_backend" or config.model == "llama"}
     in_c = [flag for flag, backend in configured.items() if backend != "torch"]
     out = {"as configured": configured}
     for flag in in_c:
@@ -50,12 +53,59 @@ def variants(config: RunConfig) -> dict[str, dict[str, str]]:
     return out
 
 
-def _run_variant(config: RunConfig) -> dict:
+_ROW_KEYS = ("status", "first_loss_fail_step", "first_param_fail_step", "max_param_abs_diff", "max_loss_abs_diff",
+             "divergence")
+
+
+def _row(report: dict) -> dict:
+    return {key: report[key] for key in _ROW_KEYS}
+
+
+def _finished(config: RunConfig, returncode: int) -> dict:
+    """A child's row: its report, or an error row when it died without one."""
+    if Path(config.json_out).exists():
+        return _row(read_report(config.json_out))
+    return {"status": "error", "first_loss_fail_step": None, "first_param_fail_step": None,
+            "max_param_abs_diff": None, "max_loss_abs_diff": None,
+            "divergence": {"first_step": None, "stage": f"the run's process exited with {returncode} and no report"}}
+
+
+def _in_process(configs: dict[str, RunConfig]) -> dict[str, dict]:
+    """One variant after another in this process (planted backends of tests stay visible)."""
     from .run import train
 
-    report = train(config)
-    return {key: report[key] for key in ("status", "first_loss_fail_step", "first_param_fail_step",
-                                         "max_param_abs_diff", "max_loss_abs_diff", "divergence")}
+    rows = {}
+    for name, config in configs.items():
+        report = train(config)
+        rows[name] = _row(report)
+        if report["status"] == "interrupted":
+            raise Interrupted(report["stopped_by_signal"])
+    return rows
+
+
+def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
+    """Each variant a `python -m ckparity.harness.attribute CONFIG_JSON` child, at most ``jobs`` at once.
+    A signal that stops this process is passed on to the running children, whose reports then say
+    "interrupted"; they are waited for, so none is left behind."""
+    waiting, running, rows = list(configs.items()), {}, {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name, config = waiting.pop(0)
+                running[name] = subprocess.Popen([sys.executable, "-m", "ckparity.harness.attribute",
+                                                  json.dumps(config.to_dict())], stdout=subprocess.DEVNULL)
+            for name, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[name]
+                    rows[name] = _finished(configs[name], proc.returncode)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for proc in running.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in running.values():
+            proc.wait()
+        raise
+    return rows
 
 
 def verdict(rows: dict[str, dict]) -> dict:
@@ -84,7 +134,7 @@ def verdict(rows: dict[str, dict]) -> dict:
                        + passing}
 
 
-def attribute(config: RunConfig, json_out: str, jobs: int, echo=print) -> dict:
+def attribute(config: RunConfig, json_out: str, jobs: int) -> dict:
     check_writable(json_out, "--json-out")
     runs_dir = Path(json_out).with_suffix("") if json_out != "-" else Path("reports/attribute")
     runs_dir = runs_dir.parent / f"{runs_dir.name}_runs"
@@ -94,29 +144,42 @@ def attribute(config: RunConfig, json_out: str, jobs: int, echo=print) -> dict:
     configs = {name: replace(config, **backends, threads=threads, no_progress=True,
                              json_out=str(runs_dir / f"{name.replace(' ', '_').replace('=', '-')}.json"))
                for name, backends in plan.items()}
+    for c in configs.values():  # a report left by an earlier ablation must not pass for this one's
+        Path(c.json_out).unlink(missing_ok=True)
     start = time.perf_counter()
-    if jobs == 1:  # in this process: planted backends (tests) stay visible
-        rows = {name: _run_variant(c) for name, c in configs.items()}
-    else:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {name: pool.submit(_run_variant, c) for name, c in configs.items()}
-            rows = {name: f.result() for name, f in futures.items()}
-    result = {
-        "schema": SCHEMA, "config": config.to_dict(), "jobs": jobs, "wall_s": time.perf_counter() - start,
-        "variants": [{"name": name, "backends": {KINDS[f]: b for f, b in plan[name].items()}, **rows[name],
-                      "report": configs[name].json_out} for name in plan],
-        "verdict": verdict(rows),
-    }
-    write_json(json_out, result)
+    status, stopped_by, rows = "complete", None, {}
+    with stop_on_signals() as stop:
+        try:
+            rows = _in_process(configs) if jobs == 1 else _in_processes(configs, jobs)
+        except KeyboardInterrupt as err:
+            status, stopped_by = "interrupted", err.signum if isinstance(err, Interrupted) else signal.SIGINT
+            rows = {name: _row(read_report(c.json_out)) for name, c in configs.items() if Path(c.json_out).exists()}
+        stop.hold()
+        result = {
+            "schema": SCHEMA, "status": status, "stopped_by_signal": stopped_by, "config": config.to_dict(),
+            "jobs": jobs, "wall_s": time.perf_counter() - start,
+            "variants": [{"name": name, "backends": {KINDS[f]: b for f, b in plan[name].items()}, **rows[name],
+                          "report": configs[name].json_out} for name in plan if name in rows],
+            "verdict": verdict(rows) if status == "complete" else
+            {"responsible": [], "summary": "interrupted: no verdict from an incomplete ablation"},
+        }
+        write_json(json_out, result)
     return result
 
 
 def table(result: dict) -> str:
+    """The variants as a Markdown table, and the verdict."""
     lines = ["| variant | backends | status | first loss fail | first param fail | max param diff | first divergence |",
              "|---|---|---|---|---|---|---|"]
     for v in result["variants"]:
         backends = " ".join(f"{k}={b}" for k, b in v["backends"].items())
+        diff = "-" if v["max_param_abs_diff"] is None else f"{v['max_param_abs_diff']:.3g}"
         lines.append(f"| {v['name']} | {backends} | {v['status']} | {v['first_loss_fail_step'] or '-'} | "
-                     f"{v['first_param_fail_step'] or '-'} | {v['max_param_abs_diff']:.3g} | "
-                     f"{v['divergence']['first_step'] or '-'} |")
+                     f"{v['first_param_fail_step'] or '-'} | {diff} | {v['divergence']['first_step'] or '-'} |")
     return "\n".join(lines) + f"\n\nverdict: {result['verdict']['summary']}"
+
+
+if __name__ == "__main__":  # one variant, in its own process (see _in_processes)
+    from .run import train
+
+    train(RunConfig(**json.loads(sys.argv[1])))

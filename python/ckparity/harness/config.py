@@ -119,6 +119,20 @@ def _validate(config: RunConfig) -> None:
                              f"head dim")
         if config.heads % (config.kv_heads or config.heads):
             raise UsageError(f"--heads {config.heads} must be a multiple of --kv-heads {config.kv_heads}")
+    # flags that could not take effect: refused, never silently ignored
+    defaults = RunConfig.__dataclass_fields__
+    unused = []
+    if config.model != "llama":
+        unused += [n for n in ("heads", "kv_heads", "rope_theta", "tie_embeddings", "ck_rope_backend")
+                   if getattr(config, n) != defaults[n].default]
+    if config.model == "tiny" and config.num_layers != defaults["num_layers"].default:
+        unused.append("num_layers")
+    if not config.f64_shadow and config.shadow_every != defaults["shadow_every"].default:
+        unused.append("shadow_every")
+    if unused:
+        why = {"shadow_every": "without --f64-shadow", "num_layers": "with --model tiny"}
+        name = unused[0]
+        raise UsageError(f"{_name(name)} takes no effect {why.get(name, f'with --model {config.model}')}")
     if config.optimizer == "sgd" and config.ck_optimizer_backend != "c":
         raise UsageError("--ck-optimizer-backend takes no effect with --optimizer sgd (both twins run torch's SGD)")
 
