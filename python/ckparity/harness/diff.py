@@ -26,12 +26,16 @@ def tensor_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def worst_diff(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
-    """The named pair with the largest max-abs difference, and its figures."""
-    best = {"abs": 0.0, "rel": 0.0, "tensor": None}
+    """The named pair with the largest max-abs difference, its figures, and
+    whether every pair is identical (a max-abs difference of 0 is bit
+    equality up to the sign of zero, which torch.equal ignores too)."""
+    best = {"abs": 0.0, "rel": 0.0, "tensor": None, "identical": True}
     for name, (a, b) in pairs.items():
         abs_diff, rel = tensor_diff(a, b)
+        identical = best["identical"] and abs_diff == 0.0
         if best["tensor"] is None or abs_diff > best["abs"]:  # tensor_diff never returns NaN
             best = {"abs": abs_diff, "rel": rel, "tensor": name}
+        best["identical"] = identical
     return best
 
 

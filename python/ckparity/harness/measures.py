@@ -43,11 +43,6 @@ SERIES_KEYS = (
     "ck_step_ms", "torch_step_ms")
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit (NaN where both have NaN counts as the same)."""
-    return bool(torch.equal(a, b)) or bool(((a == b) | (a.isnan() & b.isnan())).all())
-
-
 def _grad_norm(twin) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double())
                                                        for g in twin.grads().values()])))
@@ -72,30 +67,28 @@ class StepComparison:
         (ck_loss, ck_acts), (ref_loss, ref_acts) = ck_output, ref_output
         self.losses["ck"].append(float(ck_loss))
         self.losses["torch"].append(float(ref_loss))
-        self.identical["loss"] &= _same(ck_loss, ref_loss)
-        self.identical["logits"] &= _same(ck_acts["logits"], ref_acts["logits"])
-        d = abs(self.losses["ck"][-1] - self.losses["torch"][-1])
+        ck_value, ref_value = self.losses["ck"][-1], self.losses["torch"][-1]
+        d = abs(ck_value - ref_value)
+        self.identical["loss"] &= d == 0.0 or (math.isnan(ck_value) and math.isnan(ref_value))
         self.loss_abs_diff = max(self.loss_abs_diff, d if math.isfinite(d) else math.inf)
         a, r = tensor_diff(ck_acts["logits"], ref_acts["logits"])
+        self.identical["logits"] &= a == 0.0
         self.logit_abs_diff, self.logit_rel_diff = max(self.logit_abs_diff, a), max(self.logit_rel_diff, r)
 
     def backward_done(self) -> None:
         """The accumulated gradients, before clipping and the update change them."""
         ref_grads = self.ref.grads()
-        pairs = {n: (g, ref_grads[n]) for n, g in self.ck.grads().items()}
-        self.identical["grads"] = all(_same(a, b) for a, b in pairs.values())
-        self.grad_diff = worst_diff(pairs)
+        self.grad_diff = worst_diff({n: (g, ref_grads[n]) for n, g in self.ck.grads().items()})
+        self.identical["grads"] = self.grad_diff["identical"]
         self.grad_norms = {t.name: _grad_norm(t) for t in (self.ck, self.ref)}
 
     def finish(self) -> dict:
         """After the update: the step's row of the series."""
         ck, ref = self.ck, self.ref
         ref_params, ref_moments = ref.params(), ref.moments()
-        param_pairs = {n: (p, ref_params[n]) for n, p in ck.params().items()}
-        moment_pairs = {n: (m, ref_moments[n]) for n, m in ck.moments().items() if n in ref_moments}
-        self.identical["params"] = all(_same(a, b) for a, b in param_pairs.values())
-        self.identical["moments"] = all(_same(a, b) for a, b in moment_pairs.values())
-        params, moments = worst_diff(param_pairs), worst_diff(moment_pairs)
+        params = worst_diff({n: (p, ref_params[n]) for n, p in ck.params().items()})
+        moments = worst_diff({n: (m, ref_moments[n]) for n, m in ck.moments().items() if n in ref_moments})
+        self.identical["params"], self.identical["moments"] = params["identical"], moments["identical"]
         self.finite = {t.name: all_finite([torch.tensor(self.losses[t.name])] + list(t.grads().values())
                                           + list(t.params().values())) for t in (ck, ref)}
         grads = self.grad_diff
