@@ -171,6 +171,17 @@ def fuzz_vocab_parallel_ce(rng: random.Random) -> int:
         ptr(sums, 0, "double *"), ptr(row_grad), ptr(maybe_null(rng, out))), [out])
 
 
+def fuzz_compare(rng: random.Random) -> int:
+    n = pick(rng, SIZES[2:], -3, 0)
+    a, b = data(rng, n), data(rng, n)
+    out = ffi.new("double[2]", [7.25, 7.25])
+    differing = ffi.new("int64_t *", 7)
+    status = lib.ckp_compare(ptr(maybe_null(rng, a)), ptr(b), n, out, out + 1, differing)
+    if status != lib.CKP_OK:
+        assert (out[0], out[1], differing[0]) == (7.25, 7.25, 7), "an output was written on error"
+    return status
+
+
 def fuzz_adamw(rng: random.Random) -> int:
     n = pick(rng, SIZES[2:], -3, 0)
     p, g, m = data(rng, n), data(rng, n), data(rng, n)
@@ -204,7 +215,7 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 @pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_vocab_parallel_ce,
-                                   fuzz_adamw, fuzz_grad_norm],
+                                   fuzz_compare, fuzz_adamw, fuzz_grad_norm],
                          ids=lambda f: f.__name__.removeprefix("fuzz_"))
 def test_fuzz_every_entry_point(entry):
     rng = random.Random(f"ckparity-fuzz-{entry.__name__}")

@@ -206,3 +206,38 @@ def test_nonfinite_float_written_as_string(tmp_path):
     path = write_json(tmp_path / "x.json", {"schema": "ckparity.drift/1", "a": math.nan, "b": [math.inf, -math.inf]})
     assert strict_load(path) == {"schema": "ckparity.drift/1", "a": "nan", "b": ["inf", "-inf"]}
     assert math.isnan(read_report(path)["a"])
+
+
+@pytest.mark.parametrize("n", [1, 7, 4096, 100003])
+def test_tensor_diff_in_c_matches_the_float64_expression(n):
+    """harness/diff.py compares float32 pairs in one C pass (ckp_compare); its figures equal the float64
+    torch expression's, NaN and infinities included, for any thread count."""
+    from ckparity import get_num_threads, set_num_threads
+    from ckparity.harness.diff import tensor_diff
+    from ckparity.measure import abs_diff64
+
+    def float64_figures(a, b):
+        diff = abs_diff64(a, b)
+        if torch.isnan(diff).any():
+            return math.inf, math.inf
+        abs_diff, scale = float(diff.max()), float(b.double().abs().max())
+        return abs_diff, abs_diff / scale if scale > 0 and math.isfinite(scale) else (0.0 if abs_diff == 0 else math.inf)
+
+    g = torch.Generator().manual_seed(n)
+    threads = get_num_threads()
+    for trial in range(12):
+        a = torch.randn(n, generator=g) * 10
+        b = a + (torch.rand(n, generator=g) < 0.01) * torch.randn(n, generator=g) * 1e-3
+        k = int(torch.randint(0, n, (), generator=g))
+        if trial % 4 == 1:
+            a[k] = math.nan
+        elif trial % 4 == 2:
+            a[k] = b[k] = math.nan
+        elif trial % 4 == 3:
+            a[k], b[k] = (-math.inf, math.inf) if trial % 8 == 3 else (math.inf, math.inf)
+        expected = float64_figures(a, b)
+        for t in (1, 2):
+            set_num_threads(t)
+            got = tensor_diff(a, b)
+            assert got == expected or all(math.isnan(x) for x in got + expected), (trial, got, expected)
+    set_num_threads(threads)

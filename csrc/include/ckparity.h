@@ -207,6 +207,15 @@ ckp_status ckp_vocab_parallel_ce_backward(const float *logits, const int64_t *ta
                                           double label_smoothing, double z_loss, const float *global_max,
                                           const double *global_sums, const float *row_grad, float *dlogits);
 
+/* ------------------------------------------------------------------------
+ * compare (csrc/compare.c): the harness's comparison of two float32 tensors
+ * of n elements in one pass: max |a - b| in double over the elements that
+ * differ (NaN in both counts as equal; NaN in one only gives NaN), max |b|
+ * (NaN if b has a NaN), and the number of elements that differ.
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_compare(const float *a, const float *b, int64_t n, double *max_abs_diff, double *max_abs_b,
+                       int64_t *differing);
+
 /* CKP_CDEF_END */
 
 #ifdef __cplusplus

@@ -188,6 +188,16 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step: float, op
                                  pointer(max_exp_avg_sq), param.numel(), step, options), "adamw", library)
 
 
+# ---- compare ----------------------------------------------------------------
+
+def compare(a, b, *, library=lib) -> tuple[float, float, int]:
+    """(max |a - b|, max |b|, elements that differ) of two contiguous float32 tensors of one size."""
+    out = ffi.new("double[2]")
+    differing = ffi.new("int64_t *")
+    check(library.ckp_compare(pointer(a), pointer(b), a.numel(), out, out + 1, differing), "compare", library)
+    return out[0], out[1], differing[0]
+
+
 # ---- grad_norm --------------------------------------------------------------
 
 def grad_norm(tensors: list[torch.Tensor], norm_type: float, *, library=lib) -> float:
