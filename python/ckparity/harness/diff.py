@@ -45,7 +45,3 @@ def worst_diff(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
             best = {"abs": abs_diff, "rel": rel, "tensor": name}
         best["identical"] = identical
     return best
-
-
-def all_finite(tensors) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)

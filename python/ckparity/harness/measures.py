@@ -22,7 +22,8 @@ import statistics
 
 import torch
 
-from .diff import all_finite, tensor_diff, worst_diff
+from ..ops.clip_grad_norm import grad_norm
+from .diff import tensor_diff, worst_diff
 from .localize import first_difference, localize
 
 # (series key, report key, tolerance field): the quantities with a first-fail step.
@@ -43,9 +44,11 @@ SERIES_KEYS = (
     "ck_step_ms", "torch_step_ms")
 
 
-def _grad_norm(twin) -> float:
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double())
-                                                       for g in twin.grads().values()])))
+def _norm(tensors, norm_type: float) -> float:
+    """The norm of all the tensors together, in double by ckparity's own C
+    reduction (one threaded pass, no copies); a NaN or inf anywhere propagates."""
+    tensors = [t.detach() for t in tensors]
+    return grad_norm(tensors, norm_type) if tensors else 0.0
 
 
 class StepComparison:
@@ -80,7 +83,7 @@ class StepComparison:
         ref_grads = self.ref.grads()
         self.grad_diff = worst_diff({n: (g, ref_grads[n]) for n, g in self.ck.grads().items()})
         self.identical["grads"] = self.grad_diff["identical"]
-        self.grad_norms = {t.name: _grad_norm(t) for t in (self.ck, self.ref)}
+        self.grad_norms = {t.name: _norm(t.grads().values(), 2.0) for t in (self.ck, self.ref)}
 
     def finish(self) -> dict:
         """After the update: the step's row of the series."""
@@ -89,8 +92,9 @@ class StepComparison:
         params = worst_diff({n: (p, ref_params[n]) for n, p in ck.params().items()})
         moments = worst_diff({n: (m, ref_moments[n]) for n, m in ck.moments().items() if n in ref_moments})
         self.identical["params"], self.identical["moments"] = params["identical"], moments["identical"]
-        self.finite = {t.name: all_finite([torch.tensor(self.losses[t.name])] + list(t.grads().values())
-                                          + list(t.params().values())) for t in (ck, ref)}
+        # finite: the losses, the grads (their norm propagates NaN and inf) and the params (their max |p|)
+        self.finite = {t.name: all(map(math.isfinite, self.losses[t.name])) and math.isfinite(self.grad_norms[t.name])
+                       and math.isfinite(_norm(t.params().values(), math.inf)) for t in (ck, ref)}
         grads = self.grad_diff
         return {
             "step": self.step, "ck_loss": statistics.fmean(self.losses["ck"]),

@@ -87,12 +87,13 @@ def train(config: RunConfig) -> dict:
     shadow = Float64Shadow(config, ref) if config.f64_shadow else None
     progress = _Progress(batches.num_steps, not config.no_progress)
     status, error, stopped_by = "pass", None, None
-    started = time.perf_counter()
+    started, snapshot = time.perf_counter(), None
     with stop_on_signals() as stop:
         try:
             for step, windows in batches:
                 # the CK twin's state at the start of the step, while a replay may need it
-                snapshot = ck.snapshot() if localizer.wants_snapshot(step) or divergence.wants_snapshot else None
+                if localizer.wants_snapshot(step) or divergence.wants_snapshot:
+                    snapshot = ck.snapshot(reuse=snapshot)
                 comparison = StepComparison(step, ck, ref)
                 for twin in twins:
                     twin.zero_grad()

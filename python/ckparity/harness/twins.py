@@ -65,15 +65,35 @@ class Twin:
                     out[f"{n}.{key}"] = state[key]
         return out
 
-    def snapshot(self) -> dict:
-        return {"model": copy.deepcopy(self.model.state_dict()),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+    def snapshot(self, reuse: dict | None = None) -> dict:
+        """A copy of the weights and the optimizer state. With ``reuse`` (an
+        earlier snapshot of this twin), its tensors are overwritten in place
+        where the structure is unchanged: the harness snapshots every step,
+        and fresh buffers each time cost more (allocation, first touch) than
+        the copy."""
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return _refresh(reuse, state)
 
     def restore(self, snapshot: dict) -> None:
         self.model.load_state_dict(snapshot["model"])
         # a deep copy: optimizers must never share state tensors (torch keeps
         # the CPU "step" tensor as is when loading)
         self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+
+
+def _refresh(old, new):
+    """new, copied into old's tensors where shapes and dtypes match, else freshly copied."""
+    if isinstance(new, torch.Tensor):
+        if isinstance(old, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype:
+            return old.copy_(new)
+        return new.detach().clone()
+    if isinstance(new, dict):
+        old = old if isinstance(old, dict) else {}
+        return {k: _refresh(old.get(k), v) for k, v in new.items()}
+    if isinstance(new, (list, tuple)):
+        old = old if isinstance(old, (list, tuple)) and len(old) == len(new) else [None] * len(new)
+        return type(new)(_refresh(o, v) for o, v in zip(old, new))
+    return copy.deepcopy(new)
 
 
 def ops_for(config, side: str) -> Ops:
