@@ -40,7 +40,8 @@ KINDS = {flag: flag.removeprefix("ck_").removesuffix("_backend") for flag in FLA
 
 def variants(config: RunConfig) -> dict[str, dict[str, str]]:
     """name -> the backend of every kind the model uses (flag -> backend)."""
-    configured = {flag: getattr(config, flag) for flag in FLAGS if flag != "ck_rope_backend" or config.model == "llama"}
+    used = {"ck_rope_backend": config.model == "llama", "ck_clip_backend": config.max_grad_norm > 0}
+    configured = {flag: getattr(config, flag) for flag in FLAGS if used.get(flag, True)}
     in_c = [flag for flag, backend in configured.items() if backend != "torch"]
     out = {"as configured": configured}
     for flag in in_c:

@@ -32,14 +32,15 @@ ADAMW: dict[str, Callable] = {"c": ckparity.optim.AdamW, "torch": reference.adam
 CLIP_GRAD_NORM: dict[str, Callable] = {"c": ckparity.clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_}
 
 BACKENDS: dict[str, dict[str, Callable]] = {
-    "rms_norm": RMS_NORM, "swiglu": SWIGLU, "cross_entropy": CROSS_ENTROPY, "rope": ROPE, "adamw": ADAMW}
+    "rms_norm": RMS_NORM, "swiglu": SWIGLU, "cross_entropy": CROSS_ENTROPY, "rope": ROPE, "adamw": ADAMW,
+    "clip_grad_norm": CLIP_GRAD_NORM}
 
 # the backends ckparity itself offers (register() adds others, e.g. planted faults)
 BUILTIN: dict[str, tuple[str, ...]] = {kernel: tuple(table) for kernel, table in BACKENDS.items()}
 
 # RunConfig field (the seed's flag, --ck-loss-backend) -> kernel name
 FLAGS = {"ck_rmsnorm_backend": "rms_norm", "ck_swiglu_backend": "swiglu", "ck_loss_backend": "cross_entropy",
-         "ck_rope_backend": "rope", "ck_optimizer_backend": "adamw"}
+         "ck_rope_backend": "rope", "ck_optimizer_backend": "adamw", "ck_clip_backend": "clip_grad_norm"}
 
 
 def register(kernel: str, name: str, fn: Callable) -> None:

@@ -69,6 +69,7 @@ class RunConfig:
     ck_loss_backend: str = _flag("c", "the CK twin's cross_entropy (c: default variant, c_ptref: ptref)")
     ck_rope_backend: str = _flag("c", "the CK twin's rope (llama)")
     ck_optimizer_backend: str = _flag("c", "the CK twin's adamw")
+    ck_clip_backend: str = _flag("c", "the CK twin's clip_grad_norm (with --max-grad-norm)")
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -129,8 +130,11 @@ def _validate(config: RunConfig) -> None:
         unused.append("num_layers")
     if not config.f64_shadow and config.shadow_every != defaults["shadow_every"].default:
         unused.append("shadow_every")
+    if config.max_grad_norm == 0 and config.ck_clip_backend != defaults["ck_clip_backend"].default:
+        unused.append("ck_clip_backend")
     if unused:
-        why = {"shadow_every": "without --f64-shadow", "num_layers": "with --model tiny"}
+        why = {"shadow_every": "without --f64-shadow", "num_layers": "with --model tiny",
+               "ck_clip_backend": "without --max-grad-norm"}
         name = unused[0]
         raise UsageError(f"{_name(name)} takes no effect {why.get(name, f'with --model {config.model}')}")
     if config.optimizer == "sgd" and config.ck_optimizer_backend != "c":

@@ -115,7 +115,7 @@ def make_optimizer(config, side: str, params):
 
 def build_twin(config, side: str, model=None) -> Twin:
     model = model if model is not None else build_model(config, ops_for(config, side))
-    clip = backends.CLIP_GRAD_NORM["c" if side == "ck" else "torch"]
+    clip = backends.CLIP_GRAD_NORM[config.ck_clip_backend if side == "ck" else "torch"]
     return Twin(side, model, make_optimizer(config, side, model.parameters()), clip)
 
 
