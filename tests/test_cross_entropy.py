@@ -393,3 +393,54 @@ def test_row_grad_only_with_reduction_none():
                                                row_grad=torch.tensor([1.0, 0.0, -2.0, 0.5]))
     assert torch.equal(scaled[0], plain[0]) and (scaled[1] == 0).all()
     torch.testing.assert_close(scaled[2], -2 * plain[2])
+
+
+@pytest.mark.parametrize("variant", ["default", "ptref"])
+@pytest.mark.parametrize("kwargs", [{}, {"reduction": "sum", "label_smoothing": 0.1}, {"z_loss": 1e-3},
+                                    {"weight": "w", "ignore_index": 2}])
+def test_inplace_backward_gives_the_same_bits(variant, kwargs):
+    """inplace_backward: dlogits written over the logits, the same bits as out of place, through autograd."""
+    g = torch.Generator().manual_seed(3)
+    base, target = torch.randn(37, 1003, generator=g) * 3, torch.randint(0, 1003, (37,), generator=g)
+    kwargs = {k: (torch.rand(1003, generator=g) + 0.5 if v == "w" else v) for k, v in kwargs.items()}
+    results = []
+    for inplace in (False, True):
+        leaf = base.clone().requires_grad_(True)
+        logits = leaf * 1.0  # a non-leaf, as a model's lm_head output is
+        loss = ckparity.cross_entropy(logits, target, variant=variant, inplace_backward=inplace, **kwargs)
+        (loss * 0.5).backward()
+        results.append((loss.detach(), leaf.grad, logits.detach()))
+    (loss_a, grad_a, logits_a), (loss_b, grad_b, logits_b) = results
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
+    assert torch.equal(logits_a, base) and not torch.equal(logits_b, base)  # the in-place one overwrote its logits
+
+
+def test_inplace_backward_misuse_is_caught():
+    target = torch.tensor([0, 1, 2])
+    leaf = torch.randn(3, 5, requires_grad=True)
+    logits = leaf * 1.0
+    kept = logits.pow(2)  # an op that saves the logits for its own backward
+    loss = ckparity.cross_entropy(logits, target, inplace_backward=True) + kept.sum()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    with pytest.raises(ValueError, match="reduction 'mean' or 'sum'"):
+        ckparity.cross_entropy(leaf * 1.0, target, reduction="none", inplace_backward=True)
+    with pytest.raises(ValueError, match=r"contiguous \(N, C\)"):
+        ckparity.cross_entropy((leaf * 1.0).t().contiguous().t(), target, inplace_backward=True)
+    probs = torch.softmax(torch.randn(3, 5), 1).requires_grad_(True)
+    with pytest.raises(ValueError, match="probability targets"):
+        ckparity.cross_entropy(leaf * 1.0, probs, inplace_backward=True)
+    untouched = torch.randn(3, 5)
+    before = untouched.clone()
+    ckparity.cross_entropy(untouched, target, inplace_backward=True)  # no gradient wanted: nothing overwritten
+    assert torch.equal(untouched, before)
+
+
+def test_inplace_backward_module():
+    loss_fn = ckparity.nn.CrossEntropyLoss(inplace_backward=True)
+    x = torch.randn(4, 7, requires_grad=True)
+    target = torch.tensor([1, 2, 3, 4])
+    expected = torch.autograd.grad(F.cross_entropy(x, target), x)[0]
+    logits = x * 1.0
+    loss_fn(logits, target).backward()
+    torch.testing.assert_close(x.grad, expected)

@@ -92,6 +92,20 @@ def _fwd_bwd(fn, x, *args, **kwargs):
     return run
 
 
+def _fresh_fwd_bwd(fn, src, *args, **kwargs):
+    """fwd+bwd on src's values copied into one buffer each call, as a model's
+    lm_head hands the loss new logits every step (the copy costs every side
+    the same; the in-place loss overwrites the buffer, so it is refilled)."""
+    x = src.clone().requires_grad_(True)
+
+    def run():
+        x.grad = None
+        with torch.no_grad():
+            x.copy_(src)
+        fn(x, *args, **kwargs).backward()
+    return run
+
+
 def _compiled_fwd_bwd(fn, x, *args, **kwargs):
     """A maker of the fwd+bwd closure of torch.compile(fn), for Case.compiled."""
     return lambda: _fwd_bwd(torch.compile(fn), x, *args, **kwargs)
@@ -101,9 +115,12 @@ def _compiled_step(optimizer):
     return lambda: torch.compile(optimizer.step)
 
 
-def _ce_kernel(x, t):
+def _ce_kernel(x, t, in_place: bool = False):
     loss, d = torch.empty(()), torch.empty_like(x)
     options = _bindings.cross_entropy_options()
+    if in_place:  # on a scratch copy made once: the kernel's time alone, dlogits over the logits
+        scratch = x.clone()
+        return lambda: _bindings.cross_entropy(scratch, t, options, loss, scratch)
     return lambda: _bindings.cross_entropy(x, t, options, loss, d)
 
 
@@ -151,6 +168,13 @@ def cases():
         yield Case("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
                    _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t),
                    compiled=_compiled_fwd_bwd(F.cross_entropy, x, t))
+    N, V = 2048, 32000
+    src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
+    # in place: fresh logits each call (on every side), dlogits written over them
+    yield Case("cross_entropy", f"N={N},V={V},inplace_backward", _fresh_fwd_bwd(ckparity.cross_entropy, src, t,
+                                                                               inplace_backward=True),
+               _fresh_fwd_bwd(F.cross_entropy, src, t), 8 * N * V, _ce_kernel(src, t, in_place=True),
+               compiled=lambda: _fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
     for N, D in ((8192, 4096), (8, 64)):
         x = torch.randn(N, D, generator=g).requires_grad_(True)
         w = torch.randn(D, generator=g)

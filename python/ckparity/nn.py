@@ -10,7 +10,7 @@ from .ops.swiglu import swiglu
 
 
 class CrossEntropyLoss(torch.nn.Module):
-    """torch.nn.CrossEntropyLoss on the C kernel, plus ``z_loss`` and ``variant``."""
+    """torch.nn.CrossEntropyLoss on the C kernel, plus ``z_loss``, ``variant`` and ``inplace_backward``."""
 
     def __init__(
         self,
@@ -21,6 +21,7 @@ class CrossEntropyLoss(torch.nn.Module):
         *,
         z_loss: float = 0.0,
         variant: str = "default",
+        inplace_backward: bool = False,
     ) -> None:
         super().__init__()
         self.register_buffer("weight", weight)
@@ -29,6 +30,7 @@ class CrossEntropyLoss(torch.nn.Module):
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
         self.variant = variant
+        self.inplace_backward = inplace_backward
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return cross_entropy(
@@ -40,6 +42,7 @@ class CrossEntropyLoss(torch.nn.Module):
             self.label_smoothing,
             z_loss=self.z_loss,
             variant=self.variant,
+            inplace_backward=self.inplace_backward,
         )
 
 

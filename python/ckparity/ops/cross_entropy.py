@@ -108,6 +108,43 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return dlogits, dtarget, None, None, None
 
 
+class _InplaceCrossEntropyFunction(torch.autograd.Function):
+    """inplace_backward=True: the forward's single pass writes dlogits over
+    the logits, so neither pass allocates an (N, V) buffer. The logits'
+    version counter is bumped: any op that saved them for its own backward
+    raises in that backward instead of reading dlogits as logits. First-order
+    only: see ops/_function.py."""
+
+    @staticmethod
+    def forward(logits, target, weight, settings):
+        loss, _ = cross_entropy_forward_backward(logits, target, weight, **settings, dlogits=logits)
+        return loss
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits = inputs[0]
+        torch.autograd.graph.increment_version(logits)
+        ctx.dlogits = logits  # not save_for_backward: its version moved on purpose
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, grad_loss):
+        dlogits = ctx.dlogits
+        return (dlogits if float(grad_loss) == 1.0 else dlogits * grad_loss), None, None, None
+
+
+def _check_inplace(input: torch.Tensor, target: torch.Tensor, reduction: str) -> None:
+    if input.dim() != 2 or not input.is_contiguous():
+        raise InvalidArgument(f"inplace_backward needs contiguous (N, C) logits (their storage takes dlogits), got "
+                              f"shape {tuple(input.shape)}{'' if input.is_contiguous() else ', not contiguous'}")
+    if reduction == "none":
+        raise InvalidArgument("inplace_backward needs reduction 'mean' or 'sum': with 'none' each row's upstream "
+                              "gradient is only known in backward, after the logits would be gone")
+    if target.requires_grad:
+        raise InvalidArgument("inplace_backward cannot differentiate probability targets (their gradient needs the "
+                              "logits, which it overwrites)")
+
+
 def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) -> bool:
     """Validates target against input; True for probability targets."""
     require_cpu(target, "target")
@@ -166,8 +203,9 @@ def cross_entropy(
     *,
     z_loss: float = 0.0,
     variant: str = "default",
+    inplace_backward: bool = False,
 ) -> torch.Tensor:
-    """F.cross_entropy with the same arguments, plus ``z_loss`` and ``variant``.
+    """F.cross_entropy with the same arguments, plus ``z_loss``, ``variant`` and ``inplace_backward``.
 
     input is (C), (N, C) or (N, C, d1, ...) float32 on the CPU; target is class
     indices (int64 or uint8, input's shape without C) or class probabilities
@@ -176,6 +214,13 @@ def cross_entropy(
     threaded) or "ptref" (ATen's order of operations). Gradients flow to input
     and to probability targets; asking for a gradient of weight raises
     NotImplementedError.
+
+    ``inplace_backward=True`` (flash-attn's name): when input requires grad,
+    the forward overwrites input — contiguous (N, C) logits — with dlogits and
+    backward allocates nothing. The caller gives up the logits' values after
+    the call, reduction "none", probability-target gradients and a second
+    backward; an op that saved the logits for its backward raises there
+    (autograd's version counter), never reads dlogits as logits.
     """
     require_float32(input, "input")
     if input.dim() == 0:
@@ -204,5 +249,9 @@ def cross_entropy(
         variant=variant,
     )
     compute_grad = torch.is_grad_enabled() and input.requires_grad
+    if inplace_backward:
+        _check_inplace(input, target, reduction)
+        if compute_grad:
+            return _InplaceCrossEntropyFunction.apply(logits, flat_target, weight, settings)
     loss, _ = _CrossEntropyFunction.apply(logits, flat_target, weight, settings, compute_grad)
     return loss.reshape(loss_shape) if reduction == "none" else loss
