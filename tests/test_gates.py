@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
 import torch
 import torch.nn.functional as F
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 import statistics
 
-import torch
-
 from ..ops.clip_grad_norm import grad_norm
 from .diff import tensor_diff, worst_diff
 from .localize import first_difference, localize
