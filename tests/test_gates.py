@@ -144,3 +144,16 @@ def test_depth_sweep_catches_a_broken_composition(tmp_path, monkeypatch):
     monkeypatch.setitem(backends.RMS_NORM, "c", _pre_added_rms_norm)  # the pre-added dx, planted as "c"
     result = gates.depth_sweep(small("depth_sweep", steps=3, variants=["bitwise"]), tmp_path)
     assert not result["passed"] and "not bit-identical" in result["summary"]
+
+
+def test_accuracy_parity_passes_as_built(tmp_path):
+    result = gates.accuracy_parity(small("accuracy_parity", steps=10, shadow_every=5), tmp_path)
+    assert result["passed"], result["summary"]
+
+
+def test_accuracy_parity_catches_a_less_accurate_update(tmp_path):
+    from test_attribution import _BiasedAdamW  # noqa: F401  (registers "fault_biased")
+
+    result = gates.accuracy_parity(small("accuracy_parity", steps=10, shadow_every=5, loss_backends=["c"],
+                                         ck_optimizer_backend="fault_biased"), tmp_path)
+    assert not result["passed"] and "CK param error" in result["summary"]

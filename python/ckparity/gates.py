@@ -32,7 +32,7 @@ from .harness.twins import build_twins
 from .measure import RULES, max_ulp, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
-              "long_horizon", "depth_sweep"]
+              "long_horizon", "depth_sweep", "accuracy_parity"]
 
 # Settings per gate; the "full" tier overrides some of them (TIERS).
 DEFAULTS: dict[str, dict] = {
@@ -46,11 +46,14 @@ DEFAULTS: dict[str, dict] = {
                     "ck_optimizer_backend": "c"},
     "long_horizon": {"steps": 150, "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
     "depth_sweep": {"depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"], "models": ["stacked", "llama"]},
+    "accuracy_parity": {"steps": 30, "shadow_every": 5, "factor": 2.0, "grad_floor": 1e-9, "param_floor": 1e-9,
+                        "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
 }
 TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {"coordinates": 64},
                                "drift_smoke": {"steps": 300},
                                "depth_sweep": {"depths": [1, 2, 6, 12, 24], "steps": 100,
-                                               "variants": ["bitwise", "c", "c_ptref", "torch"]}}}
+                                               "variants": ["bitwise", "c", "c_ptref", "torch"]},
+                               "accuracy_parity": {"steps": 300, "shadow_every": 10}}}
 
 
 def _result(passed: bool, summary: str, **details) -> dict:
@@ -333,6 +336,36 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
     return _result(not failures, summary, rows=rows, failures=failures)
 
 
+def accuracy_parity(settings: dict, out_dir: Path) -> dict:
+    """Who is closer to exact arithmetic, step by step: the stress profile with
+    the float64 shadow; at every probe (one step from the torch twin's state)
+    the CK twin's gradient and parameter errors against float64 must be at
+    most ``factor`` times the torch twin's plus a floor. A kernel more accurate
+    than torch's passes; one that is merely different from torch does too,
+    as long as it is not less accurate."""
+    from .harness.repro import STRESS
+
+    failures, rows = [], []
+    for backend in settings["loss_backends"]:
+        config = replace(STRESS, max_steps=settings["steps"], f64_shadow=True, shadow_every=settings["shadow_every"],
+                         ck_loss_backend=backend, ck_optimizer_backend=settings["ck_optimizer_backend"],
+                         no_progress=True, json_out=str(out_dir / f"accuracy_parity_{backend}.json"))
+        probes = _train_in_gate(config)["shadow"]["probes"]
+        for kind in ("grad", "param"):
+            ck, ref = probes[f"ck_local_{kind}_error"], probes[f"torch_local_{kind}_error"]
+            rows.append({"loss_backend": backend, "quantity": kind, "probes": len(ck),
+                         "max_ck_error": max(ck, default=0.0), "max_torch_error": max(ref, default=0.0)})
+            for step, c, t in zip(probes["step"], ck, ref):
+                if c > settings["factor"] * t + settings[f"{kind}_floor"]:
+                    failures.append(f"loss {backend}, step {step}: CK {kind} error {c:.3g} > "
+                                    f"{settings['factor']}x torch's {t:.3g}")
+                    break
+    summary = failures[0] if failures else "; ".join(
+        f"{r['loss_backend']} {r['quantity']}: CK {r['max_ck_error']:.2g} vs torch {r['max_torch_error']:.2g}"
+        for r in rows)
+    return _result(not failures, summary, rows=rows, failures=failures)
+
+
 GATES: dict[str, Callable] = {
     "kernel_parity": lambda s, out: kernel_parity(s),
     "optimizer_parity": lambda s, out: optimizer_parity(s),
@@ -341,6 +374,7 @@ GATES: dict[str, Callable] = {
     "drift_smoke": drift_smoke,
     "long_horizon": long_horizon,
     "depth_sweep": depth_sweep,
+    "accuracy_parity": accuracy_parity,
 }
 
 
