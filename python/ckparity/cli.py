@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RECORDED = 0, 1, 2, 3
 
 
-def _exit_code(result: dict) -> int:
+def exit_code(result: dict) -> int:
     if result["status"] == "interrupted":
         from .harness.interrupts import EXIT_CODES
 
@@ -34,9 +35,16 @@ def _exit_code(result: dict) -> int:
 def _train(argv: list[str]) -> int:
     from .harness.config import parse_train_args
     from .harness.report import STDOUT
+    from .harness.launch import launch
+    from .harness.ranks import RANK_ENV
     from .harness.run import DEFAULT_JSON_OUT, train
 
-    result = train(parse_train_args(argv))
+    config = parse_train_args(argv)
+    # --tp/--dp: start the ranks here, unless torchrun already did
+    distributed = config.tp * config.dp > 1 and not any(name in os.environ for name in RANK_ENV)
+    result = launch(config) if distributed else train(config)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 speaks for the run
+        return exit_code(result)
     path = result["config"]["json_out"] or DEFAULT_JSON_OUT
     # with --json-out -, stdout carries the report alone
     out = sys.stderr if path == STDOUT else sys.stdout
@@ -45,7 +53,7 @@ def _train(argv: list[str]) -> int:
           f"max |loss diff| {result['max_loss_abs_diff']}) -> {path}", file=out)
     if result["error"]:
         print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
-    return _exit_code(result)
+    return exit_code(result)
 
 
 def _repro(argv: list[str]) -> int:
@@ -68,10 +76,10 @@ def _repro(argv: list[str]) -> int:
     if args.preset == "depth":
         rows, text = depth_sweep(args.out_dir, preset)
         print(text)
-        return max(_exit_code(r) for r in rows)
+        return max(exit_code(r) for r in rows)
     reports, text = repro(args.out_dir, preset, args.preset)
     print(text)
-    return max(_exit_code(r) for r in reports.values())
+    return max(exit_code(r) for r in reports.values())
 
 
 def _attribute(argv: list[str]) -> int:
@@ -87,7 +95,7 @@ def _attribute(argv: list[str]) -> int:
     json_out = config.json_out or "reports/attribute_latest.json"
     result = attribute(config, json_out, own["jobs"])
     print(table(result), file=sys.stderr if json_out == "-" else sys.stdout)
-    return _exit_code({"status": "interrupted", **result}) if result["status"] == "interrupted" else EXIT_PASS
+    return exit_code({"status": "interrupted", **result}) if result["status"] == "interrupted" else EXIT_PASS
 
 
 def _compare(argv: list[str]) -> int:

@@ -62,6 +62,10 @@ class RunConfig:
     no_progress: bool = _flag(False, "no progress bar even on a terminal")
     f64_shadow: bool = _flag(False, "train a third twin in float64 and say which float32 twin is closer to it")
     shadow_every: int = _flag(10, "with --f64-shadow: a one-step local-error probe every N steps")
+    tp: int = _flag(1, "tensor parallel: the CK twin's lm_head and loss split by vocabulary over N ranks")
+    dp: int = _flag(1, "data parallel: the CK twin's micro-batches split over N ranks, gradients summed")
+    rank_timeout: float = _flag(300.0, "with --tp/--dp: seconds a rank waits for the others before the run ends "
+                                       "with an error")
     # The CK twin's kernels, by the seed's flags; backends.FLAGS maps each
     # flag to its kernel and names the choices.
     ck_rmsnorm_backend: str = _flag("c", "the CK twin's rms_norm")
@@ -87,7 +91,7 @@ def _validate(config: RunConfig) -> None:
         if f.metadata.get("choices") and getattr(config, f.name) not in f.metadata["choices"]:
             raise UsageError(f"{_name(f.name)} must be one of {f.metadata['choices']}, got {getattr(config, f.name)!r}")
     positive = ["epochs", "seq_len", "total_tokens", "vocab", "d_model", "hidden", "grad_accum", "num_layers",
-                "shadow_every", "heads", "batch_size"]
+                "shadow_every", "heads", "batch_size", "tp", "dp"]
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
@@ -137,8 +141,34 @@ def _validate(config: RunConfig) -> None:
                "ck_clip_backend": "without --max-grad-norm"}
         name = unused[0]
         raise UsageError(f"{_name(name)} takes no effect {why.get(name, f'with --model {config.model}')}")
+    _validate_ranks(config)
     if config.optimizer == "sgd" and config.ck_optimizer_backend != "c":
         raise UsageError("--ck-optimizer-backend takes no effect with --optimizer sgd (both twins run torch's SGD)")
+
+
+def _validate_ranks(config: RunConfig) -> None:
+    if not (config.rank_timeout > 0 and math.isfinite(config.rank_timeout)):
+        raise UsageError(f"--rank-timeout must be finite and > 0, got {config.rank_timeout}")
+    if config.tp == 1 and config.dp == 1:
+        if config.rank_timeout != RunConfig.__dataclass_fields__["rank_timeout"].default:
+            raise UsageError("--rank-timeout takes no effect without --tp or --dp")
+        return
+    if config.tp > 1 and config.dp > 1:
+        raise UsageError("--tp and --dp together are not supported: choose one")
+    if config.tp > 1:
+        if config.tp > config.vocab:
+            raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")
+        # the loss is the C vocab-parallel cross-entropy; the lm_head is sharded
+        refused = {"ck_loss_backend": config.ck_loss_backend != "c", "tie_embeddings": config.tie_embeddings,
+                   "max_grad_norm": config.max_grad_norm > 0}
+        why = {"ck_loss_backend": "takes no effect with --tp (the CK loss is the vocab-parallel cross-entropy)",
+               "tie_embeddings": "is not supported with --tp (the sharded lm_head cannot share the embedding)",
+               "max_grad_norm": "is not supported with --tp (the norm would need the shards' sum)"}
+        for name, bad in refused.items():
+            if bad:
+                raise UsageError(f"{_name(name)} {why[name]}")
+    if config.dp > config.grad_accum:
+        raise UsageError(f"--dp {config.dp} needs --grad-accum >= {config.dp}: each rank runs whole micro-batches")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,11 +36,8 @@ def replay(config, snapshot: dict, windows) -> dict:
     for twin in (ck, ref):
         twin.restore(snapshot)
         twin.zero_grad()
-    scale = 1.0 / len(windows)
-    acts = {"ck": [], "torch": []}  # per micro-batch, per stage
-    for tokens, targets in windows:
-        for twin in (ck, ref):
-            acts[twin.name].append(twin.micro_step(tokens, targets, scale, keep_activations=True)[1])
+    # per twin, per micro-batch, per stage
+    acts = {twin.name: [a for _, a in twin.micro_steps(windows, keep_activations=True)] for twin in (ck, ref)}
     stages = list(acts["ck"][0])
 
     def worst(stage: str, grad: bool, tol: float) -> dict:

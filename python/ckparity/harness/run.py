@@ -17,6 +17,7 @@ from . import report
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
+from .ranks import SINGLE, RankAgreement, join, leave
 from .forecast import forecast
 from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from .resources import check_memory
@@ -75,8 +76,17 @@ def prepare(config: RunConfig) -> Batches:
 
 
 def train(config: RunConfig) -> dict:
-    """Runs both twins; returns the report (also written to config.json_out)."""
+    """Runs both twins; returns the report (also written to config.json_out,
+    by rank 0 of a --tp/--dp run)."""
     batches = prepare(config)
+    ranks = join(config)
+    try:
+        return _train(config, batches, ranks)
+    finally:
+        leave(ranks)
+
+
+def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     if config.threads:
         ckparity.set_num_threads(config.threads)
         torch.set_num_threads(config.threads)
@@ -84,8 +94,9 @@ def train(config: RunConfig) -> dict:
     twins = (ck, ref)
     series, first_fail, nonfinite = DriftSeries(), FirstFail(config), NonFinite()
     localizer, divergence = Localizer(config), DivergenceTracer(config)
+    agreement = RankAgreement(ranks)
     shadow = Float64Shadow(config, ref) if config.f64_shadow else None
-    progress = _Progress(batches.num_steps, not config.no_progress)
+    progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None
     with stop_on_signals() as stop:
@@ -97,8 +108,8 @@ def train(config: RunConfig) -> dict:
                 comparison = StepComparison(step, ck, ref)
                 for twin in twins:
                     twin.zero_grad()
-                for tokens, targets in windows:
-                    comparison.micro_step(*(twin.micro_step(tokens, targets, 1.0 / len(windows)) for twin in twins))
+                for outputs in zip(*(twin.micro_steps(windows) for twin in twins)):
+                    comparison.micro_step(*outputs)
                 comparison.backward_done()
                 for twin in twins:
                     twin.update(config.max_grad_norm)
@@ -106,6 +117,7 @@ def train(config: RunConfig) -> dict:
                 series.append(row)
                 failed_now = first_fail.observe(row)
                 nonfinite.observe(step, comparison.finite)
+                agreement.after_step(step, ck)
                 divergence.after_step(step, snapshot, windows, comparison.identical)
                 localizer.after_step(step, snapshot, windows, failed_now)
                 if shadow is not None:
@@ -126,9 +138,26 @@ def train(config: RunConfig) -> dict:
                                       batches.num_steps, divergence.first_step)
         result["forecast_param_fail_step"] = result["forecast"]["param_fail_step"]
         result["shadow"] = shadow.report(len(series)) if shadow is not None else None
+        result["ranks"] = agreement.report(config)
+        if result["ranks"]["replicated_params_identical"] is False and result["status"] == "pass":
+            result.update(status="fail", pass_parity=False)
+        result["env"]["world_size"] = ranks.world_size
         if result["localization"] is not None:
             result["localization"]["first_divergence_step"] = divergence.first_step
-        report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
+        if ranks.is_writer:
+            report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
+    return result
+
+
+def lost_report(config: RunConfig, error: str) -> dict:
+    """The report of a run whose measurements were lost with the process
+    that held them (a --tp/--dp rank 0 that died): status "error", no steps."""
+    batches = Batches(load_tokens(config), config)
+    result = _report(config, batches, DriftSeries(), FirstFail(config), NonFinite(), Localizer(config), None,
+                     "error", error, None)
+    result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None, shadow=None,
+                  ranks=RankAgreement(SINGLE).report(config))
+    result["env"]["world_size"] = config.tp * config.dp
     return result
 
 
@@ -138,7 +167,6 @@ def _report(config, batches, series, first_fail, nonfinite, localizer, twins, st
                    and len(series) == batches.num_steps)
     if status == "pass" and not pass_parity:
         status = "fail"
-    ck, ref = twins
     columns = series.columns
     return {
         "schema": report.SCHEMA,
@@ -164,7 +192,7 @@ def _report(config, batches, series, first_fail, nonfinite, localizer, twins, st
         "localization": localizer.result,
         "timing": {
             "wall_s": wall,
-            "ck_total_s": ck.seconds, "torch_total_s": ref.seconds,
+            "ck_total_s": twins[0].seconds if twins else None, "torch_total_s": twins[1].seconds if twins else None,
             "ck_step_ms_median": statistics.median(columns["ck_step_ms"]) if len(series) else None,
             "torch_step_ms_median": statistics.median(columns["torch_step_ms"]) if len(series) else None,
         },

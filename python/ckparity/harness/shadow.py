@@ -34,7 +34,8 @@ import torch
 
 from .. import reference
 from .models import build_model
-from .twins import Twin, build_twin, ops_for
+from .twin import Twin
+from .twins import build_twin, ops_for
 
 TIE = 0.10
 
@@ -76,7 +77,7 @@ class Float64Shadow:
     def after_step(self, step: int, windows, ck: Twin, ref: Twin, losses: dict[str, list[float]]) -> None:
         start = time.perf_counter()
         self.twin.zero_grad()
-        shadow_losses = [float(self.twin.micro_step(tokens, targets, 1.0 / len(windows))[0]) for tokens, targets in windows]
+        shadow_losses = [float(loss) for loss, _ in self.twin.micro_steps(windows)]
         self.twin.update(self.config.max_grad_norm)
         shadow_params = self.twin.params()
         shadow_loss = statistics.fmean(shadow_losses)
@@ -97,8 +98,7 @@ class Float64Shadow:
         grads = []
         for twin in twins:
             twin.zero_grad()
-            for tokens, targets in windows:
-                twin.micro_step(tokens, targets, 1.0 / len(windows))
+            twin.micro_steps(windows)
             grads.append({n: g.clone() for n, g in twin.grads().items()})
             twin.update(self.config.max_grad_norm)
         exact = twins[2].params()
