@@ -32,7 +32,7 @@ from .harness.twins import build_twins
 from .measure import RULES, max_ulp, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
-              "long_horizon", "depth_sweep", "accuracy_parity"]
+              "long_horizon", "depth_sweep", "accuracy_parity", "distributed_parity"]
 
 # Settings per gate; the "full" tier overrides some of them (TIERS).
 DEFAULTS: dict[str, dict] = {
@@ -48,12 +48,15 @@ DEFAULTS: dict[str, dict] = {
     "depth_sweep": {"depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"], "models": ["stacked", "llama"]},
     "accuracy_parity": {"steps": 30, "shadow_every": 5, "factor": 2.0, "grad_floor": 1e-9, "param_floor": 1e-9,
                         "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
+    "distributed_parity": {"world_sizes": [2], "steps": 5, "grad_accum": 4, "models": ["stacked"]},
 }
 TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {"coordinates": 64},
                                "drift_smoke": {"steps": 300},
                                "depth_sweep": {"depths": [1, 2, 6, 12, 24], "steps": 100,
                                                "variants": ["bitwise", "c", "c_ptref", "torch"]},
-                               "accuracy_parity": {"steps": 300, "shadow_every": 10}}}
+                               "accuracy_parity": {"steps": 300, "shadow_every": 10},
+                               "distributed_parity": {"world_sizes": [2, 3], "steps": 100,
+                                                      "models": ["tiny", "stacked"]}}}
 
 
 def _result(passed: bool, summary: str, **details) -> dict:
@@ -272,8 +275,10 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
 
 
 def _train_in_gate(config: RunConfig) -> dict:
-    """train(), with a signal that stopped it stopping the gates too."""
-    report = train(config)
+    """train() (or, for --tp/--dp, the launcher), with a signal that stopped it stopping the gates too."""
+    from .harness.launch import launch
+
+    report = launch(config) if config.tp * config.dp > 1 else train(config)
     if report["status"] == "interrupted":
         raise Interrupted(report["stopped_by_signal"])
     return report
@@ -288,7 +293,9 @@ def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str) -> dict:
                                             "max_loss_abs_diff", "max_param_abs_diff")}
         row["run"], row["report"] = label, str(path)
         rows.append(row)
-        if not report["pass_parity"]:
+        if report.get("error"):
+            failures.append(f"{label}: {report['status']}: {report['error']}")
+        elif not report["pass_parity"]:
             loc = report["localization"] or {}
             where = loc.get("first_forward_stage") or loc.get("first_backward_stage") or loc.get("first_param_tensor")
             failures.append(f"{label}: {report['status']} (loss fails at {report['first_loss_fail_step']}, "
@@ -366,6 +373,17 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
     return _result(not failures, summary, rows=rows, failures=failures)
 
 
+def distributed_parity(settings: dict, out_dir: Path) -> dict:
+    """The CK twin split over ranks (gloo, processes on this machine) against
+    the single-process torch twin: --tp W (lm_head and loss by vocabulary) and
+    --dp W (micro-batches, summed gradients) must pass parity, and the ranks'
+    replicated parameters must stay bit-identical to each other."""
+    runs = {f"{model}_{kind}{w}": RunConfig(model=model, max_steps=settings["steps"], grad_accum=settings["grad_accum"],
+                                            **({"num_layers": 2} if model != "tiny" else {}), **{kind: w})
+            for model in settings["models"] for w in settings["world_sizes"] for kind in ("tp", "dp")}
+    return _harness_gate(runs, out_dir, "distributed_parity")
+
+
 GATES: dict[str, Callable] = {
     "kernel_parity": lambda s, out: kernel_parity(s),
     "optimizer_parity": lambda s, out: optimizer_parity(s),
@@ -375,6 +393,7 @@ GATES: dict[str, Callable] = {
     "long_horizon": long_horizon,
     "depth_sweep": depth_sweep,
     "accuracy_parity": accuracy_parity,
+    "distributed_parity": distributed_parity,
 }
 
 
