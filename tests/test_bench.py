@@ -21,7 +21,7 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "cases", one_case)
     out = tmp_path / "bench.json"
-    assert main(["bench", "--json-out", str(out), "--repeats", "2", "--no-compile"]) == 0
+    assert main(["bench", "--json-out", str(out), "--repeats", "2", "--no-compile", "--no-distributed"]) == 0
     data = json.loads(out.read_text())
     assert data["copy_gbps"] > 0 and data["threads"] == ckparity.get_num_threads()
     (row,) = data["results"]
@@ -62,6 +62,15 @@ def test_torch_compile_column(monkeypatch):
         yield bench.Case("swiglu", "broken", ours, theirs, 1, compiled=lambda: 1 / 0)
 
     monkeypatch.setattr(bench, "cases", one_case)
-    ok, broken = bench.bench(1)["results"]
+    ok, broken = bench.bench(1, distributed=False)["results"]
     assert ok["torch_compile_ms"] > 0 and ok["speedup_vs_compile"] == ok["torch_compile_ms"] / ok["ckparity_ms"]
     assert broken["torch_compile_ms"] is None and broken["compile_error"].startswith("ZeroDivisionError")
+
+
+def test_vocab_parallel_row_runs_two_ranks_against_loss_parallel():
+    from ckparity import bench_ranks
+
+    row = bench_ranks.vocab_parallel_row(2, N=64, V=1000)
+    assert row["shape"].startswith("N=64,V=1000,world=2")
+    assert row["ckparity_ms"] > 0 and row["torch_ms"] > 0 and row["speedup"] == row["torch_ms"] / row["ckparity_ms"]
+    assert row["same_loss_bits"] is True  # both sides' losses are F.cross_entropy's within 0 ULP (see test_distributed)

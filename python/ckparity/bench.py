@@ -17,7 +17,9 @@ Per kernel and shape:
 - ``torch_compile_ms`` / ``speedup_vs_compile``: torch's counterpart through
   ``torch.compile`` (inductor; compiled once, outside the timing; the
   optimizer rows compile the single-tensor step), the peer a user would pick
-  instead of eager — or null and ``compile_error`` where inductor cannot run.
+  instead of eager — or null and ``compile_error`` where inductor cannot run;
+- the vocab_parallel_cross_entropy row (bench_ranks.py): two ranks on gloo
+  against torch's loss_parallel, and whether their losses have the same bits.
 
 The three timings of a case are taken in turn, repeat by repeat, so a drift
 in the machine's speed hits them alike; each is a median. The copy bandwidth
@@ -222,7 +224,7 @@ def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
         return None, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def bench(repeats: int = 5, compile: bool = True) -> dict:
+def bench(repeats: int = 5, compile: bool = True, distributed: bool = True) -> dict:
     copy = copy_gbps(repeats)
     results = []
     for case in cases():
@@ -243,6 +245,11 @@ def bench(repeats: int = 5, compile: bool = True) -> dict:
                        kernel_bandwidth_fraction=case.nbytes / (kernel_ms * 1e6) / copy,
                        overhead_us_per_call=1e3 * (ck_ms - kernel_ms) / case.c_calls)
         results.append(row)
+    if distributed:
+        from .bench_ranks import vocab_parallel_row
+
+        row = vocab_parallel_row(repeats)
+        results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
     return {"schema": "ckparity.bench/3", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}

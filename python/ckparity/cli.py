@@ -155,11 +155,12 @@ def _bench(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (compiling takes "
                         "minutes on a small machine)")
+    parser.add_argument("--no-distributed", action="store_true", help="skip the vocab-parallel row (two gloo ranks)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     check_writable(args.json_out, "--json-out")
-    data = bench(args.repeats, compile=not args.no_compile)
+    data = bench(args.repeats, compile=not args.no_compile, distributed=not args.no_distributed)
     write_json(args.json_out, data)
     print(table(data), file=sys.stderr if args.json_out == "-" else sys.stdout)
     return EXIT_PASS
