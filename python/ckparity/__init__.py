@@ -8,6 +8,7 @@ from ._native import build_info, version
 from .errors import CkparityError
 from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
+from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope
 from .ops.swiglu import swiglu
@@ -20,6 +21,7 @@ __all__ = [
     "build_info",
     "clip_grad_norm_",
     "cross_entropy",
+    "fused_linear_cross_entropy",
     "get_num_threads",
     "nn",
     "optim",
