@@ -19,7 +19,11 @@ Per kernel and shape:
   optimizer rows compile the single-tensor step), the peer a user would pick
   instead of eager — or null and ``compile_error`` where inductor cannot run;
 - the vocab_parallel_cross_entropy row (bench_ranks.py): two ranks on gloo
-  against torch's loss_parallel, and whether their losses have the same bits.
+  against torch's loss_parallel, and whether their losses have the same bits;
+- ``ckparity_peak_mb`` / ``torch_peak_mb`` / ``inputs_mb`` / ``peak_ratio``:
+  peak resident memory of one call of each large row, each side in a fresh
+  process (bench_memory.py); the fused linear + cross-entropy row (a 128k
+  vocabulary) is timed by that one call per side only.
 
 The three timings of a case are taken in turn, repeat by repeat, so a drift
 in the machine's speed hits them alike; each is a median. The copy bandwidth
@@ -84,6 +88,11 @@ class Case:
     c_kernel: Callable[[], None] | None = None  # the C calls alone (through _bindings), preallocated outputs
     c_calls: int = 1
     compiled: Callable[[], Callable[[], object]] | None = None  # makes torch's counterpart under torch.compile
+    once: bool = False  # too large to repeat: one call per side, timed in its own process with its memory
+
+
+# the fused linear + cross-entropy row: N, D, V (a Llama-3 vocabulary)
+FUSED = (4096, 2048, 128256)
 
 
 def _fwd_bwd(fn, x, *args, **kwargs):
@@ -162,42 +171,67 @@ def _adamw_kernel(n, g):
     return lambda: _bindings.adamw_step(p, grad, m, v, None, 10.0, options)
 
 
-def cases():
+def _fused_linear_case(N: int, D: int, V: int, g) -> Case:
+    hidden = torch.randn(N, D, generator=g).requires_grad_(True)
+    weight = (torch.randn(V, D, generator=g) * D**-0.5).requires_grad_(True)
+    t = torch.randint(0, V, (N,), generator=g)
+
+    def run(fn):
+        def call():
+            hidden.grad = weight.grad = None
+            fn(hidden, weight, t).backward()
+        return call
+
+    # at least: read hidden and weight, write grad_hidden and grad_weight (the logits never leave the chunk)
+    return Case("fused_linear_cross_entropy", f"N={N},D={D},V={V}",
+                run(ckparity.fused_linear_cross_entropy), run(lambda h, w, t: F.cross_entropy(F.linear(h, w), t)),
+                8 * (N * D + V * D), once=True)
+
+
+def cases(select: Callable[[str, str], bool] = lambda kernel, shape: True):
+    """The bench's rows; only those ``select(kernel, shape)`` accepts are built."""
     g = torch.Generator().manual_seed(0)
     for N, V in ((2048, 32000), (8192, 256), (8, 256)):
-        x = torch.randn(N, V, generator=g).requires_grad_(True)
-        t = torch.randint(0, V, (N,), generator=g)
-        yield Case("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
-                   _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t),
-                   compiled=_compiled_fwd_bwd(F.cross_entropy, x, t))
+        if select("cross_entropy", f"N={N},V={V}"):
+            x = torch.randn(N, V, generator=g).requires_grad_(True)
+            t = torch.randint(0, V, (N,), generator=g)
+            yield Case("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
+                       _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t),
+                       compiled=_compiled_fwd_bwd(F.cross_entropy, x, t))
     N, V = 2048, 32000
-    src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
-    # in place: fresh logits each call (on every side), dlogits written over them
-    yield Case("cross_entropy", f"N={N},V={V},inplace_backward", _fresh_fwd_bwd(ckparity.cross_entropy, src, t,
-                                                                               inplace_backward=True),
-               _fresh_fwd_bwd(F.cross_entropy, src, t), 8 * N * V, _ce_kernel(src, t, in_place=True),
-               compiled=lambda: _fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
+    if select("cross_entropy", f"N={N},V={V},inplace_backward"):
+        src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
+        # in place: fresh logits each call (on every side), dlogits written over them
+        yield Case("cross_entropy", f"N={N},V={V},inplace_backward",
+                   _fresh_fwd_bwd(ckparity.cross_entropy, src, t, inplace_backward=True),
+                   _fresh_fwd_bwd(F.cross_entropy, src, t), 8 * N * V, _ce_kernel(src, t, in_place=True),
+                   compiled=lambda: _fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
     for N, D in ((8192, 4096), (8, 64)):
-        x = torch.randn(N, D, generator=g).requires_grad_(True)
-        w = torch.randn(D, generator=g)
-        # forward reads x, writes y; backward reads dy and x, writes dx
-        yield Case("rms_norm", f"N={N},D={D}", _fwd_bwd(ckparity.rms_norm, x, (D,), w),
-                   _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D, _rms_kernel(x.detach(), w), 2,
-                   compiled=_compiled_fwd_bwd(F.rms_norm, x, (D,), w))
+        if select("rms_norm", f"N={N},D={D}"):
+            x = torch.randn(N, D, generator=g).requires_grad_(True)
+            w = torch.randn(D, generator=g)
+            # forward reads x, writes y; backward reads dy and x, writes dx
+            yield Case("rms_norm", f"N={N},D={D}", _fwd_bwd(ckparity.rms_norm, x, (D,), w),
+                       _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D, _rms_kernel(x.detach(), w), 2,
+                       compiled=_compiled_fwd_bwd(F.rms_norm, x, (D,), w))
     for N, H in ((2048, 8192), (8, 128)):
-        x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
-        # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
-        yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(reference.swiglu, x),
-                   32 * N * H, _swiglu_kernel(x.detach()), 2, compiled=_compiled_fwd_bwd(reference.swiglu, x))
+        if select("swiglu", f"N={N},H={H}"):
+            x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
+            # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
+            yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(reference.swiglu, x),
+                       32 * N * H, _swiglu_kernel(x.detach()), 2, compiled=_compiled_fwd_bwd(reference.swiglu, x))
     for N, T, d in ((64, 512, 128), (4, 8, 16)):
-        x = torch.randn(N, T, d, generator=g).requires_grad_(True)
-        angles = torch.rand(T, d // 2, generator=g) * 6
-        cos, sin = angles.cos(), angles.sin()
-        # forward reads x, writes out; backward reads dout, writes dx (the tables stay in cache)
-        yield Case("rope", f"N={N},T={T},d={d}", _fwd_bwd(ckparity.rope, x, cos, sin),
-                   _fwd_bwd(reference.rope, x, cos, sin), 16 * N * T * d, _rope_kernel(x.detach(), cos, sin), 2,
-                   compiled=_compiled_fwd_bwd(reference.rope, x, cos, sin))
+        if select("rope", f"N={N},T={T},d={d}"):
+            x = torch.randn(N, T, d, generator=g).requires_grad_(True)
+            angles = torch.rand(T, d // 2, generator=g) * 6
+            cos, sin = angles.cos(), angles.sin()
+            # forward reads x, writes out; backward reads dout, writes dx (the tables stay in cache)
+            yield Case("rope", f"N={N},T={T},d={d}", _fwd_bwd(ckparity.rope, x, cos, sin),
+                       _fwd_bwd(reference.rope, x, cos, sin), 16 * N * T * d, _rope_kernel(x.detach(), cos, sin), 2,
+                       compiled=_compiled_fwd_bwd(reference.rope, x, cos, sin))
     for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
+        if not (select("adamw", f"n={label} vs default") or select("adamw", f"n={label} vs fused")):
+            continue
         params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused", "compiled")}
         grad = torch.randn(n, generator=g)
         for p in params.values():
@@ -210,6 +244,9 @@ def cases():
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
         yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel, compiled=compiled)
         yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
+    # lm_head + loss at a 128k vocabulary: timed once per side, in its fresh process (bench_memory.py)
+    if select("fused_linear_cross_entropy", f"N={FUSED[0]},D={FUSED[1]},V={FUSED[2]}"):
+        yield _fused_linear_case(*FUSED, g)
 
 
 def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
@@ -224,10 +261,39 @@ def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
         return None, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def bench(repeats: int = 5, compile: bool = True, distributed: bool = True) -> dict:
+# rows that move at least this much get a peak-memory measurement (bench_memory.py)
+LARGE_BYTES = 64 << 20
+
+
+def _memory(case: Case) -> dict:
+    """Both sides' peak RSS, each in a fresh process."""
+    from .bench_memory import measure
+
+    ours, theirs = (measure(case.kernel, case.shape, side) for side in ("ckparity", "torch"))
+    return {"ckparity_peak_mb": ours["peak_mb"], "torch_peak_mb": theirs["peak_mb"], "inputs_mb": ours["inputs_mb"],
+            "peak_ratio": ours["peak_mb"] / theirs["peak_mb"], "peak_since": ours["peak_since"],
+            "_ms": (ours["ms"], theirs["ms"])}
+
+
+def _once_row(case: Case, copy: float) -> dict:
+    """A row too large to repeat: one call per side, timed in its fresh process."""
+    memory = _memory(case)
+    ck_ms, torch_ms = memory.pop("_ms")
+    return {"kernel": case.kernel, "shape": case.shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,
+            "speedup": torch_ms / ck_ms, "torch_compile_ms": None, "speedup_vs_compile": None,
+            "compile_error": "not compiled: one call per side at this size", "repeats": 1,
+            "ckparity_gbps": case.nbytes / (ck_ms * 1e6), "bandwidth_fraction": case.nbytes / (ck_ms * 1e6) / copy,
+            **memory}
+
+
+def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memory: bool = True) -> dict:
     copy = copy_gbps(repeats)
     results = []
-    for case in cases():
+    # without --no-memory the fused row is left out: fresh processes are how it is measured
+    for case in cases(select=lambda kernel, shape: memory or kernel != "fused_linear_cross_entropy"):
+        if case.once:
+            results.append(_once_row(case, copy))
+            continue
         compiled, compile_error = _compile(case) if compile else (None, "--no-compile")
         fns = [case.ours, case.theirs] + ([compiled] if compiled is not None else []) + \
               ([case.c_kernel] if case.c_kernel is not None else [])
@@ -244,13 +310,15 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True) -> d
             row.update(kernel_ms=kernel_ms, c_calls=case.c_calls,
                        kernel_bandwidth_fraction=case.nbytes / (kernel_ms * 1e6) / copy,
                        overhead_us_per_call=1e3 * (ck_ms - kernel_ms) / case.c_calls)
+        if memory and case.nbytes >= LARGE_BYTES:
+            row.update({k: v for k, v in _memory(case).items() if k != "_ms"})
         results.append(row)
     if distributed:
         from .bench_ranks import vocab_parallel_row
 
         row = vocab_parallel_row(repeats)
         results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
-    return {"schema": "ckparity.bench/3", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
+    return {"schema": "ckparity.bench/4", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 

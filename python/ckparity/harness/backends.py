@@ -24,6 +24,13 @@ CROSS_ENTROPY: dict[str, Callable] = {
     "c_ptref": lambda logits, targets: ckparity.cross_entropy(logits, targets, variant="ptref"),
     "torch": F.cross_entropy,
 }
+# lm_head + loss fused, (hidden (N, D), weight (V, D), targets (N)) -> mean loss: chosen by
+# --ck-loss-backend like the losses above, but it replaces the lm_head's graph too (models.Ops.head_loss)
+HEAD_LOSS: dict[str, Callable] = {
+    "c_fused_linear": lambda hidden, weight, targets: ckparity.fused_linear_cross_entropy(hidden, weight, targets)}
+# listed with the losses so that --ck-loss-backend offers it; on logits alone it is the default
+# kernel, which the fused op runs on each chunk
+CROSS_ENTROPY["c_fused_linear"] = CROSS_ENTROPY["c"]
 # rope takes (q or k (B, heads, T, d), cos, sin (T, d/2)), rotate-half layout.
 ROPE: dict[str, Callable] = {"c": lambda x, cos, sin: ckparity.rope(x, cos, sin, layout="half"),
                              "torch": lambda x, cos, sin: reference.rope(x, cos, sin, "half")}

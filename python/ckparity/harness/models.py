@@ -21,6 +21,40 @@ class Ops:
     swiglu: Callable    # (x [..., 2H]) -> [..., H]
     loss: Callable      # (logits (N, V), targets (N)) -> mean loss
     rope: Callable      # (q or k (B, heads, T, d), cos, sin (T, d/2)) -> rotated, rotate-half layout
+    # (hidden (N, D), lm_head weight (V, D), targets (N)) -> mean loss: the lm_head and the
+    # loss as one op (the logits are then computed apart, without grad, for the comparison)
+    head_loss: Callable | None = None
+
+
+class LMHead(nn.Linear):
+    """The lm_head (bias-free). It remembers its input so that a fused head
+    loss can start from it; under a fused head loss its logits are only
+    for the comparison and carry no graph."""
+
+    def __init__(self, d_in: int, d_out: int, fused: Callable | None) -> None:
+        super().__init__(d_in, d_out, bias=False)
+        self.fused = fused
+
+    def forward(self, x):
+        self.last_input = x
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.fused is None):
+            return super().forward(x)
+
+
+def head_name(model: nn.Module) -> str:
+    """The lm_head's attribute name (the tiny model, the seed's, calls it fc2)."""
+    return "lm_head" if hasattr(model, "lm_head") else "fc2"
+
+
+def model_loss(model: nn.Module, acts: dict, targets: torch.Tensor) -> torch.Tensor:
+    """The twin's loss of one micro-batch: ops.loss on the logits, or the
+    fused head loss on the lm_head's input."""
+    if model.ops.head_loss is not None:
+        head = getattr(model, head_name(model))
+        hidden = head.last_input
+        return model.ops.head_loss(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1))
+    logits = acts["logits"]
+    return model.ops.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 class RMSNormLayer(nn.Module):
@@ -44,7 +78,7 @@ class TinyModel(nn.Module):
         self.embedding = nn.Embedding(vocab, d_model)
         self.norm = RMSNormLayer(d_model, eps, ops)
         self.fc1 = nn.Linear(d_model, 2 * hidden, bias=False)
-        self.fc2 = nn.Linear(hidden, vocab, bias=False)
+        self.fc2 = LMHead(hidden, vocab, ops.head_loss)
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         acts = {"embedding": self.embedding(tokens)}
@@ -82,7 +116,7 @@ class StackedModel(nn.Module):
         self.embedding = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(Block(d_model, hidden, eps, ops) for _ in range(num_layers))
         self.norm = RMSNormLayer(d_model, eps, ops)
-        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        self.lm_head = LMHead(d_model, vocab, ops.head_loss)
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         acts = {"embedding": self.embedding(tokens)}
@@ -155,7 +189,7 @@ class LlamaModel(nn.Module):
         self.blocks = nn.ModuleList(LlamaBlock(D, config.hidden, config.heads, config.kv_heads or config.heads,
                                                config.eps, ops) for _ in range(config.num_layers))
         self.norm = RMSNormLayer(D, config.eps, ops)
-        self.lm_head = nn.Linear(D, config.vocab, bias=False)
+        self.lm_head = LMHead(D, config.vocab, ops.head_loss)
         if config.tie_embeddings:
             self.lm_head.weight = self.embedding.weight
         cos, sin = rope_tables(config.seq_len, D // config.heads, config.rope_theta)

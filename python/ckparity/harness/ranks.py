@@ -39,6 +39,7 @@ from torch import nn
 
 from ..distributed import shard_range, vocab_parallel_cross_entropy
 from .config import UsageError
+from .models import head_name
 from .twin import Twin, _refresh
 
 # the environment torchrun (and ckparity's own launcher) gives each rank
@@ -139,11 +140,6 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x):
         return F.linear(_ReplicatedInput.apply(x), self.weight)
-
-
-def head_name(model: nn.Module) -> str:
-    """The lm_head's module name (the tiny model calls it fc2)."""
-    return "lm_head" if hasattr(model, "lm_head") else "fc2"
 
 
 class TensorParallelTwin(Twin):

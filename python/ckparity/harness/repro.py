@@ -24,7 +24,7 @@ STRESS = RunConfig(train_text=HELLO_TEXT, total_tokens=4097, epochs=16, seq_len=
 CKV7_GATES = RunConfig(vocab=1024, d_model=256, hidden=1024, lr=5e-4, max_grad_norm=1.0, epochs=3, total_tokens=4096,
                        seq_len=8, grad_accum=8)
 PRESETS = {"850": PRESET, "stress": STRESS, "ckv7-gates": CKV7_GATES}
-LOSS_BACKENDS = ["c", "c_ptref", "torch"]
+LOSS_BACKENDS = ["c", "c_ptref", "c_fused_linear", "torch"]
 
 # The depth sweep: the stress profile's data and lr on residual models of
 # growing depth, each loss backend with the C AdamW, and the "bitwise" variant

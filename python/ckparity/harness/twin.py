@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from .models import model_loss
+
 
 @dataclass
 class Twin:
@@ -27,9 +29,9 @@ class Twin:
         acts = self.model(tokens)
         if keep_activations:
             for t in acts.values():
-                t.retain_grad()
-        logits = acts["logits"]
-        loss = self.model.ops.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+                if t.requires_grad:  # a fused head loss's logits are for the comparison only
+                    t.retain_grad()
+        loss = model_loss(self.model, acts, targets)
         if keep_activations:
             loss.retain_grad()
             acts["loss"] = loss

@@ -16,7 +16,8 @@ def ops_for(config, side: str) -> Ops:
         return Ops(rms_norm=backends.RMS_NORM["torch"], swiglu=backends.SWIGLU["torch"],
                    loss=backends.CROSS_ENTROPY["torch"], rope=backends.ROPE["torch"])
     return Ops(rms_norm=backends.RMS_NORM[config.ck_rmsnorm_backend], swiglu=backends.SWIGLU[config.ck_swiglu_backend],
-               loss=backends.CROSS_ENTROPY[config.ck_loss_backend], rope=backends.ROPE[config.ck_rope_backend])
+               loss=backends.CROSS_ENTROPY[config.ck_loss_backend], rope=backends.ROPE[config.ck_rope_backend],
+               head_loss=backends.HEAD_LOSS.get(config.ck_loss_backend))
 
 
 def make_optimizer(config, side: str, params):
