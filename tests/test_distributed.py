@@ -56,6 +56,7 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
         results[name] = runs
     results["loss_parallel"] = _torch_loss_parallel(world_size)
     torch.save(results, f"{out}.rank{rank}")  # shards differ in width: gloo's all_gather takes equal sizes only
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 
 

@@ -19,7 +19,9 @@ import torch
 
 from ._native import check, ffi, lib
 
-_C_TYPES = {torch.float32: "float *", torch.int64: "int64_t *", torch.float64: "double *"}
+# resolved once: a cast with a ctype object skips parsing the type's name on every call
+_C_TYPES = {torch.float32: ffi.typeof("float *"), torch.int64: ffi.typeof("int64_t *"),
+            torch.float64: ffi.typeof("double *")}
 
 CE_VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
 REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}

@@ -30,3 +30,13 @@ def require_float32(tensor: torch.Tensor, name: str) -> None:
             f"{name} must be float32, got {tensor.dtype}; ckparity's kernels are float32 "
             f"(convert with .float() if that is what you mean)"
         )
+
+
+def plain_float32(tensor, dim: int) -> bool:
+    """The common case in a few attribute reads: a contiguous float32 CPU
+    tensor of ``dim`` dimensions that no torch.func transform wraps. An op
+    takes its fast path on it and its full checks (with their errors) on
+    anything else; tests/test_fast_paths.py holds both to the same bits."""
+    return (isinstance(tensor, torch.Tensor) and tensor.dtype is torch.float32 and tensor.is_cpu
+            and tensor.dim() == dim and tensor.is_contiguous()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(tensor))

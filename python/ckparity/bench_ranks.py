@@ -68,6 +68,7 @@ def _rank(rank: int, port: int, repeats: int, out: str, N: int, V: int) -> None:
     if rank == 0:
         torch.save({"ours": statistics.median(times["ours"]), "theirs": statistics.median(times["theirs"]),
                     "same_loss": same_loss}, out)
+    dist.barrier()  # no rank tears gloo down while another still talks to it (an abort otherwise, now and then)
     dist.destroy_process_group()
 
 

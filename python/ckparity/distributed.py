@@ -13,17 +13,17 @@ import torch.distributed as dist
 from . import _bindings
 from ._tensors import require_cpu, require_float32
 from .errors import InvalidArgument, InvalidType
-from .ops._function import first_order_only
+from .ops._function import CFunction, first_order_only
 
 REDUCTIONS = ("none", "mean", "sum")
 
 
-class _VocabParallelCrossEntropy(torch.autograd.Function):
+class _VocabParallelCrossEntropy(CFunction):
     """Forward: the three passes and both all-reduces; backward: the shard's
     dlogits from the saved global max and sums (no communication)."""
 
     @staticmethod
-    def forward(logits, target, settings):
+    def compute(logits, target, settings):
         N = logits.shape[0]
         s = settings
         row_max = torch.empty(N, dtype=torch.float32)
@@ -39,7 +39,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return rows, row_max, sums
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def save(ctx, inputs, output):
         logits, target, settings = inputs
         _, row_max, sums = output
         ctx.mark_non_differentiable(row_max, sums)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import shard_range, vocab_parallel_cross_entropy
+from ..ops._function import CFunction
 from .config import UsageError
 from .models import head_name
 from .twin import Twin, _refresh
@@ -112,15 +113,15 @@ def fingerprints(tensors) -> list[int]:
     return [int(t) for t in every]
 
 
-class _ReplicatedInput(torch.autograd.Function):
+class _ReplicatedInput(CFunction):
     """Identity forward; backward sums the ranks' partial gradients."""
 
     @staticmethod
-    def forward(x):
+    def compute(x):
         return x.view_as(x)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def save(ctx, inputs, output):
         pass
 
     @staticmethod

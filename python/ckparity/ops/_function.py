@@ -23,10 +23,10 @@ _MESSAGE = (b"ckparity's kernels are differentiable once: this gradient came fro
 def first_order_only(backward):
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
+        if not torch.is_grad_enabled():  # a plain backward: nothing will differentiate these
+            return backward(ctx, *grads)
         with torch.no_grad():
             outputs = backward(ctx, *grads)
-        if not torch.is_grad_enabled():  # a plain backward: nothing will differentiate these
-            return outputs
         single = not isinstance(outputs, tuple)
         outputs = (outputs,) if single else outputs
         marked = [o.detach().requires_grad_(True) if isinstance(o, torch.Tensor) else o for o in outputs]
@@ -39,3 +39,21 @@ def first_order_only(backward):
         out = tuple(next(errored) if isinstance(o, torch.Tensor) else o for o in marked)
         return out[0] if single else out
     return wrapper
+
+
+class CFunction(torch.autograd.Function):
+    """An autograd Function around C kernels: subclasses define ``compute(*inputs)``
+    (the forward), ``save(ctx, inputs, output)`` and ``backward``.
+
+    Why not torch's setup_context style directly: for such Functions
+    ``Function.apply`` binds the arguments through ``inspect.signature`` on
+    every call (~35 us here, as long as the C kernel itself at small shapes).
+    Joined into the classic ``forward(ctx, ...)`` it does not. What that
+    style gives up — torch.func transforms — ckparity refuses anyway, with its
+    own error, before a Function runs (``_tensors.require_cpu``)."""
+
+    @classmethod
+    def forward(cls, ctx, *inputs):
+        output = cls.compute(*inputs)
+        cls.save(ctx, inputs, output)
+        return output

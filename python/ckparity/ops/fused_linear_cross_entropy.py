@@ -27,7 +27,7 @@ import torch
 
 from .._tensors import require_cpu, require_float32
 from ..errors import InvalidArgument, InvalidType, TargetOutOfRange
-from ._function import first_order_only
+from ._function import CFunction, first_order_only
 from .cross_entropy import cross_entropy_forward_backward
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -82,9 +82,9 @@ def _reduce(rows: torch.Tensor, target: torch.Tensor, settings) -> torch.Tensor:
     return total.float()
 
 
-class _FusedLinearCrossEntropy(torch.autograd.Function):
+class _FusedLinearCrossEntropy(CFunction):
     @staticmethod
-    def forward(hidden, weight, bias, target, settings, needs):
+    def compute(hidden, weight, bias, target, settings, needs):
         eager = any(needs) and settings["reduction"] != "none"
         grads = _gradient_buffers(hidden, weight, bias, needs) if eager else None
         if eager:
@@ -98,7 +98,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return (_reduce(rows, target, settings), *grads)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def save(ctx, inputs, output):
         hidden, weight, bias, target, settings, needs = inputs
         ctx.settings, ctx.needs = settings, needs
         ctx.mark_non_differentiable(*(g for g in output[1:] if g is not None))

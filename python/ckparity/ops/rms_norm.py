@@ -9,7 +9,7 @@ import torch
 from .. import _bindings
 from .._tensors import require_float32
 from ..errors import InvalidArgument
-from ._function import first_order_only
+from ._function import CFunction, first_order_only
 
 # torch's eps=None: the float32 machine epsilon (ATen: numeric_limits<float>::epsilon()).
 DEFAULT_EPS = torch.finfo(torch.float32).eps
@@ -19,7 +19,7 @@ def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
     return t.reshape(-1, D).contiguous()
 
 
-class _RMSNormFunction(torch.autograd.Function):
+class _RMSNormFunction(CFunction):
     """x comes in twice — the x of torch's product x * rstd and the x of its
     rstd = rsqrt(mean(x**2) + eps) — and backward returns one gradient term for
     each (ckp_rms_norm_backward_terms). Autograd adds them into x's gradient
@@ -31,7 +31,7 @@ class _RMSNormFunction(torch.autograd.Function):
     First-order only: see ops/_function.py."""
 
     @staticmethod
-    def forward(x, x_again, weight, eps):
+    def compute(x, x_again, weight, eps):
         D = x.shape[-1]
         rows = _rows(x, D)
         y = torch.empty(x.shape, dtype=torch.float32)
@@ -40,7 +40,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return y, rstd
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def save(ctx, inputs, output):
         x, _, weight, _ = inputs
         _, rstd = output
         ctx.mark_non_differentiable(rstd)

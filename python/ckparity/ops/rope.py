@@ -8,20 +8,20 @@ import torch
 from .. import _bindings
 from .._tensors import require_float32
 from ..errors import InvalidArgument
-from ._function import first_order_only
+from ._function import CFunction, first_order_only
 
 
-class _RoPEFunction(torch.autograd.Function):
+class _RoPEFunction(CFunction):
     """First-order only: see ops/_function.py."""
 
     @staticmethod
-    def forward(x, cos, sin, layout):
+    def compute(x, cos, sin, layout):
         out = torch.empty_like(x)
         _bindings.rope_forward(x, cos, sin, layout, out)
         return out
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def save(ctx, inputs, output):
         _, cos, sin, layout = inputs
         ctx.save_for_backward(cos, sin)
         ctx.layout = layout

@@ -5,22 +5,22 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import require_float32
+from .._tensors import plain_float32, require_float32
 from ..errors import InvalidArgument
-from ._function import first_order_only
+from ._function import CFunction, first_order_only
 
 
-class _SwiGLUFunction(torch.autograd.Function):
+class _SwiGLUFunction(CFunction):
     """First-order only: see ops/_function.py."""
 
     @staticmethod
-    def forward(x):
+    def compute(x):
         out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.float32)
         _bindings.swiglu_forward(x, out)
         return out
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def save(ctx, inputs, output):
         ctx.save_for_backward(inputs[0])
 
     @staticmethod
@@ -34,6 +34,8 @@ class _SwiGLUFunction(torch.autograd.Function):
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:]."""
+    if plain_float32(x, 2) and x.shape[1] % 2 == 0 and x.shape[0] and x.shape[1]:
+        return _SwiGLUFunction.apply(x)  # the common case, without the views
     require_float32(x, "x")
     if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
         raise InvalidArgument(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
