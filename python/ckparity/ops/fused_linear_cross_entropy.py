@@ -115,8 +115,14 @@ class _FusedLinearCrossEntropy(CFunction):
             grads = _gradient_buffers(hidden, weight, bias, ctx.needs)
             _run(hidden, weight, bias, target, ctx.settings, grad_loss.contiguous().float(), grads)
         else:
+            if ctx.grads is None:
+                raise RuntimeError("fused_linear_cross_entropy's backward runs once (its gradients were computed "
+                                   "in the forward and handed over): retain_graph is not supported")
+            # handed over, not kept: autograd then takes grad_weight as weight.grad instead of copying
+            # it (a V x D copy, the size of the weight itself)
+            stored, ctx.grads = ctx.grads, None
             scale = float(grad_loss)
-            grads = [g if g is None or scale == 1.0 else g * scale for g in ctx.grads]
+            grads = [g if g is None or scale == 1.0 else g.mul_(scale) for g in stored]
         return (*grads, None, None, None)
 
 
