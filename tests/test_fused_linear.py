@@ -141,3 +141,35 @@ def test_bad_input_is_refused_before_any_chunk_runs(change, error, match):
     args = change({"hidden": h, "weight": w, "target": t, "bias": b})
     with pytest.raises(error, match=match):
         ckparity.fused_linear_cross_entropy(**args)
+
+
+def test_a_second_backward_is_refused_not_wrong():
+    h, w, b, t, _ = _inputs()
+    hh = h.clone().requires_grad_(True)
+    loss = ckparity.fused_linear_cross_entropy(hh, w, t, b)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        loss.backward()
+
+
+def test_backward_allocates_no_second_weight_sized_buffer():
+    """The gradients are handed from the forward to weight.grad: the buffer the forward filled is the
+    one the caller gets (no copy by autograd, no zero gradient materialized for an extra output)."""
+    from ckparity.ops import fused_linear_cross_entropy as module
+
+    h, w, b, t, _ = _inputs()
+    ww = w.clone().requires_grad_(True)
+    filled = {}
+    original = module._gradient_buffers
+
+    def spy(*args):
+        buffers = original(*args)
+        filled["weight"] = buffers[1].data_ptr()
+        return buffers
+
+    module._gradient_buffers = spy
+    try:
+        ckparity.fused_linear_cross_entropy(h, ww, t, b).backward()
+    finally:
+        module._gradient_buffers = original
+    assert ww.grad.data_ptr() == filled["weight"]

@@ -27,13 +27,14 @@ import torch
 
 from .._tensors import require_cpu, require_float32
 from ..errors import InvalidArgument, InvalidType, TargetOutOfRange
-from ._function import CFunction, first_order_only
+from ._function import first_order_only
 from .cross_entropy import cross_entropy_forward_backward
 
 REDUCTIONS = ("none", "mean", "sum")
 
-# default rows per chunk: about 2**25 floats (128 MB) of logits
-CHUNK_FLOATS = 1 << 25
+# default rows per chunk: about 2**24 floats (64 MB) of logits. Smaller chunks
+# cost more passes over grad_weight (one addmm_ per chunk); larger ones more memory.
+CHUNK_FLOATS = 1 << 24
 
 
 def _chunks(N: int, chunk_size: int):
@@ -63,6 +64,7 @@ def _run(hidden, weight, bias, target, settings, row_grad, grads):
             grad_weight.addmm_(dlogits.t(), h)
         if grad_bias is not None:
             grad_bias.add_(dlogits.sum(0))
+        del logits, dlogits  # before the next chunk's matmul, not after: one chunk alive at a time
     return rows
 
 
@@ -82,34 +84,26 @@ def _reduce(rows: torch.Tensor, target: torch.Tensor, settings) -> torch.Tensor:
     return total.float()
 
 
-class _FusedLinearCrossEntropy(CFunction):
-    @staticmethod
-    def compute(hidden, weight, bias, target, settings, needs):
-        eager = any(needs) and settings["reduction"] != "none"
-        grads = _gradient_buffers(hidden, weight, bias, needs) if eager else None
-        if eager:
-            count = int((target != settings["ignore_index"]).sum())
-            scale = 1.0 / count if settings["reduction"] == "mean" and count else 1.0
-            row_grad = torch.full((hidden.shape[0],), scale, dtype=torch.float32)
-        else:
-            row_grad = None
-        rows = _run(hidden, weight, bias, target, settings, row_grad, grads)
-        grads = grads if grads is not None else (None, None, None)
-        return (_reduce(rows, target, settings), *grads)
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """The gradients of mean and sum go from the forward to ctx directly, not
+    out as outputs: autograd would give every output a zero gradient in
+    backward (a V x D one for grad_weight). First-order only (_function.py)."""
 
     @staticmethod
-    def save(ctx, inputs, output):
-        hidden, weight, bias, target, settings, needs = inputs
-        ctx.settings, ctx.needs = settings, needs
-        ctx.mark_non_differentiable(*(g for g in output[1:] if g is not None))
-        if settings["reduction"] == "none":
+    def forward(ctx, hidden, weight, bias, target, settings, needs):
+        ctx.settings, ctx.needs, ctx.grads = settings, needs, None
+        if settings["reduction"] == "none" or not any(needs):
             ctx.save_for_backward(hidden, weight, bias, target)
-        else:
-            ctx.grads = output[1:]
+            return _reduce(_run(hidden, weight, bias, target, settings, None, None), target, settings)
+        count = int((target != settings["ignore_index"]).sum())
+        scale = 1.0 / count if settings["reduction"] == "mean" and count else 1.0
+        ctx.grads = _gradient_buffers(hidden, weight, bias, needs)
+        rows = _run(hidden, weight, bias, target, settings, torch.full((hidden.shape[0],), scale), ctx.grads)
+        return _reduce(rows, target, settings)
 
     @staticmethod
     @first_order_only
-    def backward(ctx, grad_loss, *_):
+    def backward(ctx, grad_loss):
         if ctx.settings["reduction"] == "none":
             hidden, weight, bias, target = ctx.saved_tensors
             grads = _gradient_buffers(hidden, weight, bias, ctx.needs)
@@ -136,7 +130,7 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     hidden is (..., D) float32, weight (V, D), bias (V) or None, target the
     class indices (int64) of hidden's leading shape. ``z_loss`` as in
     ckparity.cross_entropy. ``chunk_size``: rows per chunk (default: about
-    128 MB of logits, 2**25 // V rows). Gradients flow to hidden, weight and
+    64 MB of logits, 2**24 // V rows). Gradients flow to hidden, weight and
     bias; first-order only."""
     for name, t in (("hidden", hidden), ("weight", weight)):
         require_float32(t, name)
@@ -179,5 +173,5 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     needs = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
              grad_on and bias is not None and bias.requires_grad)
     loss = _FusedLinearCrossEntropy.apply(h, weight.contiguous(), bias.contiguous() if bias is not None else None,
-                                          t, settings, needs)[0]
+                                          t, settings, needs)
     return loss.reshape(leading) if reduction == "none" else loss
