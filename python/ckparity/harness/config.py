@@ -62,6 +62,9 @@ class RunConfig:
     no_progress: bool = _flag(False, "no progress bar even on a terminal")
     f64_shadow: bool = _flag(False, "train a third twin in float64 and say which float32 twin is closer to it")
     shadow_every: int = _flag(10, "with --f64-shadow: a one-step local-error probe every N steps")
+    envelope: int = _flag(0, "train K noise twins (torch with seeded ULP-level kernel noise) and judge the CK "
+                             "twin's drift as a ratio to their envelope (0: off)")
+    envelope_ratio: float = _flag(4.0, "with --envelope: the noise ratio above which the drift is beyond noise")
     tp: int = _flag(1, "tensor parallel: the CK twin's lm_head and loss split by vocabulary over N ranks")
     dp: int = _flag(1, "data parallel: the CK twin's micro-batches split over N ranks, gradients summed")
     rank_timeout: float = _flag(300.0, "with --tp/--dp: seconds a rank waits for the others before the run ends "
@@ -95,12 +98,14 @@ def _validate(config: RunConfig) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
-    non_negative = ["max_steps", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
+    non_negative = ["envelope", "max_steps", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
                     "loss_tol", "param_tol", "logit_tol", "grad_tol", "moment_tol"]
     for name in non_negative:
         value = getattr(config, name)
         if not (value >= 0 and math.isfinite(value)):
             raise UsageError(f"{_name(name)} must be finite and >= 0, got {value}")
+    if not (config.envelope_ratio > 0 and math.isfinite(config.envelope_ratio)):
+        raise UsageError(f"--envelope-ratio must be finite and > 0, got {config.envelope_ratio}")
     if not (config.lr > 0 and math.isfinite(config.lr)):
         raise UsageError(f"--lr must be finite and > 0, got {config.lr}")
     if not (config.eps >= 0 and math.isfinite(config.eps)):
@@ -134,10 +139,12 @@ def _validate(config: RunConfig) -> None:
         unused.append("num_layers")
     if not config.f64_shadow and config.shadow_every != defaults["shadow_every"].default:
         unused.append("shadow_every")
+    if not config.envelope and config.envelope_ratio != defaults["envelope_ratio"].default:
+        unused.append("envelope_ratio")
     if config.max_grad_norm == 0 and config.ck_clip_backend != defaults["ck_clip_backend"].default:
         unused.append("ck_clip_backend")
     if unused:
-        why = {"shadow_every": "without --f64-shadow", "num_layers": "with --model tiny",
+        why = {"shadow_every": "without --f64-shadow", "envelope_ratio": "without --envelope", "num_layers": "with --model tiny",
                "ck_clip_backend": "without --max-grad-norm"}
         name = unused[0]
         raise UsageError(f"{_name(name)} takes no effect {why.get(name, f'with --model {config.model}')}")

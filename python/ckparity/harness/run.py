@@ -18,6 +18,7 @@ from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
 from .ranks import SINGLE, RankAgreement, join, leave
+from .envelope import NoiseEnvelope
 from .forecast import forecast
 from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from .resources import check_memory
@@ -96,6 +97,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     localizer, divergence = Localizer(config), DivergenceTracer(config)
     agreement = RankAgreement(ranks)
     shadow = Float64Shadow(config, ref) if config.f64_shadow else None
+    envelope = NoiseEnvelope(config, ref) if config.envelope else None
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None
@@ -122,6 +124,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 localizer.after_step(step, snapshot, windows, failed_now)
                 if shadow is not None:
                     shadow.after_step(step, windows, ck, ref, comparison.losses)
+                if envelope is not None:
+                    envelope.after_step(step, windows, ref, row, comparison.losses["torch"])
                 progress.update()
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP through stop_on_signals
             status, stopped_by = "interrupted", err.signum if isinstance(err, Interrupted) else 2
@@ -138,6 +142,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                                       batches.num_steps, divergence.first_step)
         result["forecast_param_fail_step"] = result["forecast"]["param_fail_step"]
         result["shadow"] = shadow.report(len(series)) if shadow is not None else None
+        result["envelope"] = envelope.report() if envelope is not None else None
+        result["noise_verdict"] = result["envelope"]["verdict"] if envelope is not None else None
         result["ranks"] = agreement.report(config)
         if result["ranks"]["replicated_params_identical"] is False and result["status"] == "pass":
             result.update(status="fail", pass_parity=False)
@@ -156,6 +162,7 @@ def lost_report(config: RunConfig, error: str) -> dict:
     result = _report(config, batches, DriftSeries(), FirstFail(config), NonFinite(), Localizer(config), None,
                      "error", error, None)
     result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None, shadow=None,
+                  envelope=None, noise_verdict=None,
                   ranks=RankAgreement(SINGLE).report(config))
     result["env"]["world_size"] = config.tp * config.dp
     return result

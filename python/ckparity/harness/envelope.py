@@ -1,0 +1,136 @@
+"""--envelope K: is the CK twin's drift float noise or a bug?
+
+Next to the twins, K "null" twins train on the same batches: each is the
+torch twin — torch's ops, torch's AdamW — with the float32 variation a
+correct kernel is allowed, seeded per member:
+
+- its initial weights moved by a uniform -1..+1 ULP per element;
+- the loss value and dlogits (the cross-entropy kernel's outputs) moved by
+  -LOSS_ULPS..+LOSS_ULPS ULPs at every micro-step: the default
+  cross-entropy's loss is within 3 ULP of torch's and its dlogits within 1-2
+  ULP of the largest element on the kernel tests (docs/kernels.md);
+- after every update, PARAM_FRACTION of the params moved by one ULP: C AdamW
+  differs from torch by one ULP where MKL's sqrt rounds differently,
+  on 1.4% of the params after 100 steps (docs/kernels.md).
+rms_norm, swiglu and rope are bit-identical to torch (0 ULP on every test):
+no noise for them. Thread counts: torch's reductions gave the same bits for
+1 and 2 threads at these shapes (issue 17's measurement), so no member runs
+another thread count.
+
+Per step the envelope is the largest (and the median) member-vs-torch-twin
+difference of the loss (worst micro-step) and the params (worst tensor), the
+same figures the CK twin's drift is measured by. noise_ratio = CK's
+difference / max(envelope, floor), the floor half an ULP of the quantity's
+scale (an envelope of 0 is no license for any difference). The verdict is
+"beyond_noise" from the first step whose ratio exceeds R (--envelope-ratio,
+default 4, chosen on the stress profile: see README), else "within_noise".
+
+Cost: each member is one more torch twin — K times the torch twin's
+training time, plus a parameter comparison per member per step."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import torch
+
+from ..ops.clip_grad_norm import grad_norm
+from .diff import worst_diff
+from .models import build_model
+from .twin import Twin
+from . import backends
+from .twins import make_optimizer, ops_for
+
+LOSS_ULPS = 2
+PARAM_FRACTION = 0.01
+HALF_ULP = 2.0**-24  # relative
+QUANTITIES = ("loss", "param")
+
+
+def move_ulps(t: torch.Tensor, low: int, high: int, gen: torch.Generator, fraction: float = 1.0) -> torch.Tensor:
+    """t with each finite nonzero element moved by a uniform integer number
+    of ULPs in [low, high] (only a random ``fraction`` of them if < 1)."""
+    bits = t.detach().contiguous().view(torch.int32)
+    delta = torch.randint(low, high + 1, t.shape, generator=gen, dtype=torch.int32)
+    if fraction < 1.0:
+        delta *= (torch.rand(t.shape, generator=gen) < fraction).to(torch.int32)
+    # a float's bits order its magnitude: adding to them steps ULPs (0, inf and NaN stay as they are)
+    keep = (t == 0) | ~torch.isfinite(t)
+    return torch.where(keep, t.detach(), (bits + delta).view(torch.float32))
+
+
+class _Noise(torch.autograd.Function):
+    """Forward moves the value by up to ``value_ulps`` ULPs, backward the
+    gradient by up to ``grad_ulps``."""
+
+    @staticmethod
+    def forward(ctx, x, gen, value_ulps, grad_ulps):
+        ctx.gen, ctx.grad_ulps = gen, grad_ulps
+        return move_ulps(x, -value_ulps, value_ulps, gen) if value_ulps else x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        k = ctx.grad_ulps
+        return (move_ulps(grad, -k, k, ctx.gen) if k else grad), None, None, None
+
+
+def _noisy_loss(loss, gen: torch.Generator):
+    def noisy(logits, targets):
+        return _Noise.apply(loss(_Noise.apply(logits, gen, 0, LOSS_ULPS), targets), gen, LOSS_ULPS, 0)
+    return noisy
+
+
+class NoiseEnvelope:
+    def __init__(self, config, ref: Twin) -> None:
+        self.config, self.ratio_limit = config, config.envelope_ratio
+        self.members: list[tuple[Twin, torch.Generator]] = []
+        state = ref.model.state_dict()
+        for k in range(config.envelope):
+            gen = torch.Generator().manual_seed(config.seed * 7919 + k + 1)
+            ops = ops_for(config, "torch")
+            model = build_model(config, replace(ops, loss=_noisy_loss(ops.loss, gen)))
+            model.load_state_dict({name: move_ulps(t, -1, 1, gen) if t.is_floating_point() else t
+                                   for name, t in state.items()})
+            twin = Twin(f"null{k}", model, make_optimizer(config, "torch", model.parameters()),
+                        backends.CLIP_GRAD_NORM["torch"])
+            self.members.append((twin, gen))
+        self.series: dict[str, list] = {key: [] for key in (
+            "step", "loss_max", "loss_median", "param_max", "param_median", "loss_ratio", "param_ratio")}
+        self.first_beyond: dict[str, int | None] = {q: None for q in QUANTITIES}
+
+    def after_step(self, step: int, windows, ref: Twin, row: dict, ref_losses: list[float]) -> None:
+        ref_params = ref.params()
+        figures = {q: [] for q in QUANTITIES}
+        for twin, gen in self.members:
+            twin.zero_grad()
+            losses = [float(loss) for loss, _ in twin.micro_steps(windows)]
+            twin.update(self.config.max_grad_norm)
+            with torch.no_grad():
+                for p in twin.model.parameters():
+                    p.copy_(move_ulps(p, -1, 1, gen, PARAM_FRACTION))
+            figures["loss"].append(max(abs(a - b) for a, b in zip(losses, ref_losses)))
+            figures["param"].append(worst_diff({n: (p, ref_params[n]) for n, p in twin.params().items()})["abs"])
+        floors = {"loss": HALF_ULP * max(abs(v) for v in ref_losses),
+                  "param": HALF_ULP * grad_norm([p for p in ref_params.values()], float("inf"))}
+        ck = {"loss": row["loss_abs_diff"], "param": row["param_abs_diff"]}
+        self.series["step"].append(step)
+        for q in QUANTITIES:
+            envelope = max(figures[q])
+            ratio = ck[q] / max(envelope, floors[q]) if floors[q] > 0 or envelope > 0 else 0.0
+            self.series[f"{q}_max"].append(envelope)
+            self.series[f"{q}_median"].append(statistics.median(figures[q]))
+            self.series[f"{q}_ratio"].append(ratio)
+            if self.first_beyond[q] is None and ratio > self.ratio_limit:
+                self.first_beyond[q] = step
+
+    def report(self) -> dict:
+        beyond = [s for s in self.first_beyond.values() if s is not None]
+        ratios = {q: max(self.series[f"{q}_ratio"], default=0.0) for q in QUANTITIES}
+        return {"members": len(self.members), "ratio_limit": self.ratio_limit,
+                "null_model": {"initial_weights_ulps": 1, "loss_and_dlogits_ulps": LOSS_ULPS,
+                               "param_fraction_moved_1_ulp_per_step": PARAM_FRACTION},
+                "verdict": "beyond_noise" if beyond else "within_noise",
+                "first_beyond_step": min(beyond) if beyond else None,
+                "first_beyond_step_per_quantity": self.first_beyond,
+                "max_noise_ratio": ratios, "series": self.series}
