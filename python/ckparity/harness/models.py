@@ -36,8 +36,10 @@ class LMHead(nn.Linear):
         self.fused = fused
 
     def forward(self, x):
-        self.last_input = x
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.fused is None):
+        if self.fused is None:
+            return super().forward(x)
+        self.last_input = x  # kept only for the fused loss: otherwise it would hold the activation a step longer
+        with torch.no_grad():
             return super().forward(x)
 
 

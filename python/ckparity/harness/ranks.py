@@ -138,6 +138,7 @@ class VocabParallelHead(nn.Module):
     def __init__(self, full_weight: torch.Tensor, start: int, end: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(full_weight.detach()[start:end].clone())
+        self.start, self.end = start, end
 
     def forward(self, x):
         return F.linear(_ReplicatedInput.apply(x), self.weight)
@@ -150,12 +151,12 @@ class TensorParallelTwin(Twin):
     def __init__(self, twin: Twin, config, ranks: Ranks) -> None:
         super().__init__(twin.name, twin.model, twin.optimizer, twin.clip)
         name = head_name(twin.model)
-        self.start, self.end = shard_range(config.vocab, ranks.rank, ranks.world_size)
+        head_module = getattr(twin.model, name)  # shard_model's VocabParallelHead
+        self.start, self.end = head_module.start, head_module.end
         self.sizes = [b - a for a, b in (shard_range(config.vocab, r, ranks.world_size)
                                          for r in range(ranks.world_size))]
         self.weight = f"{name}.weight"
-        head = getattr(twin.model, name).weight
-        self.index = next(i for i, p in enumerate(twin.model.parameters()) if p is head)
+        self.index = next(i for i, p in enumerate(twin.model.parameters()) if p is head_module.weight)
 
     def _gather(self, local: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return gather_shards(local, dim, self.sizes)
