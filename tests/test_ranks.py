@@ -64,7 +64,8 @@ def _ranks_of(launcher: subprocess.Popen, world: int, timeout: float = 60) -> di
                 env = dict(kv.split("=", 1) for kv in (entry / "environ").read_text().split("\0") if "=" in kv)
             except (OSError, IndexError, ValueError):
                 continue
-            found[int(env["RANK"])] = int(entry.name)
+            if "RANK" in env:  # not yet exec'd: a forked child still has the launcher's environment
+                found[int(env["RANK"])] = int(entry.name)
         if len(found) == world:
             return found
         time.sleep(0.1)
