@@ -51,6 +51,7 @@ static ckp_status check_options(const ckp_adamw_options *o, double step) {
  * single IEEE-rounded one, so every build gives the same bits. */
 typedef struct {
     float decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign;
+    float weight_decay; /* for the ADAMW_COUPLED_DECAY mutant only (mutants.h) */
     int decays, amsgrad;
 } adamw_scalars;
 
@@ -68,7 +69,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     if (amsgrad) {
         for (int64_t i = lo; i < hi; i++) {
             float g = sign * grad[i];
-            float p = param[i] * decay;
+            if (CKP_MUTANT(ADAMW_COUPLED_DECAY)) g += k->weight_decay * param[i];
+            float p = CKP_MUTANT(ADAMW_COUPLED_DECAY) ? param[i] : param[i] * decay;
             float m = lerp_vec(exp_avg[i], g, w1);
             float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
             float vmax = max_exp_avg_sq[i];
@@ -81,7 +83,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     } else {
         for (int64_t i = lo; i < hi; i++) {
             float g = sign * grad[i];
-            float p = param[i] * decay;
+            if (CKP_MUTANT(ADAMW_COUPLED_DECAY)) g += k->weight_decay * param[i];
+            float p = CKP_MUTANT(ADAMW_COUPLED_DECAY) ? param[i] : param[i] * decay;
             float m = lerp_vec(exp_avg[i], g, w1);
             float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
             param[i] = p + (neg_step_size * m) / (sqrtf(v) / bc2_sqrt + eps);
@@ -113,14 +116,20 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
     const int decays = opt->weight_decay != 0.0;
     const float w1 = (float)(1.0 - opt->beta1);
     const float beta2 = (float)opt->beta2, w2 = (float)(1.0 - opt->beta2);
-    const double bias_correction1 = 1.0 - pow(opt->beta1, step);
-    const double bias_correction2 = 1.0 - pow(opt->beta2, step);
+    double bias_correction1 = 1.0 - pow(opt->beta1, step);
+    double bias_correction2 = 1.0 - pow(opt->beta2, step);
+    if (CKP_MUTANT(ADAMW_BIAS_CORRECTION_FLOAT)) {
+        bias_correction1 = 1.0f - powf((float)opt->beta1, (float)step);
+        bias_correction2 = 1.0f - powf((float)opt->beta2, (float)step);
+    }
+    if (CKP_MUTANT(ADAMW_NO_BIAS_CORRECTION)) bias_correction1 = bias_correction2 = 1.0;
     const float neg_step_size = (float)-(opt->lr / bias_correction1);
     const float bc2_sqrt = (float)pow(bias_correction2, 0.5);
     const float eps = (float)opt->eps;
     const float sign = opt->maximize ? -1.0f : 1.0f;
 
-    const adamw_scalars k = {decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign, decays, opt->amsgrad};
+    const adamw_scalars k = {decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign, (float)opt->weight_decay,
+                             decays, opt->amsgrad};
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++)

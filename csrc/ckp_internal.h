@@ -11,6 +11,7 @@
 #define CKP_INTERNAL_H
 
 #include "ckparity.h"
+#include "mutants.h"
 
 #include <stddef.h>
 #include <stdint.h>

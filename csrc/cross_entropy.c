@@ -104,6 +104,7 @@ typedef struct {
     const float *weight;     /* (V) or NULL */
     double weight_total;     /* W = sum_j w_j */
     double smoothing;        /* ls */
+    double classes;          /* V, what ls is spread over */
     double z_loss;
     double grad_scale;       /* r: 1 / mean denominator, or 1 (times row_grad[i] per row) */
 } ce_ctx;
@@ -152,6 +153,7 @@ static inline __attribute__((always_inline)) ckp_v8f exp_nonpositive(ckp_v8f x) 
     p = ckp_fma8(p, r, ckp_splat8(4.1665795894e-2f));
     p = ckp_fma8(p, r, ckp_splat8(1.6666665459e-1f));
     p = ckp_fma8(p, r, ckp_splat8(5.0000001201e-1f));
+    if (CKP_MUTANT(CE_CHEAP_EXP)) p = ckp_fma8(r, ckp_splat8(1.6666665459e-1f), ckp_splat8(5.0000001201e-1f));
     ckp_v8f y = ckp_fma8(p, r * r, r + 1.0f);
     /* n is an integer in [-126, 0] (NaN lanes stay NaN: their exponent is all
      * ones and the shifted value of the conversion's 0x80000000 is 0) */
@@ -169,7 +171,7 @@ enum { CE_CHUNK = 512 };
  * is written. */
 static inline __attribute__((always_inline)) double row_sum_exp(const float *x, int64_t V, float m, float *e) {
     double lane[CKP_VLANES] = {0};
-    float chunk[CE_CHUNK];
+    float chunk[CE_CHUNK], mutant_sum = 0.0f;
     for (int64_t j0 = 0; j0 < V; j0 += CE_CHUNK) {
         int64_t n = V - j0 < CE_CHUNK ? V - j0 : CE_CHUNK;
         float *out = e != NULL ? e + j0 : chunk;
@@ -177,8 +179,12 @@ static inline __attribute__((always_inline)) double row_sum_exp(const float *x, 
         for (; i + CKP_VLANES <= n; i += CKP_VLANES)
             ckp_store8(out + i, exp_nonpositive(ckp_load8(x + j0 + i) - m));
         if (i < n) ckp_store8_tail(out + i, n - i, exp_nonpositive(ckp_load8_tail(x + j0 + i, n - i, -INFINITY) - m));
-        ckp_accumulate8d(lane, out, n);
+        if (CKP_MUTANT(CE_FLOAT_ACCUMULATOR))
+            for (int64_t k = 0; k < n; k++) mutant_sum += out[k];
+        else
+            ckp_accumulate8d(lane, out, n);
     }
+    if (CKP_MUTANT(CE_FLOAT_ACCUMULATOR)) return mutant_sum;
     double sum = lane[0];
     for (int l = 1; l < CKP_VLANES; l++) sum += lane[l];
     return sum;
@@ -200,11 +206,12 @@ CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, cons
     double lse = (double)m + log_sum;
     double w_t = w ? (double)w[t] : 1.0;
     double nll = log_sum - ((double)x_t - (double)m);
+    if (CKP_MUTANT(CE_PROB_CLAMP)) nll = -log(exp((double)x_t - (double)m) / sum_exp + 1e-10);
     double loss = (1.0 - c->smoothing) * w_t * nll + c->z_loss * lse * lse;
-    if (c->smoothing > 0.0) loss += c->smoothing / (double)V * (c->weight_total * log_sum - weighted_shifted);
+    if (c->smoothing > 0.0) loss += c->smoothing / c->classes * (c->weight_total * log_sum - weighted_shifted);
     if (dx != NULL) {
         double a = (1.0 - c->smoothing) * w_t * scale;
-        double b = c->smoothing / (double)V * scale;
+        double b = c->smoothing / c->classes * scale;
         double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * scale;
         /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
         const float k_over_sum = (float)(k / sum_exp), b_f = (float)b;
@@ -250,7 +257,8 @@ CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V,
 static ckp_status ce_default(const float *logits, const int64_t *target, const float *target_probs,
                              int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
                              float *loss, float *dlogits) {
-    ce_ctx c = {opt->weight, (double)V, opt->label_smoothing, opt->z_loss, 1.0};
+    ce_ctx c = {opt->weight, (double)V, opt->label_smoothing, (double)(CKP_MUTANT(CE_SMOOTHING_WRONG_V) ? V - 1 : V),
+                opt->z_loss, 1.0};
     if (opt->weight != NULL) {
         c.weight_total = 0.0;
         for (int64_t j = 0; j < V; j++) c.weight_total += (double)opt->weight[j];
@@ -262,6 +270,8 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
         for (int64_t i = 0; i < N; i++)
             if (target[i] != opt->ignore_index)
                 denominator += opt->weight ? (double)opt->weight[target[i]] : 1.0;
+            else if (CKP_MUTANT(CE_MEAN_COUNTS_IGNORED))
+                denominator += 1.0;
     }
     if (opt->reduction == CKP_REDUCTION_MEAN) c.grad_scale = 1.0 / denominator;
 
@@ -281,7 +291,7 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
                 row_loss = ce_row_probs(x, target_probs + i * V, V, &c, scale, dx);
             } else if (target[i] == opt->ignore_index) {
                 row_loss = 0.0;
-                if (dx) memset(dx, 0, (size_t)V * sizeof(float));
+                if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) memset(dx, 0, (size_t)V * sizeof(float));
             } else {
                 row_loss = ce_row_class(x, target[i], V, &c, scale, dx);
             }
@@ -292,7 +302,7 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
     }
     if (opt->reduction != CKP_REDUCTION_NONE) {
         double total = 0.0;
-        for (int64_t b = 0; b < nblocks; b++) total += block_sum[b];
+        for (int64_t b = 0; b < nblocks; b++) total += block_sum[CKP_MUTANT(CE_BLOCKS_REVERSED) ? nblocks - 1 - b : b];
         /* all targets ignored: 0/0 = NaN, as torch */
         loss[0] = (float)(opt->reduction == CKP_REDUCTION_MEAN ? total / denominator : total);
     }

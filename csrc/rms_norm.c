@@ -45,7 +45,12 @@ CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1)
 /* One row of the forward; returns rstd. */
 CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, float *y) {
     float mean = sum_of_squares(x, D) / (float)D;
-    float r = 1.0f / sqrtf(mean + eps);
+    if (CKP_MUTANT(RMS_SUM_REVERSED)) {
+        float sum = 0.0f;
+        for (int64_t j = D - 1; j >= 0; j--) sum += x[j] * x[j];
+        mean = sum / (float)D;
+    }
+    float r = CKP_MUTANT(RMS_EPS_OUTSIDE_SQRT) ? 1.0f / (sqrtf(mean) + eps) : 1.0f / sqrtf(mean + eps);
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
         ckp_v8f normalized = ckp_load8(x + j) * r;

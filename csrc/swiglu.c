@@ -38,7 +38,7 @@ static ckp_status check_args(const void *a, const void *b, int64_t N, int64_t H)
 /* One row of the forward: out = silu(g) * u. */
 CKP_CLONES
 static void forward_row(const float *g, const float *u, int64_t H, float *out) {
-    int64_t vec_end = H - H % ATEN_VEC_PAIR, j = 0;
+    int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) ? 0 : H - H % ATEN_VEC_PAIR, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j);
         ckp_store8(out + j, gv / (1.0f + ckp_exp_sleef8(-gv)) * ckp_load8(u + j));
@@ -49,7 +49,7 @@ static void forward_row(const float *g, const float *u, int64_t H, float *out) {
 /* One row of the backward. */
 CKP_CLONES
 static void backward_row(const float *dy, const float *g, const float *u, int64_t H, float *dg, float *du) {
-    int64_t vec_end = H - H % ATEN_VEC_PAIR, j = 0;
+    int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) ? 0 : H - H % ATEN_VEC_PAIR, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j), dyv = ckp_load8(dy + j);
         ckp_v8f one_plus = 1.0f + ckp_exp_sleef8(-gv);
@@ -90,7 +90,10 @@ ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int
     for (int64_t i = 0; i < N; i++) {
         const float *gate = x + i * 2 * H;
         float *dgate = dx + i * 2 * H;
-        backward_row(dout + i * H, gate, gate + H, H, dgate, dgate + H);
+        if (CKP_MUTANT(SWIGLU_SWAP_BACKWARD))
+            backward_row(dout + i * H, gate + H, gate, H, dgate + H, dgate);
+        else
+            backward_row(dout + i * H, gate, gate + H, H, dgate, dgate + H);
     }
     return CKP_OK;
 }

@@ -106,14 +106,16 @@ def _fwd_bwd(fn, x, *args, **kwargs):
 def _fresh_fwd_bwd(fn, src, *args, **kwargs):
     """fwd+bwd on src's values copied into one buffer each call, as a model's
     lm_head hands the loss new logits every step (the copy costs every side
-    the same; the in-place loss overwrites the buffer, so it is refilled)."""
+    the same; the in-place loss overwrites the buffer, so it is refilled).
+    The gradient is taken by autograd.grad, as the lm_head's matmul backward
+    takes it: a leaf's .grad would have to copy dlogits away from the leaf's
+    own storage (where the in-place loss wrote it), a cost no model pays."""
     x = src.clone().requires_grad_(True)
 
     def run():
-        x.grad = None
         with torch.no_grad():
             x.copy_(src)
-        fn(x, *args, **kwargs).backward()
+        torch.autograd.grad(fn(x, *args, **kwargs), x)
     return run
 
 

@@ -6,6 +6,7 @@
   ckparity compare  reports side by side, and a drift plot
   ckparity gate     the CI parity gates (--tier quick|full, --only, --config gates.toml)
   ckparity bench    kernel speed against torch and against a copy's bandwidth
+  ckparity mutate   the gates against builds with planted numerics bugs: a kill matrix
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
@@ -169,6 +170,47 @@ def _bench(argv: list[str]) -> int:
     return EXIT_PASS
 
 
+def _mutate(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from .gates import GATE_NAMES
+    from .harness.config import UsageError
+    from .harness.report import check_writable, check_writable_dir, write_json
+    from .mutate import find_source, mutate, table
+
+    parser = argparse.ArgumentParser(prog="ckparity mutate", description="Builds the C library with each planted "
+                                     "numerics bug (csrc/mutants.h), runs the gates against each, writes the kill "
+                                     "matrix; exits 1 if the score is below --min-score or the control build fails.")
+    parser.add_argument("--tier", choices=["quick", "full"], default="quick")
+    parser.add_argument("--gates", nargs="+", choices=GATE_NAMES, metavar="GATE", default=GATE_NAMES,
+                        help=f"among {GATE_NAMES} (default: all)")
+    parser.add_argument("--mutants", nargs="+", metavar="NAME", help="only these (default: the whole catalogue)")
+    parser.add_argument("--source", default=None, help="the ckparity checkout to build (default: found from here up)")
+    parser.add_argument("--build-dir", default=None, help="scratch build directories (default: SOURCE/build/mutants)")
+    parser.add_argument("--out-dir", default="reports/mutate", help="each build's gate reports")
+    parser.add_argument("--json-out", default="reports/mutate_latest.json")
+    parser.add_argument("--min-score", type=float, default=0.95)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per build's gate run")
+    args = parser.parse_args(argv)
+    try:
+        source = find_source(Path(args.source or ".").resolve(), search_up=args.source is None)
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    if not 0.0 <= args.min_score <= 1.0 or args.timeout <= 0:
+        raise UsageError("--min-score must be in [0, 1] and --timeout positive")
+    check_writable(args.json_out, "--json-out")
+    check_writable_dir(args.out_dir, "--out-dir")
+    build_root = Path(args.build_dir) if args.build_dir else source / "build" / "mutants"
+    try:
+        report = mutate(source, build_root.resolve(), Path(args.out_dir).resolve(), args.tier, args.gates,
+                        args.mutants, args.timeout)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    write_json(args.json_out, report)
+    print(table(report))
+    return EXIT_FAIL if report.get("error") or report["score"] < args.min_score else EXIT_PASS
+
+
 def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info").parse_args(argv)
     from .harness.run import environment
@@ -178,7 +220,7 @@ def _info(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare": _compare, "gate": _gate,
-            "bench": _bench, "info": _info}
+            "bench": _bench, "mutate": _mutate, "info": _info}
 
 
 def main(argv: list[str] | None = None) -> int:

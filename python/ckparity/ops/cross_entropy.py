@@ -72,7 +72,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     one rounding, as torch folds it in) instead of rescaling a stored gradient.
 
     A classic forward(ctx, ...) rather than CFunction's compute/save: the
-    forward's dlogits go straight to ctx, not out as a second output (an
+    forward's dlogits are saved on ctx, not sent out as a second output (an
     output costs autograd its bookkeeping on every call, the tiny shapes'
     largest cost after the kernel). First-order only (ops/_function.py): a
     gradient computed under create_graph=True raises when differentiated
@@ -83,22 +83,27 @@ class _CrossEntropyFunction(torch.autograd.Function):
         reduction_none = settings["reduction"] == "none"
         loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings,
                                                        compute_grad=compute_grad and not reduction_none)
-        ctx.settings, ctx.reduction_none, ctx.dlogits = settings, reduction_none, dlogits
-        if reduction_none or ctx.needs_input_grad[1]:
-            ctx.save_for_backward(logits, target, weight)
+        ctx.settings, ctx.reduction_none = settings, reduction_none
+        # dlogits saved, not kept on ctx: autograd releases saved tensors as
+        # soon as this backward has run (unless retain_graph), so a leaf's
+        # AccumulateGrad finds the gradient unshared and takes it instead of
+        # copying (N, V) floats, and the buffer does not outlive the step.
+        ctx.save_for_backward(dlogits, *((logits, target, weight) if reduction_none or ctx.needs_input_grad[1]
+                                         else ()))
         return loss
 
     @staticmethod
     @first_order_only
     def backward(ctx, grad_loss):
-        dlogits, dtarget = ctx.dlogits, None
+        dlogits, *inputs = ctx.saved_tensors
+        dtarget = None
         if ctx.needs_input_grad[1]:
-            logits, target, weight = ctx.saved_tensors
+            logits, target, weight = inputs
             dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss)
         if not ctx.needs_input_grad[0]:
             dlogits = None
         elif ctx.reduction_none:
-            logits, target, weight = ctx.saved_tensors
+            logits, target, weight = inputs
             row_grad = grad_loss.contiguous().float()
             _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
         elif float(grad_loss) != 1.0:  # x * 1 == x: skip a pass over (N, V)

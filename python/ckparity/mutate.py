@@ -1,0 +1,162 @@
+"""ckparity mutate: do the gates fail when the kernels are wrong?
+
+A gate that cannot fail proves nothing. This builds the C library once per
+mutant -- a realistic numerics bug planted at one place in a kernel
+(csrc/mutants.h: a float accumulator, a cheaper exp, the mean counting
+ignored rows, AdamW's bias correction in float, ...) or one build flag
+(-ffp-contract=fast) -- in scratch build directories, runs the gates against
+each build (CKP_LIB, one `ckparity gate` process per mutant, so a crash in C
+takes down one mutant's run only) and writes a kill matrix: mutant x gate,
+the mutation score, and for each mutant the cheapest gate that kills it.
+
+A control build (no mutant, built the same way) runs first: a gate that
+fails on it kills everything and proves nothing, so the run stops there.
+
+The catalogue is read from csrc/mutants.h (each CKP_MUT_<NAME> with its
+comment), so it needs a source checkout: `--source`, by default the
+directory above the current one that holds csrc/mutants.h.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = "ckparity.mutate/1"
+MUTANTS_HEADER = Path("csrc") / "mutants.h"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str                     # lower case, as on the command line and in the report
+    what: str                     # the planted bug, in words
+    meson_args: tuple[str, ...]   # how its build differs from a real one
+
+
+CONTROL = Mutant("control", "no mutant: the library as released, built the same way", ())
+FLAG_MUTANTS = (Mutant("fp_contract_fast", "-ffp-contract=fast: the compiler fuses a*b+c into FMAs wherever it likes",
+                       ("-Dfp_contract=fast",)),)
+
+
+def catalogue(source: Path) -> list[Mutant]:
+    """The flag mutants, then each CKP_MUT_<NAME> of csrc/mutants.h with its comment."""
+    text = (source / MUTANTS_HEADER).read_text()
+    entries = re.findall(r"CKP_MUT_([A-Z0-9_]+),\s*/\*\s*(.*?)\s*\*/", text)
+    return list(FLAG_MUTANTS) + [Mutant(name.lower(), what, (f"-Dc_args=-DCKP_MUTANT_ID=CKP_MUT_{name}",))
+                                 for name, what in entries if name != "NONE"]
+
+
+def find_source(start: Path, search_up: bool = True) -> Path:
+    for directory in (start, *start.parents) if search_up else (start,):
+        if (directory / MUTANTS_HEADER).is_file() and (directory / "meson.build").is_file():
+            return directory
+    raise FileNotFoundError(f"no ckparity checkout (with {MUTANTS_HEADER} and meson.build) "
+                            f"{'at or above' if search_up else 'at'} {start}: ckparity mutate builds the library "
+                            "from source" + ("; pass --source" if search_up else ""))
+
+
+def build(mutant: Mutant, source: Path, build_root: Path) -> Path:
+    """Builds the library for one mutant (incrementally if its directory exists); returns the .so."""
+    directory = build_root / mutant.name
+    if not (directory / "build.ninja").is_file():
+        subprocess.run(["meson", "setup", str(directory), str(source), "--buildtype=release", *mutant.meson_args],
+                       check=True, capture_output=True, text=True)
+    subprocess.run(["ninja", "-C", str(directory), "libckparity.so"], check=True, capture_output=True, text=True)
+    return directory / "libckparity.so"
+
+
+def run_gates(library: Path, gates: list[str], tier: str, out_dir: Path, timeout: float) -> dict:
+    """One `ckparity gate` process against ``library``; per gate "passed", "failed",
+    or "crashed"/"timeout" (the gate that was running when the process died) and
+    "not_run" (those after it)."""
+    env = dict(os.environ, CKP_LIB=str(library))
+    command = [sys.executable, "-m", "ckparity", "gate", "--tier", tier, "--out-dir", str(out_dir), "--only", *gates]
+    for stale in out_dir.glob("*_latest.json"):
+        stale.unlink()
+    start = time.perf_counter()
+    ending = None
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode < 0 or done.returncode not in (0, 1):
+            ending = "crashed"
+    except subprocess.TimeoutExpired:
+        ending = "timeout"
+    outcomes, seconds = {}, {}
+    for gate in gates:
+        path = out_dir / f"{gate}_latest.json"
+        if path.is_file():
+            result = json.loads(path.read_text())
+            outcomes[gate] = "passed" if result["passed"] else "failed"
+            seconds[gate] = result["seconds"]
+        elif ending is not None:
+            outcomes[gate], ending = ending, "not_run"  # the first missing gate is the one that died
+        else:
+            outcomes[gate] = "not_run"
+    return {"gates": outcomes, "gate_seconds": seconds, "seconds": time.perf_counter() - start}
+
+
+def kill_matrix(control: dict, runs: dict[str, dict], mutants: list[Mutant]) -> list[dict]:
+    """Per mutant: which gates kill it (fail, crash or hang on it), and the
+    cheapest of them by the control run's time."""
+    rows = []
+    for mutant in mutants:
+        run = runs[mutant.name]
+        killers = [g for g, outcome in run["gates"].items() if outcome in ("failed", "crashed", "timeout")]
+        cheapest = min(killers, key=lambda g: control["gate_seconds"].get(g, float("inf"))) if killers else None
+        rows.append({"mutant": mutant.name, "what": mutant.what, "build": list(mutant.meson_args),
+                     "gates": run["gates"], "killed": bool(killers), "killed_by": killers, "cheapest_killer": cheapest,
+                     "seconds": run["seconds"]})
+    return rows
+
+
+def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list[str], names: list[str] | None,
+           timeout: float, echo=print) -> dict:
+    start = time.perf_counter()
+    known = catalogue(source)
+    mutants = known if not names else [m for m in known if m.name in names]
+    missing = set(names or ()) - {m.name for m in known}
+    if missing:
+        raise ValueError(f"unknown mutants {sorted(missing)} (known: {', '.join(m.name for m in known)})")
+    report = {"schema": SCHEMA, "tier": tier, "gates": gates, "mutants": [], "score": None}
+    control = run_gates(build(CONTROL, source, build_root), gates, tier, out_dir / CONTROL.name, timeout)
+    report["control"] = control
+    echo(f"control: {control['seconds']:.0f}s, " + ", ".join(f"{g} {o}" for g, o in control["gates"].items()))
+    broken = [g for g, outcome in control["gates"].items() if outcome != "passed"]
+    if broken:
+        report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
+        report["wall_s"] = time.perf_counter() - start
+        return report
+    runs = {}
+    for mutant in mutants:
+        runs[mutant.name] = run_gates(build(mutant, source, build_root), gates, tier, out_dir / mutant.name, timeout)
+        row = kill_matrix(control, {mutant.name: runs[mutant.name]}, [mutant])[0]
+        echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
+             f"  ({row['seconds']:.0f}s)")
+    report["mutants"] = kill_matrix(control, runs, mutants)
+    killed = sum(row["killed"] for row in report["mutants"])
+    report["score"] = killed / len(mutants) if mutants else None
+    report["killed"], report["survived"] = killed, [row["mutant"] for row in report["mutants"] if not row["killed"]]
+    report["wall_s"] = time.perf_counter() - start
+    return report
+
+
+def table(report: dict) -> str:
+    gates = report["gates"]
+    short = {"passed": ".", "failed": "K", "crashed": "C", "timeout": "T", "not_run": "-"}
+    lines = ["| mutant | " + " | ".join(gates) + " | cheapest killer |", "|---" * (len(gates) + 2) + "|"]
+    for row in report["mutants"]:
+        lines.append(f"| {row['mutant']} | " + " | ".join(short[row["gates"][g]] for g in gates)
+                     + f" | {row['cheapest_killer'] or '**survived**'} |")
+    lines.append("")
+    if report.get("error"):
+        lines.append(f"error: {report['error']}")
+    elif report["score"] is not None:
+        lines.append(f"score {report['killed']}/{len(report['mutants'])} = {report['score']:.0%} killed "
+                     f"({report['tier']} tier, {report['wall_s']:.0f}s); K failed, C crashed, T timed out, . passed")
+    return "\n".join(lines)
