@@ -65,6 +65,8 @@ class RunConfig:
     envelope: int = _flag(0, "train K noise twins (torch with seeded ULP-level kernel noise) and judge the CK "
                              "twin's drift as a ratio to their envelope (0: off)")
     envelope_ratio: float = _flag(4.0, "with --envelope: the noise ratio above which the drift is beyond noise")
+    spike_triage: bool = _flag(False, "when a twin's loss jumps, replay the step in CK, torch and float64 from "
+                                      "one state and say whose fault it is (report key spikes)")
     tp: int = _flag(1, "tensor parallel: the CK twin's lm_head and loss split by vocabulary over N ranks")
     dp: int = _flag(1, "data parallel: the CK twin's micro-batches split over N ranks, gradients summed")
     rank_timeout: float = _flag(300.0, "with --tp/--dp: seconds a rank waits for the others before the run ends "
@@ -162,6 +164,8 @@ def _validate_ranks(config: RunConfig) -> None:
         return
     if config.tp > 1 and config.dp > 1:
         raise UsageError("--tp and --dp together are not supported: choose one")
+    if config.spike_triage:
+        raise UsageError("--spike-triage is not supported with --tp or --dp (its replay twins run in one process)")
     if config.tp > 1:
         if config.tp > config.vocab:
             raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")

@@ -23,6 +23,7 @@ from .forecast import forecast
 from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from .resources import check_memory
 from .shadow import Float64Shadow
+from .spikes import SpikeTriage
 from .twins import build_twins
 
 DEFAULT_JSON_OUT = "reports/train_latest.json"
@@ -98,6 +99,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     agreement = RankAgreement(ranks)
     shadow = Float64Shadow(config, ref) if config.f64_shadow else None
     envelope = NoiseEnvelope(config, ref) if config.envelope else None
+    spikes = SpikeTriage(config) if config.spike_triage else None
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None
@@ -107,6 +109,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 # the CK twin's state at the start of the step, while a replay may need it
                 if localizer.wants_snapshot(step) or divergence.wants_snapshot:
                     snapshot = ck.snapshot(reuse=snapshot)
+                if spikes is not None:
+                    spikes.before_step(ref)
                 comparison = StepComparison(step, ck, ref)
                 for twin in twins:
                     twin.zero_grad()
@@ -126,6 +130,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                     shadow.after_step(step, windows, ck, ref, comparison.losses)
                 if envelope is not None:
                     envelope.after_step(step, windows, ref, row, comparison.losses["torch"])
+                if spikes is not None:
+                    spikes.after_step(step, windows, comparison.losses)
                 progress.update()
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP through stop_on_signals
             status, stopped_by = "interrupted", err.signum if isinstance(err, Interrupted) else 2
@@ -144,6 +150,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
         result["shadow"] = shadow.report(len(series)) if shadow is not None else None
         result["envelope"] = envelope.report() if envelope is not None else None
         result["noise_verdict"] = result["envelope"]["verdict"] if envelope is not None else None
+        result["spikes"] = spikes.report() if spikes is not None else None
         result["ranks"] = agreement.report(config)
         if result["ranks"]["replicated_params_identical"] is False and result["status"] == "pass":
             result.update(status="fail", pass_parity=False)
@@ -162,7 +169,7 @@ def lost_report(config: RunConfig, error: str) -> dict:
     result = _report(config, batches, DriftSeries(), FirstFail(config), NonFinite(), Localizer(config), None,
                      "error", error, None)
     result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None, shadow=None,
-                  envelope=None, noise_verdict=None,
+                  envelope=None, noise_verdict=None, spikes=None,
                   ranks=RankAgreement(SINGLE).report(config))
     result["env"]["world_size"] = config.tp * config.dp
     return result

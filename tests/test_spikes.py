@@ -1,0 +1,83 @@
+"""--spike-triage: the spike rule, the classes, and two planted spikes -- a
+kernel fault that bites only at large logits (kernel) and an lr spike in both
+twins (dynamics) -- classified as what they are."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import ckparity
+from ckparity import reference
+from ckparity.harness import backends
+from ckparity.harness.config import UsageError
+from ckparity.harness.repro import STRESS
+from ckparity.harness.run import train
+from ckparity.harness.spikes import classify, is_spike
+
+
+def test_spike_rule():
+    flat = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]
+    assert is_spike(1.6, flat) == (True, 1.0)
+    assert not is_spike(1.4, flat)[0]
+    assert not is_spike(1.6, flat[:4])[0]  # too little history
+    assert not is_spike(0.03, [0.01] * 10)[0]  # 3x, but 0.02 nats: noise near zero loss
+    assert is_spike(float("nan"), flat)[0]
+
+
+def test_classes():
+    assert classify(ck=True, ref=False, f64=False) == "kernel"
+    assert classify(ck=True, ref=True, f64=False) == "float32_numerics"
+    assert classify(ck=True, ref=True, f64=True) == "dynamics_or_data"
+    assert classify(ck=False, ref=True, f64=False) == "torch_only"
+    assert classify(ck=False, ref=False, f64=False) == "not_reproduced"
+
+
+def test_kernel_fault_at_large_logits_is_a_kernel_spike(tmp_path, monkeypatch):
+    def overflow_guard(logits, targets):
+        # a misplaced overflow guard: a batch whose largest logit exceeds 12 is halved
+        if float(logits.detach().max()) > 12.0:
+            logits = logits * 0.5
+        return ckparity.cross_entropy(logits, targets)
+
+    monkeypatch.setitem(backends.CROSS_ENTROPY, "overflow_guard", overflow_guard)
+    report = train(replace(STRESS, max_steps=60, spike_triage=True, ck_loss_backend="overflow_guard",
+                           no_progress=True, json_out=str(tmp_path / "r.json")))
+    first = report["spikes"]["triages"][0]
+    assert first["spiked"] == {"ck": True, "torch": False}
+    assert first["class"] == "kernel" and first["worst_stage"]["ck"]["stage"] == "loss"
+    assert first["worst_stage"]["torch"]["rel_diff"] < 1e-5
+
+
+def test_lr_spike_is_dynamics(tmp_path, monkeypatch):
+    def spiky(make, at=30, factor=1000.0):
+        def build(params, **kw):
+            optimizer, steps = make(params, **kw), [0]
+            plain = optimizer.step
+
+            def step():
+                steps[0] += 1
+                scale = factor if steps[0] == at else 1.0
+                for group in optimizer.param_groups:
+                    group["lr"] *= scale
+                plain()
+                for group in optimizer.param_groups:
+                    group["lr"] /= scale
+            optimizer.step = step
+            return optimizer
+        return build
+
+    monkeypatch.setitem(backends.ADAMW, "c", spiky(ckparity.optim.AdamW))
+    monkeypatch.setitem(backends.ADAMW, "torch", spiky(reference.adamw))
+    report = train(replace(STRESS, max_steps=40, spike_triage=True, no_progress=True,
+                           json_out=str(tmp_path / "r.json")))
+    spikes = report["spikes"]
+    assert spikes["spike_steps"][0] == 31  # the loss after the update with lr x 1000
+    assert spikes["triages"][0]["class"] == "dynamics_or_data"
+    assert spikes["triages"][0]["replay_spiked"] == {"ck": True, "torch": True, "f64": True}
+
+
+def test_refused_with_ranks():
+    with pytest.raises(UsageError, match="spike-triage"):
+        replace(STRESS, spike_triage=True, dp=2, grad_accum=2)
