@@ -9,9 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ckparity.mutate import catalogue
+import pytest
+
+from ckparity.mutate import CONTROL, build, catalogue, equivalence_probe
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory):
+    """One scratch build directory for the module: the control build is made once."""
+    return tmp_path_factory.mktemp("mutant_builds")
 
 
 def test_every_mutant_is_planted_somewhere():
@@ -23,15 +31,15 @@ def test_every_mutant_is_planted_somewhere():
     assert len(catalogue(ROOT)) >= 12
 
 
-def _mutate(tmp_path, *args):
+def _mutate(tmp_path, build_dir, *args):
     return subprocess.run([sys.executable, "-m", "ckparity", "mutate", "--source", str(ROOT),
-                           "--build-dir", str(tmp_path / "build"), "--out-dir", str(tmp_path / "gates"),
+                           "--build-dir", str(build_dir), "--out-dir", str(tmp_path / "gates"),
                            "--json-out", str(tmp_path / "mutate.json"), *args],
                           capture_output=True, text=True, timeout=900)
 
 
-def test_one_mutant_end_to_end(tmp_path):
-    done = _mutate(tmp_path, "--mutants", "ce_cheap_exp", "--gates", "kernel_parity")
+def test_one_mutant_end_to_end(tmp_path, build_dir):
+    done = _mutate(tmp_path, build_dir, "--mutants", "ce_cheap_exp", "--gates", "kernel_parity")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "mutate.json").read_text())
     assert report["control"]["gates"] == {"kernel_parity": "passed"}
@@ -44,6 +52,18 @@ def test_one_mutant_end_to_end(tmp_path):
 
 
 def test_unknown_mutant_is_refused_before_any_build(tmp_path):
-    done = _mutate(tmp_path, "--mutants", "no_such_mutant", "--gates", "kernel_parity")
+    done = _mutate(tmp_path, tmp_path / "build", "--mutants", "no_such_mutant", "--gates", "kernel_parity")
     assert done.returncode == 2 and "no_such_mutant" in done.stderr
     assert not (tmp_path / "build").exists()
+
+
+def test_equivalence_probe_tells_a_reordered_double_sum_from_a_reordered_float_one(build_dir):
+    """Reversing the order in which cross-entropy's double block sums are added
+    changes no float32 output on the probe; reversing rms_norm's float sum of
+    squares changes many."""
+    mutants = {m.name: m for m in catalogue(ROOT)}
+    control = build(CONTROL, ROOT, build_dir)
+    same = equivalence_probe(control, build(mutants["ce_blocks_reversed"], ROOT, build_dir))
+    assert same["outputs_compared"] > 50 and same["outputs_differing"] == []
+    reordered = equivalence_probe(control, build(mutants["rms_sum_reversed"], ROOT, build_dir))
+    assert {row["case"].split()[0] for row in reordered["outputs_differing"]} == {"rms_norm"}

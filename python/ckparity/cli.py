@@ -208,7 +208,7 @@ def _mutate(argv: list[str]) -> int:
         raise UsageError(str(err)) from None
     write_json(args.json_out, report)
     print(table(report))
-    return EXIT_FAIL if report.get("error") or report["score"] < args.min_score else EXIT_PASS
+    return EXIT_FAIL if report.get("error") or (report["score"] or 0.0) < args.min_score else EXIT_PASS
 
 
 def _info(argv: list[str]) -> int:

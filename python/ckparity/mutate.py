@@ -12,6 +12,14 @@ the mutation score, and for each mutant the cheapest gate that kills it.
 A control build (no mutant, built the same way) runs first: a gate that
 fails on it kills everything and proves nothing, so the run stops there.
 
+A mutant no gate kills is either a gap in the gates or an equivalent mutant
+(one whose change never reaches a float32 output). Each survivor's library
+and the control's run every case of ckparity.builds (every kernel, odd
+widths, several reduction blocks); a survivor with no output differing there
+is reported ``equivalent_on_probe`` and left out of the score's denominator
+(``score``; ``score_raw`` counts it). The probe can show a difference, not
+prove there is none: an equivalent verdict covers exactly those cases.
+
 The catalogue is read from csrc/mutants.h (each CKP_MUT_<NAME> with its
 comment), so it needs a source checkout: `--source`, by default the
 directory above the current one that holds csrc/mutants.h.
@@ -124,7 +132,8 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
     if missing:
         raise ValueError(f"unknown mutants {sorted(missing)} (known: {', '.join(m.name for m in known)})")
     report = {"schema": SCHEMA, "tier": tier, "gates": gates, "mutants": [], "score": None}
-    control = run_gates(build(CONTROL, source, build_root), gates, tier, out_dir / CONTROL.name, timeout)
+    control_library = build(CONTROL, source, build_root)
+    control = run_gates(control_library, gates, tier, out_dir / CONTROL.name, timeout)
     report["control"] = control
     echo(f"control: {control['seconds']:.0f}s, " + ", ".join(f"{g} {o}" for g, o in control["gates"].items()))
     broken = [g for g, outcome in control["gates"].items() if outcome != "passed"]
@@ -132,18 +141,34 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
         report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
         report["wall_s"] = time.perf_counter() - start
         return report
-    runs = {}
+    runs, libraries = {}, {}
     for mutant in mutants:
-        runs[mutant.name] = run_gates(build(mutant, source, build_root), gates, tier, out_dir / mutant.name, timeout)
+        libraries[mutant.name] = build(mutant, source, build_root)
+        runs[mutant.name] = run_gates(libraries[mutant.name], gates, tier, out_dir / mutant.name, timeout)
         row = kill_matrix(control, {mutant.name: runs[mutant.name]}, [mutant])[0]
         echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
              f"  ({row['seconds']:.0f}s)")
     report["mutants"] = kill_matrix(control, runs, mutants)
+    for row in report["mutants"]:
+        if not row["killed"]:
+            row["probe"] = equivalence_probe(control_library, libraries[row["mutant"]])
+            row["equivalent_on_probe"] = not row["probe"]["outputs_differing"]
     killed = sum(row["killed"] for row in report["mutants"])
-    report["score"] = killed / len(mutants) if mutants else None
-    report["killed"], report["survived"] = killed, [row["mutant"] for row in report["mutants"] if not row["killed"]]
+    equivalent = sum(row.get("equivalent_on_probe", False) for row in report["mutants"])
+    report["score_raw"] = killed / len(mutants)
+    report["score"] = killed / (len(mutants) - equivalent) if len(mutants) > equivalent else None
+    report["killed"], report["equivalent"] = killed, equivalent
+    report["survived"] = [row["mutant"] for row in report["mutants"] if not row["killed"]]
     report["wall_s"] = time.perf_counter() - start
     return report
+
+
+def equivalence_probe(control: Path, mutant: Path) -> dict:
+    """ckparity.builds' cases through both libraries (loaded side by side)."""
+    from ._native import ffi
+    from .builds import differences
+
+    return differences(ffi.dlopen(str(control)), ffi.dlopen(str(mutant)))
 
 
 def table(report: dict) -> str:
@@ -151,12 +176,15 @@ def table(report: dict) -> str:
     short = {"passed": ".", "failed": "K", "crashed": "C", "timeout": "T", "not_run": "-"}
     lines = ["| mutant | " + " | ".join(gates) + " | cheapest killer |", "|---" * (len(gates) + 2) + "|"]
     for row in report["mutants"]:
-        lines.append(f"| {row['mutant']} | " + " | ".join(short[row["gates"][g]] for g in gates)
-                     + f" | {row['cheapest_killer'] or '**survived**'} |")
+        verdict = row["cheapest_killer"] or ("survived: equivalent on the probe" if row.get("equivalent_on_probe")
+                                             else "**survived**")
+        lines.append(f"| {row['mutant']} | " + " | ".join(short[row["gates"][g]] for g in gates) + f" | {verdict} |")
     lines.append("")
     if report.get("error"):
         lines.append(f"error: {report['error']}")
     elif report["score"] is not None:
-        lines.append(f"score {report['killed']}/{len(report['mutants'])} = {report['score']:.0%} killed "
-                     f"({report['tier']} tier, {report['wall_s']:.0f}s); K failed, C crashed, T timed out, . passed")
+        lines.append(f"score {report['killed']}/{len(report['mutants']) - report['equivalent']} = "
+                     f"{report['score']:.0%} of the non-equivalent mutants killed ({report['equivalent']} equivalent "
+                     f"on the probe; raw {report['score_raw']:.0%}), {report['tier']} tier, {report['wall_s']:.0f}s; "
+                     "K failed, C crashed, T timed out, . passed")
     return "\n".join(lines)
