@@ -130,6 +130,16 @@ def test_ignore_frac_masks_rows_and_stays_in_parity(tmp_path):
     assert masked["series"]["ck_loss"] != plain["series"]["ck_loss"]
 
 
+@pytest.mark.parametrize("backend", ["c", "c_fused_linear"])
+def test_label_smoothing_reaches_both_twins(tmp_path, backend):
+    smoothed, _ = run(tmp_path, "--label-smoothing", "0.1", "--ck-loss-backend", backend, name="smoothed.json")
+    plain, _ = run(tmp_path, "--ck-loss-backend", backend, name="plain.json")
+    assert smoothed["pass_parity"] and smoothed["max_loss_abs_diff"] < 1e-5
+    # a smoothed loss is larger than the plain one on the same first batch, on both sides
+    for side in ("ck_loss", "torch_loss"):
+        assert smoothed["series"][side][0] > plain["series"][side][0] + 1e-3
+
+
 def _without_timing(report: dict) -> dict:
     report = json.loads(json.dumps(report))
     report.pop("timing")
@@ -163,6 +173,8 @@ def test_signal_writes_interrupted_report(tmp_path, signum, code):
     (["--seq-len", "0"], "--seq-len must be >= 1"),
     (["--lr", "-1"], "--lr must be"),
     (["--ignore-frac", "1.5"], "--ignore-frac"),
+    (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1]"),
+    (["--label-smoothing", "0.1", "--tp", "2"], "--label-smoothing is not supported with --tp"),
     (["--ck-loss-backend", "nope"], "--ck-loss-backend must be one of"),
     (["--train-text", "/nonexistent/file.txt"], "cannot read --train-text"),
     (["--total-tokens", "10", "--grad-accum", "8"], "fewer than one step needs"),

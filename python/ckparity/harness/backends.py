@@ -16,18 +16,20 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import reference
 
-# loss functions take (logits (N, V), targets (N)) and return the mean loss.
+# loss functions take (logits (N, V), targets (N)) and return the mean loss; with --label-smoothing
+# they are called with label_smoothing= too.
 RMS_NORM: dict[str, Callable] = {"c": ckparity.rms_norm, "torch": F.rms_norm}
 SWIGLU: dict[str, Callable] = {"c": ckparity.swiglu, "torch": reference.swiglu}
 CROSS_ENTROPY: dict[str, Callable] = {
-    "c": lambda logits, targets: ckparity.cross_entropy(logits, targets, variant="default"),
-    "c_ptref": lambda logits, targets: ckparity.cross_entropy(logits, targets, variant="ptref"),
+    "c": lambda logits, targets, **kw: ckparity.cross_entropy(logits, targets, variant="default", **kw),
+    "c_ptref": lambda logits, targets, **kw: ckparity.cross_entropy(logits, targets, variant="ptref", **kw),
     "torch": F.cross_entropy,
 }
 # lm_head + loss fused, (hidden (N, D), weight (V, D), targets (N)) -> mean loss: chosen by
 # --ck-loss-backend like the losses above, but it replaces the lm_head's graph too (models.Ops.head_loss)
 HEAD_LOSS: dict[str, Callable] = {
-    "c_fused_linear": lambda hidden, weight, targets: ckparity.fused_linear_cross_entropy(hidden, weight, targets)}
+    "c_fused_linear": lambda hidden, weight, targets, **kw: ckparity.fused_linear_cross_entropy(hidden, weight, targets,
+                                                                                                **kw)}
 # listed with the losses so that --ck-loss-backend offers it; on logits alone it is the default
 # kernel, which the fused op runs on each chunk
 CROSS_ENTROPY["c_fused_linear"] = CROSS_ENTROPY["c"]

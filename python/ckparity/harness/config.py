@@ -55,6 +55,7 @@ class RunConfig:
     moment_tol: float = _flag(1e-5, "max |AdamW moment difference| per step")
     train_text: str | None = _flag(None, "train on this file's bytes mod vocab")
     ignore_frac: float = _flag(0.0, "fraction of targets set to ignore_index")
+    label_smoothing: float = _flag(0.0, "both twins' cross-entropy label smoothing")
     max_grad_norm: float = _flag(0.0, "clip both twins' gradients (0: off)")
     threads: int = _flag(0, "ckparity's and torch's threads (0: leave as is)")
     localize_step: int = _flag(0, "localize at this step (0: the first failing step)")
@@ -117,6 +118,8 @@ def _validate(config: RunConfig) -> None:
             raise UsageError(f"{_name(name)} must be in [0, 1), got {getattr(config, name)}")
     if not 0 <= config.ignore_frac < 1:
         raise UsageError(f"--ignore-frac must be in [0, 1), got {config.ignore_frac}")
+    if not 0 <= config.label_smoothing <= 1:
+        raise UsageError(f"--label-smoothing must be in [0, 1], got {config.label_smoothing}")
     for name, kernel in backends.FLAGS.items():
         choices = sorted(backends.BACKENDS[kernel])
         if getattr(config, name) not in choices:
@@ -171,10 +174,11 @@ def _validate_ranks(config: RunConfig) -> None:
             raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")
         # the loss is the C vocab-parallel cross-entropy; the lm_head is sharded
         refused = {"ck_loss_backend": config.ck_loss_backend != "c", "tie_embeddings": config.tie_embeddings,
-                   "max_grad_norm": config.max_grad_norm > 0}
+                   "max_grad_norm": config.max_grad_norm > 0, "label_smoothing": config.label_smoothing > 0}
         why = {"ck_loss_backend": "takes no effect with --tp (the CK loss is the vocab-parallel cross-entropy)",
                "tie_embeddings": "is not supported with --tp (the sharded lm_head cannot share the embedding)",
-               "max_grad_norm": "is not supported with --tp (the norm would need the shards' sum)"}
+               "max_grad_norm": "is not supported with --tp (the norm would need the shards' sum)",
+               "label_smoothing": "is not supported with --tp (the sharded twin's loss takes none)"}
         for name, bad in refused.items():
             if bad:
                 raise UsageError(f"{_name(name)} {why[name]}")

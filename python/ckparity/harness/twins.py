@@ -3,6 +3,9 @@ flags, the torch twin's from torch, with bit-identical initial weights."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 import torch
 
 from . import backends, ranks
@@ -13,11 +16,16 @@ from .twin import Twin
 def ops_for(config, side: str) -> Ops:
     """The CK twin's ops come from the backend flags; the torch twin's are torch's."""
     if side == "torch":
-        return Ops(rms_norm=backends.RMS_NORM["torch"], swiglu=backends.SWIGLU["torch"],
-                   loss=backends.CROSS_ENTROPY["torch"], rope=backends.ROPE["torch"])
-    return Ops(rms_norm=backends.RMS_NORM[config.ck_rmsnorm_backend], swiglu=backends.SWIGLU[config.ck_swiglu_backend],
-               loss=backends.CROSS_ENTROPY[config.ck_loss_backend], rope=backends.ROPE[config.ck_rope_backend],
-               head_loss=backends.HEAD_LOSS.get(config.ck_loss_backend))
+        ops = Ops(rms_norm=backends.RMS_NORM["torch"], swiglu=backends.SWIGLU["torch"],
+                  loss=backends.CROSS_ENTROPY["torch"], rope=backends.ROPE["torch"])
+    else:
+        ops = Ops(rms_norm=backends.RMS_NORM[config.ck_rmsnorm_backend],
+                  swiglu=backends.SWIGLU[config.ck_swiglu_backend], loss=backends.CROSS_ENTROPY[config.ck_loss_backend],
+                  rope=backends.ROPE[config.ck_rope_backend], head_loss=backends.HEAD_LOSS.get(config.ck_loss_backend))
+    if config.label_smoothing:  # only then: a planted loss in a test need not take the keyword
+        ops = replace(ops, loss=partial(ops.loss, label_smoothing=config.label_smoothing),
+                      head_loss=partial(ops.head_loss, label_smoothing=config.label_smoothing) if ops.head_loss else None)
+    return ops
 
 
 def make_optimizer(config, side: str, params):
