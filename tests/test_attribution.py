@@ -67,6 +67,25 @@ def test_divergence_names_the_planted_stage(tmp_path):
     assert result["pass_parity"]  # a one-ULP difference is within tolerance: the tracer sees below it
 
 
+@pytest.mark.parametrize("overrides", [{}, {"ck_loss_backend": "c_ptref"}, {"ck_loss_backend": "torch"},
+                                       {**ALL_TORCH, "ck_swiglu_backend": "fault_one_ulp_backward"},
+                                       {"model": "stacked", "num_layers": 2, "max_grad_norm": 0.5}])
+def test_live_first_difference_equals_the_replayed_one(tmp_path, overrides):
+    """The run reads the first divergence off its own step; a replay of that
+    step from the initial state (the old way) names the same stage and tensor."""
+    from ckparity.harness.data import Batches
+    from ckparity.harness.localize import first_difference
+    from ckparity.harness.twins import build_twins
+
+    config = replace(SHORT, **overrides)
+    divergence = run(tmp_path, config)["divergence"]
+    assert divergence["first_step"] == 1
+    ck, _ = build_twins(config)
+    windows = Batches(load_tokens(config), config).step(0)
+    replayed = first_difference(config, ck.snapshot(), windows)
+    assert (divergence["stage"], divergence["tensor"]) == (replayed["stage"], replayed["tensor"])
+
+
 def test_identical_twins_have_no_divergence(tmp_path):
     divergence = run(tmp_path, replace(SHORT, **ALL_TORCH))["divergence"]
     assert divergence["first_step"] is None and divergence["stage"] is None

@@ -38,7 +38,18 @@ def replay(config, snapshot: dict, windows) -> dict:
         twin.zero_grad()
     # per twin, per micro-batch, per stage
     acts = {twin.name: [a for _, a in twin.micro_steps(windows, keep_activations=True)] for twin in (ck, ref)}
-    stages = list(acts["ck"][0])
+    rows = stage_rows(config, acts["ck"], acts["torch"], ck.grads(), ref.grads())
+    for twin in (ck, ref):
+        twin.update(config.max_grad_norm)
+    rows["params"] = param_rows(config, ck.params(), ref.params())
+    return rows
+
+
+def stage_rows(config, ck_acts: list[dict], ref_acts: list[dict], ck_grads: dict, ref_grads: dict) -> dict:
+    """The forward and backward rows of one step from each twin's activations
+    (per micro-batch, kept with their gradients) and parameter grads."""
+    acts = {"ck": ck_acts, "torch": ref_acts}
+    stages = list(ck_acts[0])
 
     def worst(stage: str, grad: bool, tol: float) -> dict:
         rows = []
@@ -55,13 +66,12 @@ def replay(config, snapshot: dict, windows) -> dict:
 
     forward = [worst(stage, False, config.loss_tol if stage == "loss" else config.logit_tol) for stage in stages]
     backward = [worst(stage, True, config.grad_tol) for stage in reversed(stages)]
-    ck_grads, ref_grads = ck.grads(), ref.grads()
     backward += [_row(f"{name}.grad", ck_grads[name], ref_grads[name], config.grad_tol) for name in ck_grads]
-    for twin in (ck, ref):
-        twin.update(config.max_grad_norm)
-    ck_params, ref_params = ck.params(), ref.params()
-    params = [_row(name, ck_params[name], ref_params[name], config.param_tol) for name in ck_params]
-    return {"forward": forward, "backward": backward, "params": params}
+    return {"forward": forward, "backward": backward}
+
+
+def param_rows(config, ck_params: dict, ref_params: dict) -> list[dict]:
+    return [_row(name, ck_params[name], ref_params[name], config.param_tol) for name in ck_params]
 
 
 def _first(rows: list[dict], key: str) -> str | None:
@@ -83,7 +93,11 @@ def localize(config, step: int, snapshot: dict, windows) -> dict:
 def first_difference(config, snapshot: dict, windows) -> dict:
     """The first stage of the step whose bits differ between the twins, and
     the first parameter grad and parameter that differ."""
-    rows = replay(config, snapshot, windows)
+    return first_difference_in(replay(config, snapshot, windows))
+
+
+def first_difference_in(rows: dict) -> dict:
+    """first_difference from a step's rows (replayed, or the live step's)."""
     not_identical = [{**r, "differs": not r["identical"]} for r in rows["forward"] + rows["backward"]]
     stage = _first(not_identical, "differs")
     # parameter grads in the order backward produces them (the models are sequential: last layer first)

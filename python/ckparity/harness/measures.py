@@ -22,7 +22,7 @@ import statistics
 
 from ..ops.clip_grad_norm import grad_norm
 from .diff import tensor_diff, worst_diff
-from .localize import first_difference, localize
+from .localize import first_difference, first_difference_in, localize, param_rows, stage_rows
 
 # (series key, report key, tolerance field): the quantities with a first-fail step.
 CHECKS = [
@@ -176,29 +176,51 @@ class Localizer:
 
 class DivergenceTracer:
     """The first step at which the twins differ at all, per quantity, and at
-    the first such step the stage and tensor whose bits differ first (found
-    by replaying that step from the shared state before it: until then the
-    twins were bit-identical, so the CK twin's state is both twins' state)."""
+    the first such step the stage and tensor whose bits differ first. Until
+    then the twins are bit-identical, so that step ran from one shared state:
+    in one process its own activations (kept, with their gradients, while
+    ``keeps_activations``) are read stage by stage -- no replay, no per-step
+    snapshot. Over ranks (--tp/--dp, whose twins run other micro-batches when
+    keeping activations) the step is replayed from a snapshot instead."""
 
     QUANTITIES = ("logits", "loss", "grads", "params", "moments")
 
     def __init__(self, config) -> None:
         self.config = config
+        self.live = config.tp * config.dp == 1
         self.per_quantity: dict[str, int | None] = {q: None for q in self.QUANTITIES}
         self.first_step: int | None = None
         self.where = {"stage": None, "tensor": None}
+        self._rows: dict | None = None
 
     @property
     def wants_snapshot(self) -> bool:
-        return self.first_step is None
+        return self.first_step is None and not self.live
 
-    def after_step(self, step: int, snapshot, windows, identical: dict[str, bool]) -> None:
+    @property
+    def keeps_activations(self) -> bool:
+        return self.first_step is None and self.live
+
+    def before_update(self, outputs: dict[str, list], ck, ref, identical: dict[str, bool]) -> None:
+        """The live step's forward and backward rows, taken before the update
+        (a clip rescales the grads in place) and only when they differ."""
+        if self.keeps_activations and not (identical["logits"] and identical["loss"] and identical["grads"]):
+            self._rows = stage_rows(self.config, [a for _, a in outputs["ck"]], [a for _, a in outputs["torch"]],
+                                    ck.grads(), ref.grads())
+
+    def after_step(self, step: int, snapshot, windows, identical: dict[str, bool], ck, ref) -> None:
         for quantity in self.QUANTITIES:
             if self.per_quantity[quantity] is None and not identical[quantity]:
                 self.per_quantity[quantity] = step
         if self.first_step is None and not all(identical.values()):
             self.first_step = step
-            self.where = first_difference(self.config, snapshot, windows)
+            if self.live:
+                rows = self._rows or {"forward": [], "backward": []}
+                self.where = first_difference_in({**rows, "params": param_rows(self.config, ck.params(),
+                                                                                ref.params())})
+            else:
+                self.where = first_difference(self.config, snapshot, windows)
+        self._rows = None
 
     def report(self) -> dict:
         return {"first_step": self.first_step, **self.where, "per_quantity": self.per_quantity}

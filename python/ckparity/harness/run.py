@@ -114,9 +114,12 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 comparison = StepComparison(step, ck, ref)
                 for twin in twins:
                     twin.zero_grad()
-                for outputs in zip(*(twin.micro_steps(windows) for twin in twins)):
-                    comparison.micro_step(*outputs)
+                outputs = {twin.name: twin.micro_steps(windows, divergence.keeps_activations) for twin in twins}
+                for pair in zip(outputs["ck"], outputs["torch"]):
+                    comparison.micro_step(*pair)
                 comparison.backward_done()
+                divergence.before_update(outputs, ck, ref, comparison.identical)
+                del outputs  # the kept activations
                 for twin in twins:
                     twin.update(config.max_grad_norm)
                 row = comparison.finish()
@@ -124,7 +127,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 failed_now = first_fail.observe(row)
                 nonfinite.observe(step, comparison.finite)
                 agreement.after_step(step, ck)
-                divergence.after_step(step, snapshot, windows, comparison.identical)
+                divergence.after_step(step, snapshot, windows, comparison.identical, ck, ref)
                 localizer.after_step(step, snapshot, windows, failed_now)
                 if shadow is not None:
                     shadow.after_step(step, windows, ck, ref, comparison.losses)
