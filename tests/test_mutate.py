@@ -67,3 +67,18 @@ def test_equivalence_probe_tells_a_reordered_double_sum_from_a_reordered_float_o
     assert same["outputs_compared"] > 50 and same["outputs_differing"] == []
     reordered = equivalence_probe(control, build(mutants["rms_sum_reversed"], ROOT, build_dir))
     assert {row["case"].split()[0] for row in reordered["outputs_differing"]} == {"rms_norm"}
+
+
+def test_a_failed_build_leaves_a_report_that_says_so(tmp_path):
+    broken = tmp_path / "checkout"
+    (broken / "csrc").mkdir(parents=True)
+    (broken / "csrc" / "mutants.h").write_text((ROOT / "csrc" / "mutants.h").read_text())
+    (broken / "meson.build").write_text("project('broken', 'c')\nerror('this checkout does not build')\n")
+    done = subprocess.run([sys.executable, "-m", "ckparity", "mutate", "--source", str(broken),
+                           "--build-dir", str(tmp_path / "build"), "--out-dir", str(tmp_path / "gates"),
+                           "--json-out", str(tmp_path / "mutate.json"), "--gates", "kernel_parity"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    report = json.loads((tmp_path / "mutate.json").read_text())
+    assert "building control failed" in report["error"] and "does not build" in report["error"]
+    assert report["mutants"] == [] and len(report["not_measured"]) == len(catalogue(ROOT))

@@ -176,7 +176,7 @@ def _mutate(argv: list[str]) -> int:
     from .gates import GATE_NAMES
     from .harness.config import UsageError
     from .harness.report import check_writable, check_writable_dir, write_json
-    from .mutate import find_source, mutate, table
+    from .mutate import check_tools, find_source, mutate, table
 
     parser = argparse.ArgumentParser(prog="ckparity mutate", description="Builds the C library with each planted "
                                      "numerics bug (csrc/mutants.h), runs the gates against each, writes the kill "
@@ -194,6 +194,7 @@ def _mutate(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         source = find_source(Path(args.source or ".").resolve(), search_up=args.source is None)
+        check_tools()
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
     if not 0.0 <= args.min_score <= 1.0 or args.timeout <= 0:
@@ -208,7 +209,9 @@ def _mutate(argv: list[str]) -> int:
         raise UsageError(str(err)) from None
     write_json(args.json_out, report)
     print(table(report))
-    return EXIT_FAIL if report.get("error") or (report["score"] or 0.0) < args.min_score else EXIT_PASS
+    if report["interrupted"]:
+        return 130
+    return EXIT_FAIL if report["error"] or (report["score"] or 0.0) < args.min_score else EXIT_PASS
 
 
 def _info(argv: list[str]) -> int:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -69,13 +70,29 @@ def find_source(start: Path, search_up: bool = True) -> Path:
                             "from source" + ("; pass --source" if search_up else ""))
 
 
+class BuildFailed(RuntimeError):
+    pass
+
+
+def check_tools() -> None:
+    """meson and ninja on PATH, before any build starts."""
+    missing = [tool for tool in ("meson", "ninja") if shutil.which(tool) is None]
+    if missing:
+        raise FileNotFoundError(f"ckparity mutate builds the C library and needs {' and '.join(missing)} on PATH "
+                                "(./scripts/setup.sh installs them into .venv)")
+
+
 def build(mutant: Mutant, source: Path, build_root: Path) -> Path:
     """Builds the library for one mutant (incrementally if its directory exists); returns the .so."""
     directory = build_root / mutant.name
+    commands = [["ninja", "-C", str(directory), "libckparity.so"]]
     if not (directory / "build.ninja").is_file():
-        subprocess.run(["meson", "setup", str(directory), str(source), "--buildtype=release", *mutant.meson_args],
-                       check=True, capture_output=True, text=True)
-    subprocess.run(["ninja", "-C", str(directory), "libckparity.so"], check=True, capture_output=True, text=True)
+        commands.insert(0, ["meson", "setup", str(directory), str(source), "--buildtype=release", *mutant.meson_args])
+    for command in commands:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise BuildFailed(f"building {mutant.name} failed ({' '.join(command[:2])}):\n{tail}")
     return directory / "libckparity.so"
 
 
@@ -125,40 +142,48 @@ def kill_matrix(control: dict, runs: dict[str, dict], mutants: list[Mutant]) -> 
 
 def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list[str], names: list[str] | None,
            timeout: float, echo=print) -> dict:
+    """The whole run; the report says how far it got: a failed build, or
+    Ctrl-C, ends it with what was measured until then (``error`` /
+    ``interrupted``), never with nothing."""
     start = time.perf_counter()
     known = catalogue(source)
     mutants = known if not names else [m for m in known if m.name in names]
     missing = set(names or ()) - {m.name for m in known}
     if missing:
         raise ValueError(f"unknown mutants {sorted(missing)} (known: {', '.join(m.name for m in known)})")
-    report = {"schema": SCHEMA, "tier": tier, "gates": gates, "mutants": [], "score": None}
-    control_library = build(CONTROL, source, build_root)
-    control = run_gates(control_library, gates, tier, out_dir / CONTROL.name, timeout)
-    report["control"] = control
-    echo(f"control: {control['seconds']:.0f}s, " + ", ".join(f"{g} {o}" for g, o in control["gates"].items()))
-    broken = [g for g, outcome in control["gates"].items() if outcome != "passed"]
-    if broken:
-        report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
-        report["wall_s"] = time.perf_counter() - start
-        return report
+    report = {"schema": SCHEMA, "tier": tier, "gates": gates, "mutants": [], "score": None, "error": None,
+              "interrupted": False}
     runs, libraries = {}, {}
-    for mutant in mutants:
-        libraries[mutant.name] = build(mutant, source, build_root)
-        runs[mutant.name] = run_gates(libraries[mutant.name], gates, tier, out_dir / mutant.name, timeout)
-        row = kill_matrix(control, {mutant.name: runs[mutant.name]}, [mutant])[0]
-        echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
-             f"  ({row['seconds']:.0f}s)")
-    report["mutants"] = kill_matrix(control, runs, mutants)
+    try:
+        control_library = build(CONTROL, source, build_root)
+        report["control"] = control = run_gates(control_library, gates, tier, out_dir / CONTROL.name, timeout)
+        echo(f"control: {control['seconds']:.0f}s, " + ", ".join(f"{g} {o}" for g, o in control["gates"].items()))
+        broken = [g for g, outcome in control["gates"].items() if outcome != "passed"]
+        if broken:
+            report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
+        for mutant in mutants if not broken else ():
+            libraries[mutant.name] = build(mutant, source, build_root)
+            runs[mutant.name] = run_gates(libraries[mutant.name], gates, tier, out_dir / mutant.name, timeout)
+            row = kill_matrix(control, {mutant.name: runs[mutant.name]}, [mutant])[0]
+            echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
+                 f"  ({row['seconds']:.0f}s)")
+    except BuildFailed as err:
+        report["error"] = str(err)
+    except KeyboardInterrupt:
+        report["interrupted"] = True
+    measured = [m for m in mutants if m.name in runs]
+    report["mutants"] = kill_matrix(report["control"], runs, measured) if measured else []
     for row in report["mutants"]:
         if not row["killed"]:
             row["probe"] = equivalence_probe(control_library, libraries[row["mutant"]])
             row["equivalent_on_probe"] = not row["probe"]["outputs_differing"]
     killed = sum(row["killed"] for row in report["mutants"])
     equivalent = sum(row.get("equivalent_on_probe", False) for row in report["mutants"])
-    report["score_raw"] = killed / len(mutants)
-    report["score"] = killed / (len(mutants) - equivalent) if len(mutants) > equivalent else None
+    report["score_raw"] = killed / len(measured) if measured else None
+    report["score"] = killed / (len(measured) - equivalent) if len(measured) > equivalent else None
     report["killed"], report["equivalent"] = killed, equivalent
     report["survived"] = [row["mutant"] for row in report["mutants"] if not row["killed"]]
+    report["not_measured"] = [m.name for m in mutants if m.name not in runs]
     report["wall_s"] = time.perf_counter() - start
     return report
 
@@ -180,9 +205,10 @@ def table(report: dict) -> str:
                                              else "**survived**")
         lines.append(f"| {row['mutant']} | " + " | ".join(short[row["gates"][g]] for g in gates) + f" | {verdict} |")
     lines.append("")
-    if report.get("error"):
-        lines.append(f"error: {report['error']}")
-    elif report["score"] is not None:
+    if report["error"] or report["interrupted"]:
+        lines.append(f"{'error: ' + report['error'] if report['error'] else 'interrupted'}; not measured: "
+                     f"{', '.join(report['not_measured']) or 'none'}")
+    if report["score"] is not None:
         lines.append(f"score {report['killed']}/{len(report['mutants']) - report['equivalent']} = "
                      f"{report['score']:.0%} of the non-equivalent mutants killed ({report['equivalent']} equivalent "
                      f"on the probe; raw {report['score_raw']:.0%}), {report['tier']} tier, {report['wall_s']:.0f}s; "
