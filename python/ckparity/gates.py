@@ -29,7 +29,7 @@ from .harness.repro import PRESET
 from .harness.report import write_json, write_text
 from .harness.run import train
 from .harness.twins import build_twins
-from .measure import RULES, max_ulp, parity
+from .measure import RULES, differing_elements, max_ulp, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
               "long_horizon", "depth_sweep", "accuracy_parity", "noise_envelope", "distributed_parity"]
@@ -148,7 +148,7 @@ def kernel_parity(settings: dict) -> dict:
                 if name in settings["bitwise_kernels"]:
                     # a kernel that claims torch's bits is held to them: a reordered sum or another exp
                     # stays within the accuracy rule, but not within this (ckparity mutate's finding)
-                    differ = int((~((a[part] == b[part]) | (a[part].isnan() & b[part].isnan()))).sum())
+                    differ = differing_elements(a[part], b[part])
                     fig["bitwise_differing"] = differ
                     if differ and fig["ok"]:
                         fig.update(ok=False, reason=f"{differ} of {a[part].numel()} elements differ from torch's "

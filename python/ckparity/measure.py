@@ -43,6 +43,11 @@ def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(distance.max()) if distance.numel() else 0
 
 
+def differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of two same-shaped tensors differ (NaN equals NaN; -0 equals 0)."""
+    return int((~((a == b) | (a.isnan() & b.isnan()))).sum())
+
+
 def abs_diff64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """|a - b| elementwise in float64, with equal values (infinities of one
     sign, NaN against NaN) counting 0; NaN where only one side is NaN."""

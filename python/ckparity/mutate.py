@@ -126,18 +126,13 @@ def run_gates(library: Path, gates: list[str], tier: str, out_dir: Path, timeout
     return {"gates": outcomes, "gate_seconds": seconds, "seconds": time.perf_counter() - start}
 
 
-def kill_matrix(control: dict, runs: dict[str, dict], mutants: list[Mutant]) -> list[dict]:
-    """Per mutant: which gates kill it (fail, crash or hang on it), and the
-    cheapest of them by the control run's time."""
-    rows = []
-    for mutant in mutants:
-        run = runs[mutant.name]
-        killers = [g for g, outcome in run["gates"].items() if outcome in ("failed", "crashed", "timeout")]
-        cheapest = min(killers, key=lambda g: control["gate_seconds"].get(g, float("inf"))) if killers else None
-        rows.append({"mutant": mutant.name, "what": mutant.what, "build": list(mutant.meson_args),
-                     "gates": run["gates"], "killed": bool(killers), "killed_by": killers, "cheapest_killer": cheapest,
-                     "seconds": run["seconds"]})
-    return rows
+def kill_row(control: dict, mutant: Mutant, run: dict) -> dict:
+    """One mutant's row of the kill matrix: which gates kill it (fail, crash
+    or hang on it), and the cheapest of them by the control run's time."""
+    killers = [g for g, outcome in run["gates"].items() if outcome in ("failed", "crashed", "timeout")]
+    cheapest = min(killers, key=lambda g: control["gate_seconds"].get(g, float("inf"))) if killers else None
+    return {"mutant": mutant.name, "what": mutant.what, "build": list(mutant.meson_args), "gates": run["gates"],
+            "killed": bool(killers), "killed_by": killers, "cheapest_killer": cheapest, "seconds": run["seconds"]}
 
 
 def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list[str], names: list[str] | None,
@@ -153,7 +148,7 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
         raise ValueError(f"unknown mutants {sorted(missing)} (known: {', '.join(m.name for m in known)})")
     report = {"schema": SCHEMA, "tier": tier, "gates": gates, "mutants": [], "score": None, "error": None,
               "interrupted": False}
-    runs, libraries = {}, {}
+    rows, libraries = [], {}
     try:
         control_library = build(CONTROL, source, build_root)
         report["control"] = control = run_gates(control_library, gates, tier, out_dir / CONTROL.name, timeout)
@@ -163,27 +158,27 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
             report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
         for mutant in mutants if not broken else ():
             libraries[mutant.name] = build(mutant, source, build_root)
-            runs[mutant.name] = run_gates(libraries[mutant.name], gates, tier, out_dir / mutant.name, timeout)
-            row = kill_matrix(control, {mutant.name: runs[mutant.name]}, [mutant])[0]
+            row = kill_row(control, mutant, run_gates(libraries[mutant.name], gates, tier, out_dir / mutant.name,
+                                                      timeout))
+            rows.append(row)
             echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
                  f"  ({row['seconds']:.0f}s)")
     except BuildFailed as err:
         report["error"] = str(err)
     except KeyboardInterrupt:
         report["interrupted"] = True
-    measured = [m for m in mutants if m.name in runs]
-    report["mutants"] = kill_matrix(report["control"], runs, measured) if measured else []
-    for row in report["mutants"]:
+    report["mutants"] = rows
+    for row in rows:
         if not row["killed"]:
             row["probe"] = equivalence_probe(control_library, libraries[row["mutant"]])
             row["equivalent_on_probe"] = not row["probe"]["outputs_differing"]
     killed = sum(row["killed"] for row in report["mutants"])
     equivalent = sum(row.get("equivalent_on_probe", False) for row in report["mutants"])
-    report["score_raw"] = killed / len(measured) if measured else None
-    report["score"] = killed / (len(measured) - equivalent) if len(measured) > equivalent else None
+    report["score_raw"] = killed / len(rows) if rows else None
+    report["score"] = killed / (len(rows) - equivalent) if len(rows) > equivalent else None
     report["killed"], report["equivalent"] = killed, equivalent
     report["survived"] = [row["mutant"] for row in report["mutants"] if not row["killed"]]
-    report["not_measured"] = [m.name for m in mutants if m.name not in runs]
+    report["not_measured"] = [m.name for m in mutants[len(rows):]]
     report["wall_s"] = time.perf_counter() - start
     return report
 

@@ -33,6 +33,7 @@ three twins and runs one forward per micro-batch. At most MAX_TRIAGES per run.
 from __future__ import annotations
 
 import statistics
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -59,8 +60,13 @@ def is_spike(loss: float, history: list[float]) -> tuple[bool, float | None]:
     return (loss > SPIKE_FACTOR * median and loss - median > MIN_JUMP) or loss != loss, median
 
 
-def _replay(twin, windows) -> tuple[list[float], list[dict], list[torch.Tensor]]:
-    """Per micro-batch: the loss, the forward activations, the per-row losses."""
+class Replay(NamedTuple):
+    losses: list[float]      # per micro-batch
+    acts: list[dict]         # per micro-batch, the forward activations
+    rows: torch.Tensor       # every row's loss of the twin's logits, in float64, micro-batches concatenated
+
+
+def _replay(twin, windows) -> Replay:
     losses, acts, rows = [], [], []
     with torch.no_grad():
         for tokens, targets in windows:
@@ -69,14 +75,14 @@ def _replay(twin, windows) -> tuple[list[float], list[dict], list[torch.Tensor]]
             losses.append(float(model_loss(twin.model, out, targets)))
             acts.append(out)
             rows.append(F.cross_entropy(logits.double(), targets.reshape(-1), reduction="none"))
-    return losses, acts, rows
+    return Replay(losses, acts, torch.cat(rows))
 
 
-def _worst_stage(replay, exact) -> dict:
+def _worst_stage(replay: Replay, exact: Replay) -> dict:
     """The forward stage (the loss included) with the largest difference from
     float64, relative to the stage's scale."""
     best = {"stage": None, "rel_diff": -1.0, "abs_diff": 0.0}
-    for loss, acts, exact_loss, exact_acts in zip(replay[0], replay[1], exact[0], exact[1]):
+    for loss, acts, exact_loss, exact_acts in zip(replay.losses, replay.acts, exact.losses, exact.acts):
         figures = {stage: tensor_diff(acts[stage], exact_acts[stage]) for stage in acts}
         figures["loss"] = (abs(loss - exact_loss), abs(loss - exact_loss) / abs(exact_loss) if exact_loss else 0.0)
         for stage, (abs_diff, rel) in figures.items():
@@ -126,11 +132,11 @@ class SpikeTriage:
         twins["f64"] = _float64_twin(self.config, self.snapshot)
         replays = {side: _replay(twin, windows) for side, twin in twins.items()}
         history = self.history["torch"][:-1]  # before this step
-        replayed = {side: statistics.fmean(r[0]) for side, r in replays.items()}
+        replayed = {side: statistics.fmean(r.losses) for side, r in replays.items()}
         replay_spikes = {side: is_spike(loss, history)[0] for side, loss in replayed.items()}
-        exact_rows = torch.cat(replays["f64"][2])
+        exact_rows = replays["f64"].rows
         top = torch.topk(exact_rows, min(TOP_ROWS, exact_rows.numel())).indices.tolist()
-        per_batch = replays["f64"][2][0].numel()
+        per_batch = exact_rows.numel() // len(windows)
         return {
             "step": step, "spiked": spiked, "median_before": medians,
             "loss": {side: statistics.fmean(v) for side, v in losses.items()},
@@ -138,7 +144,7 @@ class SpikeTriage:
             "class": classify(replay_spikes["ck"], replay_spikes["torch"], replay_spikes["f64"]),
             "worst_stage": {side: _worst_stage(replays[side], replays["f64"]) for side in ("ck", "torch")},
             "top_rows": [{"micro_batch": i // per_batch, "row": i % per_batch,
-                          **{f"{side}_loss": float(torch.cat(replays[side][2])[i]) for side in replays}}
+                          **{f"{side}_loss": float(r.rows[i]) for side, r in replays.items()}}
                          for i in top],
         }
 
