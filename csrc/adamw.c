@@ -12,10 +12,13 @@
  * with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step, step_size = lr / bc1 and
  * sqrt(bc2) = bc2 ** 0.5, all in double as Python computes them; every double
  * scalar is rounded to float where torch hands it to a float kernel.
- * The fused forms follow what torch's AVX-512 build does (checked bitwise):
- * lerp is ATen's lerp_vec, fma(weight, end - start, start) for weight < 0.5 and
- * fma(weight - 1, end - start, end) otherwise (Lerp.h); addcmul is contracted to
- * one fma; addcdiv is not.
+ * The fused forms follow torch's build at the running CPU capability
+ * (ckp_get_capability; checked bitwise at each): the AVX2 and AVX-512 builds
+ * have FMA, so lerp is ATen's lerp_vec, fma(weight, end - start, start) for
+ * weight < 0.5 and fma(weight - 1, end - start, end) otherwise (Lerp.h; the
+ * scalar tail's contracted self + weight * (end - self) gives the same bits),
+ * and addcmul is contracted to one fma; the DEFAULT build has no FMA, so both
+ * round their product and their sum separately. addcdiv is never contracted.
  * Known difference: torch's sqrt on this build (MKL's vectorized sqrt) returns
  * the float just below the correctly rounded root for about 0.6% of inputs;
  * sqrtf here is correctly rounded, so those elements' params differ by an ULP.
@@ -24,9 +27,14 @@
 
 #include <math.h>
 
-static inline __attribute__((always_inline)) float lerp_vec(float start, float end, float weight) {
-    return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start)
-                                : fmaf(weight - 1.0f, end - start, end);
+static inline __attribute__((always_inline)) float lerp_vec(float start, float end, float weight, int fused) {
+    if (!fused) return fabsf(weight) < 0.5f ? start + weight * (end - start) : end + (weight - 1.0f) * (end - start);
+    return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start) : fmaf(weight - 1.0f, end - start, end);
+}
+
+/* addcmul_'s self + value * t1 * t2 with value * t1 folded into w2g. */
+static inline __attribute__((always_inline)) float addcmul(float self, float w2g, float g, int fused) {
+    return fused ? fmaf(w2g, g, self) : self + w2g * g;
 }
 
 static ckp_status check_options(const ckp_adamw_options *o, double step) {
@@ -53,6 +61,7 @@ typedef struct {
     float decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign;
     float weight_decay; /* for the ADAMW_COUPLED_DECAY mutant only (mutants.h) */
     int decays, amsgrad;
+    int fused; /* torch's build contracts lerp and addcmul (not at DEFAULT) */
 } adamw_scalars;
 
 CKP_CLONES
@@ -62,7 +71,7 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     const float decay = k->decays ? k->decay : 1.0f; /* x * 1 == x: no decay is exact */
     const float w1 = k->w1, beta2 = k->beta2, w2 = k->w2;
     const float neg_step_size = k->neg_step_size, bc2_sqrt = k->bc2_sqrt, eps = k->eps, sign = k->sign;
-    const int amsgrad = k->amsgrad;
+    const int amsgrad = k->amsgrad, fused = k->fused;
     /* Two loops rather than one with a branch: vectorized, the branch becomes
      * masked loads of max_exp_avg_sq, which is NULL without amsgrad, and
      * masked loads from unmapped pages cost a microcode assist each. */
@@ -71,8 +80,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
             float g = sign * grad[i];
             if (CKP_MUTANT(ADAMW_COUPLED_DECAY)) g += k->weight_decay * param[i];
             float p = CKP_MUTANT(ADAMW_COUPLED_DECAY) ? param[i] : param[i] * decay;
-            float m = lerp_vec(exp_avg[i], g, w1);
-            float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
+            float m = lerp_vec(exp_avg[i], g, w1, fused);
+            float v = addcmul(exp_avg_sq[i] * beta2, w2 * g, g, fused);
             float vmax = max_exp_avg_sq[i];
             vmax = (v > vmax || v != v) ? v : vmax; /* torch.maximum propagates NaN */
             param[i] = p + (neg_step_size * m) / (sqrtf(vmax) / bc2_sqrt + eps);
@@ -85,8 +94,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
             float g = sign * grad[i];
             if (CKP_MUTANT(ADAMW_COUPLED_DECAY)) g += k->weight_decay * param[i];
             float p = CKP_MUTANT(ADAMW_COUPLED_DECAY) ? param[i] : param[i] * decay;
-            float m = lerp_vec(exp_avg[i], g, w1);
-            float v = fmaf(w2 * g, g, exp_avg_sq[i] * beta2);
+            float m = lerp_vec(exp_avg[i], g, w1, fused);
+            float v = addcmul(exp_avg_sq[i] * beta2, w2 * g, g, fused);
             param[i] = p + (neg_step_size * m) / (sqrtf(v) / bc2_sqrt + eps);
             exp_avg[i] = m;
             exp_avg_sq[i] = v;
@@ -129,7 +138,7 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
     const float sign = opt->maximize ? -1.0f : 1.0f;
 
     const adamw_scalars k = {decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign, (float)opt->weight_decay,
-                             decays, opt->amsgrad};
+                             decays, opt->amsgrad, ckp_get_capability() != CKP_CAPABILITY_DEFAULT};
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++)

@@ -1,6 +1,7 @@
 /*
- * common.c — status codes, the per-thread error detail, the thread count and
- * the fixed-block partition that every deterministic reduction uses.
+ * common.c — status codes, the per-thread error detail, the thread count, the
+ * torch CPU capability the kernels follow, and the fixed-block partition that
+ * every deterministic reduction uses.
  */
 #include "ckp_internal.h"
 
@@ -8,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef CKP_VERSION
 #define CKP_VERSION "unknown"
@@ -75,6 +77,46 @@ ckp_status ckp_set_num_threads(int n) {
 }
 
 int ckp_threads(void) { return ckp_get_num_threads(); }
+
+/* What torch's DispatchStub picks on this CPU (compute_cpu_capability):
+ * AVX512 needs AVX-512 F, BW, VL and DQ; AVX2 needs AVX2 and FMA. */
+static int detected_capability(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma"))
+        return CKP_CAPABILITY_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CKP_CAPABILITY_AVX2;
+#endif
+    return CKP_CAPABILITY_DEFAULT;
+}
+
+/* ATEN_CPU_CAPABILITY only lowers the capability, as in torch. */
+static int capability_from_env(int detected) {
+    const char *value = getenv("ATEN_CPU_CAPABILITY");
+    if (value == NULL) return detected;
+    int asked = strcasecmp(value, "default") == 0  ? CKP_CAPABILITY_DEFAULT
+                : strcasecmp(value, "avx2") == 0   ? CKP_CAPABILITY_AVX2
+                : strcasecmp(value, "avx512") == 0 ? CKP_CAPABILITY_AVX512
+                                                   : detected;
+    return asked < detected ? asked : detected;
+}
+
+/* -1 means "not set yet": resolved on first use. */
+static int capability = -1;
+
+int ckp_get_capability(void) {
+    if (capability < 0) capability = capability_from_env(detected_capability());
+    return capability;
+}
+
+ckp_status ckp_set_capability(int value) {
+    if (value < CKP_CAPABILITY_DEFAULT || value > CKP_CAPABILITY_AVX512)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "capability must be 0 (DEFAULT), 1 (AVX2) or 2 (AVX512), got %d", value);
+    capability = value;
+    ckp_clear_error();
+    return CKP_OK;
+}
 
 int64_t ckp_num_blocks(int64_t n) { return n < CKP_MAX_BLOCKS ? n : CKP_MAX_BLOCKS; }
 

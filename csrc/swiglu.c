@@ -3,18 +3,22 @@
  *   out = silu(g) * u,  silu(g) = g / (1 + exp(-g))   (F.silu, Activation.cpp)
  * Backward (autograd's MulBackward0, then silu_backward):
  *   s = sigmoid(g) = 1 / (1 + exp(-g))
- *   dg = ((dout * u) * s) * fma(g, 1 - s, 1),   du = dout * silu(g)
- * (torch's build contracts g * (1 - s) + 1 into one FMA; measured: without
- * it a fifth of dg differs from torch by an ULP).
+ *   dg = ((dout * u) * s) * (g * (1 - s) + 1),   du = dout * silu(g)
  *
  * Every element repeats torch's float operations in torch's order, with
- * torch's exp: ATen's CPU kernels evaluate exp(-g) with Vectorized<float>::exp
- * (SLEEF's expf_u10) on whole vector pairs, 32 floats at a time from the start
- * of each row, and with the C library's expf on the last H % 32 floats of a
- * row. This file does the same (ckp_exp_sleef8, vec.h), so out, dg and du are bit-identical to
- * F.silu(g) * u and its backward (tests/test_swiglu.py checks the bits) --
- * when torch runs a row in one piece, as it does single-threaded or when its
- * thread split falls on a multiple of 32 within the row.
+ * torch's exp, at the CPU capability torch runs at (ckp_get_capability):
+ * - AVX512 and AVX2: ATen's cpu_kernel_vec evaluates exp(-g) with
+ *   Vectorized<float>::exp (SLEEF's expf_u10, the same algorithm and FMA form
+ *   at both widths) on whole vector pairs from the start of each row -- 32
+ *   floats at a time with AVX-512, 16 with AVX2 -- and with the C library's
+ *   expf on the rest of the row. Those builds have FMA and GCC contracts
+ *   g * (1 - s) + 1 into one (measured: without it a fifth of dg differs).
+ * - DEFAULT: Vectorized<float> is lane arrays whose exp is libm's expf per
+ *   lane, and the build has no FMA: every element is plain scalar arithmetic.
+ * So out, dg and du are bit-identical to F.silu(g) * u and its backward
+ * (tests/test_swiglu.py, tests/test_capability.py) -- when torch runs a row in
+ * one piece, as it does single-threaded or when its thread split falls on a
+ * multiple of the vector pair within the row.
  * exp(-g) overflowing (g < -100) gives silu = -0 and s = 0, as in torch.
  */
 #include "ckp_internal.h"
@@ -22,23 +26,34 @@
 
 #include <math.h>
 
-/* ATen's float vectors on this machine hold 16 lanes; its loop takes two at a time. */
-enum { ATEN_VEC_PAIR = 32 };
+/* How torch's build at the running capability computes a row. */
+typedef struct {
+    int64_t vec_pair; /* floats per step of ATen's vectorized loop; 0: all libm expf */
+    int fma;          /* the build contracts g * (1 - s) + 1 */
+} aten_layout;
+
+static aten_layout layout_for_capability(void) {
+    switch (ckp_get_capability()) {
+    case CKP_CAPABILITY_AVX512: return (aten_layout){32, 1}; /* two 16-lane vectors */
+    case CKP_CAPABILITY_AVX2: return (aten_layout){16, 1};   /* two 8-lane vectors */
+    default: return (aten_layout){0, 0};
+    }
+}
 
 static ckp_status check_args(const void *a, const void *b, int64_t N, int64_t H) {
     if (a == NULL || b == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
     if (N <= 0 || H <= 0)
         return ckp_fail(CKP_ERR_BAD_SIZE, "N and H must be positive, got N=%lld H=%lld",
                         (long long)N, (long long)H);
-    if (N > INT64_MAX / (2 * H))
+    if (H > INT64_MAX / 2 || N > INT64_MAX / (2 * H))
         return ckp_fail(CKP_ERR_BAD_SIZE, "N*2H overflows: N=%lld H=%lld", (long long)N, (long long)H);
     return CKP_OK;
 }
 
 /* One row of the forward: out = silu(g) * u. */
 CKP_CLONES
-static void forward_row(const float *g, const float *u, int64_t H, float *out) {
-    int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) ? 0 : H - H % ATEN_VEC_PAIR, j = 0;
+static void forward_row(const float *g, const float *u, int64_t H, aten_layout at, float *out) {
+    int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) || at.vec_pair == 0 ? 0 : H - H % at.vec_pair, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j);
         ckp_store8(out + j, gv / (1.0f + ckp_exp_sleef8(-gv)) * ckp_load8(u + j));
@@ -48,8 +63,9 @@ static void forward_row(const float *g, const float *u, int64_t H, float *out) {
 
 /* One row of the backward. */
 CKP_CLONES
-static void backward_row(const float *dy, const float *g, const float *u, int64_t H, float *dg, float *du) {
-    int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) ? 0 : H - H % ATEN_VEC_PAIR, j = 0;
+static void backward_row(const float *dy, const float *g, const float *u, int64_t H, aten_layout at, float *dg,
+                         float *du) {
+    int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) || at.vec_pair == 0 ? 0 : H - H % at.vec_pair, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j), dyv = ckp_load8(dy + j);
         ckp_v8f one_plus = 1.0f + ckp_exp_sleef8(-gv);
@@ -59,7 +75,8 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
     }
     for (; j < H; j++) {
         float one_plus = 1.0f + expf(-g[j]), sig = 1.0f / one_plus;
-        dg[j] = dy[j] * u[j] * sig * fmaf(g[j], 1.0f - sig, 1.0f);
+        float slope = at.fma ? fmaf(g[j], 1.0f - sig, 1.0f) : g[j] * (1.0f - sig) + 1.0f;
+        dg[j] = dy[j] * u[j] * sig * slope;
         du[j] = dy[j] * (g[j] / one_plus);
     }
 }
@@ -70,9 +87,10 @@ ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out) 
     if (ckp_overlaps(out, (size_t)(N * H) * sizeof(float), x, (size_t)(N * 2 * H) * sizeof(float)))
         return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
     ckp_clear_error();
+    const aten_layout at = layout_for_capability();
     /* x (N, 2H), out (N, H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
-    for (int64_t i = 0; i < N; i++) forward_row(x + i * 2 * H, x + i * 2 * H + H, H, out + i * H);
+    for (int64_t i = 0; i < N; i++) forward_row(x + i * 2 * H, x + i * 2 * H + H, H, at, out + i * H);
     return CKP_OK;
 }
 
@@ -85,15 +103,16 @@ ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int
         ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * sizeof(float)))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
     ckp_clear_error();
+    const aten_layout at = layout_for_capability();
     /* dout (N, H), x (N, 2H), dx (N, 2H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
         const float *gate = x + i * 2 * H;
         float *dgate = dx + i * 2 * H;
         if (CKP_MUTANT(SWIGLU_SWAP_BACKWARD))
-            backward_row(dout + i * H, gate + H, gate, H, dgate + H, dgate);
+            backward_row(dout + i * H, gate + H, gate, H, at, dgate + H, dgate);
         else
-            backward_row(dout + i * H, gate, gate + H, H, dgate, dgate + H);
+            backward_row(dout + i * H, gate, gate + H, H, at, dgate, dgate + H);
     }
     return CKP_OK;
 }

@@ -58,6 +58,26 @@ const char *ckp_build_info(void);
 ckp_status ckp_set_num_threads(int num_threads);
 int ckp_get_num_threads(void);
 
+/* Which of torch's CPU kernels the bit-identical kernels repeat. ATen builds
+ * its CPU kernels once per capability and runs one per process
+ * (torch.backends.cpu.get_cpu_capability(), lowered by ATEN_CPU_CAPABILITY):
+ * the capability fixes the vector width (8 or 16 floats), where a row's
+ * scalar tail starts, which exp it uses (SLEEF's on vectors, libm's expf in
+ * the DEFAULT build) and whether its compiler contracted a * b + c into an
+ * FMA (AVX2 and AVX-512 builds do; DEFAULT has no FMA). The default is the one
+ * torch would pick on this CPU (AVX-512 F/BW/VL/DQ: AVX512; AVX2 and FMA:
+ * AVX2; else DEFAULT), lowered by ATEN_CPU_CAPABILITY as torch lowers it; the
+ * Python side sets the capability torch reports. Any capability can be set
+ * on any CPU: it selects arithmetic, not instructions. */
+typedef enum {
+    CKP_CAPABILITY_DEFAULT = 0,
+    CKP_CAPABILITY_AVX2 = 1,
+    CKP_CAPABILITY_AVX512 = 2
+} ckp_capability;
+
+ckp_status ckp_set_capability(int capability);
+int ckp_get_capability(void);
+
 /* Reductions, numbered as torch's at::Reduction. */
 typedef enum {
     CKP_REDUCTION_NONE = 0,

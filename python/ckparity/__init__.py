@@ -5,6 +5,7 @@ See README.md for the API and the parity each function promises.
 
 from . import nn, optim
 from ._native import build_info, version
+from .cpu import capability, follow_torch
 from .errors import CkparityError
 from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
@@ -15,10 +16,12 @@ from .ops.swiglu import swiglu
 from .threads import get_num_threads, set_num_threads
 
 __version__ = version()
+follow_torch()
 
 __all__ = [
     "CkparityError",
     "build_info",
+    "capability",
     "clip_grad_norm_",
     "cross_entropy",
     "fused_linear_cross_entropy",

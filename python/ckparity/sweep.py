@@ -1,0 +1,212 @@
+"""The bit-identity sweep: every kernel ckparity calls bit-identical, against
+torch, over every width 1..300 and some large odd ones, at the CPU capability
+this process runs at.
+
+    python -m ckparity.sweep [--kernels swiglu,rms_norm] [--json-out F|-]
+
+Under ``ATEN_CPU_CAPABILITY=default|avx2|avx512`` (torch reads it at start-up)
+the same sweep runs at a lower capability: tests/test_capability.py runs it
+in one subprocess per capability the CPU can execute. Vector tails and
+blockings hide in the widths, so the widths are all of 1..300 plus large odd
+ones; the row counts take ATen's row paths (one row, fewer rows than its four
+accumulators, leftovers, multi-block). Each kernel's reference is written
+plainly next to it. torch runs single-threaded where its thread split could
+cut a row (the kernels follow torch's arithmetic for a row in one piece).
+
+The result, per kernel and quantity: how many cases were swept and which
+were not bit-identical. It claims exactly what it swept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu, optim, reference
+from .ops.cross_entropy import cross_entropy
+from .ops.rms_norm import rms_norm
+from .ops.rope import rope
+from .ops.swiglu import swiglu
+
+WIDTHS = list(range(1, 301)) + [511, 1023, 1376, 4095, 4097, 8191]
+
+
+@contextlib.contextmanager
+def torch_single_threaded():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Tally:
+    """Per quantity: cases swept, and the cases whose bits differ."""
+
+    def __init__(self):
+        self.swept: dict[str, int] = {}
+        self.differing: dict[str, list[str]] = {}
+
+    def add(self, quantity: str, case: str, ours: torch.Tensor, theirs: torch.Tensor) -> None:
+        self.swept[quantity] = self.swept.get(quantity, 0) + 1
+        same_nan = ours.isnan() & theirs.isnan()
+        if ours.shape != theirs.shape or bool(((ours != theirs) & ~same_nan).any()):
+            self.differing.setdefault(quantity, []).append(case)
+
+    def result(self) -> dict:
+        return {q: {"swept": n, "differing": len(self.differing.get(q, [])), "examples": self.differing.get(q, [])[:8]}
+                for q, n in self.swept.items()}
+
+
+def _grad_run(fn, inputs, upstream):
+    """fn(*inputs) and the gradients of every input that requires one."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and t.requires_grad) for t in inputs]
+    out = fn(*leaves)
+    out.backward(upstream)
+    return [out.detach()] + [t.grad for t in leaves if t.requires_grad]
+
+
+def sweep_swiglu(tally: Tally, g: torch.Generator) -> None:
+    def torch_swiglu(x):  # the reference: F.silu(gate) * up
+        H = x.shape[-1] // 2
+        return F.silu(x[..., :H]) * x[..., H:]
+
+    for N in (1, 3, 17):
+        for H in WIDTHS:
+            x = (torch.randn(N, 2 * H, generator=g) * 4).requires_grad_(True)
+            x.data[0, :H] = torch.linspace(-110.0, 110.0, H)  # both cut-offs of exp(-g)
+            up = torch.randn(N, H, generator=g)
+            ours = _grad_run(swiglu, [x], up)
+            with torch_single_threaded():
+                theirs = _grad_run(torch_swiglu, [x], up)
+            for q, a, b in zip(("out", "dx"), ours, theirs):
+                tally.add(q, f"N={N} H={H}", a, b)
+
+
+def sweep_rms_norm(tally: Tally, g: torch.Generator) -> None:
+    for N in (1, 3, 5, 23, 70):
+        for D in WIDTHS:
+            x = (torch.randn(N, D, generator=g) * 3).requires_grad_(True)
+            w = torch.randn(D, generator=g).requires_grad_(True)
+            up = torch.randn(N, D, generator=g)
+            for weight in (w, None):
+                inputs = [x] + ([weight] if weight is not None else [])
+
+                def call(fn):
+                    return _grad_run(lambda xx, *ww: fn(xx, (D,), ww[0] if ww else None, 1e-5), inputs, up)
+
+                ours, theirs = call(rms_norm), call(F.rms_norm)
+                case = f"N={N} D={D}{'' if weight is not None else ' no weight'}"
+                for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+                    tally.add(q, case, a, b)
+
+
+def sweep_rope(tally: Tally, g: torch.Generator) -> None:
+    T = 5
+    for layout in ("half", "interleaved"):
+        for d in [d for d in WIDTHS if d % 2 == 0] + [4096]:
+            x = torch.randn(3, T, d, generator=g).requires_grad_(True)
+            angles = torch.rand(T, d // 2, generator=g) * 50
+            cos, sin = angles.cos(), angles.sin()
+            up = torch.randn(3, T, d, generator=g)
+            ours = _grad_run(lambda xx: rope(xx, cos, sin, layout=layout), [x], up)
+            theirs = _grad_run(lambda xx: reference.rope(xx, cos, sin, layout), [x], up)
+            for q, a, b in zip(("out", "dx"), ours, theirs):
+                tally.add(q, f"{layout} d={d}", a, b)
+
+
+def sweep_adamw(tally: Tally, g: torch.Generator) -> None:
+    """Three steps of each optimizer from one state. params are compared where
+    torch's sqrt of the second moment is correctly rounded (its MKL sqrt is
+    not, for a fraction of a percent of inputs: the one known difference)."""
+    settings = [dict(weight_decay=0.01), dict(weight_decay=0.0, amsgrad=True), dict(weight_decay=0.1, maximize=True)]
+    for kwargs in settings:
+        for n in WIDTHS:
+            p0 = torch.randn(n, generator=g)
+            ck_p, torch_p = p0.clone(), p0.clone()
+            ck = optim.AdamW([ck_p], lr=1e-2, **kwargs)
+            ref = torch.optim.AdamW([torch_p], lr=1e-2, foreach=False, **kwargs)
+            for step in range(1, 4):
+                grad = torch.randn(n, generator=g) * 10 ** float(torch.randint(-4, 2, (), generator=g))
+                ck_p.grad, torch_p.grad = grad.clone(), grad.clone()
+                ck.step()
+                ref.step()
+                case = f"{kwargs} n={n} step={step}"
+                ck_state, torch_state = ck.state[ck_p], ref.state[torch_p]
+                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                    if name in torch_state:
+                        tally.add(name, case, ck_state[name], torch_state[name])
+                v = torch_state["max_exp_avg_sq" if kwargs.get("amsgrad") else "exp_avg_sq"]
+                exact = v.sqrt() == v.double().sqrt().float()
+                tally.add("param (where torch's sqrt is exact)", case, ck_p.detach()[exact], torch_p.detach()[exact])
+                torch_p.data.copy_(ck_p.data)  # each step from one shared state
+
+
+def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
+    """variant="ptref" against F.cross_entropy, class targets, loss and
+    gradient, over reductions, ignore_index, class weights and smoothing."""
+    settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
+                dict(weighted=True), dict(weighted=True, label_smoothing=0.2, reduction="sum")]
+    for N in (1, 8, 37):
+        for V in WIDTHS + [32000]:
+            for kwargs in settings:
+                kwargs = dict(kwargs)
+                weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
+                logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
+                target = torch.randint(0, V, (N,), generator=g)
+                target[::3] = -100  # ignored rows
+                up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
+                case = f"N={N} V={V} {kwargs}{' weight' if weight is not None else ''}"
+                ours = _grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits], up)
+                with torch_single_threaded():
+                    theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
+                for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+                    tally.add(q, case, a, b)
+
+
+SWEEPS = {
+    "swiglu": sweep_swiglu,
+    "rms_norm": sweep_rms_norm,
+    "rope": sweep_rope,
+    "adamw": sweep_adamw,
+    "cross_entropy_ptref": sweep_cross_entropy_ptref,
+}
+
+
+def run(kernels=None, seed: int = 0) -> dict:
+    """The sweep of ``kernels`` (default: all) at this process's capability."""
+    results = {}
+    for name in kernels or SWEEPS:
+        tally = Tally()
+        SWEEPS[name](tally, torch.Generator().manual_seed(seed))
+        results[name] = tally.result()
+    return {"schema": "ckparity.sweep/1", "capability": cpu.capability(), "torch": torch.__version__,
+            "kernels": results}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ckparity.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", default=",".join(SWEEPS), help=f"comma-separated, of {', '.join(SWEEPS)}")
+    parser.add_argument("--json-out", default="-", help="file, or - for standard output")
+    args = parser.parse_args(argv)
+    kernels = [k for k in args.kernels.split(",") if k]
+    unknown = sorted(set(kernels) - set(SWEEPS))
+    if unknown:
+        parser.error(f"unknown kernels {unknown}; known: {', '.join(SWEEPS)}")
+    text = json.dumps(run(kernels), indent=1)
+    if args.json_out == "-":
+        print(text)
+    else:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
