@@ -313,9 +313,25 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
  * ptref variant: ATen's order of operations, in float.
  * ---------------------------------------------------------------------- */
 
-/* Vectorized<float>'s width in ATen's AVX-512 softmax kernels (torch.sum's
-reduction kernel runs at AVX2 width: see aten_sum.c). */
-enum { PT_LANES = 16 };
+/* How torch's log_softmax and its backward (SoftMaxKernel.cpp,
+ * LogSoftmaxKernelImpl.h) compute at the running CPU capability:
+ * Vectorized<float> has 16 lanes with AVX-512 and 8 otherwise (the DEFAULT
+ * build's lane arrays too); vec_reduce_all folds a vector's lanes as a halving
+ * tree where it is specialized (AVX2, AVX-512) and left to right in the
+ * DEFAULT build; exp and log are SLEEF's expf_u10/logf_u10 on vectors, libm's
+ * expf/logf lane by lane at DEFAULT; and the AVX2/AVX-512 builds contract the
+ * backward's g - exp(logp) * sum into one FMA (DEFAULT has none). */
+typedef struct {
+    int lanes, tree_fold, sleef, fma;
+} pt_layout;
+
+static pt_layout pt_layout_for_capability(void) {
+    switch (ckp_get_capability()) {
+    case CKP_CAPABILITY_AVX512: return (pt_layout){16, 1, 1, 1};
+    case CKP_CAPABILITY_AVX2: return (pt_layout){8, 1, 1, 1};
+    default: return (pt_layout){8, 0, 0, 0};
+    }
+}
 
 /* One row as torch sees it after log_softmax. */
 typedef struct {
@@ -326,6 +342,7 @@ typedef struct {
     float m, log_sum;      /* row max and log(sum exp(x - m)) */
     float keep, spread;    /* (1-ls) and ls/V as float scalars, as torch's scalar ops */
     int smoothed;
+    pt_layout at;          /* torch's arithmetic at the running capability */
     float smooth_grad;     /* gradient reaching each logp_j * w_j product */
     float nll_grad;        /* gradient reaching logp_t from nll_loss */
 } pt_row;
@@ -337,14 +354,16 @@ static float pt_logp(const pt_row *r, int64_t j) { return r->x[j] - r->m - r->lo
 static float pt_q(const pt_row *r, int64_t j) {
     return r->smoothed ? r->P[j] * r->keep + r->spread : r->P[j];
 }
-/* exp as ATen's vectorized softmax code computes it: SLEEF's expf_u10 (vec.h),
- * on every element (its vector loops load partial vectors for the tails).
- * Cloned so that its FMAs are instructions, not fmaf calls. */
-CKP_CLONES static float pt_exp(float x) { return ckp_exp_sleef8(ckp_splat8(x))[0]; }
+/* exp as ATen's vectorized softmax code computes it: SLEEF's expf_u10 (vec.h)
+ * on every element (its vector loops load partial vectors for the tails), or
+ * libm's expf at DEFAULT. Cloned so that SLEEF's FMAs are instructions, not
+ * fmaf calls. */
+CKP_CLONES static float pt_exp_sleef(float x) { return ckp_exp_sleef8(ckp_splat8(x))[0]; }
+static float pt_exp(const pt_row *r, float x) { return r->at.sleef ? pt_exp_sleef(x) : expf(x); }
 
 static float pt_exp_shifted(void *ctx, int64_t j) {
     const pt_row *r = ctx;
-    return pt_exp(r->x[j] - r->m);
+    return pt_exp(r, r->x[j] - r->m);
 }
 static float pt_wlogp(void *ctx, int64_t j) {
     const pt_row *r = ctx;
@@ -363,21 +382,26 @@ static float pt_grad_logp(void *ctx, int64_t j) {
     return j == r->t ? g + r->nll_grad : g;
 }
 
-/* vec::map_reduce_all(map, +): one partial per lane, lanes folded as a
- * halving tree; under one vector, a plain left-to-right sum. */
-static float pt_vec_sum(pt_map map, void *ctx, int64_t n) {
-    if (n < PT_LANES) {
+/* vec::map_reduce_all(map, +) and vec::reduce_all(+): one partial per lane
+ * (the tail's partial vector adds to the first lanes only), the lanes folded
+ * by vec_reduce_all; under one vector, a plain left-to-right sum. */
+static float pt_vec_sum(pt_map map, void *ctx, int64_t n, pt_layout at) {
+    if (n < at.lanes) {
         float acc = map(ctx, 0);
         for (int64_t j = 1; j < n; j++) acc += map(ctx, j);
         return acc;
     }
-    float lane[PT_LANES];
-    for (int l = 0; l < PT_LANES; l++) lane[l] = map(ctx, l);
-    int64_t d = PT_LANES;
-    for (; d < n - n % PT_LANES; d += PT_LANES)
-        for (int l = 0; l < PT_LANES; l++) lane[l] += map(ctx, d + l);
+    float lane[16];
+    for (int l = 0; l < at.lanes; l++) lane[l] = map(ctx, l);
+    int64_t d = at.lanes;
+    for (; d < n - n % at.lanes; d += at.lanes)
+        for (int l = 0; l < at.lanes; l++) lane[l] += map(ctx, d + l);
     for (int64_t l = 0; d + l < n; l++) lane[l] += map(ctx, d + l);
-    for (int step = PT_LANES / 2; step >= 1; step /= 2)
+    if (!at.tree_fold) {
+        for (int l = 1; l < at.lanes; l++) lane[0] += lane[l];
+        return lane[0];
+    }
+    for (int step = at.lanes / 2; step >= 1; step /= 2)
         for (int l = 0; l < step; l++) lane[l] += lane[l + step];
     return lane[0];
 }
@@ -394,7 +418,8 @@ typedef struct {
 static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
     r->x = x;
     r->m = row_max(x, V);
-    r->log_sum = logf(pt_vec_sum(pt_exp_shifted, r, V));
+    float sum = pt_vec_sum(pt_exp_shifted, r, V, r->at);
+    r->log_sum = r->at.sleef ? ckp_log_sleef(sum) : logf(sum);
 }
 
 static pt_row *pt_batch_row(pt_batch *b, int64_t i) {
@@ -447,10 +472,11 @@ static float pt_levels_total(const float *levels) {
 
 /* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k (+ the z-loss term). */
 static void pt_row_grad(pt_row *r, int64_t V, float z_coef, float *dx) {
-    float grad_sum = pt_vec_sum(pt_grad_logp, r, V);
+    float grad_sum = pt_vec_sum(pt_grad_logp, r, V, r->at);
     for (int64_t j = 0; j < V; j++) {
-        float p = pt_exp(pt_logp(r, j));
-        float v = pt_grad_logp(r, j) - p * grad_sum;
+        float p = pt_exp(r, pt_logp(r, j));
+        float g = pt_grad_logp(r, j);
+        float v = r->at.fma ? fmaf(-p, grad_sum, g) : g - p * grad_sum;
         dx[j] = z_coef != 0.0f ? v + z_coef * p : v;
     }
 }
@@ -467,6 +493,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
     proto.keep = (float)(1.0 - opt->label_smoothing);
     proto.spread = (float)(opt->label_smoothing / (double)V);
     proto.smoothed = smoothed;
+    proto.at = pt_layout_for_capability();
 
     /* Forward: per-row terms, nll_loss's cascade, z-loss beside it. */
     pt_nll_sum nll_sum = {{0}, {0}, 0}, z_sum = {{0}, {0}, 0};

@@ -103,4 +103,61 @@ static inline __attribute__((always_inline)) ckp_v8f ckp_exp_sleef8(ckp_v8f d) {
     return ckp_select8(d > 100.0f, ckp_splat8(INFINITY), u);
 }
 
+/* log(d) with SLEEF's logf_u10 algorithm (xlogf_u1, FMA form), as torch's
+ * Vectorized<float>::log computes it, for normal finite d > 0 (the softmax's
+ * sum of exponentials, which is >= 1). d = m 2^e with m in [0.75, 1.5);
+ * x = (m - 1) / (m + 1) and e ln2 in double-float (hi, lo) pairs; then
+ * log d = e ln2 + 2x + x^3 t(x^2). The pair arithmetic is SLEEF's df.h with
+ * FMA: exact products through fmaf, sums through two-sum. Scalar: it runs
+ * once per row. */
+typedef struct {
+    float hi, lo;
+} ckp_f2;
+
+static inline ckp_f2 ckp_f2_add2(float x, float y) { /* two-sum, any order of magnitude */
+    float s = x + y, v = s - x;
+    return (ckp_f2){s, (x - (s - v)) + (y - v)};
+}
+
+static inline ckp_f2 ckp_f2_add_ff(ckp_f2 x, ckp_f2 y) { /* |x| >= |y| */
+    float s = x.hi + y.hi;
+    return (ckp_f2){s, (((x.hi - s) + y.hi) + x.lo) + y.lo};
+}
+
+static inline ckp_f2 ckp_f2_add_f(ckp_f2 x, float y) { /* |x| >= |y| */
+    float s = x.hi + y;
+    return (ckp_f2){s, ((x.hi - s) + y) + x.lo};
+}
+
+static inline ckp_f2 ckp_f2_mul_f(ckp_f2 x, float y) {
+    float s = x.hi * y;
+    return (ckp_f2){s, fmaf(x.lo, y, fmaf(x.hi, y, -s))};
+}
+
+static inline ckp_f2 ckp_f2_div(ckp_f2 n, ckp_f2 d) {
+    float t = 1.0f / d.hi, s = n.hi * t;
+    float u = fmaf(t, n.hi, -s);
+    float v = fmaf(-d.lo, t, fmaf(-d.hi, t, 1.0f));
+    return (ckp_f2){s, fmaf(s, v, fmaf(n.lo, t, u))};
+}
+
+static inline float ckp_log_sleef(float d) {
+    uint32_t bits;
+    float scaled = d * (1.0f / 0.75f);
+    memcpy(&bits, &scaled, sizeof bits);
+    int32_t e = (int32_t)((bits >> 23) & 0xff) - 0x7f; /* ilogb2k */
+    memcpy(&bits, &d, sizeof bits);
+    bits -= (uint32_t)e << 23; /* m = d * 2^-e, exact */
+    float m;
+    memcpy(&m, &bits, sizeof m);
+    ckp_f2 s = ckp_f2_mul_f((ckp_f2){0.69314718246459960938f, -1.904654323148236017e-09f}, (float)e);
+    ckp_f2 x = ckp_f2_div(ckp_f2_add2(-1.0f, m), ckp_f2_add2(1.0f, m));
+    float x2 = x.hi * x.hi;
+    float t = fmaf(0.3027294874e+0f, x2, 0.3996108174e+0f);
+    t = fmaf(t, x2, 0.6666694880e+0f);
+    s = ckp_f2_add_ff(s, (ckp_f2){x.hi * 2.0f, x.lo * 2.0f});
+    s = ckp_f2_add_f(s, (x2 * x.hi) * t);
+    return s.hi + s.lo;
+}
+
 #endif
