@@ -445,6 +445,31 @@ static float pt_batch_smooth(void *ctx, int64_t i) {
     return -ckp_aten_sum(pt_wlogp, r, b->V);
 }
 
+/* The class weights of the non-ignored targets, in row order: element j is
+ * the weight of the j-th kept row's target. A cursor that steps to row j from
+ * where the last call left it, so any call order is right and ascending order
+ * is O(1) a call. */
+typedef struct {
+    const int64_t *target;
+    const float *w;
+    int64_t ignore_index, row, kept;
+} pt_kept_weights;
+
+static float pt_kept_weight(void *ctx, int64_t j) {
+    pt_kept_weights *k = ctx;
+    while (k->kept < j) {
+        do k->row++;
+        while (k->target[k->row] == k->ignore_index);
+        k->kept++;
+    }
+    while (k->kept > j) {
+        do k->row--;
+        while (k->target[k->row] == k->ignore_index);
+        k->kept--;
+    }
+    return k->w[k->target[k->row]];
+}
+
 /* nll_loss's cascade sum (LossNLL.cpp): 8 levels flushed by the row index. */
 typedef struct {
     float loss[8], weight[8];
@@ -525,6 +550,14 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
     }
     float total_weight = target_probs != NULL ? (float)N
                          : opt->weight ? pt_levels_total(nll_sum.weight) : (float)counted;
+    /* Label smoothing's mean divides by its own sum of the kept targets'
+     * weights, weight.gather(0, target[~ignored]).sum() (LossNLL.cpp,
+     * cross_entropy_loss_label_smoothing), not by nll_loss's cascade total. */
+    float smooth_weight = total_weight;
+    if (smoothed && mean && opt->weight && target != NULL && counted > 0) {
+        pt_kept_weights kept = {target, opt->weight, opt->ignore_index, -1, -1};
+        smooth_weight = ckp_aten_sum(pt_kept_weight, &kept, counted);
+    }
     if (!none) {
         pt_batch batch = {logits, target_probs, target, V, opt->ignore_index, proto, -1};
         float z = pt_levels_total(z_sum.loss);
@@ -536,7 +569,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             if (mean) out /= total_weight;
             if (smoothed) {
                 float smooth = ckp_aten_sum(pt_batch_smooth, &batch, N);
-                if (mean) smooth /= total_weight;
+                if (mean) smooth /= smooth_weight;
                 out = proto.keep * out + smooth * proto.spread;
             }
         }
@@ -571,7 +604,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             float grad = -(mean ? nll_upstream / total_weight : nll_upstream);
             r.nll_grad = opt->weight ? opt->weight[r.t] * grad : grad;
             float smooth_upstream = smoothed ? upstream * r.spread : 0.0f;
-            r.smooth_grad = -(mean ? smooth_upstream / total_weight : smooth_upstream);
+            r.smooth_grad = -(mean ? smooth_upstream / smooth_weight : smooth_upstream);
         }
         pt_row_grad(&r, V, z_coef, dx);
     }

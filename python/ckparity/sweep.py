@@ -152,9 +152,14 @@ def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
     """variant="ptref" against F.cross_entropy, class targets, loss and
     gradient, over reductions, ignore_index, class weights and smoothing."""
     settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
-                dict(weighted=True), dict(weighted=True, label_smoothing=0.2, reduction="sum")]
-    for N in (1, 8, 37):
-        for V in WIDTHS + [32000]:
+                dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
+                dict(weighted=True, label_smoothing=0.2, reduction="sum"),
+                dict(weighted=True, label_smoothing=0.05, reduction="none")]
+    # rows: one, fewer than a cascade level (16), and enough for nll_loss's
+    # cascade to flush levels (300) at a few widths
+    shapes = [(N, V) for N in (1, 8, 37) for V in WIDTHS + [32000]] + [(300, V) for V in (7, 64, 1000)]
+    for N, V in shapes:
+        if True:
             for kwargs in settings:
                 kwargs = dict(kwargs)
                 weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
