@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: set up (scripts/setup.sh), then the C tests (plain and
-# under ASan+UBSan), a build with baseline code only, pytest, then the C API
+# under ASan+UBSan), builds with one ISA's code each, pytest, then the C API
 # fuzz again against the ASan+UBSan build. Exits non-zero on any failure.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -k cross_entropy).
 set -euo pipefail
@@ -20,10 +20,16 @@ echo "== C tests under ASan+UBSan"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   meson test -C build/asan --print-errorlogs
 
-echo "== baseline-only build (tests/test_clones.py compares its bits with the installed library's)"
-[ -f build/baseline/build.ninja ] || meson setup build/baseline --buildtype=release -Dclones=false >/dev/null
-ninja -C build/baseline >/dev/null
-export CKP_BASELINE_LIB="$ROOT/build/baseline/libckparity.so"
+echo "== single-ISA builds (tests/test_clones.py compares their bits with the installed library's)"
+# The installed library runs the one clone this CPU picks; these run the
+# others' code: baseline, x86-64-v3 (AVX2+FMA) and x86-64-v4 (AVX-512, run
+# only where the CPU has it).
+for isa in baseline x86-64-v3 x86-64-v4; do
+  march=$([ "$isa" = baseline ] && echo "" || echo "$isa")
+  [ -f "build/$isa/build.ninja" ] || meson setup "build/$isa" --buildtype=release -Dclones=false -Dmarch="$march" >/dev/null
+  ninja -C "build/$isa" >/dev/null
+done
+export CKP_ISA_LIBS="baseline=$ROOT/build/baseline/libckparity.so,x86-64-v3=$ROOT/build/x86-64-v3/libckparity.so,x86-64-v4=$ROOT/build/x86-64-v4/libckparity.so"
 
 echo "== pytest"
 cd "$ROOT/tests"
