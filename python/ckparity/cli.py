@@ -215,10 +215,14 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _info(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="ckparity info").parse_args(argv)
+    argparse.ArgumentParser(prog="ckparity info",
+                            description="The environment a report records, and what is bit-identical to torch "
+                                        "at the CPU capability torch runs at here.").parse_args(argv)
+    from . import cpu
     from .harness.run import environment
 
-    print(json.dumps(environment(), indent=2))
+    print(json.dumps({**environment(), "bit_identical": cpu.bit_identical(),
+                      "not_bit_identical": cpu.NOT_BIT_IDENTICAL}, indent=2))
     return EXIT_PASS
 
 

@@ -12,8 +12,11 @@ correct kernel is allowed, seeded per member:
 - after every update, PARAM_FRACTION of the params moved by one ULP: C AdamW
   differs from torch by one ULP where MKL's sqrt rounds differently,
   on 1.4% of the params after 100 steps (docs/kernels.md).
-rms_norm, swiglu and rope are bit-identical to torch (0 ULP on every test):
-no noise for them. Thread counts: torch's reductions gave the same bits for
+rms_norm, swiglu and rope are bit-identical to torch when the C library
+follows the capability torch runs at (ckparity.cpu; tests/test_capability.py
+sweeps it at each): no noise for them then. Where it cannot (a capability
+ckparity has no arithmetic for), each of their outputs and input gradients is
+moved by -1..+1 ULP too, and the report's null model says so. Thread counts: torch's reductions gave the same bits for
 1 and 2 threads at these shapes (issue 17's measurement), so no member runs
 another thread count.
 
@@ -35,6 +38,7 @@ from dataclasses import replace
 
 import torch
 
+from .. import cpu
 from ..ops.clip_grad_norm import grad_norm
 from .diff import worst_diff
 from .models import build_model
@@ -43,6 +47,7 @@ from . import backends
 from .twins import make_optimizer, ops_for
 
 LOSS_ULPS = 2
+UNMATCHED_ULPS = 1  # rms_norm, swiglu, rope where the library cannot follow torch's capability
 PARAM_FRACTION = 0.01
 HALF_ULP = 2.0**-24  # relative
 QUANTITIES = ("loss", "param")
@@ -81,6 +86,24 @@ def _noisy_loss(loss, gen: torch.Generator):
     return noisy
 
 
+def _noisy_op(op, gen: torch.Generator):
+    """op with its output and its first input's gradient moved by -1..+1 ULP."""
+    def noisy(x, *args, **kwargs):
+        return _Noise.apply(op(_Noise.apply(x, gen, 0, UNMATCHED_ULPS), *args, **kwargs), gen, UNMATCHED_ULPS, 0)
+    return noisy
+
+
+def null_ops(config, gen: torch.Generator):
+    """A null member's ops: torch's, with the noise of the kernels that are
+    not bit-identical to torch in this process."""
+    ops = ops_for(config, "torch")
+    ops = replace(ops, loss=_noisy_loss(ops.loss, gen))
+    if not cpu.matched():
+        ops = replace(ops, rms_norm=_noisy_op(ops.rms_norm, gen), swiglu=_noisy_op(ops.swiglu, gen),
+                      rope=_noisy_op(ops.rope, gen))
+    return ops
+
+
 class NoiseEnvelope:
     def __init__(self, config, ref: Twin) -> None:
         self.config, self.ratio_limit = config, config.envelope_ratio
@@ -88,8 +111,7 @@ class NoiseEnvelope:
         state = ref.model.state_dict()
         for k in range(config.envelope):
             gen = torch.Generator().manual_seed(config.seed * 7919 + k + 1)
-            ops = ops_for(config, "torch")
-            model = build_model(config, replace(ops, loss=_noisy_loss(ops.loss, gen)))
+            model = build_model(config, null_ops(config, gen))
             model.load_state_dict({name: move_ulps(t, -1, 1, gen) if t.is_floating_point() else t
                                    for name, t in state.items()})
             twin = Twin(f"null{k}", model, make_optimizer(config, "torch", model.parameters()),
@@ -129,7 +151,9 @@ class NoiseEnvelope:
         ratios = {q: max(self.series[f"{q}_ratio"], default=0.0) for q in QUANTITIES}
         return {"members": len(self.members), "ratio_limit": self.ratio_limit,
                 "null_model": {"initial_weights_ulps": 1, "loss_and_dlogits_ulps": LOSS_ULPS,
-                               "param_fraction_moved_1_ulp_per_step": PARAM_FRACTION},
+                               "param_fraction_moved_1_ulp_per_step": PARAM_FRACTION,
+                               "capability": cpu.capability(),
+                               "rms_norm_swiglu_rope_ulps": 0 if cpu.matched() else UNMATCHED_ULPS},
                 "verdict": "beyond_noise" if beyond else "within_noise",
                 "first_beyond_step": min(beyond) if beyond else None,
                 "first_beyond_step_per_quantity": self.first_beyond,

@@ -43,6 +43,7 @@ def environment() -> dict:
         "python": platform.python_version(), "ckparity_threads": ckparity.get_num_threads(),
         "torch_threads": torch.get_num_threads(), "cpu": cpu, "cores": os.cpu_count(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "library_cpu_capability": ckparity.cpu.library_capability(), "capability_matched": ckparity.cpu.matched(),
         "compiler_flags": ckparity.build_info(), "library": str(ckparity._native.LIBRARY_PATH),
     }
 
