@@ -4,6 +4,10 @@ the arithmetic differs (the chunked grad_weight sum, the per-row mean scale)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,20 +97,31 @@ def test_all_rows_ignored():
     assert torch.all(hh.grad == 0)
 
 
+THREAD_RUNS = """
+import torch, ckparity
+from test_fused_linear import _inputs, _ours, _run
+h, w, b, t, upstream = _inputs()
+runs = []
+for n in (1, 2, 1):
+    ckparity.set_num_threads(n)
+    torch.set_num_threads(n)
+    runs.append(_run(_ours, h, w, b, t, upstream, torch.float32, "mean", chunk_size=64))
+print(all(torch.equal(a, c) for other in runs[1:] for a, c in zip(runs[0], other)))
+"""
+
+
 def test_same_bits_for_any_thread_count_and_run_after_run():
-    h, w, b, t, upstream = _inputs()
-    threads = (ckparity.get_num_threads(), torch.get_num_threads())
-    runs = []
-    try:
-        for n in (1, 2, 1):
-            ckparity.set_num_threads(n)
-            torch.set_num_threads(n)
-            runs.append(_run(_ours, h, w, b, t, upstream, torch.float32, "mean", chunk_size=64))
-    finally:
-        ckparity.set_num_threads(threads[0])
-        torch.set_num_threads(threads[1])
-    for other in runs[1:]:
-        assert all(torch.equal(a, c) for a, c in zip(runs[0], other))
+    """The C kernel is thread-count deterministic by itself; the chunks'
+    products go through torch's MKL GEMM, which is only with MKL's
+    conditional bitwise reproducibility on (MKL_CBWR=AUTO,STRICT, read when
+    MKL starts: on an Intel AVX-512 CPU, dlogits @ W with K=1001 changed bits
+    between 1 and 2 threads without it). So the run is a fresh process with
+    it set, as README tells users to run theirs."""
+    env = {**os.environ, "MKL_CBWR": "AUTO,STRICT"}
+    proc = subprocess.run([sys.executable, "-c", THREAD_RUNS], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "True"
 
 
 def test_without_grad_only_the_loss():
