@@ -56,8 +56,6 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     if (!(opt->label_smoothing >= 0.0 && opt->label_smoothing <= 1.0))
         return ckp_fail(CKP_ERR_BAD_OPTION, "label_smoothing must be in [0, 1], got %g",
                         opt->label_smoothing);
-    if (opt->row_grad != NULL && opt->reduction != CKP_REDUCTION_NONE)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "row_grad is for reduction none only");
     if (!(opt->z_loss >= 0.0 && isfinite(opt->z_loss)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "z_loss must be finite and >= 0, got %g", opt->z_loss);
 
@@ -71,7 +69,7 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     if (dlogits != NULL &&
         ((target_probs != NULL && ckp_overlaps(dlogits, matrix_bytes, target_probs, matrix_bytes)) ||
          (opt->weight != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->weight, (size_t)V * sizeof(float))) ||
-         (opt->row_grad != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->row_grad, (size_t)N * sizeof(float)))))
+         (opt->row_grad != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->row_grad, loss_bytes))))
         return ckp_fail(CKP_ERR_ALIASING, "dlogits overlaps target_probs, weight or row_grad");
     if (ckp_overlaps(loss, loss_bytes, logits, matrix_bytes) ||
         (dlogits != NULL && ckp_overlaps(loss, loss_bytes, dlogits, matrix_bytes)))
@@ -286,7 +284,8 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
         for (int64_t i = lo; i < hi; i++) {
             const float *x = logits + i * V;
             float *dx = dlogits ? dlogits + i * V : NULL;
-            double row_loss, scale = opt->row_grad ? c.grad_scale * (double)opt->row_grad[i] : c.grad_scale;
+            double upstream = opt->row_grad ? (double)opt->row_grad[opt->reduction == CKP_REDUCTION_NONE ? i : 0] : 1.0;
+            double row_loss, scale = c.grad_scale * upstream;
             if (target == NULL) {
                 row_loss = ce_row_probs(x, target_probs + i * V, V, &c, scale, dx);
             } else if (target[i] == opt->ignore_index) {
@@ -592,12 +591,12 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         pt_row r = proto;
         r.P = target_probs ? target_probs + i * V : NULL;
         pt_row_prepare(&r, logits + i * V, V);
-        /* reduction none: this row's upstream gradient (1 unless row_grad is given) */
-        float upstream = opt->row_grad ? opt->row_grad[i] : 1.0f;
+        /* this row's upstream gradient (none) or the reduced loss's (mean, sum); 1 unless row_grad is given */
+        float upstream = opt->row_grad ? opt->row_grad[none ? i : 0] : 1.0f;
         float z_coef = 2.0f * z_loss * (r.m + r.log_sum) * scale * upstream;
         if (target_probs != NULL) {
             /* -(logp * q * w).sum() / N: each product receives -1/N */
-            r.smooth_grad = -(mean ? 1.0f / total_weight : upstream);
+            r.smooth_grad = -(mean ? upstream / total_weight : upstream);
         } else {
             r.t = target[i];
             float nll_upstream = smoothed ? upstream * r.keep : upstream;

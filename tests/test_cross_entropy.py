@@ -383,10 +383,12 @@ def test_ckp_lib_override(tmp_path):
     assert good.returncode == 0 and good.stdout.strip() == real
 
 
-def test_row_grad_only_with_reduction_none():
+def test_row_grad_has_one_element_per_loss():
     logits, target = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
-    with pytest.raises(ValueError, match="row_grad is for reduction none only"):
+    with pytest.raises(ValueError, match="row_grad must have 1 elements with reduction 'mean', got 4"):
         cross_entropy_forward_backward(logits, target, reduction="mean", row_grad=torch.ones(4))
+    with pytest.raises(ValueError, match="row_grad must have 4 elements"):
+        cross_entropy_forward_backward(logits, target, reduction="none", row_grad=torch.ones(1))
     # with reduction none, row_grad scales each row's gradient before rounding
     _, plain = cross_entropy_forward_backward(logits, target, reduction="none")
     _, scaled = cross_entropy_forward_backward(logits, target, reduction="none",
@@ -474,3 +476,29 @@ def test_retain_graph_second_backward_accumulates(reduction):
     y = x.detach().clone().requires_grad_(True)
     F.cross_entropy(y, t, reduction=reduction).sum().backward()
     torch.testing.assert_close(once, y.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("upstream", [1.0 / 3, -2.5, 1e-3])
+@pytest.mark.parametrize("kwargs", [dict(), dict(reduction="sum"), dict(label_smoothing=0.1),
+                                    dict(weighted=True, label_smoothing=0.2), dict(probs=True)])
+def test_ptref_folds_an_upstream_gradient_as_torch_does(upstream, kwargs):
+    """A loss scaled before backward (1/K of gradient accumulation, a loss
+    weight): ptref folds the upstream gradient in where torch's chain does,
+    so the gradient stays bit-identical; scaling the finished gradient would
+    round differently (K = 3 in a harness run)."""
+    kwargs = dict(kwargs)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 1000, generator=g) * 3
+    if kwargs.pop("probs", False):
+        target = torch.softmax(torch.randn(37, 1000, generator=g), 1)
+    else:
+        target = torch.randint(0, 1000, (37,), generator=g)
+        target[::3] = -100
+    weight = torch.rand(1000, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
+    grads = []
+    for fn in (lambda a: ckparity.cross_entropy(a, target, weight, variant="ptref", **kwargs),
+               lambda a: F.cross_entropy(a, target, weight, **kwargs)):
+        leaf = x.clone().requires_grad_(True)
+        (fn(leaf) * upstream).backward()
+        grads.append(leaf.grad)
+    assert torch.equal(grads[0], grads[1]), f"{int((grads[0] != grads[1]).sum())} elements differ"

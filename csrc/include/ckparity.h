@@ -101,8 +101,10 @@ typedef struct {
     double label_smoothing;   /* in [0, 1] */
     double z_loss;            /* >= 0: adds z_loss * logsumexp(row)^2 to each non-ignored row */
     ckp_cross_entropy_variant variant;
-    const float *row_grad;    /* reduction none only: (N) upstream gradient per row, folded
-                                 into dlogits before rounding; NULL for all ones */
+    const float *row_grad;    /* the upstream gradient, folded into dlogits where torch's
+                                 chain folds it (ptref; default: into its scale): reduction
+                                 none (N), one per row; mean and sum (1), the reduced
+                                 loss's; NULL for ones */
 } ckp_cross_entropy_options;
 
 /* Fills *opt with torch's defaults (no weight, ignore_index -100, mean, no

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import ckparity
 
-from . import reference
+from . import cpu, reference
 from .harness.config import RunConfig
 from .harness.interrupts import Interrupted, stop_on_signals
 from .harness.repro import PRESET
@@ -136,6 +136,8 @@ def _fwd_bwd(fn, inputs, kwargs, dtype):
 
 def kernel_parity(settings: dict) -> dict:
     checks, failures = [], []
+    # held to torch's bits: the bitwise kernels that are bit-identical at this capability (ckparity.cpu)
+    bitwise = [k for k in settings["bitwise_kernels"] if k in cpu.bit_identical()]
     for name, check in KERNELS.items():
         prefix = "" if check.rule == "default" else f"{check.rule}_"
         factor, floor = settings[f"{prefix}factor"], settings[f"{prefix}floor_ulps"]
@@ -145,7 +147,7 @@ def kernel_parity(settings: dict) -> dict:
             r = _fwd_bwd(check.theirs, inputs, kwargs, torch.float64)
             for part in a:
                 fig = parity(f"{name}.{part}[{label}]", a[part], b[part], r[part], factor, floor)
-                if name in settings["bitwise_kernels"]:
+                if name in bitwise:
                     # a kernel that claims torch's bits is held to them: a reordered sum or another exp
                     # stays within the accuracy rule, but not within this (ckparity mutate's finding)
                     differ = differing_elements(a[part], b[part])
@@ -159,7 +161,8 @@ def kernel_parity(settings: dict) -> dict:
     worst = max(checks, key=lambda f: f["max_ulp"])
     summary = (f"{len(checks)} checks, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
                f"; max {worst['max_ulp']} ULP from torch ({worst['name']})"))
-    return _result(not failures, summary, checks=checks, failures=failures)
+    return _result(not failures, summary, checks=checks, failures=failures, capability=cpu.capability(),
+                   held_bitwise=bitwise)
 
 
 # ---- optimizer_parity -------------------------------------------------------
@@ -346,8 +349,10 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
                     settings["depths"], variants, settings["models"])
     if any(r["status"] == "interrupted" for r in rows):
         raise Interrupted(2)
+    # the bitwise variant is held to bits where its kernels are bit-identical at this capability
+    held = cpu.matched()
     failures = [f"L={r['layers']} {r['variant']}: not bit-identical (first divergence at {r['first_divergence_stage']})"
-                for r in rows if r["variant"] == "bitwise" and not r["bitwise"]]
+                for r in rows if held and r["variant"] == "bitwise" and not r["bitwise"]]
     failures += [f"L={r['layers']} {r['variant']}: {r['status']} (params fail at {r['first_param_fail_step']})"
                  for r in rows if r["status"] != "pass"]
     summary = failures[0] if failures else (f"{len(rows)} runs at L={settings['depths']}: all pass, "

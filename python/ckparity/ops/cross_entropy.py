@@ -38,10 +38,14 @@ def cross_entropy_forward_backward(
     reduction "none", else 0-dim; dlogits is the gradient for an upstream
     gradient of 1, written into ``dlogits`` if given (it may be ``logits``
     itself: the in-place mode that saves an (N, V) buffer) or a new tensor,
-    or None when ``compute_grad`` is False. With reduction "none", ``row_grad``
-    (N, float32) is the upstream gradient of each row, folded in before rounding.
+    or None when ``compute_grad`` is False. ``row_grad`` is the upstream
+    gradient, folded in before rounding: (N) float32 with reduction "none", one
+    per row; (1) with mean and sum (ptref folds it where torch's chain does).
     """
     N, V = logits.shape
+    if row_grad is not None and row_grad.numel() != (N if reduction == "none" else 1):
+        raise InvalidArgument(f"row_grad must have {N if reduction == 'none' else 1} elements with reduction "
+                              f"{reduction!r}, got {row_grad.numel()}")
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.float32)
     if compute_grad and dlogits is None:
         dlogits = torch.empty_like(logits)
@@ -88,8 +92,11 @@ class _CrossEntropyFunction(torch.autograd.Function):
         # soon as this backward has run (unless retain_graph), so a leaf's
         # AccumulateGrad finds the gradient unshared and takes it instead of
         # copying (N, V) floats, and the buffer does not outlive the step.
-        ctx.save_for_backward(dlogits, *((logits, target, weight) if reduction_none or ctx.needs_input_grad[1]
-                                         else ()))
+        # ptref keeps its inputs too: an upstream gradient other than 1 is
+        # folded in by the kernel where torch's chain folds it (bit for bit),
+        # not by scaling the finished gradient
+        keep_inputs = reduction_none or ctx.needs_input_grad[1] or settings["variant"] == "ptref"
+        ctx.save_for_backward(dlogits, *((logits, target, weight) if keep_inputs else ()))
         return loss
 
     @staticmethod
@@ -102,9 +109,9 @@ class _CrossEntropyFunction(torch.autograd.Function):
             dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss)
         if not ctx.needs_input_grad[0]:
             dlogits = None
-        elif ctx.reduction_none:
+        elif ctx.reduction_none or (ctx.settings["variant"] == "ptref" and float(grad_loss) != 1.0):
             logits, target, weight = inputs
-            row_grad = grad_loss.contiguous().float()
+            row_grad = grad_loss.reshape(-1).contiguous().float()
             _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
         elif float(grad_loss) != 1.0:  # x * 1 == x: skip a pass over (N, V)
             dlogits = dlogits * grad_loss  # not in place: a retained graph's second backward reads it again
