@@ -175,3 +175,60 @@ def test_accuracy_parity_catches_a_less_accurate_update(tmp_path):
     result = gates.accuracy_parity(small("accuracy_parity", steps=10, shadow_every=5, loss_backends=["c"],
                                          ck_optimizer_backend="fault_biased"), tmp_path)
     assert not result["passed"] and "CK param error" in result["summary"]
+
+
+def _loss_raises(logits, targets):
+    raise RuntimeError("planted: the CK loss raises")
+
+
+def _loss_nan(logits, targets):
+    return F.cross_entropy(logits, targets) * float("nan")
+
+
+def _loss_by_thread_count(logits, targets):
+    # planted fault: a sum whose blocking follows the thread count, as a
+    # reduction split by "whatever threads there are" would
+    rows = F.cross_entropy(logits, targets, reduction="none")
+    blocks = rows.chunk(ckparity.get_num_threads() * 3)
+    return sum(block.sum() for block in blocks) / rows.numel()
+
+
+backends.register("cross_entropy", "fault_raises", _loss_raises)
+backends.register("cross_entropy", "fault_nan", _loss_nan)
+backends.register("cross_entropy", "fault_thread_count", _loss_by_thread_count)
+
+
+def test_accuracy_parity_fails_on_a_run_that_errors(tmp_path):
+    result = gates.accuracy_parity(small("accuracy_parity", steps=10, shadow_every=5, loss_backends=["fault_raises"]),
+                                   tmp_path)
+    assert not result["passed"] and "the run error" in result["summary"], result["summary"]
+
+
+def test_accuracy_parity_fails_on_nan(tmp_path):
+    result = gates.accuracy_parity(small("accuracy_parity", steps=10, shadow_every=5, loss_backends=["fault_nan"]),
+                                   tmp_path)
+    assert not result["passed"], result["summary"]
+
+
+def test_nan_max_keeps_a_nan_wherever_it_is():
+    from ckparity.measure import nan_max
+
+    assert nan_max([1.0, float("nan"), 2.0]) != nan_max([1.0, float("nan"), 2.0])
+    assert nan_max([1.0, 3.0, 2.0]) == 3.0 and nan_max([]) == 0.0
+
+
+def test_replay_determinism_fails_on_a_run_that_errors(tmp_path):
+    result = gates.replay_determinism(small("replay_determinism", ck_loss_backend="fault_raises", steps=2), tmp_path)
+    assert not result["passed"] and "error" in result["summary"], result["summary"]
+
+
+def test_replay_determinism_really_threads_and_catches_a_thread_count_dependence(tmp_path):
+    result = gates.replay_determinism(small("replay_determinism", ck_loss_backend="fault_thread_count", steps=2),
+                                      tmp_path)
+    assert not result["passed"] and "threads=2 differs" in result["summary"], result["summary"]
+    assert result["details"]["threads_used"] == {"first": 1, "again": 1, "threads=2": 2}
+    # the run is wide enough that every C kernel of the step crosses its OpenMP threshold
+    run = gates.REPLAY_RUN
+    tokens = run.batch_size * run.seq_len
+    assert tokens * run.vocab >= 16384 and tokens * run.d_model >= 32768 and tokens * run.hidden >= 32768
+    assert run.vocab * run.d_model > 65536

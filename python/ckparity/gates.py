@@ -29,7 +29,7 @@ from .harness.repro import PRESET
 from .harness.report import write_json, write_text
 from .harness.run import train
 from .harness.twins import build_twins
-from .measure import RULES, differing_elements, max_ulp, parity
+from .measure import RULES, differing_elements, max_ulp, nan_max, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
               "long_horizon", "depth_sweep", "accuracy_parity", "noise_envelope", "distributed_parity"]
@@ -267,26 +267,41 @@ def _series_without_timing(report: dict) -> dict:
     return {k: v for k, v in report["series"].items() if not k.endswith("_ms")}
 
 
+# replay_determinism's run: wide enough that every C kernel of the step crosses
+# its OpenMP threshold (cross_entropy N*V >= 16384, rms_norm and swiglu N*D >= 32768,
+# AdamW more than one 65536-float chunk, compare n >= 65536), so a second thread
+# count really runs threaded C -- at SHORT_RUN's sizes it would not.
+REPLAY_RUN = replace(SHORT_RUN, model="stacked", vocab=2048, d_model=256, hidden=512, seq_len=128,
+                     total_tokens=65536)
+
+
 def replay_determinism(settings: dict, out_dir: Path) -> dict:
-    """The same short run twice, and at each thread count: identical series, bit for bit."""
-    runs = {}
+    """The same run twice, and at each thread count: identical series, bit for
+    bit; a run that errors fails the gate (three runs that fail alike are not
+    "identical")."""
+    runs, threads_used, failures = {}, {}, []
     saved = (ckparity.get_num_threads(), torch.get_num_threads())
     try:
         for label, threads in [("first", settings["threads"][0]), ("again", settings["threads"][0])] + \
                 [(f"threads={t}", t) for t in settings["threads"][1:]]:
-            config = replace(SHORT_RUN, max_steps=settings["steps"], threads=threads, model="stacked",
+            config = replace(REPLAY_RUN, max_steps=settings["steps"], threads=threads,
                              ck_loss_backend=settings["ck_loss_backend"],
                              json_out=str(out_dir / f"replay_determinism_{label.replace('=', '')}.json"))
-            runs[label] = _series_without_timing(_train_in_gate(config))
+            report = _train_in_gate(config)
+            if report["status"] not in ("pass", "fail"):
+                failures.append(f"{label}: {report['status']}: {report.get('error')}")
+            threads_used[label] = report["env"]["ckparity_threads"]
+            runs[label] = _series_without_timing(report)
     finally:
         ckparity.set_num_threads(saved[0])
         torch.set_num_threads(saved[1])
     base = runs["first"]
     differing = {label: sorted(k for k in base if base[k] != s[k]) for label, s in runs.items() if s != base}
-    summary = (f"{len(runs)} runs of {settings['steps']} steps: "
-               + ("identical" if not differing else
-                  "; ".join(f"{label} differs in {', '.join(keys[:3])}" for label, keys in differing.items())))
-    return _result(not differing, summary, runs=list(runs), differing=differing)
+    failures += [f"{label} differs in {', '.join(keys[:3])}" for label, keys in differing.items()]
+    summary = (f"{len(runs)} runs of {settings['steps']} steps (C threads {sorted(set(threads_used.values()))}): "
+               + ("identical" if not failures else "; ".join(failures)))
+    return _result(not failures, summary, runs=list(runs), differing=differing, threads_used=threads_used,
+                   failures=failures)
 
 
 def _train_in_gate(config: RunConfig) -> dict:
@@ -374,13 +389,21 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
         config = replace(STRESS, max_steps=settings["steps"], f64_shadow=True, shadow_every=settings["shadow_every"],
                          ck_loss_backend=backend, ck_optimizer_backend=settings["ck_optimizer_backend"],
                          no_progress=True, json_out=str(out_dir / f"accuracy_parity_{backend}.json"))
-        probes = _train_in_gate(config)["shadow"]["probes"]
+        report = _train_in_gate(config)
+        if report["status"] == "error" or not report.get("shadow"):
+            failures.append(f"loss {backend}: the run {report['status']}: {report.get('error')}")
+            continue
+        probes = report["shadow"]["probes"]
+        if not probes["step"]:
+            failures.append(f"loss {backend}: no probe was measured (the run stopped at step {report['steps']})")
+            continue
         for kind in ("grad", "param"):
             ck, ref = probes[f"ck_local_{kind}_error"], probes[f"torch_local_{kind}_error"]
             rows.append({"loss_backend": backend, "quantity": kind, "probes": len(ck),
-                         "max_ck_error": max(ck, default=0.0), "max_torch_error": max(ref, default=0.0)})
+                         "max_ck_error": nan_max(ck), "max_torch_error": nan_max(ref)})
             for step, c, t in zip(probes["step"], ck, ref):
-                if c > settings["factor"] * t + settings[f"{kind}_floor"]:
+                # written so that NaN fails: NaN <= anything is False
+                if not c <= settings["factor"] * t + settings[f"{kind}_floor"]:
                     failures.append(f"loss {backend}, step {step}: CK {kind} error {c:.3g} > "
                                     f"{settings['factor']}x torch's {t:.3g}")
                     break

@@ -85,3 +85,10 @@ def parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, reference: torch
         figures.update(ok=False, reason=f"float64 error {ours_error:.3g} is worse than {factor}x torch's "
                                         f"{torch_error:.3g}")
     return figures
+
+
+def nan_max(values) -> float:
+    """max() that any NaN makes NaN: the builtin max keeps a NaN only if it
+    comes first, and a measure that loses a NaN passes what it should fail."""
+    values = [float(v) for v in values]
+    return float("nan") if any(v != v for v in values) else max(values, default=0.0)

@@ -33,6 +33,7 @@ import time
 import torch
 
 from .. import reference
+from ..measure import nan_max
 from .models import build_model
 from .twin import Twin
 from .twins import build_twin, ops_for
@@ -41,7 +42,7 @@ TIE = 0.10
 
 
 def _max_abs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max(float((a[n].double() - b[n]).abs().max()) for n in a)
+    return nan_max(float((a[n].double() - b[n]).abs().max()) for n in a)
 
 
 def _closer(ck: float, ref: float) -> str:
