@@ -46,6 +46,15 @@ void ckp_block_range(int64_t n, int64_t nblocks, int64_t b, int64_t *lo, int64_t
 /* True if [a, a+na) and [b, b+nb) (in bytes) overlap. */
 int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb);
 
+/* A buffer of a call: its address (NULL: absent) and size in bytes. */
+typedef struct {
+    const void *p;
+    size_t bytes;
+} ckp_span;
+
+/* True if span out overlaps any of the n others (absent ones are skipped). */
+int ckp_overlaps_any(ckp_span out, const ckp_span *others, int n);
+
 /* A map from element index to value, for sums whose elements are computed
  * on the fly; ctx is the caller's. */
 typedef float (*ckp_float_map)(void *ctx, int64_t j);

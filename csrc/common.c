@@ -130,3 +130,10 @@ int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb) {
     uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
     return a0 < b0 + nb && b0 < a0 + na;
 }
+
+int ckp_overlaps_any(ckp_span out, const ckp_span *others, int n) {
+    if (out.p == NULL) return 0;
+    for (int k = 0; k < n; k++)
+        if (others[k].p != NULL && ckp_overlaps(out.p, out.bytes, others[k].p, others[k].bytes)) return 1;
+    return 0;
+}

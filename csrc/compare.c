@@ -69,6 +69,11 @@ ckp_status ckp_compare(const float *a, const float *b, int64_t n, double *max_ab
     if (a == NULL || b == NULL || max_abs_diff == NULL || max_abs_b == NULL || differing == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "a, b and the outputs must not be NULL");
     if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
+    /* the outputs are written after every read, so overlapping a and b is harmless; overlapping each other is not */
+    if (ckp_overlaps(max_abs_diff, sizeof(double), max_abs_b, sizeof(double)) ||
+        ckp_overlaps(differing, sizeof(int64_t), max_abs_diff, sizeof(double)) ||
+        ckp_overlaps(differing, sizeof(int64_t), max_abs_b, sizeof(double)))
+        return ckp_fail(CKP_ERR_ALIASING, "max_abs_diff, max_abs_b and differing must not overlap each other");
     ckp_clear_error();
     int64_t nblocks = ckp_num_blocks((n + 4095) / 4096);
     block_figures part[CKP_MAX_BLOCKS];

@@ -63,17 +63,16 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     size_t loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * sizeof(float);
     if (dlogits != NULL && dlogits != logits && ckp_overlaps(dlogits, matrix_bytes, logits, matrix_bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dlogits partially overlaps logits (only exact in-place is allowed)");
-    /* dlogits holds each row's exps before the gradient is formed: an input
-     * that is read after that (target probabilities, weights, row_grad) must
-     * not live inside it. */
-    if (dlogits != NULL &&
-        ((target_probs != NULL && ckp_overlaps(dlogits, matrix_bytes, target_probs, matrix_bytes)) ||
-         (opt->weight != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->weight, (size_t)V * sizeof(float))) ||
-         (opt->row_grad != NULL && ckp_overlaps(dlogits, matrix_bytes, opt->row_grad, loss_bytes))))
-        return ckp_fail(CKP_ERR_ALIASING, "dlogits overlaps target_probs, weight or row_grad");
-    if (ckp_overlaps(loss, loss_bytes, logits, matrix_bytes) ||
-        (dlogits != NULL && ckp_overlaps(loss, loss_bytes, dlogits, matrix_bytes)))
-        return ckp_fail(CKP_ERR_ALIASING, "loss overlaps logits or dlogits");
+    /* dlogits holds each row's exps before the gradient is formed, and the
+     * loss is written row by row: an input read after that (targets, target
+     * probabilities, weights, row_grad) must not live inside either. */
+    const ckp_span read_late[] = {{target, (size_t)N * sizeof(int64_t)}, {target_probs, matrix_bytes},
+                                  {opt->weight, (size_t)V * sizeof(float)}, {opt->row_grad, loss_bytes}};
+    if (ckp_overlaps_any((ckp_span){dlogits, matrix_bytes}, read_late, 4))
+        return ckp_fail(CKP_ERR_ALIASING, "dlogits overlaps target, target_probs, weight or row_grad");
+    if (ckp_overlaps_any((ckp_span){loss, loss_bytes}, read_late, 4) ||
+        ckp_overlaps_any((ckp_span){loss, loss_bytes}, (ckp_span[]){{logits, matrix_bytes}, {dlogits, matrix_bytes}}, 2))
+        return ckp_fail(CKP_ERR_ALIASING, "loss overlaps an input or dlogits");
 
     if (target != NULL) {
         for (int64_t i = 0; i < N; i++) {
@@ -153,9 +152,10 @@ static inline __attribute__((always_inline)) ckp_v8f exp_nonpositive(ckp_v8f x) 
     p = ckp_fma8(p, r, ckp_splat8(5.0000001201e-1f));
     if (CKP_MUTANT(CE_CHEAP_EXP)) p = ckp_fma8(r, ckp_splat8(1.6666665459e-1f), ckp_splat8(5.0000001201e-1f));
     ckp_v8f y = ckp_fma8(p, r * r, r + 1.0f);
-    /* n is an integer in [-126, 0] (NaN lanes stay NaN: their exponent is all
-     * ones and the shifted value of the conversion's 0x80000000 is 0) */
-    ckp_v8u scaled = (ckp_v8u)y + ((ckp_v8u)__builtin_convertvector(n, ckp_v8i) << 23);
+    /* n is an integer in [-126, 0], or NaN in a NaN lane: converted as 0 there
+     * (converting NaN to an integer is undefined in C), so y's NaN stays NaN */
+    ckp_v8f n_or_0 = ckp_select8(n == n, n, ckp_splat8(0.0f));
+    ckp_v8u scaled = (ckp_v8u)y + ((ckp_v8u)__builtin_convertvector(n_or_0, ckp_v8i) << 23);
     return ckp_select8(tiny, ckp_splat8(0.0f), (ckp_v8f)scaled);
 }
 

@@ -71,6 +71,11 @@ ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, 
     if (s != CKP_OK) return s;
     if (!(eps >= 0.0 && isfinite(eps)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
+    const ckp_span x_s = {x, (size_t)(N * D) * sizeof(float)}, w_s = {weight, (size_t)D * sizeof(float)};
+    const ckp_span y_s = {y, x_s.bytes}, rstd_s = {rstd, (size_t)N * sizeof(float)};
+    /* a row's y is written while other rows' x are still to be read (threads) */
+    if (ckp_overlaps_any(y_s, (ckp_span[]){x_s, w_s, rstd_s}, 3) || ckp_overlaps_any(rstd_s, (ckp_span[]){x_s, w_s}, 2))
+        return ckp_fail(CKP_ERR_ALIASING, "y and rstd must not overlap x, weight or each other");
     ckp_clear_error();
     const float eps_f = (float)eps;
 
@@ -212,6 +217,12 @@ static ckp_status backward(const float *dy, const float *x, const float *weight,
                             ckp_overlaps(dweight, dweight_bytes, x, bytes) ||
                             (dx_rstd != NULL && ckp_overlaps(dweight, dweight_bytes, dx_rstd, bytes))))
         return ckp_fail(CKP_ERR_ALIASING, "dweight overlaps dy, x or an output");
+    /* rstd and weight are read by every row while other rows' outputs are written (threads) */
+    const ckp_span read_by_all[] = {{rstd, (size_t)N * sizeof(float)}, {weight, dweight_bytes}};
+    if (ckp_overlaps_any((ckp_span){dx, bytes}, read_by_all, 2) ||
+        ckp_overlaps_any((ckp_span){dx_rstd, bytes}, read_by_all, 2) ||
+        ckp_overlaps_any((ckp_span){dweight, dweight_bytes}, read_by_all, 2))
+        return ckp_fail(CKP_ERR_ALIASING, "dx, dx_rstd and dweight must not overlap rstd or weight");
     ckp_clear_error();
     const int parallel = N * D >= 32768;
 

@@ -94,7 +94,11 @@ static inline __attribute__((always_inline)) ckp_v8f ckp_exp_sleef8(ckp_v8f d) {
     u = ckp_fma8(u, s, ckp_splat8(0.166666671633720397949219f));
     u = ckp_fma8(u, s, ckp_splat8(0.5f));
     u = 1.0f + ckp_fma8(s * s, u, s);
-    ckp_v8i qi = __builtin_convertvector(q, ckp_v8i);
+    /* q outside [-150, 150] (|d| > 104, inf) or NaN: converted as 0 (an
+     * out-of-range float-to-int conversion is undefined in C); the selects
+     * below give those lanes 0, inf or NaN anyway */
+    ckp_v8f q_in_range = ckp_select8((q >= -150.0f) & (q <= 150.0f), q, ckp_splat8(0.0f));
+    ckp_v8i qi = __builtin_convertvector(q_in_range, ckp_v8i);
     ckp_v8i half = qi >> 1;
     ckp_v8f scale1 = (ckp_v8f)(((ckp_v8u)(half + 0x7f)) << 23);
     ckp_v8f scale2 = (ckp_v8f)(((ckp_v8u)(qi - half + 0x7f)) << 23);

@@ -82,8 +82,10 @@ ckp_status ckp_vocab_parallel_ce_sums(const float *logits, const int64_t *target
     if (s == CKP_OK) s = check_targets(target, N, V, ignore_index);
     if (s != CKP_OK) return s;
     if (global_max == NULL || sums == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "global_max or sums is NULL");
-    if (ckp_overlaps(sums, (size_t)(3 * N) * sizeof(double), logits, (size_t)(N * V_local) * sizeof(float)))
-        return ckp_fail(CKP_ERR_ALIASING, "sums overlaps logits");
+    const ckp_span inputs[] = {{logits, (size_t)(N * V_local) * sizeof(float)}, {target, (size_t)N * sizeof(int64_t)},
+                               {global_max, (size_t)N * sizeof(float)}};
+    if (ckp_overlaps_any((ckp_span){sums, (size_t)(3 * N) * sizeof(double)}, inputs, 3))
+        return ckp_fail(CKP_ERR_ALIASING, "sums overlaps logits, target or global_max");
     ckp_clear_error();
     /* logits (N, V_local), target (N), global_max (N), sums (N, 3) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V_local >= 32768)
@@ -112,6 +114,10 @@ ckp_status ckp_vocab_parallel_ce_loss(const int64_t *target, int64_t N, int64_t 
     if (s != CKP_OK) return s;
     if (global_max == NULL || global_sums == NULL || loss_rows == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "global_max, global_sums or loss_rows is NULL");
+    const ckp_span inputs[] = {{target, (size_t)N * sizeof(int64_t)}, {global_max, (size_t)N * sizeof(float)},
+                               {global_sums, (size_t)(3 * N) * sizeof(double)}};
+    if (ckp_overlaps_any((ckp_span){loss_rows, (size_t)N * sizeof(float)}, inputs, 3))
+        return ckp_fail(CKP_ERR_ALIASING, "loss_rows overlaps target, global_max or global_sums");
     ckp_clear_error();
     for (int64_t i = 0; i < N; i++) {
         if (target[i] == ignore_index) {
@@ -138,6 +144,10 @@ ckp_status ckp_vocab_parallel_ce_backward(const float *logits, const int64_t *ta
     size_t bytes = (size_t)(N * V_local) * sizeof(float);
     if (dlogits != logits && ckp_overlaps(dlogits, bytes, logits, bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dlogits partially overlaps logits (only exact in-place is allowed)");
+    const ckp_span read_per_row[] = {{target, (size_t)N * sizeof(int64_t)}, {global_max, (size_t)N * sizeof(float)},
+                                     {global_sums, (size_t)(3 * N) * sizeof(double)}, {row_grad, (size_t)N * sizeof(float)}};
+    if (ckp_overlaps_any((ckp_span){dlogits, bytes}, read_per_row, 4))
+        return ckp_fail(CKP_ERR_ALIASING, "dlogits overlaps target, global_max, global_sums or row_grad");
     ckp_clear_error();
     const double smooth_each = label_smoothing / (double)V;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V_local >= 32768)
