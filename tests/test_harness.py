@@ -169,6 +169,39 @@ def test_signal_writes_interrupted_report(tmp_path, signum, code):
     assert 0 < data["steps"] < 100000 and len(data["series"]["step"]) == data["steps"]
 
 
+@pytest.mark.parametrize("during_write", [False, True])
+def test_signal_after_the_loop_still_interrupts(tmp_path, monkeypatch, during_write):
+    """A SIGTERM that arrives once the steps are done -- while the report is
+    made, or while it is written -- is not dropped: status interrupted, the
+    signal's exit code, and the report on disk says so."""
+    import os
+
+    from ckparity.harness import run as run_module
+
+    if during_write:
+        real_write = run_module.report.write_json
+        sent = []
+
+        def write_then_signal(path, data):
+            real_write(path, data)
+            if not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+        monkeypatch.setattr(run_module.report, "write_json", write_then_signal)
+    else:
+        real_forecast = run_module.forecast
+
+        def forecast_then_signal(*args):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real_forecast(*args)
+        monkeypatch.setattr(run_module, "forecast", forecast_then_signal)
+    out = tmp_path / "late.json"
+    code = main(["train", "--max-steps", "3", "--no-progress", "--json-out", str(out)])
+    assert code == 143
+    data = strict_load(out)
+    assert data["status"] == "interrupted" and data["stopped_by_signal"] == signal.SIGTERM and data["steps"] == 3
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--seq-len", "0"], "--seq-len must be >= 1"),
     (["--lr", "-1"], "--lr must be"),

@@ -162,8 +162,23 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
         if result["localization"] is not None:
             result["localization"]["first_divergence_step"] = divergence.first_step
         if ranks.is_writer:
+            _mark_late_signal(result, stop)
             report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
+            if _mark_late_signal(result, stop):  # it came while the report was being written
+                report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
+        else:
+            _mark_late_signal(result, stop)
     return result
+
+
+def _mark_late_signal(result: dict, stop) -> bool:
+    """A signal that came after the loop (while the report was made) still
+    stops the run: status interrupted, its exit code, and a gate does not go
+    on. True if this changed the result."""
+    if stop.signum is None or result["status"] == "interrupted":
+        return False
+    result.update(status="interrupted", pass_parity=False, stopped_by_signal=stop.signum)
+    return True
 
 
 def lost_report(config: RunConfig, error: str) -> dict:

@@ -8,7 +8,17 @@ requires grad: for ``torch.autograd.grad(loss, x, create_graph=True)`` it
 does not, and the gradient comes back with no graph at all, so a gradient
 penalty silently loses its second-order term. ``first_order_only`` marks
 the gradients whenever a graph is being built (create_graph=True): using
-them in a second backward raises; using them as values is fine."""
+them in a second backward raises; using them as values is fine.
+
+The mark is a node that raises when the engine runs it, and the engine runs
+only nodes on a path to what is differentiated: a mark whose only inputs are
+the detached gradients is off every path to the op's input x, so
+``torch.autograd.grad(s, x, allow_unused=True)`` skipped it and returned None
+where torch returns a second-order gradient. The saved tensors that require
+grad (the op's differentiable inputs: x, weight, the logits) are therefore
+inputs of the mark too, which puts it on the path from the gradient to them.
+(rope saves only cos and sin: its gradient does not depend on x, whose
+second-order gradient is then None in torch as well.)"""
 
 from __future__ import annotations
 
@@ -33,8 +43,9 @@ def first_order_only(backward):
         tensors = [o for o in marked if isinstance(o, torch.Tensor)]
         if not tensors:
             return outputs[0] if single else outputs
+        anchors = [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
         # DelayedError: the node torch's once_differentiable uses; it raises when backward reaches it
-        errored = torch._C._functions.DelayedError(_MESSAGE, len(tensors))(*tensors)
+        errored = torch._C._functions.DelayedError(_MESSAGE, len(tensors) + len(anchors))(*tensors, *anchors)
         errored = iter(errored if isinstance(errored, tuple) else (errored,))
         out = tuple(next(errored) if isinstance(o, torch.Tensor) else o for o in marked)
         return out[0] if single else out

@@ -94,9 +94,11 @@ class _CrossEntropyFunction(torch.autograd.Function):
         # copying (N, V) floats, and the buffer does not outlive the step.
         # ptref keeps its inputs too: an upstream gradient other than 1 is
         # folded in by the kernel where torch's chain folds it (bit for bit),
-        # not by scaling the finished gradient
+        # not by scaling the finished gradient. The logits are always saved (a
+        # reference, no copy): first_order_only ties a create_graph gradient
+        # to them, so differentiating it again raises instead of giving None.
         keep_inputs = reduction_none or ctx.needs_input_grad[1] or settings["variant"] == "ptref"
-        ctx.save_for_backward(dlogits, *((logits, target, weight) if keep_inputs else ()))
+        ctx.save_for_backward(dlogits, *((logits, target, weight) if keep_inputs else (logits,)))
         return loss
 
     @staticmethod
