@@ -92,12 +92,24 @@ def test_identical_twins_have_no_divergence(tmp_path):
     assert set(divergence["per_quantity"].values()) == {None}
 
 
-def test_accumulated_drift_is_localized_as_such(tmp_path):
-    # param-tol below the first step's difference but nothing in one replayed step over the other tolerances
+def test_a_failure_one_step_shows_is_localized_as_single_step(tmp_path):
+    # param-tol below one step's difference: the replayed step itself is over it
     result = run(tmp_path, replace(SHORT, param_tol=1e-12, ck_loss_backend="c"))
     assert result["first_param_fail_step"] == 1
-    assert result["localization"]["kind"] in ("single_step", "accumulated")
-    assert result["localization"]["first_divergence_step"] == result["divergence"]["first_step"]
+    assert result["localization"]["kind"] == "single_step"
+    assert result["localization"]["first_param_tensor"] == "embedding.weight"  # the first tensor over 1e-12
+
+
+def test_accumulated_drift_is_localized_as_such(tmp_path):
+    """An update 1e-5 too large every step (the planted fault_biased AdamW)
+    and param-tol 3.5e-5: no single step from a shared state is over it, the
+    drift of three is."""
+    result = run(tmp_path, replace(SHORT, **{**ALL_TORCH, "ck_optimizer_backend": "fault_biased"}, param_tol=3.5e-5,
+                                   max_steps=8))
+    assert result["first_param_fail_step"] == 3
+    assert result["localization"]["kind"] == "accumulated"
+    assert result["localization"]["first_param_tensor"] is None
+    assert result["localization"]["first_divergence_step"] == 1  # the twins differed from the first update on
 
 
 def _loss_scaled(logits, targets):
@@ -144,6 +156,24 @@ def test_verdict_for_a_combination():
     v = verdict(rows)
     assert v["responsible"] == ["loss", "optimizer"]
     assert "only the combination" in v["summary"] and "loss or optimizer" in v["summary"]
+
+
+def test_a_variant_that_errors_blames_no_kernel():
+    """A crashed or usage-error variant measured nothing: no verdict, no blame."""
+    rows = {"as configured": _row(True), "all torch": _row(False), "without loss": _row(False),
+            "only loss": {"status": "error"}, "without optimizer": _row(True), "only optimizer": _row(False)}
+    v = verdict(rows)
+    assert v["responsible"] == [] and v["unmeasured"] == ["only loss"]
+    assert "no verdict" in v["summary"] and "only loss (error)" in v["summary"]
+
+
+def test_verdict_does_not_claim_a_swap_that_did_not_pass():
+    # loss fails alone, but swapping it out alone still fails (optimizer fails alone too, and is needed)
+    rows = {"as configured": _row(True), "all torch": _row(False), "without loss": _row(True),
+            "only loss": _row(True), "without optimizer": _row(True), "only optimizer": _row(True)}
+    v = verdict(rows)
+    assert v["responsible"] == ["loss", "optimizer"]
+    assert "does not make the run pass" in v["summary"] and "passes with" not in v["summary"]
 
 
 class _BiasedAdamW(torch.optim.AdamW):

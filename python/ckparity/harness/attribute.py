@@ -110,7 +110,15 @@ def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
 
 
 def verdict(rows: dict[str, dict]) -> dict:
-    failed = {name: row["status"] != "pass" for name, row in rows.items()}
+    # a variant that errored, crashed or was cut short measured nothing: it
+    # is not a parity failure and blames no kernel; the verdict waits for it
+    unmeasured = {name: row["status"] for name, row in rows.items() if row["status"] not in ("pass", "fail")}
+    if unmeasured:
+        listed = ", ".join(f"{name} ({status})" for name, status in unmeasured.items())
+        return {"responsible": [], "unmeasured": sorted(unmeasured),
+                "summary": f"no verdict: {len(unmeasured)} variant{'s' if len(unmeasured) > 1 else ''} did not run "
+                           f"to the end: {listed}; see their reports"}
+    failed = {name: row["status"] == "fail" for name, row in rows.items()}
     kinds = [name.removeprefix("only ") for name in rows if name.startswith("only ")]
     alternatives = [name.removeprefix("alternative ") for name in rows
                     if name.startswith("alternative ") and not failed[name]]
@@ -124,10 +132,14 @@ def verdict(rows: dict[str, dict]) -> dict:
     passing = f"; passes with {', '.join(alternatives)}" if alternatives else ""
     if alone:
         responsible = [k for k in alone if k in needed] or alone
+        many = len(responsible) > 1
+        swapped = ([f"the run passes with {'them' if many else 'it'} on torch"] if set(responsible) <= set(needed)
+                   else ["swapping one of them to torch does not make the run pass" if many
+                         else "swapping it to torch alone does not make the run pass"])
         return {"responsible": responsible,
-                "summary": f"the {', '.join(responsible)} backend{'s' if len(responsible) > 1 else ''} "
-                           f"{'fail' if len(responsible) > 1 else 'fails'} on {'their' if len(responsible) > 1 else 'its'} "
-                           f"own (the run passes with {'them' if len(responsible) > 1 else 'it'} on torch){passing}"}
+                "summary": f"the {', '.join(responsible)} backend{'s' if many else ''} "
+                           f"{'fail' if many else 'fails'} on {'their' if many else 'its'} own "
+                           f"({swapped[0]}){passing}"}
     responsible = needed or kinds
     return {"responsible": responsible,
             "summary": f"no backend fails on its own: only the combination of {', '.join(kinds)} fails"
