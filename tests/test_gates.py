@@ -232,3 +232,16 @@ def test_replay_determinism_really_threads_and_catches_a_thread_count_dependence
     tokens = run.batch_size * run.seq_len
     assert tokens * run.vocab >= 16384 and tokens * run.d_model >= 32768 and tokens * run.hidden >= 32768
     assert run.vocab * run.d_model > 65536
+
+
+def test_noise_envelope_catches_a_biased_loss(tmp_path):
+    from test_attribution import _loss_scaled  # noqa: F401  (registers "fault_scaled_loss": 0.1% off)
+
+    result = gates.noise_envelope(small("noise_envelope", steps=10, members=1, loss_backends=["fault_scaled_loss"]),
+                                  tmp_path)
+    assert not result["passed"] and "beyond" in result["summary"], result["summary"]
+
+
+def test_noise_envelope_passes_as_built(tmp_path):
+    result = gates.noise_envelope(small("noise_envelope", steps=10, members=1, loss_backends=["c"]), tmp_path)
+    assert result["passed"], result["summary"]

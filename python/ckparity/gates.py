@@ -252,8 +252,8 @@ def fd_gradients(settings: dict) -> dict:
                 fd = (up - down) / (2 * settings["step"])
                 analytic = float(p.grad.view(-1)[k])
                 err = abs(analytic - fd)
-                worst = max(worst, err / (settings["atol"] + settings["rtol"] * abs(fd)))
-                if err > settings["atol"] + settings["rtol"] * abs(fd):
+                worst = nan_max([worst, err / (settings["atol"] + settings["rtol"] * abs(fd))])
+                if not err <= settings["atol"] + settings["rtol"] * abs(fd):  # NaN fails
                     failures.append(f"{model} {name}[{k}]: grad {analytic:.6g} vs finite difference {fd:.6g}")
             rows.append({"model": model, "tensor": name, "coordinates": len(picks), "worst_error_over_tol": worst})
     summary = (f"{sum(r['coordinates'] for r in rows)} coordinates over {len(rows)} tensors, "
@@ -290,6 +290,8 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
             report = _train_in_gate(config)
             if report["status"] not in ("pass", "fail"):
                 failures.append(f"{label}: {report['status']}: {report.get('error')}")
+            elif report["first_nonfinite_step"] is not None:  # NaN series repeat as "identical" strings
+                failures.append(f"{label}: non-finite from step {report['first_nonfinite_step']}")
             threads_used[label] = report["env"]["ckparity_threads"]
             runs[label] = _series_without_timing(report)
     finally:
@@ -428,6 +430,9 @@ def noise_envelope(settings: dict, out_dir: Path) -> dict:
         report = _train_in_gate(config)
         if report.get("error"):
             failures.append(f"{backend}: {report['status']}: {report['error']}")
+            continue
+        if report["first_nonfinite_step"] is not None:
+            failures.append(f"{backend}: non-finite from step {report['first_nonfinite_step']}")
             continue
         envelope = report["envelope"]
         rows.append({"loss_backend": backend, "verdict": envelope["verdict"],

@@ -39,6 +39,7 @@ from dataclasses import replace
 import torch
 
 from .. import cpu
+from ..measure import nan_max
 from ..ops.clip_grad_norm import grad_norm
 from .diff import worst_diff
 from .models import build_model
@@ -143,12 +144,12 @@ class NoiseEnvelope:
             self.series[f"{q}_max"].append(envelope)
             self.series[f"{q}_median"].append(statistics.median(figures[q]))
             self.series[f"{q}_ratio"].append(ratio)
-            if self.first_beyond[q] is None and ratio > self.ratio_limit:
+            if self.first_beyond[q] is None and not ratio <= self.ratio_limit:  # NaN is beyond noise
                 self.first_beyond[q] = step
 
     def report(self) -> dict:
         beyond = [s for s in self.first_beyond.values() if s is not None]
-        ratios = {q: max(self.series[f"{q}_ratio"], default=0.0) for q in QUANTITIES}
+        ratios = {q: nan_max(self.series[f"{q}_ratio"]) for q in QUANTITIES}
         return {"members": len(self.members), "ratio_limit": self.ratio_limit,
                 "null_model": {"initial_weights_ulps": 1, "loss_and_dlogits_ulps": LOSS_ULPS,
                                "param_fraction_moved_1_ulp_per_step": PARAM_FRACTION,

@@ -1,0 +1,85 @@
+"""Every gate fails on a run that errors and on NaN: the C side of every
+kernel ckparity offers (the backends' c entries, kernel_parity's and
+optimizer_parity's ops) replaced by one that raises, then by one whose
+output is NaN, and each gate run as `ckparity gate` runs it (run_gates: a
+gate that crashes fails). The faults each gate exists for are planted in
+tests/test_gates.py.
+
+distributed_parity is not in this matrix: its ranks are fresh processes that
+build their twins from ckparity's own backends, where a monkeypatch does not
+reach (issue 24's plugins will carry planted faults there)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import ckparity
+from ckparity import gates
+from ckparity.harness import backends
+
+GATES = [g for g in gates.GATE_NAMES if g != "distributed_parity"]
+
+# the smallest settings that still run each gate's whole path
+SMALL = {"optimizer_parity": {"steps": 3, "sizes": [17]}, "fd_gradients": {"coordinates": 4, "models": ["tiny"]},
+         "replay_determinism": {"steps": 2}, "drift_smoke": {"steps": 4, "models": ["tiny"]},
+         "long_horizon": {"steps": 4}, "depth_sweep": {"depths": [1], "steps": 3, "models": ["stacked"]},
+         "accuracy_parity": {"steps": 6, "shadow_every": 3}, "noise_envelope": {"steps": 4, "members": 1}}
+
+
+def _raises(*args, **kwargs):
+    raise RuntimeError("planted: this kernel raises")
+
+
+def _nan_of(fn):
+    def nan(*args, **kwargs):
+        return fn(*args, **kwargs) * float("nan")
+    return nan
+
+
+class _RaisingAdamW(ckparity.optim.AdamW):
+    def step(self, closure=None):
+        raise RuntimeError("planted: this optimizer raises")
+
+
+class _NanAdamW(ckparity.optim.AdamW):
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.fill_(float("nan"))
+
+
+def _plant(monkeypatch, fault: str) -> None:
+    for kernel, table in backends.BACKENDS.items():
+        for name in [n for n in table if n.startswith("c")]:
+            if kernel == "adamw":
+                monkeypatch.setitem(table, name, _RaisingAdamW if fault == "raises" else _NanAdamW)
+            elif kernel != "clip_grad_norm":
+                monkeypatch.setitem(table, name, _raises if fault == "raises" else _nan_of(table[name]))
+    for name in backends.HEAD_LOSS:
+        monkeypatch.setitem(backends.HEAD_LOSS, name,
+                            _raises if fault == "raises" else _nan_of(backends.HEAD_LOSS[name]))
+    for name, check in list(gates.KERNELS.items()):
+        monkeypatch.setitem(gates.KERNELS, name,
+                            replace(check, ours=_raises if fault == "raises" else _nan_of(check.ours)))
+    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity",
+                        (lambda params, **kw: _RaisingAdamW(params, **kw)) if fault == "raises"
+                        else (lambda params, **kw: _NanAdamW(params, **kw)))
+
+
+@pytest.mark.parametrize("fault", ["raises", "nan"])
+@pytest.mark.parametrize("gate", GATES)
+def test_gate_fails_on(gate, fault, monkeypatch, tmp_path):
+    _plant(monkeypatch, fault)
+    settings = gates.settings_for("quick")
+    settings[gate].update(SMALL.get(gate, {}))
+    (result,) = gates.run_gates([gate], settings, tmp_path, "quick", echo=lambda line: None)
+    assert result["passed"] is False, f"{gate} passed with every C kernel planted to {fault}: {result['summary']}"
+
+
+def test_every_gate_but_distributed_is_in_the_matrix():
+    assert set(GATES) | {"distributed_parity"} == set(gates.GATE_NAMES)
