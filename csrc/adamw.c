@@ -28,7 +28,7 @@
 #include <math.h>
 
 static inline __attribute__((always_inline)) float lerp_vec(float start, float end, float weight, int fused) {
-    if (!fused) return fabsf(weight) < 0.5f ? start + weight * (end - start) : end + (weight - 1.0f) * (end - start);
+    if (!fused || CKP_MUTANT(ADAMW_LERP_UNFUSED)) return fabsf(weight) < 0.5f ? start + weight * (end - start) : end + (weight - 1.0f) * (end - start);
     return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start) : fmaf(weight - 1.0f, end - start, end);
 }
 
@@ -84,7 +84,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
             float v = addcmul(exp_avg_sq[i] * beta2, w2 * g, g, fused);
             float vmax = max_exp_avg_sq[i];
             vmax = (v > vmax || v != v) ? v : vmax; /* torch.maximum propagates NaN */
-            param[i] = p + (neg_step_size * m) / (sqrtf(vmax) / bc2_sqrt + eps);
+            param[i] = p + (neg_step_size * m) / (CKP_MUTANT(ADAMW_EPS_INSIDE_SQRT) ? sqrtf(vmax / (bc2_sqrt * bc2_sqrt) + eps)
+                                                                               : sqrtf(vmax) / bc2_sqrt + eps);
             exp_avg[i] = m;
             exp_avg_sq[i] = v;
             max_exp_avg_sq[i] = vmax;
@@ -96,7 +97,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
             float p = CKP_MUTANT(ADAMW_COUPLED_DECAY) ? param[i] : param[i] * decay;
             float m = lerp_vec(exp_avg[i], g, w1, fused);
             float v = addcmul(exp_avg_sq[i] * beta2, w2 * g, g, fused);
-            param[i] = p + (neg_step_size * m) / (sqrtf(v) / bc2_sqrt + eps);
+            param[i] = p + (neg_step_size * m) / (CKP_MUTANT(ADAMW_EPS_INSIDE_SQRT) ? sqrtf(v / (bc2_sqrt * bc2_sqrt) + eps)
+                                                                               : sqrtf(v) / bc2_sqrt + eps);
             exp_avg[i] = m;
             exp_avg_sq[i] = v;
         }

@@ -30,6 +30,11 @@ static double block_power_sum(const float *g, int64_t lo, int64_t hi, double p) 
             if (acc != acc) break;
         }
     } else if (p == 2.0) {
+        if (CKP_MUTANT(GRAD_NORM_FLOAT_ACCUMULATOR)) {
+            float facc = 0.0f;
+            for (; j < hi; j++) facc += g[j] * g[j];
+            return facc;
+        }
         for (; j + LANES <= hi; j += LANES)
             for (int l = 0; l < LANES; l++) lane[l] += (double)g[j + l] * (double)g[j + l];
         for (int l = 0; j < hi; j++, l++) lane[l] += (double)g[j] * (double)g[j];

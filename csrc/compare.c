@@ -31,7 +31,7 @@ static inline __attribute__((always_inline)) void compare8(ckp_v8f x, ckp_v8f y,
                                                           ckp_v8i *differing, ckp_v8i *diff_nan, ckp_v8i *b_nan) {
     const ckp_v8i abs_mask = (ckp_v8i)ckp_splat8(0.0f) | 0x7fffffff;
     ckp_v8i x_nan = x != x, y_nan = y != y;
-    ckp_v8i same = (x == y) | (x_nan & y_nan);
+    ckp_v8i same = (x == y) | (CKP_MUTANT(COMPARE_NAN_EQUAL) ? (x_nan | y_nan) : (x_nan & y_nan));
     ckp_v8f d = (ckp_v8f)((ckp_v8i)(x - y) & abs_mask);
     ckp_v8i d_nan = ~same & (d != d);
     ckp_v8f magnitude = (ckp_v8f)((ckp_v8i)y & abs_mask);
@@ -50,7 +50,7 @@ CKP_CLONES static void compare_block(const float *a, const float *b, int64_t lo,
     int64_t j = lo;
     for (; j + CKP_VLANES <= hi; j += CKP_VLANES)
         compare8(ckp_load8(a + j), ckp_load8(b + j), &max_diff, &max_b, &differing, &diff_nan, &b_nan);
-    if (j < hi)  /* the tail: equal fill lanes count for nothing */
+    if (j < hi && !CKP_MUTANT(COMPARE_TAIL_SKIPPED))  /* the tail: equal fill lanes count for nothing */
         compare8(ckp_load8_tail(a + j, hi - j, 0.0f), ckp_load8_tail(b + j, hi - j, 0.0f), &max_diff, &max_b,
                  &differing, &diff_nan, &b_nan);
     block_figures f = {0.0, 0.0, 0, 0, 0};

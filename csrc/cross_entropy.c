@@ -210,7 +210,7 @@ CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, cons
     if (dx != NULL) {
         double a = (1.0 - c->smoothing) * w_t * scale;
         double b = c->smoothing / c->classes * scale;
-        double k = a + b * c->weight_total + 2.0 * c->z_loss * lse * scale;
+        double k = a + b * c->weight_total + (CKP_MUTANT(CE_ZLOSS_NO_GRAD) ? 0.0 : 2.0) * c->z_loss * lse * scale;
         /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
         const float k_over_sum = (float)(k / sum_exp), b_f = (float)b;
         float e_t = dx[t];
@@ -242,7 +242,7 @@ CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V,
     double lse = (double)m + log_sum;
     double loss = wq_total * log_sum - wq_shifted + c->z_loss * lse * lse;
     if (dx != NULL) {
-        double k = (wq_total + 2.0 * c->z_loss * lse) * scale;
+        double k = (wq_total + (CKP_MUTANT(CE_ZLOSS_NO_GRAD) ? 0.0 : 2.0) * c->z_loss * lse) * scale;
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
             double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
@@ -418,7 +418,7 @@ static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
     r->x = x;
     r->m = row_max(x, V);
     float sum = pt_vec_sum(pt_exp_shifted, r, V, r->at);
-    r->log_sum = r->at.sleef ? ckp_log_sleef(sum) : logf(sum);
+    r->log_sum = r->at.sleef && !CKP_MUTANT(PTREF_LIBM_LOG) ? ckp_log_sleef(sum) : logf(sum);
 }
 
 static pt_row *pt_batch_row(pt_batch *b, int64_t i) {
@@ -500,7 +500,7 @@ static void pt_row_grad(pt_row *r, int64_t V, float z_coef, float *dx) {
     for (int64_t j = 0; j < V; j++) {
         float p = pt_exp(r, pt_logp(r, j));
         float g = pt_grad_logp(r, j);
-        float v = r->at.fma ? fmaf(-p, grad_sum, g) : g - p * grad_sum;
+        float v = r->at.fma && !CKP_MUTANT(PTREF_UNFUSED_BACKWARD) ? fmaf(-p, grad_sum, g) : g - p * grad_sum;
         dx[j] = z_coef != 0.0f ? v + z_coef * p : v;
     }
 }
@@ -553,7 +553,8 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
      * weights, weight.gather(0, target[~ignored]).sum() (LossNLL.cpp,
      * cross_entropy_loss_label_smoothing), not by nll_loss's cascade total. */
     float smooth_weight = total_weight;
-    if (smoothed && mean && opt->weight && target != NULL && counted > 0) {
+    if (smoothed && mean && opt->weight && target != NULL && counted > 0 &&
+        !CKP_MUTANT(PTREF_SMOOTHING_CASCADE_DENOMINATOR)) {
         pt_kept_weights kept = {target, opt->weight, opt->ignore_index, -1, -1};
         smooth_weight = ckp_aten_sum(pt_kept_weight, &kept, counted);
     }

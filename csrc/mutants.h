@@ -29,6 +29,23 @@ enum {
     CKP_MUT_ADAMW_BIAS_CORRECTION_FLOAT, /* 1 - beta^step in float */
     CKP_MUT_ADAMW_NO_BIAS_CORRECTION,  /* bias corrections left out */
     CKP_MUT_ADAMW_COUPLED_DECAY,       /* weight decay added to the gradient (Adam's L2, not AdamW) */
+    CKP_MUT_ADAMW_EPS_INSIDE_SQRT,     /* denom = sqrt(v / bc2 + eps) */
+    CKP_MUT_ADAMW_LERP_UNFUSED,        /* the moment's lerp rounded twice where torch's build fuses it */
+    CKP_MUT_RMS_DWEIGHT_ASSOCIATION,   /* dweight's term (dy * x) * rstd instead of dy * (x * rstd) */
+    CKP_MUT_RMS_BACKWARD_NO_RSTD_TERM, /* dx without the gradient through rstd */
+    CKP_MUT_RMS_BACKWARD_MEAN_OFF_BY_ONE, /* the backward's mean divided by D - 1 */
+    CKP_MUT_SWIGLU_UNFUSED_SLOPE,      /* g * (1 - s) + 1 rounded twice where torch's build fuses it */
+    CKP_MUT_ROPE_BACKWARD_NOT_TRANSPOSED, /* the backward rotates by +angle, as the forward */
+    CKP_MUT_ROPE_LAST_PAIR_SKIPPED,    /* the row's last rotated pair copied, not rotated (an off-by-one tail) */
+    CKP_MUT_PTREF_LIBM_LOG,            /* ptref's log(sum) by libm's logf instead of torch's SLEEF log */
+    CKP_MUT_PTREF_UNFUSED_BACKWARD,    /* ptref's g - exp(logp) * sum rounded twice where torch fuses it */
+    CKP_MUT_PTREF_SMOOTHING_CASCADE_DENOMINATOR, /* smoothing's weighted mean over nll_loss's cascade total */
+    CKP_MUT_CE_ZLOSS_NO_GRAD,          /* the z-loss term left out of dlogits */
+    CKP_MUT_VP_CE_FLOAT_SUMS,          /* the vocab-parallel sums of exps in float */
+    CKP_MUT_VP_CE_SHARD_START_TARGET,  /* a target in the shard's first column not counted as owned */
+    CKP_MUT_GRAD_NORM_FLOAT_ACCUMULATOR, /* the squares summed in float */
+    CKP_MUT_COMPARE_TAIL_SKIPPED,      /* the harness's comparison ignores each block's last n % 8 elements */
+    CKP_MUT_COMPARE_NAN_EQUAL,         /* a NaN on one side only compared as equal */
 };
 
 #ifndef CKP_MUTANT_ID

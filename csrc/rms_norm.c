@@ -94,7 +94,7 @@ typedef struct {
 static float column_term(const void *ctx, int64_t i, int64_t k) {
     const column_terms *c = ctx;
     int64_t at = i * c->D + c->first + k;
-    return c->dy[at] * (c->x[at] * c->rstd[i]);
+    return CKP_MUTANT(RMS_DWEIGHT_ASSOCIATION) ? (c->dy[at] * c->x[at]) * c->rstd[i] : c->dy[at] * (c->x[at] * c->rstd[i]);
 }
 
 /* D == 1: the N terms are contiguous and torch reduces them as an inner sum. */
@@ -171,7 +171,8 @@ CKP_CLONES static void backward_row(const float *dy, const float *x, const float
                                     float *dx, float *dx_rstd) {
     row_terms terms = {dy, x, weight};
     float grad_rstd = sum_grad_a_times_x(&terms, D);
-    float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)D;
+    float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);
+    if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
         ckp_v8f g = ckp_load8(dy + j);

@@ -43,14 +43,21 @@ static ckp_status check_args(const float *x, const float *cos_, const float *sin
 /* sign = -1: the forward rotation; +1: its transpose (the backward). */
 CKP_CLONES static void rotate_row(const float *x, const float *c, const float *s, int64_t d, int layout, float sign,
                                   float *out) {
-    int64_t h = d / 2;
+    int64_t h = d / 2, pairs = h;
+    if (CKP_MUTANT(ROPE_BACKWARD_NOT_TRANSPOSED)) sign = -1.0f;
+    if (CKP_MUTANT(ROPE_LAST_PAIR_SKIPPED) && h > 1) { /* the last pair copied through, not rotated */
+        pairs = h - 1;
+        int64_t a = layout == CKP_ROPE_HALF ? h - 1 : d - 2, b = d - 1;
+        out[a] = x[a];
+        out[b] = x[b];
+    }
     if (layout == CKP_ROPE_HALF) {
-        for (int64_t i = 0; i < h; i++) {
+        for (int64_t i = 0; i < pairs; i++) {
             out[i] = x[i] * c[i] + sign * (x[i + h] * s[i]);
             out[i + h] = x[i + h] * c[i] - sign * (x[i] * s[i]);
         }
     } else {
-        for (int64_t i = 0; i < h; i++) {
+        for (int64_t i = 0; i < pairs; i++) {
             out[2 * i] = x[2 * i] * c[i] + sign * (x[2 * i + 1] * s[i]);
             out[2 * i + 1] = x[2 * i + 1] * c[i] - sign * (x[2 * i] * s[i]);
         }

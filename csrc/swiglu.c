@@ -70,12 +70,15 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
         ckp_v8f gv = ckp_load8(g + j), dyv = ckp_load8(dy + j);
         ckp_v8f one_plus = 1.0f + ckp_exp_sleef8(-gv);
         ckp_v8f sig = 1.0f / one_plus;
-        ckp_store8(dg + j, dyv * ckp_load8(u + j) * sig * ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f)));
+        ckp_v8f slope = CKP_MUTANT(SWIGLU_UNFUSED_SLOPE) ? gv * (1.0f - sig) + 1.0f
+                                                        : ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f));
+        ckp_store8(dg + j, dyv * ckp_load8(u + j) * sig * slope);
         ckp_store8(du + j, dyv * (gv / one_plus));
     }
     for (; j < H; j++) {
         float one_plus = 1.0f + expf(-g[j]), sig = 1.0f / one_plus;
-        float slope = at.fma ? fmaf(g[j], 1.0f - sig, 1.0f) : g[j] * (1.0f - sig) + 1.0f;
+        float slope = at.fma && !CKP_MUTANT(SWIGLU_UNFUSED_SLOPE) ? fmaf(g[j], 1.0f - sig, 1.0f)
+                                                                  : g[j] * (1.0f - sig) + 1.0f;
         dg[j] = dy[j] * u[j] * sig * slope;
         du[j] = dy[j] * (g[j] / one_plus);
     }

@@ -93,12 +93,14 @@ ckp_status ckp_vocab_parallel_ce_sums(const float *logits, const int64_t *target
         const float *x = logits + i * V_local;
         double m = (double)global_max[i], sum_exp = 0.0, sum_x = 0.0;
         for (int64_t j = 0; j < V_local; j++) {
-            sum_exp += exp((double)x[j] - m);
+            sum_exp += CKP_MUTANT(VP_CE_FLOAT_SUMS) ? (double)(float)((float)sum_exp + expf(x[j] - (float)m)) - sum_exp
+                                                    : exp((double)x[j] - m);
             sum_x += (double)x[j];
         }
         int64_t t = target[i] - vocab_start;
         sums[3 * i] = sum_exp;
-        sums[3 * i + 1] = target[i] != ignore_index && t >= 0 && t < V_local ? (double)x[t] : 0.0;
+        sums[3 * i + 1] = target[i] != ignore_index && t >= (CKP_MUTANT(VP_CE_SHARD_START_TARGET) ? 1 : 0) && t < V_local
+                              ? (double)x[t] : 0.0;
         sums[3 * i + 2] = sum_x;
     }
     return CKP_OK;

@@ -97,21 +97,25 @@ def build(mutant: Mutant, source: Path, build_root: Path) -> Path:
 
 
 def run_gates(library: Path, gates: list[str], tier: str, out_dir: Path, timeout: float) -> dict:
-    """One `ckparity gate` process against ``library``; per gate "passed", "failed",
-    or "crashed"/"timeout" (the gate that was running when the process died) and
-    "not_run" (those after it)."""
+    """One `ckparity gate` process against ``library``; per gate "passed",
+    "failed", or, when the process ended with anything but 0 or 1 (a usage
+    error, an unwritten report, a signal, a hang), "crashed"/"timeout" for the
+    gate that was running and "not_run" for those after it. Only "failed"
+    kills: the others measured nothing (``reason`` says why)."""
     env = dict(os.environ, CKP_LIB=str(library))
     command = [sys.executable, "-m", "ckparity", "gate", "--tier", tier, "--out-dir", str(out_dir), "--only", *gates]
     for stale in out_dir.glob("*_latest.json"):
         stale.unlink()
     start = time.perf_counter()
-    ending = None
+    ending, reason = None, None
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        if done.returncode < 0 or done.returncode not in (0, 1):
+        if done.returncode not in (0, 1):
             ending = "crashed"
+            reason = (f"killed by signal {-done.returncode}" if done.returncode < 0 else
+                      f"exit {done.returncode}") + ": " + " ".join(done.stderr.strip().splitlines()[-2:])[-300:]
     except subprocess.TimeoutExpired:
-        ending = "timeout"
+        ending, reason = "timeout", f"no result within {timeout:.0f}s"
     outcomes, seconds = {}, {}
     for gate in gates:
         path = out_dir / f"{gate}_latest.json"
@@ -123,16 +127,22 @@ def run_gates(library: Path, gates: list[str], tier: str, out_dir: Path, timeout
             outcomes[gate], ending = ending, "not_run"  # the first missing gate is the one that died
         else:
             outcomes[gate] = "not_run"
-    return {"gates": outcomes, "gate_seconds": seconds, "seconds": time.perf_counter() - start}
+    return {"gates": outcomes, "gate_seconds": seconds, "seconds": time.perf_counter() - start, "reason": reason}
 
 
 def kill_row(control: dict, mutant: Mutant, run: dict) -> dict:
-    """One mutant's row of the kill matrix: which gates kill it (fail, crash
-    or hang on it), and the cheapest of them by the control run's time."""
-    killers = [g for g, outcome in run["gates"].items() if outcome in ("failed", "crashed", "timeout")]
+    """One mutant's row of the kill matrix: which gates kill it (report
+    failed on it), the cheapest of them by the control run's time, and the
+    gates that measured nothing (their process crashed, hung or exited with
+    neither 0 nor 1). A mutant no gate killed whose every gate was measured
+    survived; with an unmeasured gate it is not measured."""
+    killers = [g for g, outcome in run["gates"].items() if outcome == "failed"]
+    unmeasured = [g for g, outcome in run["gates"].items() if outcome in ("crashed", "timeout", "not_run")]
     cheapest = min(killers, key=lambda g: control["gate_seconds"].get(g, float("inf"))) if killers else None
     return {"mutant": mutant.name, "what": mutant.what, "build": list(mutant.meson_args), "gates": run["gates"],
-            "killed": bool(killers), "killed_by": killers, "cheapest_killer": cheapest, "seconds": run["seconds"]}
+            "killed": bool(killers), "killed_by": killers, "cheapest_killer": cheapest,
+            "unmeasured_gates": unmeasured, "unmeasured_reason": run["reason"] if unmeasured else None,
+            "seconds": run["seconds"]}
 
 
 def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list[str], names: list[str] | None,
@@ -169,16 +179,18 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
         report["interrupted"] = True
     report["mutants"] = rows
     for row in rows:
-        if not row["killed"]:
+        if not row["killed"] and not row["unmeasured_gates"]:
             row["probe"] = equivalence_probe(control_library, libraries[row["mutant"]])
             row["equivalent_on_probe"] = not row["probe"]["outputs_differing"]
-    killed = sum(row["killed"] for row in report["mutants"])
-    equivalent = sum(row.get("equivalent_on_probe", False) for row in report["mutants"])
-    report["score_raw"] = killed / len(rows) if rows else None
-    report["score"] = killed / (len(rows) - equivalent) if len(rows) > equivalent else None
+    measured = [row for row in rows if row["killed"] or not row["unmeasured_gates"]]
+    killed = sum(row["killed"] for row in measured)
+    equivalent = sum(row.get("equivalent_on_probe", False) for row in measured)
+    report["score_raw"] = killed / len(measured) if measured else None
+    report["score"] = killed / (len(measured) - equivalent) if len(measured) > equivalent else None
     report["killed"], report["equivalent"] = killed, equivalent
-    report["survived"] = [row["mutant"] for row in report["mutants"] if not row["killed"]]
-    report["not_measured"] = [m.name for m in mutants[len(rows):]]
+    report["survived"] = [row["mutant"] for row in measured if not row["killed"]]
+    report["not_measured"] = ([row["mutant"] for row in rows if row not in measured]
+                              + [m.name for m in mutants[len(rows):]])
     report["wall_s"] = time.perf_counter() - start
     return report
 
@@ -196,10 +208,15 @@ def table(report: dict) -> str:
     short = {"passed": ".", "failed": "K", "crashed": "C", "timeout": "T", "not_run": "-"}
     lines = ["| mutant | " + " | ".join(gates) + " | cheapest killer |", "|---" * (len(gates) + 2) + "|"]
     for row in report["mutants"]:
-        verdict = row["cheapest_killer"] or ("survived: equivalent on the probe" if row.get("equivalent_on_probe")
+        verdict = row["cheapest_killer"] or ("not measured" if row["unmeasured_gates"] else
+                                             "survived: equivalent on the probe" if row.get("equivalent_on_probe")
                                              else "**survived**")
         lines.append(f"| {row['mutant']} | " + " | ".join(short[row["gates"][g]] for g in gates) + f" | {verdict} |")
     lines.append("")
+    for row in report["mutants"]:
+        if row["unmeasured_gates"] and not row["killed"]:
+            lines.append(f"not measured: {row['mutant']} ({', '.join(row['unmeasured_gates'])}: "
+                         f"{row['unmeasured_reason']})")
     if report["error"] or report["interrupted"]:
         lines.append(f"{'error: ' + report['error'] if report['error'] else 'interrupted'}; not measured: "
                      f"{', '.join(report['not_measured']) or 'none'}")
@@ -207,5 +224,5 @@ def table(report: dict) -> str:
         lines.append(f"score {report['killed']}/{len(report['mutants']) - report['equivalent']} = "
                      f"{report['score']:.0%} of the non-equivalent mutants killed ({report['equivalent']} equivalent "
                      f"on the probe; raw {report['score_raw']:.0%}), {report['tier']} tier, {report['wall_s']:.0f}s; "
-                     "K failed, C crashed, T timed out, . passed")
+                     "K failed (a kill), C crashed and T timed out (not measured), . passed")
     return "\n".join(lines)
