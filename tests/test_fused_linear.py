@@ -100,13 +100,19 @@ def test_all_rows_ignored():
 THREAD_RUNS = """
 import torch, ckparity
 from test_fused_linear import _inputs, _ours, _run
-h, w, b, t, upstream = _inputs()
-runs = []
-for n in (1, 2, 1):
-    ckparity.set_num_threads(n)
-    torch.set_num_threads(n)
-    runs.append(_run(_ours, h, w, b, t, upstream, torch.float32, "mean", chunk_size=64))
-print(all(torch.equal(a, c) for other in runs[1:] for a, c in zip(runs[0], other)))
+same = True
+# the test shape in chunks of 64 rows, and a wider one (D=512, V=4099, 1031 rows) in the default chunks
+g = torch.Generator().manual_seed(3)
+wide = (torch.randn(1031, 512, generator=g), torch.randn(4099, 512, generator=g) * 0.05, None,
+        torch.randint(0, 4099, (1031,), generator=g), torch.randn(1031, generator=g))
+for (h, w, b, t, upstream), reduction, chunk in ((_inputs(), "mean", 64), (wide, "sum", None), (wide, "none", 257)):
+    runs = []
+    for n in (1, 2, 1):
+        ckparity.set_num_threads(n)
+        torch.set_num_threads(n)
+        runs.append(_run(_ours, h, w, b, t, upstream, torch.float32, reduction, chunk_size=chunk))
+    same = same and all(torch.equal(a, c) for other in runs[1:] for a, c in zip(runs[0], other) if a is not None)
+print(same)
 """
 
 

@@ -82,3 +82,18 @@ def test_a_failed_build_leaves_a_report_that_says_so(tmp_path):
     report = json.loads((tmp_path / "mutate.json").read_text())
     assert "building control failed" in report["error"] and "does not build" in report["error"]
     assert report["mutants"] == [] and len(report["not_measured"]) == len(catalogue(ROOT))
+
+
+def test_only_a_failed_gate_kills_a_crash_measures_nothing():
+    from ckparity.mutate import Mutant, kill_row
+
+    control = {"gate_seconds": {"a": 1.0, "b": 5.0, "c": 2.0}}
+    mutant = Mutant("m", "a planted bug", ())
+    failed = kill_row(control, mutant, {"gates": {"a": "passed", "b": "failed", "c": "failed"}, "seconds": 3.0,
+                                        "reason": None})
+    assert failed["killed"] and failed["killed_by"] == ["b", "c"] and failed["cheapest_killer"] == "c"
+    assert failed["unmeasured_gates"] == []
+    crashed = kill_row(control, mutant, {"gates": {"a": "passed", "b": "crashed", "c": "not_run"}, "seconds": 3.0,
+                                         "reason": "exit 2: usage"})
+    assert not crashed["killed"] and crashed["unmeasured_gates"] == ["b", "c"]
+    assert crashed["unmeasured_reason"] == "exit 2: usage"

@@ -38,8 +38,19 @@ CHUNK_FLOATS = 1 << 24
 
 
 def _chunks(N: int, chunk_size: int):
-    for start in range(0, N, chunk_size):
-        yield start, min(start + chunk_size, N)
+    """Rows in ceil(N / chunk_size) chunks of near-equal size (none larger
+    than chunk_size), not full chunks and a remainder: a remainder of 2 or 3
+    rows goes through MKL's small-M sgemm, whose bits changed between 1 and 2
+    threads (AMD EPYC, even with MKL_CBWR=AUTO,STRICT; M = 2, 3 of 1..39
+    measured, tests/test_fused_linear.py), where balanced chunks keep every
+    product at a deterministic size unless N itself is that small."""
+    count = -(-N // chunk_size)
+    base, extra = divmod(N, count)
+    start = 0
+    for k in range(count):
+        end = start + base + (1 if k < extra else 0)
+        yield start, end
+        start = end
 
 
 def _run(hidden, weight, bias, target, settings, row_grad, grads):
