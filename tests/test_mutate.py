@@ -97,3 +97,20 @@ def test_only_a_failed_gate_kills_a_crash_measures_nothing():
                                          "reason": "exit 2: usage"})
     assert not crashed["killed"] and crashed["unmeasured_gates"] == ["b", "c"]
     assert crashed["unmeasured_reason"] == "exit 2: usage"
+
+
+def test_sigterm_leaves_the_report_of_what_was_measured(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "mutate.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ckparity", "mutate", "--source", str(ROOT), "--build-dir",
+                             str(tmp_path / "build"), "--out-dir", str(tmp_path / "gates"), "--json-out", str(out),
+                             "--gates", "kernel_parity", "--mutants", "ce_cheap_exp"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # inside the control build or its gate run
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and "ce_cheap_exp" in report["not_measured"]

@@ -18,6 +18,8 @@ from .threads import get_num_threads, set_num_threads
 __version__ = version()
 follow_torch()
 
+from .plugins import register_backend  # noqa: E402  (it needs the ops above: the harness's backend table)
+
 __all__ = [
     "CkparityError",
     "build_info",
@@ -27,6 +29,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "get_num_threads",
     "nn",
+    "register_backend",
     "optim",
     "rms_norm",
     "rope",

@@ -202,15 +202,23 @@ def _mutate(argv: list[str]) -> int:
     check_writable(args.json_out, "--json-out")
     check_writable_dir(args.out_dir, "--out-dir")
     build_root = Path(args.build_dir) if args.build_dir else source / "build" / "mutants"
-    try:
-        report = mutate(source, build_root.resolve(), Path(args.out_dir).resolve(), args.tier, args.gates,
-                        args.mutants, args.timeout)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    write_json(args.json_out, report)
+    from .harness.interrupts import EXIT_CODES, stop_on_signals
+
+    # SIGTERM and SIGHUP end the run as Ctrl-C does: with the report of what
+    # was measured (a signal while it is written is held, then acted on)
+    with stop_on_signals() as stop:
+        try:
+            report = mutate(source, build_root.resolve(), Path(args.out_dir).resolve(), args.tier, args.gates,
+                            args.mutants, args.timeout)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        finally:
+            stop.hold()
+        report["interrupted"] = report["interrupted"] or stop.signum is not None
+        write_json(args.json_out, report)
     print(table(report))
     if report["interrupted"]:
-        return 130
+        return EXIT_CODES.get(stop.signum, 130)
     return EXIT_FAIL if report["error"] or (report["score"] or 0.0) < args.min_score else EXIT_PASS
 
 
@@ -230,6 +238,33 @@ COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare"
             "bench": _bench, "mutate": _mutate, "info": _info}
 
 
+def _load_plugins(argv: list[str]) -> list[str]:
+    """Every command takes --plugin MODULE_OR_FILE.py (repeatable): loaded here,
+    and passed on to every process the command starts (CKP_PLUGINS), with the
+    plugins CKP_PLUGINS and installed packages' entry points name. Returns
+    the other arguments."""
+    from . import plugins
+    from .harness.config import UsageError
+
+    specs, rest, k = [], [], 0
+    while k < len(argv):
+        if argv[k] == "--plugin" or argv[k].startswith("--plugin="):
+            value = argv[k].partition("=")[2] if "=" in argv[k] else (argv[k + 1] if k + 1 < len(argv) else "")
+            if not value:
+                raise UsageError("--plugin needs a module name or a .py file")
+            specs.append(value)
+            k += 1 if "=" in argv[k] else 2
+            continue
+        rest.append(argv[k])
+        k += 1
+    try:
+        plugins.use_plugins(specs)
+        plugins.load_configured()
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from None
+    return rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -239,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     from .harness.report import ReportNotWritten
 
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        return COMMANDS[argv[0]](_load_plugins(argv[1:]))
     except UsageError as err:
         print(f"ckparity {argv[0]}: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -193,6 +193,8 @@ def table(result: dict) -> str:
 
 
 if __name__ == "__main__":  # one variant, in its own process (see _in_processes)
+    from .. import plugins
     from .run import train
 
+    plugins.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     train(RunConfig(**json.loads(sys.argv[1])))

@@ -120,10 +120,13 @@ def _validate(config: RunConfig) -> None:
         raise UsageError(f"--ignore-frac must be in [0, 1), got {config.ignore_frac}")
     if not 0 <= config.label_smoothing <= 1:
         raise UsageError(f"--label-smoothing must be in [0, 1], got {config.label_smoothing}")
+    from .. import plugins
+
     for name, kernel in backends.FLAGS.items():
-        choices = sorted(backends.BACKENDS[kernel])
-        if getattr(config, name) not in choices:
-            raise UsageError(f"{_name(name)} must be one of {choices}, got {getattr(config, name)!r}")
+        try:
+            plugins.resolve(kernel, getattr(config, name))
+        except ValueError as err:
+            raise UsageError(f"{_name(name)}: {err}") from None
     if config.kv_heads < 0:
         raise UsageError(f"--kv-heads must be >= 0, got {config.kv_heads}")
     if not (config.rope_theta > 0 and math.isfinite(config.rope_theta)):

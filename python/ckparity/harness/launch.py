@@ -139,7 +139,9 @@ def launch(config: RunConfig) -> dict:
 
 
 if __name__ == "__main__":  # one rank (see _Ranks)
+    from .. import plugins
     from ..cli import exit_code
     from .run import train
 
+    plugins.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     sys.exit(exit_code(train(RunConfig(**json.loads(sys.argv[1])))))

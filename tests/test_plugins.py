@@ -1,0 +1,146 @@
+"""Other people's kernels: register_backend, its contract checks, --plugin
+on the command line, module:attr backends, and plugins reaching the
+processes ckparity starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity import plugins
+from ckparity.harness import backends
+
+PLUGIN = textwrap.dedent('''
+    import torch.nn.functional as F
+    import ckparity
+
+    def my_swiglu(x):  # torch's composite: a user kernel that happens to be exact
+        h = x.shape[-1] // 2
+        return F.silu(x[..., :h]) * x[..., h:]
+
+    ckparity.register_backend("swiglu", "mine", my_swiglu)
+''')
+
+
+def _swiglu(x):
+    h = x.shape[-1] // 2
+    return F.silu(x[..., :h]) * x[..., h:]
+
+
+@pytest.fixture
+def clean_registry():
+    """What a test registers is gone after it."""
+    saved = {kernel: dict(table) for kernel, table in backends.BACKENDS.items()}
+    yield
+    for kernel, table in backends.BACKENDS.items():
+        table.clear()
+        table.update(saved[kernel])
+
+
+def test_register_under_either_spelling(clean_registry):
+    ckparity.register_backend("loss", "user_ce", lambda logits, t, **kw: F.cross_entropy(logits, t, **kw))
+    ckparity.register_backend("rmsnorm", "user_rms", F.rms_norm)
+    assert "user_ce" in backends.CROSS_ENTROPY and "user_rms" in backends.RMS_NORM
+    with pytest.raises(ValueError, match="no kernel slot 'softmax'"):
+        ckparity.register_backend("softmax", "x", _swiglu)
+    with pytest.raises(ValueError, match="ckparity's own swiglu backend"):
+        ckparity.register_backend("swiglu", "c", _swiglu)
+
+
+class _AdamWOtherNames(torch.optim.Optimizer):
+    """An AdamW that keeps its moments as 'm' and 'v': the harness would compare nothing."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state.setdefault("m", torch.zeros_like(p)).mul_(0.9).add_(p.grad, alpha=0.1)
+                p.sub_(group["lr"] * state["m"])
+
+
+@pytest.mark.parametrize("kernel, fn, reason", [
+    ("adamw", _AdamWOtherNames, "no state\\['step'\\]"),
+    ("swiglu", lambda x: x, "must have shape \\(5, 2, 6\\)"),
+    ("swiglu", lambda x: _swiglu(x).double(), "must be float32"),
+    ("cross_entropy", lambda logits, t: F.cross_entropy(logits, t, reduction="sum"), "not the mean"),
+    ("rms_norm", lambda x, shape, w, eps: F.rms_norm(x.detach(), shape, w, eps), "no gradient for x"),
+    ("rope", lambda x, cos, sin: x.contiguous().view(-1)[0], "must have shape"),
+    ("swiglu", lambda x: 1 / 0, "raised in its contract check: ZeroDivisionError"),
+])
+def test_a_backend_that_breaks_its_contract_is_refused(clean_registry, kernel, fn, reason):
+    with pytest.raises(plugins.ContractError, match=reason):
+        ckparity.register_backend(kernel, "broken", fn)
+    assert "broken" not in backends.BACKENDS[kernel]
+
+
+def test_valid_backends_of_every_slot_pass_their_contract(clean_registry):
+    ckparity.register_backend("swiglu", "ok_swiglu", _swiglu)
+    ckparity.register_backend("rms_norm", "ok_rms", F.rms_norm)
+    ckparity.register_backend("cross_entropy", "ok_ce", lambda logits, t, **kw: F.cross_entropy(logits, t, **kw))
+    ckparity.register_backend("rope", "ok_rope", backends.ROPE["c"])
+    ckparity.register_backend("adamw", "ok_adamw", lambda params, **kw: torch.optim.AdamW(params, foreach=False, **kw))
+    ckparity.register_backend("clip_grad_norm", "ok_clip", torch.nn.utils.clip_grad_norm_)
+
+
+def _cli(tmp_path, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "ckparity", *args], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, **(env or {})})
+
+
+def test_plugin_file_on_the_command_line(tmp_path):
+    (tmp_path / "my_kernels.py").write_text(PLUGIN)
+    out = tmp_path / "r.json"
+    done = _cli(tmp_path, "train", "--plugin", "my_kernels.py", "--ck-swiglu-backend", "mine", "--max-steps", "3",
+                "--json-out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["config"]["ck_swiglu_backend"] == "mine" and report["steps"] == 3
+
+
+def test_unknown_backend_says_what_is_registered_and_how(tmp_path):
+    done = _cli(tmp_path, "train", "--ck-swiglu-backend", "mine", "--max-steps", "1")
+    assert done.returncode == 2
+    assert "no swiglu backend 'mine'; registered: c, torch" in done.stderr
+    assert "register_backend" in done.stderr and "--plugin" in done.stderr and "module:attr" in done.stderr
+
+
+def test_module_attr_backend(tmp_path):
+    (tmp_path / "kernels_mod.py").write_text("import torch.nn.functional as F\n"
+                                              "def swiglu(x):\n    h = x.shape[-1] // 2\n"
+                                              "    return F.silu(x[..., :h]) * x[..., h:]\n")
+    out = tmp_path / "r.json"
+    done = _cli(tmp_path, "train", "--ck-swiglu-backend", "kernels_mod:swiglu", "--max-steps", "2", "--json-out",
+                str(out), env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    bad = _cli(tmp_path, "train", "--ck-swiglu-backend", "kernels_mod:nope", "--max-steps", "1",
+               env={"PYTHONPATH": str(tmp_path)})
+    assert bad.returncode == 2 and "cannot load the swiglu backend 'kernels_mod:nope'" in bad.stderr
+
+
+def test_a_missing_plugin_is_a_usage_error(tmp_path):
+    done = _cli(tmp_path, "train", "--plugin", "no_such_file.py", "--max-steps", "1")
+    assert done.returncode == 2 and "--plugin no_such_file.py: no such file" in done.stderr
+
+
+def test_attribute_jobs_load_the_plugin(tmp_path):
+    """attribute --jobs 2 runs each variant in a fresh process: the plugin reaches them (CKP_PLUGINS)."""
+    (tmp_path / "my_kernels.py").write_text(PLUGIN)
+    out = tmp_path / "attr.json"
+    done = _cli(tmp_path, "attribute", "--plugin", "my_kernels.py", "--ck-swiglu-backend", "mine", "--max-steps", "3",
+                "--jobs", "2", "--json-out", str(out))
+    report = json.loads(out.read_text())
+    statuses = {v["name"]: v["status"] for v in report["variants"]}
+    assert "error" not in statuses.values(), (statuses, done.stderr[-2000:])
+    assert "unmeasured" not in report["verdict"]
