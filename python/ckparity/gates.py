@@ -76,7 +76,9 @@ def _ce(variant):
 def _cross_entropy_cases() -> Iterator:
     """(label, inputs, kwargs) for each fixed shape; inputs[0] is differentiated."""
     g = torch.Generator().manual_seed(0)
-    for N, C in ((64, 255), (8, 50257), (7, 3)):
+    # (2048, 33): many rows, so many distinct sums go through the log (one libm
+    # log in place of torch's SLEEF one differs on a few of them only)
+    for N, C in ((64, 255), (8, 50257), (7, 3), (2048, 33)):
         x = torch.randn(N, C, generator=g) * 3
         t = torch.randint(0, C, (N,), generator=g)
         t[::4] = -100
@@ -89,7 +91,8 @@ def _cross_entropy_cases() -> Iterator:
 
 def _rms_norm_cases() -> Iterator:
     g = torch.Generator().manual_seed(0)
-    for N, D in ((1000, 64), (64, 4097)):
+    # D = 1 and a small odd D take dweight's column paths (rms_norm.c), not its vector one
+    for N, D in ((1000, 64), (64, 4097), (300, 1), (257, 3)):
         x = torch.randn(N, D, generator=g)
         yield f"N={N},D={D}", (x, (D,), torch.randn(D, generator=g)), {"eps": 1e-5}
 
@@ -191,6 +194,36 @@ def _compare_self_check() -> list[str]:
     return failures
 
 
+def _vocab_parallel_failures(factor: float, floor: float) -> list[str]:
+    """The vocab-parallel passes (what --tp ranks run), over 1..3 shards in one
+    process, against torch's cross-entropy with smoothing and z-loss: loss rows
+    and dlogits held to the default rule, like the single-process kernel."""
+    from . import _native
+    from .builds import vocab_parallel_ce
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 1003, generator=g) * 4
+    t = torch.randint(0, 1003, (37,), generator=g)
+    t[::5] = -100
+
+    def rows(z):  # vocab_parallel_ce's smoothing 0.1 and z-loss 1e-4, per row; grads of their mean
+        z = z.detach().requires_grad_()
+        loss = F.cross_entropy(z, t, reduction="none", label_smoothing=0.1) + 1e-4 * torch.logsumexp(z, -1) ** 2 * (t != -100)
+        (loss.sum() / len(t)).backward()
+        return loss.detach(), z.grad
+
+    (torch_loss, torch_grad), (exact_loss, exact_grad) = rows(x), rows(x.double())
+    failures = []
+    for shards in (1, 2, 3):
+        out = vocab_parallel_ce(_native.lib, float("nan"), x, t, shards)
+        loss, grad = out[2], torch.cat(out[3:], dim=1)
+        for part, ours, theirs, exact in (("loss", loss, torch_loss, exact_loss), ("grad", grad, torch_grad, exact_grad)):
+            fig = parity(f"vocab_parallel.{part}[shards={shards}]", ours, theirs, exact, factor, floor)
+            if not fig["ok"]:
+                failures.append(f"{fig['name']}: {fig['reason']}")
+    return failures
+
+
 def kernel_parity(settings: dict) -> dict:
     checks, failures = [], []
     # held to torch's bits: the bitwise kernels that are bit-identical at this capability (ckparity.cpu)
@@ -215,6 +248,7 @@ def kernel_parity(settings: dict) -> dict:
                 checks.append(fig)
                 if not fig["ok"]:
                     failures.append(f"{fig['name']}: {fig['reason']}")
+    failures += _vocab_parallel_failures(settings["factor"], settings["floor_ulps"])
     failures += _compare_self_check()
     worst = max(checks, key=lambda f: f["max_ulp"])
     summary = (f"{len(checks)} checks, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
@@ -229,9 +263,10 @@ OPTIMIZERS = {"ckparity": lambda params, **kw: ckparity.optim.AdamW(params, **kw
 
 
 def _grad_norm_failures(sizes: list[int]) -> list[str]:
-    """clip_grad_norm_'s total norm (2, 1, inf) against float64: at most twice
-    torch's own error, or half an ULP of the norm (ckparity's is reduced in
-    double; a float accumulator over many elements is far worse than torch's)."""
+    """clip_grad_norm_'s total norm (2, 1, inf) against float64: within one
+    float32 ULP, ckparity's claim (the norm is reduced in double, then rounded;
+    torch's float reduction is allowed more, so a float accumulator that is as
+    good as torch's still fails here)."""
     failures, g = [], torch.Generator().manual_seed(3)
     for norm_type in (2.0, 1.0, float("inf")):
         grads = [torch.randn(n, generator=g) * 10 for n in sizes + [200003]]
@@ -242,7 +277,7 @@ def _grad_norm_failures(sizes: list[int]) -> list[str]:
             for p, t in zip(params, grads):
                 p.grad = t.clone()
             errors[side] = abs(float(clip(params, 1.0, norm_type=norm_type)) - exact)
-        if not errors["ckparity"] <= max(2 * errors["torch"], 2.0**-24 * exact):
+        if not errors["ckparity"] <= 2.0**-23 * exact:
             failures.append(f"clip_grad_norm_ p={norm_type}: total norm {errors['ckparity']:.3g} from float64, "
                             f"torch's {errors['torch']:.3g}")
     return failures

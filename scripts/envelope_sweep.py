@@ -1,0 +1,125 @@
+"""The noise envelope's calibration figures (README "Noise or bug"):
+verdicts on the stress profile, the false-fail rate over seeds a correct
+kernel trains with, and the power against planted biases.
+
+    python scripts/envelope_sweep.py [--seeds 20] [--out reports/envelope]
+
+Writes one JSON per case (the run's envelope and verdict, without its series)
+and summary.json; prints a Markdown table. Each stress run is 1000 steps with
+K=4 null twins: ~30-60 s on this machine's 2 cores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity.harness import backends
+from ckparity.harness.repro import STRESS
+from ckparity.harness.run import train
+
+
+class _OneUlpUp(torch.autograd.Function):
+    """A planted bias: every dlogit one ULP further from 0 than torch's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        bits = grad.contiguous().view(torch.int32)
+        return torch.where(grad == 0, grad, (bits + 1).view(torch.float32))
+
+
+def _smoothing_over_fewer_classes(logits, targets, label_smoothing=0.0):
+    """A planted slip: label smoothing spread as if over 0.99 V classes."""
+    eps = label_smoothing * logits.shape[-1] / (0.99 * logits.shape[-1])
+    return F.cross_entropy(logits, targets, label_smoothing=min(eps, 1.0))
+
+
+class _BiasedAdamW(ckparity.optim.AdamW):
+    """A planted bias: ckparity's AdamW, then every param moved by -1e-7 x lr."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.sub_(1e-7 * group["lr"])
+        return loss
+
+
+PLANTED = {
+    ("cross_entropy", "dlogits_one_ulp_up"): lambda x, t, **kw: F.cross_entropy(_OneUlpUp.apply(x), t, **kw),
+    ("cross_entropy", "smoothing_099V"): _smoothing_over_fewer_classes,
+    ("adamw", "update_bias_1e-7lr"): _BiasedAdamW,
+}
+
+# name -> (RunConfig changes, seeds); "seeds" cases are the false-fail rate
+CASES = {
+    "default_ce": ({"ck_loss_backend": "c"}, None),
+    "ptref_ce": ({"ck_loss_backend": "c_ptref"}, None),
+    "default_ce_smoothing_0.1": ({"ck_loss_backend": "c", "label_smoothing": 0.1}, None),
+    "fault_dlogits_one_ulp_up": ({"ck_loss_backend": "dlogits_one_ulp_up", "ck_optimizer_backend": "torch"}, None),
+    "fault_adamw_update_bias": ({"ck_loss_backend": "torch", "ck_optimizer_backend": "update_bias_1e-7lr"}, None),
+    "fault_smoothing_099V": ({"ck_loss_backend": "smoothing_099V", "label_smoothing": 0.1}, None),
+    "false_fail_default_ce": ({"ck_loss_backend": "c"}, "seeds"),
+}
+
+
+def _row(report: dict, seconds: float) -> dict:
+    env = report["envelope"] or {}
+    return {"status": report["status"], "verdict": report["noise_verdict"], "first_beyond_step": env.get("first_beyond_step"),
+            "max_noise_ratio": env.get("max_noise_ratio"), "first_param_fail_step": report["first_param_fail_step"],
+            "null_model": env.get("null_model"), "seconds": round(seconds, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20, help="seeds 100.. for the false-fail rate")
+    parser.add_argument("--members", type=int, default=4)
+    parser.add_argument("--out", default="reports/envelope")
+    parser.add_argument("--runs-dir", default="/tmp/ckparity_envelope_runs", help="each run's full report")
+    parser.add_argument("--only", nargs="*", default=None, help="only these cases")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+    for (kernel, name), fn in PLANTED.items():
+        backends.register(kernel, name, fn)
+    summary = {"capability": ckparity.cpu.capability(), "members": args.members, "profile": "stress, 1000 steps",
+               "cases": {}}
+    for case, (changes, seeds) in CASES.items():
+        if args.only is not None and case not in args.only:
+            continue
+        rows = []
+        for seed in (range(100, 100 + args.seeds) if seeds else [STRESS.seed]):
+            config = replace(STRESS, envelope=args.members, no_progress=True, seed=seed, **changes,
+                             json_out=str(Path(args.runs_dir) / f"{case}_seed{seed}.json"))
+            start = time.perf_counter()
+            rows.append({"seed": seed, **_row(train(config), time.perf_counter() - start)})
+            print(case, rows[-1]["seed"], rows[-1]["verdict"], rows[-1]["first_beyond_step"],
+                  rows[-1]["max_noise_ratio"], flush=True)
+        summary["cases"][case] = {"changes": changes, "runs": rows}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print("| case | runs | beyond noise | first beyond | max ratio loss / param | first param fail | dlogits inside m |")
+    print("|---|---|---|---|---|---|---|")
+    for case, entry in summary["cases"].items():
+        runs = entry["runs"]
+        beyond = [r for r in runs if r["verdict"] == "beyond_noise"]
+        firsts = sorted(r["first_beyond_step"] for r in beyond)
+        ratio = lambda q: max(r["max_noise_ratio"][q] for r in runs)  # noqa: E731
+        shares = [r["null_model"]["coverage"]["dlogits"]["share"] for r in runs]
+        print(f"| {case} | {len(runs)} | {len(beyond)} | {firsts[:3] or '-'} | {ratio('loss'):.3g} / {ratio('param'):.3g} "
+              f"| {[r['first_param_fail_step'] for r in runs][:3]} | {min(shares):.4f} |")
+
+
+if __name__ == "__main__":
+    main()
