@@ -94,8 +94,10 @@ def main() -> None:
     Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
     for (kernel, name), fn in PLANTED.items():
         backends.register(kernel, name, fn)
+    # cases run before (another --only) stay in the summary
+    previous = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {"cases": {}}
     summary = {"capability": ckparity.cpu.capability(), "members": args.members, "profile": "stress, 1000 steps",
-               "cases": {}}
+               "cases": previous["cases"]}
     for case, (changes, seeds) in CASES.items():
         if args.only is not None and case not in args.only:
             continue

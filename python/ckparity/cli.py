@@ -7,6 +7,7 @@
   ckparity gate     the CI parity gates (--tier quick|full, --only, --config gates.toml)
   ckparity bench    kernel speed against torch and against a copy's bandwidth
   ckparity mutate   the gates against builds with planted numerics bugs: a kill matrix
+  ckparity check    the conformance suite on any backend of a kernel (yours: --plugin)
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
@@ -222,6 +223,31 @@ def _mutate(argv: list[str]) -> int:
     return EXIT_FAIL if report["error"] or (report["score"] or 0.0) < args.min_score else EXIT_PASS
 
 
+def _check(argv: list[str]) -> int:
+    from .check import SLOTS, check, table
+    from .harness.config import UsageError
+    from .harness.report import STDOUT, check_writable, write_json
+
+    parser = argparse.ArgumentParser(prog="ckparity check", description="The conformance suite ckparity runs on its "
+                                     "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
+                                     "and large odd ones against torch and float64, the slot's options, strided "
+                                     "input, 1 and 2 threads, bad input. Exit 0 unless a verdict is wrong or crashes.")
+    parser.add_argument("kernel", help=f"one of {list(SLOTS)} (or the flags' spelling: rmsnorm, loss)")
+    parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
+    parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
+    args = parser.parse_args(argv)
+    if args.json_out:
+        check_writable(args.json_out, "--json-out")
+    try:
+        report = check(args.kernel, args.backend)
+    except (ValueError, KeyError) as err:
+        raise UsageError(str(err).strip("'\"")) from None
+    if args.json_out:
+        write_json(args.json_out, report)
+    print(table(report), file=sys.stderr if args.json_out == STDOUT else sys.stdout)
+    return EXIT_PASS if report["passed"] else EXIT_FAIL
+
+
 def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info",
                             description="The environment a report records, and what is bit-identical to torch "
@@ -235,7 +261,7 @@ def _info(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare": _compare, "gate": _gate,
-            "bench": _bench, "mutate": _mutate, "info": _info}
+            "bench": _bench, "mutate": _mutate, "check": _check, "info": _info}
 
 
 def _load_plugins(argv: list[str]) -> list[str]:

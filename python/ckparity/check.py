@@ -1,0 +1,299 @@
+"""ckparity check KERNEL --backend NAME: the conformance suite ckparity runs on
+its own kernels, run on any registered backend (yours, loaded by --plugin).
+
+Each property is a set of cases run on the backend and on torch (and on
+torch in float64, the exact answer's stand-in), with a verdict:
+
+- ``widths``: every width 1..300 and large odd ones (511 .. 8191), 1 and 3
+  rows: vector tails and blockings hide there;
+- ``options``: what the slot's contract passes besides the plain call
+  (ignored rows and label smoothing; no weight; a 3-D input);
+- ``non_contiguous``: the input as a strided view must give the bits the
+  same values give contiguous;
+- ``threads``: a large case at 1 and 2 torch threads, the same bits;
+- ``bad_input``: a wrong shape or an out-of-range target must raise, not
+  return.
+
+Verdicts, worst last: ``bitwise`` (every output and gradient has torch's
+bits), ``as accurate as torch`` (ckparity.measure.parity: close to torch, and
+a float64 error at most twice torch's), ``less accurate`` (close to torch,
+further from float64), ``nondeterministic`` (threads only), ``wrong`` (not
+close to torch, or bad input accepted), ``crashes`` (raised on valid input).
+The overall verdict is the worst; exit 0 unless it is ``wrong`` or
+``crashes``. A crash in C ends the process: run check in its own process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import cpu
+from .harness import backends
+from .measure import RULES, differing_elements, max_ulp, parity
+from .plugins import resolve, slot
+
+SCHEMA = "ckparity.check/1"
+VERDICTS = ["bitwise", "as accurate as torch", "less accurate", "nondeterministic", "wrong", "crashes"]
+FAILING = {"wrong", "crashes"}
+WIDTHS = list(range(1, 301)) + [511, 1023, 4095, 4097, 8191]
+ROWS = (1, 3)
+
+
+@dataclass(frozen=True)
+class Slot:
+    make: Callable[[int, int, torch.Generator], dict]  # (width, rows, gen) -> the case's tensors, float32
+    call: Callable[[Callable, dict], torch.Tensor]      # (fn, tensors) -> the output
+    differentiated: tuple[str, ...]                      # the tensors whose gradients are compared
+    widths: list[int]
+    bad: Callable[[Callable], None]                      # calls fn with bad input (must raise)
+
+
+def _rms_norm_make(width, rows, g):
+    return {"x": torch.randn(rows, width, generator=g), "weight": torch.randn(width, generator=g)}
+
+
+def _swiglu_make(width, rows, g):
+    return {"x": torch.randn(rows, 2 * width, generator=g) * 4}
+
+
+def _ce_make(width, rows, g):
+    targets = torch.randint(0, width, (rows,), generator=g)
+    targets[1::3] = -100  # ignored rows; row 0 is always kept (a mean over no rows is NaN)
+    return {"logits": torch.randn(rows, width, generator=g) * 3, "targets": targets}
+
+
+def _rope_make(width, rows, g):
+    angles = torch.rand(3, width // 2, generator=g) * 6
+    # (B, T, heads, d) stored, passed as the transposed (B, heads, T, d) view the harness passes
+    return {"q": torch.randn(1, 3, rows + 1, width, generator=g), "cos": angles.cos(), "sin": angles.sin()}
+
+
+def _floating(t: dict, dtype) -> dict:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in t.items()}
+
+
+def _expect_raise(what: str, call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception:  # noqa: BLE001 -- any clear refusal will do; returning is the failure
+        return
+    raise _Accepted(what)
+
+
+class _Accepted(Exception):
+    """A bad input was accepted (returned a value)."""
+
+
+def _rms_norm_bad(fn):
+    x, w = torch.randn(3, 8), torch.randn(8)
+    _expect_raise("normalized_shape (7,) on rows of 8", lambda: fn(x, (7,), w, 1e-5))
+    _expect_raise("a weight of 5 on rows of 8", lambda: fn(x, (8,), torch.randn(5), 1e-5))
+
+
+def _swiglu_bad(fn):
+    _expect_raise("an odd last dimension (7)", lambda: fn(torch.randn(3, 7)))
+
+
+def _ce_bad(fn):
+    _expect_raise("a target equal to V (5)", lambda: fn(torch.randn(3, 5), torch.tensor([0, 5, 1])))
+    _expect_raise("a negative target other than ignore_index", lambda: fn(torch.randn(3, 5), torch.tensor([0, -2, 1])))
+    _expect_raise("3 targets for 4 rows", lambda: fn(torch.randn(4, 5), torch.tensor([0, 1, 2])))
+
+
+def _rope_bad(fn):
+    _expect_raise("cos of the wrong width", lambda: fn(torch.randn(1, 2, 3, 8), torch.randn(3, 3), torch.randn(3, 3)))
+
+
+SLOTS: dict[str, Slot] = {
+    "rms_norm": Slot(_rms_norm_make, lambda fn, t: fn(t["x"], (t["x"].shape[-1],), t["weight"], 1e-5),
+                     ("x", "weight"), WIDTHS, _rms_norm_bad),
+    "swiglu": Slot(_swiglu_make, lambda fn, t: fn(t["x"]), ("x",), WIDTHS, _swiglu_bad),
+    "cross_entropy": Slot(_ce_make, lambda fn, t: fn(t["logits"], t["targets"]), ("logits",), WIDTHS, _ce_bad),
+    "rope": Slot(_rope_make, lambda fn, t: fn(t["q"].transpose(1, 2), t["cos"], t["sin"]), ("q",),
+                 [w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], _rope_bad),
+}
+
+
+def _evaluate(kernel_slot: Slot, fn: Callable, tensors: dict, dtype=torch.float32, strided: str | None = None) -> dict:
+    """The output and the gradients of a fixed random weighting of it; with
+    ``strided``, that input reaches fn as a column slice of a wider tensor
+    (the same values, other strides; its gradient flows back through the copy)."""
+    leaves = {k: v.detach().clone().requires_grad_(k in kernel_slot.differentiated)
+              for k, v in _floating(tensors, dtype).items()}
+    given = dict(leaves)
+    if strided is not None:
+        width = leaves[strided].shape[-1]
+        wide = torch.zeros(*leaves[strided].shape[:-1], 2 * width + 1, dtype=dtype)
+        given[strided] = wide[..., 1 : 1 + width]
+        given[strided].copy_(leaves[strided])
+    out = kernel_slot.call(fn, given)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out.backward(upstream)
+    return {"out": out.detach(), **{f"d{k}": leaves[k].grad for k in kernel_slot.differentiated}}
+
+
+class _Property:
+    """Figures and the verdict of one property, filled case by case."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.cases, self.bit_identical, self.max_ulp = name, 0, 0, 0
+        self.worst = "bitwise"
+        self.failures: list[str] = []
+
+    def verdict(self, verdict: str, why: str | None = None) -> None:
+        if VERDICTS.index(verdict) > VERDICTS.index(self.worst):
+            self.worst = verdict
+        if why is not None and len(self.failures) < 5:
+            self.failures.append(why)
+
+    def compare(self, label: str, ours: dict, theirs: dict, exact: dict) -> None:
+        self.cases += 1
+        same = all(differing_elements(ours[k], theirs[k]) == 0 for k in theirs)
+        self.bit_identical += same
+        for k in theirs:
+            if ours[k] is None or ours[k].shape != theirs[k].shape:
+                self.verdict("wrong", f"{label} {k}: shape {None if ours[k] is None else tuple(ours[k].shape)}, "
+                                      f"torch's {tuple(theirs[k].shape)}")
+                return
+            self.max_ulp = max(self.max_ulp, max_ulp(ours[k], theirs[k]))
+            fig = parity(f"{label} {k}", ours[k], theirs[k], exact[k], *RULES["default"])
+            if not fig["ok"]:
+                bad = "wrong" if fig["reason"].startswith("not close") else "less accurate"
+                self.verdict(bad, f"{fig['name']}: {fig['reason']}")
+        if not same:
+            self.verdict("as accurate as torch")
+
+    def report(self) -> dict:
+        return {"property": self.name, "cases": self.cases, "bit_identical": self.bit_identical,
+                "max_ulp": self.max_ulp, "verdict": self.worst, "failures": self.failures}
+
+
+def _run_case(prop: _Property, label: str, kernel_slot: Slot, fn, torch_fn, tensors: dict) -> None:
+    try:
+        ours = _evaluate(kernel_slot, fn, tensors)
+    except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
+        prop.cases += 1
+        prop.verdict("crashes", f"{label}: {type(err).__name__}: {err}")
+        return
+    prop.compare(label, ours, _evaluate(kernel_slot, torch_fn, tensors),
+                 _evaluate(kernel_slot, torch_fn, tensors, torch.float64))
+
+
+def _widths(kernel_slot, fn, torch_fn, g) -> _Property:
+    prop = _Property("widths")
+    for width in kernel_slot.widths:
+        for rows in ROWS:
+            _run_case(prop, f"width={width},rows={rows}", kernel_slot, fn, torch_fn, kernel_slot.make(width, rows, g))
+    return prop
+
+
+def _options(kernel, kernel_slot, fn, torch_fn, g) -> _Property:
+    prop = _Property("options")
+    variants = {
+        "rms_norm": [("no weight", lambda t: {**t, "weight": None})],
+        "swiglu": [("3-D input", lambda t: {"x": t["x"].reshape(3, 1, -1)})],
+        "cross_entropy": [("label_smoothing=0.1", None)],
+        "rope": [],
+    }[kernel]
+    for width in (7, 64, 257, 1000) if kernel != "rope" else ():
+        for name, change in variants:
+            tensors = kernel_slot.make(width, 3, g)
+            if kernel == "cross_entropy":
+                smoothed = Slot(kernel_slot.make, lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1),
+                                kernel_slot.differentiated, kernel_slot.widths, kernel_slot.bad)
+                _run_case(prop, f"width={width},{name}", smoothed, fn, torch_fn, tensors)
+            elif kernel == "rms_norm":
+                no_weight = Slot(kernel_slot.make, lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5), ("x",),
+                                 kernel_slot.widths, kernel_slot.bad)
+                _run_case(prop, f"width={width},{name}", no_weight, fn, torch_fn, tensors)
+            else:
+                _run_case(prop, f"width={width},{name}", kernel_slot, fn, torch_fn, change(tensors))
+    return prop
+
+
+def _non_contiguous(kernel_slot, fn, g) -> _Property:
+    """The first differentiated input as a column slice of a wider tensor: the same bits as contiguous."""
+    prop = _Property("non_contiguous")
+    first = kernel_slot.differentiated[0]
+    for width in (8, 34, 1000):  # even: rope's head dim is
+        tensors = kernel_slot.make(width, 3, g)
+        label = f"width={width}"
+        try:
+            plain = _evaluate(kernel_slot, fn, tensors)
+            view = _evaluate(kernel_slot, fn, tensors, strided=first)
+        except Exception as err:  # noqa: BLE001
+            prop.cases += 1
+            prop.verdict("crashes", f"{label}: {type(err).__name__}: {err}")
+            continue
+        prop.cases += 1
+        if all(differing_elements(view[k], plain[k]) == 0 for k in plain):
+            prop.bit_identical += 1
+        else:
+            prop.verdict("wrong", f"{label}: a strided {first} gives other values than a contiguous one")
+    return prop
+
+
+def _threads(kernel_slot, fn, g) -> _Property:
+    prop = _Property("threads")
+    tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(_evaluate(kernel_slot, fn, tensors))
+    except Exception as err:  # noqa: BLE001
+        prop.verdict("crashes", f"{type(err).__name__}: {err}")
+    finally:
+        torch.set_num_threads(before)
+    prop.cases += 1
+    if len(results) == 2:
+        if all(differing_elements(results[0][k], results[1][k]) == 0 for k in results[0]):
+            prop.bit_identical += 1
+        else:
+            prop.verdict("nondeterministic", "1 and 2 torch threads give different bits (64 rows of 4096)")
+    return prop
+
+
+def _bad_input(kernel_slot, fn) -> _Property:
+    prop = _Property("bad_input")
+    prop.cases += 1
+    try:
+        kernel_slot.bad(fn)
+        prop.bit_identical += 1
+    except _Accepted as accepted:
+        prop.verdict("wrong", f"accepted {accepted} without an error")
+    return prop
+
+
+def check(kernel: str, backend: str, seed: int = 0) -> dict:
+    """The conformance report (schema ckparity.check/1) of one backend of one slot."""
+    kernel = slot(kernel)
+    if kernel not in SLOTS:
+        raise ValueError(f"ckparity check covers {', '.join(SLOTS)}; {kernel!r} is not among them yet")
+    resolve(kernel, backend)
+    fn, torch_fn = backends.BACKENDS[kernel][backend], backends.BACKENDS[kernel]["torch"]
+    kernel_slot, g = SLOTS[kernel], torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    props = [_widths(kernel_slot, fn, torch_fn, g), _options(kernel, kernel_slot, fn, torch_fn, g),
+             _non_contiguous(kernel_slot, fn, g), _threads(kernel_slot, fn, g), _bad_input(kernel_slot, fn)]
+    rows = [p.report() for p in props if p.cases]
+    overall = max((r["verdict"] for r in rows), key=VERDICTS.index)
+    return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
+            "properties": rows, "verdict": overall, "passed": overall not in FAILING,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def table(report: dict) -> str:
+    lines = [f"ckparity check {report['kernel']} --backend {report['backend']}: {report['verdict']} "
+             f"({report['seconds']} s)", "| property | cases | bit-identical | max ULP | verdict | first failure |",
+             "|---|---|---|---|---|---|"]
+    for r in report["properties"]:
+        lines.append(f"| {r['property']} | {r['cases']} | {r['bit_identical']} | {r['max_ulp']} | {r['verdict']} | "
+                     f"{(r['failures'] or ['-'])[0]} |")
+    return "\n".join(lines)
+

@@ -1,0 +1,113 @@
+"""ckparity check: the verdicts on ckparity's own kernels and on planted
+faults, one per verdict, and the command line's exit codes and report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity import check as conformance
+from ckparity import cpu, reference
+from ckparity.cli import main
+from ckparity.harness import backends
+
+
+@pytest.fixture
+def few_widths(monkeypatch):
+    """Planted faults show at any width: a short sweep keeps these tests fast."""
+    for name, s in list(conformance.SLOTS.items()):
+        widths = [2, 8, 34, 300] if name == "rope" else [1, 7, 64, 301]
+        monkeypatch.setitem(conformance.SLOTS, name, replace(s, widths=widths))
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    def plant(kernel, name, fn):
+        monkeypatch.setitem(backends.BACKENDS[kernel], name, fn)
+        return name
+    return plant
+
+
+def _verdicts(report):
+    return {r["property"]: r["verdict"] for r in report["properties"]}
+
+
+def test_own_swiglu_full_sweep_is_bitwise_where_the_library_follows_torch():
+    report = conformance.check("swiglu", "c")
+    widths = next(r for r in report["properties"] if r["property"] == "widths")
+    assert widths["cases"] == 2 * (300 + 5)
+    expected = "bitwise" if "swiglu" in cpu.bit_identical() else "as accurate as torch"
+    assert report["verdict"] == expected and report["passed"] and report["schema"] == "ckparity.check/1"
+
+
+def test_own_default_cross_entropy_is_as_accurate_not_bitwise(few_widths):
+    report = conformance.check("loss", "c")  # the flag's spelling of the slot
+    assert report["kernel"] == "cross_entropy" and _verdicts(report)["widths"] == "as accurate as torch"
+    assert report["passed"]
+
+
+def test_a_fast_exp_swiglu_is_less_accurate_or_wrong(few_widths, planted):
+    def fast_exp_swiglu(x):
+        g, u = x.chunk(2, -1)
+        e = torch.exp(-g).to(torch.bfloat16).float()  # an 8-bit-mantissa exp
+        return g / (1 + e) * u
+    report = conformance.check("swiglu", planted("swiglu", "fast_exp", fast_exp_swiglu))
+    assert _verdicts(report)["widths"] in ("less accurate", "wrong") and report["verdict"] == "wrong"
+    assert not report["passed"] and report["properties"][0]["failures"]
+
+
+def test_a_mean_over_ignored_rows_is_wrong(few_widths, planted):
+    def counts_ignored(logits, targets, **kw):
+        return F.cross_entropy(logits, targets, reduction="sum", **kw) / len(targets)
+    report = conformance.check("cross_entropy", planted("cross_entropy", "counts_ignored", counts_ignored))
+    assert _verdicts(report)["widths"] == "wrong" and not report["passed"]
+
+
+def test_a_backend_raising_on_valid_input_crashes(few_widths, planted):
+    def no_ignore_index(logits, targets, **kw):
+        if (targets < 0).any():
+            raise IndexError("target -100 out of bounds")
+        return F.cross_entropy(logits, targets, **kw)
+    report = conformance.check("cross_entropy", planted("cross_entropy", "no_ignore", no_ignore_index))
+    assert report["verdict"] == "crashes" and "IndexError" in report["properties"][0]["failures"][0]
+
+
+def test_reading_a_strided_input_as_contiguous_is_wrong(few_widths, planted):
+    def ignores_strides(x, shape, weight, eps):
+        flat = x.contiguous() if x.is_contiguous() else x.as_strided(x.shape, x.contiguous().stride())
+        return F.rms_norm(flat, shape, weight, eps)
+    report = conformance.check("rms_norm", planted("rms_norm", "ignores_strides", ignores_strides))
+    assert _verdicts(report)["non_contiguous"] == "wrong" and _verdicts(report)["widths"] == "bitwise"
+
+
+def test_accepting_bad_input_is_wrong(few_widths, planted):
+    def no_shape_check(x):
+        h = x.shape[-1] // 2
+        return reference.swiglu(x[..., : 2 * h])
+    report = conformance.check("swiglu", planted("swiglu", "no_shape_check", no_shape_check))
+    assert _verdicts(report)["bad_input"] == "wrong" and "odd last dimension" in report["properties"][-1]["failures"][0]
+
+
+def test_a_thread_dependent_result_is_nondeterministic(few_widths, planted):
+    def by_threads(x):
+        y = reference.swiglu(x)
+        return y * (1 + 2.0**-20) if torch.get_num_threads() == 2 else y
+    report = conformance.check("swiglu", planted("swiglu", "by_threads", by_threads))
+    assert _verdicts(report)["threads"] == "nondeterministic" and report["passed"]
+
+
+def test_cli_exit_codes_and_report(few_widths, planted, tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert main(["check", "rope", "--backend", "c", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["schema"] == "ckparity.check/1" and report["passed"]
+    planted("rope", "no_backward_transpose", lambda q, cos, sin: reference.rope(q, cos, -sin, "half"))
+    assert main(["check", "rope", "--backend", "no_backward_transpose"]) == 1
+    assert main(["check", "swiglu", "--backend", "nope"]) == 2
+    assert "registered: c, " in capsys.readouterr().err
+    assert main(["check", "adamw", "--backend", "c"]) == 2
