@@ -72,12 +72,27 @@ def _ranks_of(launcher: subprocess.Popen, world: int, timeout: float = 60) -> di
     raise AssertionError("the ranks did not start")
 
 
+def _wait_for_cpu_seconds(pids, seconds: float, deadline: float = 120.0) -> None:
+    """Until every process has used ``seconds`` of CPU: a wall-clock sleep
+    reaches less of the run on a loaded machine (CI's neighbours, other jobs)."""
+    tick, start = os.sysconf("SC_CLK_TCK"), time.monotonic()
+    while time.monotonic() - start < deadline:
+        try:
+            used = [sum(int(v) for v in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]) / tick
+                    for pid in pids]
+        except OSError:
+            return  # a rank already ended: the test's assertions say whether that was wrong
+        if min(used) >= seconds:
+            return
+        time.sleep(0.1)
+
+
 def _run_and_disturb(tmp_path, rank: int, sig: int, *flags) -> tuple[int, float, dict]:
     out = tmp_path / "report.json"
     launcher = subprocess.Popen([*CKPARITY, "train", "--tp", "2", *flags, "--json-out", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = _ranks_of(launcher, 2)
-    time.sleep(5)  # well into the run (torch is imported, the group is joined, steps are running)
+    _wait_for_cpu_seconds(pids.values(), 4.0)  # well into the run (torch imported, the group joined, steps running)
     os.kill(pids[rank], sig)
     start = time.monotonic()
     try:
