@@ -26,7 +26,7 @@ The overall verdict is the worst; exit 0 unless it is ``wrong`` or
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -192,26 +192,19 @@ def _widths(kernel_slot, fn, torch_fn, g) -> _Property:
 
 
 def _options(kernel, kernel_slot, fn, torch_fn, g) -> _Property:
+    """What the slot's contract passes besides the plain call, each as the slot with another call."""
     prop = _Property("options")
     variants = {
-        "rms_norm": [("no weight", lambda t: {**t, "weight": None})],
-        "swiglu": [("3-D input", lambda t: {"x": t["x"].reshape(3, 1, -1)})],
-        "cross_entropy": [("label_smoothing=0.1", None)],
+        "rms_norm": [("no weight", replace(kernel_slot, differentiated=("x",),
+                                           call=lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5)))],
+        "swiglu": [("3-D input", replace(kernel_slot, call=lambda f, t: f(t["x"].reshape(3, 1, -1))))],
+        "cross_entropy": [("label_smoothing=0.1", replace(
+            kernel_slot, call=lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1)))],
         "rope": [],
     }[kernel]
-    for width in (7, 64, 257, 1000) if kernel != "rope" else ():
-        for name, change in variants:
-            tensors = kernel_slot.make(width, 3, g)
-            if kernel == "cross_entropy":
-                smoothed = Slot(kernel_slot.make, lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1),
-                                kernel_slot.differentiated, kernel_slot.widths, kernel_slot.bad)
-                _run_case(prop, f"width={width},{name}", smoothed, fn, torch_fn, tensors)
-            elif kernel == "rms_norm":
-                no_weight = Slot(kernel_slot.make, lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5), ("x",),
-                                 kernel_slot.widths, kernel_slot.bad)
-                _run_case(prop, f"width={width},{name}", no_weight, fn, torch_fn, tensors)
-            else:
-                _run_case(prop, f"width={width},{name}", kernel_slot, fn, torch_fn, change(tensors))
+    for width in (7, 64, 257, 1000):
+        for name, variant in variants:
+            _run_case(prop, f"width={width},{name}", variant, fn, torch_fn, kernel_slot.make(width, 3, g))
     return prop
 
 
