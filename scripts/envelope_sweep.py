@@ -109,8 +109,9 @@ def main() -> None:
             rows.append({"seed": seed, **_row(train(config), time.perf_counter() - start)})
             print(case, rows[-1]["seed"], rows[-1]["verdict"], rows[-1]["first_beyond_step"],
                   rows[-1]["max_noise_ratio"], flush=True)
-        summary["cases"][case] = {"changes": changes, "runs": rows}
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            # after every run: a sweep cut off by its timeout keeps the seeds it finished
+            summary["cases"][case] = {"changes": changes, "runs": rows}
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("| case | runs | beyond noise | first beyond | max ratio loss / param | first param fail | dlogits inside m |")
     print("|---|---|---|---|---|---|---|")
     for case, entry in summary["cases"].items():
