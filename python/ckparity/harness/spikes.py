@@ -8,18 +8,24 @@ float noise a spike).
 
 On a spike of either twin, the step is replayed -- forward and loss, one
 micro-batch at a time -- from the torch twin's state at the start of the step
-in three fresh twins: CK, torch (float32) and the float64 shadow (torch's
-ops in float64). The same state for all three isolates the kernels from the
-drift that led there. Each replayed loss is judged by the same rule against
-the torch twin's history, and the spike is classified:
+in two fresh twins: CK and the float64 shadow (torch's ops in float64). The
+same state isolates the kernels from the drift that led there. The torch side
+is the torch twin's own step: a float32 torch replay would be the same ops on
+the same state, so it could only repeat the twin's loss bit for bit (a torch
+forward is still run, for the stage analysis below, and the report says
+whether it did repeat it: `torch_forward_identical`, a check that the state
+restore is exact). The CK replay and the float64 one are judged by the same
+rule against the torch twin's history, and the spike is classified:
 
-- "kernel": the CK replay spikes, torch's does not (only the CK kernels see it);
-- "torch_only": torch's replay spikes, CK's does not;
-- "float32_numerics": both float32 replays spike, the float64 one does not;
+- "kernel": the CK replay spikes, the torch twin did not (only the CK kernels
+  see it);
+- "torch_only": the torch twin spiked, the CK kernels on its state do not;
+- "float32_numerics": both spike, the float64 replay does not;
 - "dynamics_or_data": the float64 replay spikes too (the weights or the batch,
   not the arithmetic);
-- "not_reproduced": no replay spikes -- the spike came from the spiking twin's
-  own drifted state, not from this step's arithmetic on a shared one.
+- "not_reproduced": neither the torch twin nor a replay spikes -- the CK
+  twin's spike came from its own drifted state, not from this step's
+  arithmetic on a shared one.
 
 Each triage also names, per float32 twin, the forward stage whose output is
 furthest from float64 (relative to the stage's scale), and the batch rows
@@ -27,7 +33,7 @@ with the largest loss (float64), with each twin's loss on them.
 
 Cost: the torch twin's state is copied every step (into reused buffers) so
 that a spike can be replayed from the start of its step; each triage builds
-three twins and runs one forward per micro-batch. At most MAX_TRIAGES per run.
+three twins and runs one forward per micro-batch in each. At most MAX_TRIAGES per run.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ def _worst_stage(replay: Replay, exact: Replay) -> dict:
 
 
 def classify(ck: bool, ref: bool, f64: bool) -> str:
+    """ck: the CK replay spiked; ref: the torch twin's own step did; f64: the float64 replay did."""
     if f64:
         return "dynamics_or_data"
     if ck and ref:
@@ -132,7 +139,7 @@ class SpikeTriage:
         twins["f64"] = _float64_twin(self.config, self.snapshot)
         replays = {side: _replay(twin, windows) for side, twin in twins.items()}
         history = self.history["torch"][:-1]  # before this step
-        replayed = {side: statistics.fmean(r.losses) for side, r in replays.items()}
+        replayed = {side: statistics.fmean(replays[side].losses) for side in ("ck", "f64")}
         replay_spikes = {side: is_spike(loss, history)[0] for side, loss in replayed.items()}
         exact_rows = replays["f64"].rows
         top = torch.topk(exact_rows, min(TOP_ROWS, exact_rows.numel())).indices.tolist()
@@ -141,7 +148,8 @@ class SpikeTriage:
             "step": step, "spiked": spiked, "median_before": medians,
             "loss": {side: statistics.fmean(v) for side, v in losses.items()},
             "replayed_loss": replayed, "replay_spiked": replay_spikes,
-            "class": classify(replay_spikes["ck"], replay_spikes["torch"], replay_spikes["f64"]),
+            "torch_forward_identical": replays["torch"].losses == losses["torch"],
+            "class": classify(replay_spikes["ck"], spiked["torch"], replay_spikes["f64"]),
             "worst_stage": {side: _worst_stage(replays[side], replays["f64"]) for side in ("ck", "torch")},
             "top_rows": [{"micro_batch": i // per_batch, "row": i % per_batch,
                           **{f"{side}_loss": float(r.rows[i]) for side, r in replays.items()}}
