@@ -5,13 +5,17 @@ output is NaN, and each gate run as `ckparity gate` runs it (run_gates: a
 gate that crashes fails). The faults each gate exists for are planted in
 tests/test_gates.py.
 
-distributed_parity is not in this matrix: its ranks are fresh processes that
-build their twins from ckparity's own backends, where a monkeypatch does not
-reach (issue 24's plugins will carry planted faults there)."""
+distributed_parity's ranks are fresh processes, where a monkeypatch does not
+reach: its faults are planted by a plugin (CKP_PLUGINS, loaded by every rank)
+that replaces the C RMSNorm -- by one that raises, one whose output is NaN,
+and the fault the gate exists for, a kernel whose bits depend on the rank."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import os
+import textwrap
 
 import pytest
 import torch
@@ -83,3 +87,43 @@ def test_gate_fails_on(gate, fault, monkeypatch, tmp_path):
 
 def test_every_gate_but_distributed_is_in_the_matrix():
     assert set(GATES) | {"distributed_parity"} == set(gates.GATE_NAMES)
+
+
+_RANK_PLUGIN = """
+import torch
+import torch.distributed as dist
+import ckparity
+from ckparity.harness import backends
+
+def faulty(*args, **kwargs):
+    y = ckparity.rms_norm(*args, **kwargs)
+    if FAULT == "raises":
+        raise RuntimeError("planted: this kernel raises")
+    if FAULT == "nan":
+        return y * float("nan")
+    # rank_dependent: rank 1's output one ULP further from 0 (a reduction split by rank, say)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return y if rank == 0 else torch.nextafter(y, y * 2)
+
+backends.RMS_NORM["c"] = faulty
+"""
+
+
+@pytest.mark.parametrize("fault", ["raises", "nan", "rank_dependent"])
+def test_distributed_parity_fails_on(fault, monkeypatch, tmp_path):
+    plugin = tmp_path / "plant.py"
+    plugin.write_text(f"FAULT = {fault!r}\n" + textwrap.dedent(_RANK_PLUGIN))
+    monkeypatch.setenv("CKP_PLUGINS", str(plugin))  # the ranks load it; this process never runs the kernel
+    settings = gates.settings_for("quick")
+    settings["distributed_parity"].update(steps=3, grad_accum=2)
+    (result,) = gates.run_gates(["distributed_parity"], settings, tmp_path, "quick", echo=lambda line: None)
+    assert result["passed"] is False, f"distributed_parity passed with a rank kernel planted to {fault}"
+    failures = result["details"]["failures"]
+    assert len(failures) == 2  # tp and dp
+    if fault == "raises":
+        assert all("planted: this kernel raises" in f for f in failures), failures
+    if fault == "nan":
+        assert all("nan" in f.lower() or "loss fails at 1" in f for f in failures), failures
+    if fault == "rank_dependent":
+        # tp keeps the replicated params on every rank: rank 1's differ from step 1
+        assert "replicated params differ between ranks from step 1" in failures[0], failures

@@ -55,6 +55,9 @@ def _train(argv: list[str]) -> int:
           f"max |loss diff| {result['max_loss_abs_diff']}) -> {path}", file=out)
     if result["error"]:
         print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
+    mismatch = (result["ranks"] or {}).get("first_rank_mismatch_step")
+    if mismatch is not None:
+        print(f"ckparity train: stopped at step {mismatch}: the ranks' replicated parameters differ", file=sys.stderr)
     return exit_code(result)
 
 

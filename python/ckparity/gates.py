@@ -444,17 +444,21 @@ def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str) -> dict:
                                             "max_loss_abs_diff", "max_param_abs_diff")}
         row["run"], row["report"] = label, str(path)
         rows.append(row)
+        ranks = report.get("ranks") or {}
         if report.get("error"):
             failures.append(f"{label}: {report['status']}: {report['error']}")
+        elif ranks.get("replicated_params_identical") is False:
+            failures.append(f"{label}: replicated params differ between ranks from step "
+                            f"{ranks['first_rank_mismatch_step']}")
         elif not report["pass_parity"]:
             loc = report["localization"] or {}
             where = loc.get("first_forward_stage") or loc.get("first_backward_stage") or loc.get("first_param_tensor")
             failures.append(f"{label}: {report['status']} (loss fails at {report['first_loss_fail_step']}, "
                             f"params at {report['first_param_fail_step']}; localized to {where})")
-    summary = "; ".join(f"{r['run']}: {r['status']}, max |loss diff| {r['max_loss_abs_diff']:.2g}, "
-                        f"max |param diff| {r['max_param_abs_diff']:.2g}" for r in rows)
-    if failures:
-        summary = failures[0]
+    # a failed run may have no figures (None): its summary is the failure
+    summary = failures[0] if failures else "; ".join(
+        f"{r['run']}: {r['status']}, max |loss diff| {r['max_loss_abs_diff']:.2g}, "
+        f"max |param diff| {r['max_param_abs_diff']:.2g}" for r in rows)
     return _result(not failures, summary, runs=rows, failures=failures)
 
 

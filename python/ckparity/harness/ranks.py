@@ -294,10 +294,20 @@ def parallel_twin(twin: Twin, config) -> Twin:
     return TensorParallelTwin(twin, config, ranks) if config.tp > 1 else DataParallelTwin(twin, config, ranks)
 
 
+class RanksDisagree(Exception):
+    """The ranks' replicated parameters differ: the run ends at this step."""
+
+
 class RankAgreement:
     """Observer: whether the ranks' copies of the replicated CK parameters
     are still bit-identical after each step (they should be: the same
-    gradients, the same optimizer, the same bits)."""
+    gradients, the same optimizer, the same bits).
+
+    The first mismatch ends the run (RanksDisagree, on every rank: each saw
+    every rank's digest): past it the ranks' own comparisons with the torch
+    twin differ, and a data-dependent choice -- the localizer's replay of a
+    failing step, say -- would send one rank into collectives the others never
+    join, a hang until --rank-timeout."""
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
@@ -309,8 +319,9 @@ class RankAgreement:
             return
         digests = fingerprints(ck.replicated_params())
         self.checked_steps += 1
-        if self.first_mismatch_step is None and len(set(digests)) > 1:
+        if len(set(digests)) > 1:
             self.first_mismatch_step = step
+            raise RanksDisagree(step)
 
     def report(self, config) -> dict:
         return {"world_size": self.ranks.world_size, "tp": config.tp, "dp": config.dp,

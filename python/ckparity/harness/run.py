@@ -17,7 +17,7 @@ from . import report
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
-from .ranks import SINGLE, RankAgreement, join, leave
+from .ranks import SINGLE, RankAgreement, RanksDisagree, join, leave
 from .envelope import NoiseEnvelope
 from .forecast import forecast
 from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
@@ -137,6 +137,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 if spikes is not None:
                     spikes.after_step(step, windows, comparison.losses)
                 progress.update()
+        except RanksDisagree:  # the report says so (ranks.first_rank_mismatch_step) and fails the run
+            pass
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP through stop_on_signals
             status, stopped_by = "interrupted", err.signum if isinstance(err, Interrupted) else 2
         except Exception as err:  # the report still says what was measured before it
