@@ -25,7 +25,6 @@ import torch
 
 import ckparity
 from ckparity import cpu
-from ckparity.harness import envelope
 
 CAPABILITIES = ("default", "avx2", "avx512")
 
@@ -135,18 +134,9 @@ def test_library_capability_is_checked():
     assert lib.ckp_get_capability() == before
 
 
-def test_unmatched_capability_claims_nothing_and_noises_the_null_model(monkeypatch):
-    """Where the library cannot follow torch, nothing is claimed bitwise and
-    the envelope's null members move rms_norm's output by an ULP, not 0."""
+def test_unmatched_capability_claims_nothing(monkeypatch):
+    """Where the library cannot follow torch, nothing is claimed bitwise (the
+    envelope's null members then carry the C kernels' measured differences:
+    tests/test_envelope.py)."""
     monkeypatch.setattr(cpu, "matched", lambda: False)
     assert cpu.bit_identical() == {}
-    from ckparity.harness.config import RunConfig
-
-    ops = envelope.null_ops(RunConfig(no_progress=True), torch.Generator().manual_seed(0))
-    x = torch.randn(64, 32)
-    noisy, exact = ops.rms_norm(x, (32,), None, 1e-5), torch.nn.functional.rms_norm(x, (32,), None, 1e-5)
-    ulps = (noisy.view(torch.int32) - exact.view(torch.int32)).abs()
-    assert int(ulps.max()) == 1 and bool((ulps > 0).any())
-    monkeypatch.setattr(cpu, "matched", lambda: True)
-    ops = envelope.null_ops(RunConfig(no_progress=True), torch.Generator().manual_seed(0))
-    assert torch.equal(ops.rms_norm(x, (32,), None, 1e-5), exact)

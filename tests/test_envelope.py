@@ -1,14 +1,17 @@
-"""--envelope: the null model's ULP moves, and the verdict on a bit-identical and a faulty CK twin."""
+"""--envelope: the null model's moves (ULPs of the weights, the CK kernels'
+measured differences with a random sign), and the verdict on a bit-identical
+and a faulty CK twin."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 
 from ckparity.harness import backends
 from ckparity.harness.config import RunConfig
-from ckparity.harness.envelope import move_ulps
+from ckparity.harness.envelope import Measured, mirror, move_ulps, null_ops
 from ckparity.harness.run import train
 
 
@@ -19,6 +22,69 @@ def test_move_ulps_steps_the_bits_and_leaves_zero_inf_nan():
     finite = torch.isfinite(t) & (t != 0)
     assert steps[finite].abs().max() == 2 and (steps[finite] != 0).any()
     assert torch.equal(moved[~finite & ~t.isnan()], t[~finite & ~t.isnan()]) and moved[t.isnan()].isnan().all()
+
+
+def test_mirror_moves_by_cks_difference_cut_to_the_reach_with_a_random_sign():
+    gen = torch.Generator().manual_seed(12345)  # not the global seed: its draws would follow randn's
+    ref = torch.randn(4096)
+    ck = torch.nextafter(ref, ref * 2)  # 1 ULP outward
+    ck[:100] = ref[:100] * (1 + 1e-3)   # far beyond a 3-ULP reach
+    ck[100:103] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    out = mirror(ref, ck, torch.full(ref.shape, 3.0, dtype=torch.float64), gen)
+    steps = _magnitude_steps(out, ref)
+    assert set(steps[103:].unique().tolist()) == {-1, 1}  # CK's 1 ULP, either way
+    assert 0.45 < float((steps[103:] == 1).float().mean()) < 0.55  # each sign about half the time
+    assert set(steps[:100].unique().tolist()) == {-3, 3}  # cut to the reach
+    assert torch.equal(out[100:103], ref[100:103])  # not finite: torch's
+
+
+def _one_ulp_up(x):
+    return torch.nextafter(x, x * 2)
+
+
+class _GradOneUlpUp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _one_ulp_up(grad)
+
+
+def _magnitude_steps(x, exact):
+    """x's distance from exact in ULPs, + away from 0."""
+    steps = x.detach().view(torch.int32).long() - exact.detach().view(torch.int32).long()
+    return torch.where(exact.detach() < 0, -steps, steps)
+
+
+def test_null_members_carry_the_ck_kernels_measured_difference(monkeypatch):
+    """A CK swiglu whose output is 1 ULP up and whose input gradient is 1 ULP
+    up: a null member's swiglu is torch's +-1 ULP in both, both signs, and
+    the measured figures say +1 on average; a slot whose CK backend is torch's
+    own (or bit-identical to it) adds nothing."""
+    monkeypatch.setitem(backends.SWIGLU, "up", lambda x: _one_ulp_up(backends.SWIGLU["torch"](_GradOneUlpUp.apply(x))))
+    measured = Measured()
+    ops = null_ops(RunConfig(ck_swiglu_backend="up", ck_rmsnorm_backend="torch", no_progress=True),
+                   torch.Generator().manual_seed(12345), measured)
+    x = torch.randn(64, 2 * 96, requires_grad=True)
+    out = ops.swiglu(x)
+    exact = backends.SWIGLU["torch"](x)
+    steps = _magnitude_steps(out, exact)
+    assert set(steps.unique().tolist()) == {-1, 1}
+    up = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, x, up)
+    (dx_exact,) = torch.autograd.grad(exact, x, up)
+    steps = _magnitude_steps(dx, dx_exact)
+    assert set(steps.unique().tolist()) == {-1, 1} and 0.4 < float((steps == 1).float().mean()) < 0.6
+    figures = measured.report()
+    assert figures["swiglu"]["differing"] == out.numel() and figures["swiglu"]["max_abs_ulps"] == 1.0
+    assert figures["swiglu"]["beyond_reach"] == 0  # 1 ULP is within any reach (>= 2)
+    assert figures["swiglu.grad0"]["max_abs_ulps"] == 1.0
+    # a bias is what these show: 1 ULP outward, none in value (swiglu's outputs have both signs)
+    assert figures["swiglu"]["mean_outward_ulps"] == 1.0 and abs(figures["swiglu"]["mean_signed_ulps"]) < 0.2
+    y = torch.randn(8, 32)
+    assert torch.equal(ops.rms_norm(y, (32,), None, 1e-5), F.rms_norm(y, (32,), None, 1e-5))
 
 
 def test_verdicts(tmp_path):

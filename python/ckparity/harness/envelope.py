@@ -1,30 +1,38 @@
 """--envelope K: is the CK twin's drift float noise or a bug?
 
 Next to the twins, K "null" twins train on the same batches: each is the
-torch twin — torch's ops, torch's AdamW — with the float32 variation a
-correct kernel is allowed, seeded per member:
+torch twin -- torch's ops, torch's AdamW -- carrying the CK kernels' own
+float32 differences from torch with their direction taken away, seeded per
+member:
 
 - its initial weights moved by a uniform -1..+1 ULP per element;
-- the loss value and each dlogit (the cross-entropy kernel's outputs) moved
-  at every micro-step by a uniform integer number of ULPs in [-m, m], m =
-  LOSS_ULPS + ceil(2 x torch's own error there), torch's error being its
-  distance from the same loss and dlogit in float64, in ULPs of torch's value:
-  the accuracy rule's "twice torch's error" (ckparity.measure.RULES) plus the
-  2 ULPs a reordered sum costs, per element, unbiased. A fixed +-2 ULPs was
-  narrower than a correct kernel's real difference from torch on the small
-  dlogits (the default cross-entropy's reach 842 of their ULPs in
-  docs/kernels.md); the report's null_model.coverage says which share of the
-  CK loss kernel's own differences from torch fall inside [-m, m];
+- every kernel slot (the loss, rms_norm, swiglu, rope) runs torch's op and
+  the CK twin's backend on the member's own inputs, and each output element --
+  and, in backward, each input-gradient element -- is torch's value moved by
+  CK's difference from it, cut to the reach of a correct kernel and given a
+  random sign. The reach m is REORDER_ULPS + 2 x torch's own distance from
+  float64 there, in ULPs of torch's value (the accuracy rule's "twice torch's
+  error", ckparity.measure.RULES, plus what a reordered sum costs). The null
+  model is thus "a correct kernel with the CK kernel's own error, unbiased":
+  element by element as large as CK's wherever CK's is within the reach, so a
+  twin drifting beyond it owes the drift to its error's direction (a bias, an
+  error correlated with the state) or to errors beyond the reach, not to the
+  size of a correct kernel's rounding. A kernel bit-identical to torch adds no
+  noise; a user's kernel (a plugin backend) is measured like ckparity's.
+  null_model.measured reports each slot's differences from torch in torch's
+  ULPs (on the first member): how many differ, the largest, how many fell
+  beyond the reach, the mean signed and mean outward difference (a bias shows
+  as a mean away from 0).
+  (Before: the loss and dlogits moved by a uniform integer in [-m, m]; a
+  uniform draw is not the kernel's error, and 8% of the default
+  cross-entropy's dlogit differences fell outside it. README "Noise or bug"
+  has the figures of both.)
 - after every update, PARAM_FRACTION of the params moved by one ULP: C AdamW
   differs from torch by one ULP where MKL's sqrt rounds differently,
-  on 1.4% of the params after 100 steps (docs/kernels.md).
-rms_norm, swiglu and rope are bit-identical to torch when the C library
-follows the capability torch runs at (ckparity.cpu; tests/test_capability.py
-sweeps it at each): no noise for them then. Where it cannot (a capability
-ckparity has no arithmetic for), each of their outputs and input gradients is
-moved by -1..+1 ULP too, and the report's null model says so. Thread counts: torch's reductions gave the same bits for
-1 and 2 threads at these shapes (issue 17's measurement), so no member runs
-another thread count.
+  on 1.4% of the params after 100 steps (docs/kernels.md). The optimizer is
+  not measured per element: its state would have to be kept twice per member.
+Thread counts: torch's reductions gave the same bits for 1 and 2 threads at
+these shapes (issue 17's measurement), so no member runs another thread count.
 
 Per step the envelope is the largest (and the median) member-vs-torch-twin
 difference of the loss (worst micro-step) and the params (worst tensor), the
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -53,8 +62,6 @@ from .twin import Twin
 from . import backends
 from .twins import make_optimizer, ops_for
 
-LOSS_ULPS = 2
-UNMATCHED_ULPS = 1  # rms_norm, swiglu, rope where the library cannot follow torch's capability
 PARAM_FRACTION = 0.01
 HALF_ULP = 2.0**-24  # relative
 QUANTITIES = ("loss", "param")
@@ -72,117 +79,133 @@ def move_ulps(t: torch.Tensor, low: int, high: int, gen: torch.Generator, fracti
     return torch.where(keep, t.detach(), (bits + delta).view(torch.float32))
 
 
-class _Noise(torch.autograd.Function):
-    """Forward moves the value by up to ``value_ulps`` ULPs, backward the
-    gradient by up to ``grad_ulps``."""
-
-    @staticmethod
-    def forward(ctx, x, gen, value_ulps, grad_ulps):
-        ctx.gen, ctx.grad_ulps = gen, grad_ulps
-        return move_ulps(x, -value_ulps, value_ulps, gen) if value_ulps else x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        k = ctx.grad_ulps
-        return (move_ulps(grad, -k, k, ctx.gen) if k else grad), None, None, None
+REORDER_ULPS = 2  # what a reordered float32 sum may cost, per element
+MAX_ULPS = 1 << 20  # a bound on the reach where torch's value underflows next to a float64 one
 
 
-MAX_ULPS = 1 << 20  # a bound on m where torch's value underflows next to a float64 one (0 is never moved)
+def spacing(x: torch.Tensor) -> torch.Tensor:
+    """The ULP of each element of x (float32), as float64."""
+    return (torch.nextafter(x.abs(), torch.tensor(float("inf"), dtype=x.dtype)) - x.abs()).double()
 
 
-def ulps_from(x: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """|x - exact| in ULPs of x (float64 counts; x float32)."""
-    spacing = (torch.nextafter(x.abs(), torch.tensor(float("inf"))) - x.abs()).double()
-    return (x.double() - exact.double()).abs() / spacing
+def reach(ref: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """How far (in ULPs of torch's value) a correct kernel may be from torch:
+    REORDER_ULPS + 2 x torch's own distance from float64, per element -- the
+    accuracy rule's "twice torch's error" (ckparity.measure.RULES)."""
+    torch_error = (ref.double() - exact).abs() / spacing(ref)
+    return (REORDER_ULPS + torch.ceil(2 * torch_error)).clamp(max=MAX_ULPS).nan_to_num(MAX_ULPS)
 
 
-def _bound(x: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """The null model's per-element reach m: LOSS_ULPS + ceil(2 x torch's error)."""
-    return (LOSS_ULPS + torch.ceil(2 * ulps_from(x, exact))).clamp(max=MAX_ULPS).nan_to_num(MAX_ULPS).long()
+def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Per element, CK's difference from torch, cut to the reach m (ULPs of
+    torch's value), added to torch's value with a random sign: with equal
+    odds CK's value (when within m) or its mirror image about torch's.
+    torch's value where CK's is not finite (the null model's errors are)."""
+    limit = m * spacing(ref)
+    diff = (ck.double() - ref.double()).clamp(-limit, limit)  # exact: float32s of one scale
+    sign = torch.where(torch.rand(ref.shape, generator=gen) < 0.5, -1.0, 1.0).double()
+    moved = (ref.double() + sign * diff).to(ref.dtype)
+    return torch.where(torch.isfinite(ck) & torch.isfinite(moved), moved, ref).detach()
 
 
-def move_within(t: torch.Tensor, m: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """t with each finite nonzero element moved by a uniform integer in [-m, m] ULPs."""
-    delta = (torch.rand(t.shape, generator=gen, dtype=torch.float64) * (2 * m + 1)).floor().long() - m
-    keep = (t == 0) | ~torch.isfinite(t)
-    moved = (t.detach().contiguous().view(torch.int32).long() + delta).to(torch.int32).view(torch.float32)
-    return torch.where(keep, t.detach(), moved)
+class Measured:
+    """Each slot's differences from torch in torch's ULPs, over the calls one
+    member makes, and how many fell beyond the reach a correct kernel has."""
 
+    def __init__(self) -> None:
+        self.figures: dict[str, dict] = {}
 
-class Coverage:
-    """Which share of the CK loss kernel's differences from torch (loss values
-    and dlogits) fall within the null model's reach m, over the micro-steps
-    one member sees: the null model's calibration, measured."""
-
-    def __init__(self, ck_loss) -> None:
-        self.ck_loss, self.counts = ck_loss, {q: [0, 0] for q in ("loss", "dlogits")}
-        self.worst_excess = {q: 0.0 for q in ("loss", "dlogits")}
-
-    def add(self, part: str, ck: torch.Tensor, torch_value: torch.Tensor, m: torch.Tensor) -> None:
-        reach = ulps_from(torch_value, ck)  # CK's distance from torch, in torch's ULPs
-        inside = reach <= m
-        self.counts[part][0] += int(inside.sum())
-        self.counts[part][1] += inside.numel()
-        self.worst_excess[part] = max(self.worst_excess[part], float((reach - m).max()))
+    def add(self, name: str, ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor) -> None:
+        finite = torch.isfinite(ref) & torch.isfinite(ck)
+        ulps = ((ck.double() - ref.double()) / spacing(ref))[finite]
+        excess = ulps.abs() - m[finite]
+        f = self.figures.setdefault(name, {"elements": 0, "differing": 0, "beyond_reach": 0, "signed": 0.0,
+                                           "outward": 0.0, "max_abs_ulps": 0.0, "worst_excess_ulps": 0.0})
+        f["elements"] += ulps.numel()
+        f["differing"] += int((ulps != 0).sum())
+        f["beyond_reach"] += int((excess > 0).sum())
+        f["signed"] += float(ulps.sum())
+        f["outward"] += float((ulps * ref[finite].sign()).sum())
+        if ulps.numel():
+            f["max_abs_ulps"] = max(f["max_abs_ulps"], float(ulps.abs().max()))
+            f["worst_excess_ulps"] = max(f["worst_excess_ulps"], float(excess.max()))
 
     def report(self) -> dict:
-        return {q: {"inside": a, "of": n, "share": a / n if n else None,
-                    "worst_excess_ulps": self.worst_excess[q]} for q, (a, n) in self.counts.items()}
+        """Per slot: mean_signed_ulps (CK - torch) is a bias in value (a loss
+        too high), mean_outward_ulps one in magnitude (dlogits too large);
+        beyond_reach counts the elements the null model cut to the reach."""
+        return {name: {"elements": n, "differing": f["differing"], "max_abs_ulps": f["max_abs_ulps"],
+                       "beyond_reach": f["beyond_reach"], "worst_excess_ulps": f["worst_excess_ulps"],
+                       "mean_signed_ulps": f["signed"] / n if n else None,
+                       "mean_outward_ulps": f["outward"] / n if n else None}
+                for name, f in self.figures.items() for n in [f["elements"]]}
 
 
-class _NullLoss(torch.autograd.Function):
-    """torch's loss with its value and dlogits moved within torch's own error
-    (see the module's docstring); with a Coverage, the CK loss kernel's
-    differences on the same logits are measured against the same reach."""
+class _Slot(NamedTuple):
+    name: str
+    ref: Callable
+    ck: Callable
+    kwargs: dict
+    gen: torch.Generator
+    measured: Measured | None
+
+
+def _double(args: list) -> list:
+    return [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+
+
+class _MeasuredNoise(torch.autograd.Function):
+    """torch's op with each output and input-gradient element moved by the
+    CK op's difference, cut to the reach and given a random sign (mirror);
+    the reach from torch's op in float64 on the same inputs."""
 
     @staticmethod
-    def forward(ctx, logits, targets, loss, gen, coverage):
-        ctx.save_for_backward(logits, targets)
-        ctx.loss, ctx.gen, ctx.coverage = loss, gen, coverage
-        value = loss(logits, targets)
-        m = _bound(value, loss(logits.double(), targets))
-        if coverage is not None:
-            coverage.add("loss", coverage.ck_loss(logits, targets).detach(), value, m)
-        return move_within(value, m, gen)
+    def forward(ctx, slot: _Slot, *inputs):
+        ctx.slot, ctx.inputs = slot, [x.detach() if isinstance(x, torch.Tensor) else x for x in inputs]
+        ref, ck = slot.ref(*ctx.inputs, **slot.kwargs), slot.ck(*ctx.inputs, **slot.kwargs)
+        m = reach(ref, slot.ref(*_double(ctx.inputs), **slot.kwargs))
+        if slot.measured is not None:
+            slot.measured.add(slot.name, ref, ck, m)
+        return mirror(ref, ck, m, slot.gen)
 
     @staticmethod
     def backward(ctx, grad):
-        logits, targets = ctx.saved_tensors
+        slot = ctx.slot
+        wanted = [i for i, need in enumerate(ctx.needs_input_grad[1:]) if need]
 
-        def dlogits(fn, x):
+        def input_grads(op, inputs, upstream):
             with torch.enable_grad():
-                x = x.detach().requires_grad_()
-                return torch.autograd.grad(fn(x, targets), x, grad.to(x.dtype))[0]
+                args = [x.clone().requires_grad_() if i in wanted else x for i, x in enumerate(inputs)]
+                return torch.autograd.grad(op(*args, **slot.kwargs), [args[i] for i in wanted], upstream)
 
-        d = dlogits(ctx.loss, logits)
-        m = _bound(d, dlogits(ctx.loss, logits.double()))
-        if ctx.coverage is not None:
-            ctx.coverage.add("dlogits", dlogits(ctx.coverage.ck_loss, logits), d, m)
-        return move_within(d, m, ctx.gen), None, None, None, None
+        refs, cks = input_grads(slot.ref, ctx.inputs, grad), input_grads(slot.ck, ctx.inputs, grad)
+        exacts = input_grads(slot.ref, _double(ctx.inputs), grad.double())
+        grads = [None] * len(ctx.inputs)
+        for i, ref, ck, exact in zip(wanted, refs, cks, exacts):
+            m = reach(ref, exact)
+            if slot.measured is not None:
+                slot.measured.add(f"{slot.name}.grad{i}", ref, ck, m)
+            grads[i] = mirror(ref, ck, m, slot.gen)
+        return None, *grads
 
 
-def _noisy_loss(loss, gen: torch.Generator, coverage: Coverage | None):
-    def noisy(logits, targets):
-        return _NullLoss.apply(logits, targets, loss, gen, coverage)
+def _measured(name: str, ref: Callable, ck: Callable, gen: torch.Generator, measured: Measured | None) -> Callable:
+    def noisy(*inputs, **kwargs):
+        return _MeasuredNoise.apply(_Slot(name, ref, ck, kwargs, gen, measured), *inputs)
     return noisy
 
 
-def _noisy_op(op, gen: torch.Generator):
-    """op with its output and its first input's gradient moved by -1..+1 ULP."""
-    def noisy(x, *args, **kwargs):
-        return _Noise.apply(op(_Noise.apply(x, gen, 0, UNMATCHED_ULPS), *args, **kwargs), gen, UNMATCHED_ULPS, 0)
-    return noisy
+SLOTS = ("loss", "rms_norm", "swiglu", "rope")
 
 
-def null_ops(config, gen: torch.Generator, coverage: Coverage | None = None):
-    """A null member's ops: torch's, with the noise of the kernels that are
-    not bit-identical to torch in this process."""
-    ops = ops_for(config, "torch")
-    ops = replace(ops, loss=_noisy_loss(ops.loss, gen, coverage))
-    if not cpu.matched():
-        ops = replace(ops, rms_norm=_noisy_op(ops.rms_norm, gen), swiglu=_noisy_op(ops.swiglu, gen),
-                      rope=_noisy_op(ops.rope, gen))
-    return ops
+def null_ops(config, gen: torch.Generator, measured: Measured | None = None):
+    """A null member's ops: torch's, each carrying the CK backend's measured
+    difference within a correct kernel's reach, with an unbiased sign (the
+    loss on the logits: under the fused linear loss, the default kernel the
+    fused op runs per chunk)."""
+    ref, ck = ops_for(config, "torch"), ops_for(config, "ck")
+    return replace(ref, **{slot: _measured(slot, getattr(ref, slot), getattr(ck, slot), gen, measured)
+                           for slot in SLOTS})
 
 
 class NoiseEnvelope:
@@ -190,11 +213,10 @@ class NoiseEnvelope:
         self.config, self.ratio_limit = config, config.envelope_ratio
         self.members: list[tuple[Twin, torch.Generator]] = []
         state = ref.model.state_dict()
-        # the first member also measures the CK loss kernel against its reach (on its own logits)
-        self.coverage = Coverage(ops_for(config, "ck").loss)
+        self.measured = Measured()  # on the first member's inputs
         for k in range(config.envelope):
             gen = torch.Generator().manual_seed(config.seed * 7919 + k + 1)
-            model = build_model(config, null_ops(config, gen, self.coverage if k == 0 else None))
+            model = build_model(config, null_ops(config, gen, self.measured if k == 0 else None))
             model.load_state_dict({name: move_ulps(t, -1, 1, gen) if t.is_floating_point() else t
                                    for name, t in state.items()})
             twin = Twin(f"null{k}", model, make_optimizer(config, "torch", model.parameters()),
@@ -234,11 +256,10 @@ class NoiseEnvelope:
         ratios = {q: nan_max(self.series[f"{q}_ratio"]) for q in QUANTITIES}
         return {"members": len(self.members), "ratio_limit": self.ratio_limit,
                 "null_model": {"initial_weights_ulps": 1,
-                               "loss_and_dlogits_ulps": f"{LOSS_ULPS} + ceil(2 x torch's error from float64)",
-                               "coverage": self.coverage.report(),
+                               "kernels": "each slot's CK-minus-torch difference, its sign at random per element",
+                               "measured": self.measured.report(),
                                "param_fraction_moved_1_ulp_per_step": PARAM_FRACTION,
-                               "capability": cpu.capability(),
-                               "rms_norm_swiglu_rope_ulps": 0 if cpu.matched() else UNMATCHED_ULPS},
+                               "capability": cpu.capability()},
                 "verdict": "beyond_noise" if beyond else "within_noise",
                 "first_beyond_step": min(beyond) if beyond else None,
                 "first_beyond_step_per_quantity": self.first_beyond,
