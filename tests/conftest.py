@@ -8,6 +8,8 @@ from parity import MEASUREMENTS, write_measurements
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
+pytest_plugins = ["pytester"]  # test_check.py runs a user's test file against the installed pytest11 plugin
+
 
 @pytest.fixture(autouse=True)
 def _fixed_threads_and_seed():

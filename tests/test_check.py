@@ -111,3 +111,48 @@ def test_cli_exit_codes_and_report(few_widths, planted, tmp_path, capsys):
     assert main(["check", "swiglu", "--backend", "nope"]) == 2
     assert "registered: c, " in capsys.readouterr().err
     assert main(["check", "adamw", "--backend", "c"]) == 2
+
+
+_USER_TESTS = '''
+from dataclasses import replace
+
+import pytest
+import torch
+
+import ckparity
+import ckparity.check
+
+
+@pytest.fixture(autouse=True)
+def few_widths(monkeypatch):
+    s = ckparity.check.SLOTS["rms_norm"]
+    monkeypatch.setitem(ckparity.check.SLOTS, "rms_norm", replace(s, widths=[1, 7, 64]))
+
+
+def my_rms_norm(x, shape, weight, eps):  # a user's kernel that is ckparity's own: bit-identical
+    return ckparity.rms_norm(x, shape, weight, eps)
+
+
+def sloppy_rms_norm(x, shape, weight, eps):  # 1e-3 off: wrong
+    return torch.nn.functional.rms_norm(x, shape, weight, eps) * 1.001
+
+
+def test_mine_is_bitwise(ckparity_check):
+    report = ckparity_check("rmsnorm", my_rms_norm, expect="bitwise")
+    assert report["verdict"] == "bitwise"
+
+
+def test_sloppy_is_held_to_torch(ckparity_check):
+    ckparity_check("rms_norm", sloppy_rms_norm)
+'''
+
+
+def test_pytest_plugin_holds_a_users_kernel_to_the_checks(pytester):
+    """The pytest11 entry point: an installed ckparity gives any test suite
+    the ckparity_check fixture; it passes a bit-identical kernel and fails a
+    wrong one with the check's table."""
+    pytester.makepyfile(test_user=_USER_TESTS)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*expected 'as accurate as torch' or better*",
+                                 "*ckparity check rms_norm --backend pytest:test_user.sloppy_rms_norm: wrong*"])
