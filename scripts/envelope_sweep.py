@@ -115,7 +115,7 @@ def main() -> None:
             summary["cases"][case] = {"changes": changes, "runs": rows}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("| case | runs | beyond noise | first beyond | max ratio loss / param | first param fail "
-          "| dlogits beyond reach | dlogits mean outward ULPs |")
+          "| dlogits beyond reach | dlogits outward share | loss up share |")
     print("|---|---|---|---|---|---|---|---|")
     for case, entry in summary["cases"].items():
         runs = entry["runs"]
@@ -124,9 +124,11 @@ def main() -> None:
         ratio = lambda q: max(r["max_noise_ratio"][q] for r in runs)  # noqa: E731
         dlogits = [r["null_model"]["measured"]["loss.grad0"] for r in runs]
         beyond_reach = max(d["beyond_reach"] / d["elements"] for d in dlogits)
-        outward = max((d["mean_outward_ulps"] for d in dlogits), key=abs)
+        outward = [d["outward_share"] for d in dlogits]
+        up = [r["null_model"]["measured"]["loss"]["up_share"] for r in runs]
         print(f"| {case} | {len(runs)} | {len(beyond)} | {firsts[:3] or '-'} | {ratio('loss'):.3g} / {ratio('param'):.3g} "
-              f"| {[r['first_param_fail_step'] for r in runs][:3]} | {beyond_reach:.4f} | {outward:+.3f} |")
+              f"| {[r['first_param_fail_step'] for r in runs][:3]} | {beyond_reach:.4f} "
+              f"| {min(outward):.3f}-{max(outward):.3f} | {min(up):.2f}-{max(up):.2f} |")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ def test_null_members_carry_the_ck_kernels_measured_difference(monkeypatch):
     assert figures["swiglu.grad0"]["max_abs_ulps"] == 1.0
     # a bias is what these show: 1 ULP outward, none in value (swiglu's outputs have both signs)
     assert figures["swiglu"]["mean_outward_ulps"] == 1.0 and abs(figures["swiglu"]["mean_signed_ulps"]) < 0.2
+    assert figures["swiglu"]["outward_share"] == 1.0 and 0.3 < figures["swiglu"]["up_share"] < 0.7
     y = torch.randn(8, 32)
     assert torch.equal(ops.rms_norm(y, (32,), None, 1e-5), F.rms_norm(y, (32,), None, 1e-5))
 

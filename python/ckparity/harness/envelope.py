@@ -119,10 +119,13 @@ class Measured:
         finite = torch.isfinite(ref) & torch.isfinite(ck)
         ulps = ((ck.double() - ref.double()) / spacing(ref))[finite]
         excess = ulps.abs() - m[finite]
-        f = self.figures.setdefault(name, {"elements": 0, "differing": 0, "beyond_reach": 0, "signed": 0.0,
-                                           "outward": 0.0, "max_abs_ulps": 0.0, "worst_excess_ulps": 0.0})
+        f = self.figures.setdefault(name, {"elements": 0, "differing": 0, "up": 0, "out": 0, "beyond_reach": 0,
+                                           "signed": 0.0, "outward": 0.0, "max_abs_ulps": 0.0,
+                                           "worst_excess_ulps": 0.0})
         f["elements"] += ulps.numel()
         f["differing"] += int((ulps != 0).sum())
+        f["up"] += int((ulps > 0).sum())
+        f["out"] += int((ulps * ref[finite].sign() > 0).sum())
         f["beyond_reach"] += int((excess > 0).sum())
         f["signed"] += float(ulps.sum())
         f["outward"] += float((ulps * ref[finite].sign()).sum())
@@ -131,14 +134,17 @@ class Measured:
             f["worst_excess_ulps"] = max(f["worst_excess_ulps"], float(excess.max()))
 
     def report(self) -> dict:
-        """Per slot: mean_signed_ulps (CK - torch) is a bias in value (a loss
-        too high), mean_outward_ulps one in magnitude (dlogits too large);
+        """Per slot: up_share is the share of the differing elements where CK's
+        value is above torch's, outward_share where it is further from 0 --
+        0.5 for an unbiased error; the mean signed and outward differences
+        weigh the elements by their ULPs (a few tiny values can dominate them);
         beyond_reach counts the elements the null model cut to the reach."""
-        return {name: {"elements": n, "differing": f["differing"], "max_abs_ulps": f["max_abs_ulps"],
+        return {name: {"elements": n, "differing": d, "max_abs_ulps": f["max_abs_ulps"],
                        "beyond_reach": f["beyond_reach"], "worst_excess_ulps": f["worst_excess_ulps"],
+                       "up_share": f["up"] / d if d else None, "outward_share": f["out"] / d if d else None,
                        "mean_signed_ulps": f["signed"] / n if n else None,
                        "mean_outward_ulps": f["outward"] / n if n else None}
-                for name, f in self.figures.items() for n in [f["elements"]]}
+                for name, f in self.figures.items() for n, d in [(f["elements"], f["differing"])]}
 
 
 class _Slot(NamedTuple):
