@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity import gates
+from ckparity import gates, reference
 from ckparity.cli import main
 from ckparity.harness import backends
 
@@ -44,6 +44,33 @@ def test_kernel_parity_holds_bitwise_kernels_to_torchs_bits(monkeypatch):
     monkeypatch.setattr(gates.cpu, "matched", lambda: False)
     unmatched = gates.kernel_parity(small("kernel_parity"))
     assert unmatched["passed"] and unmatched["details"]["held_bitwise"] == [], unmatched["summary"]
+
+
+def test_kernel_parity_holds_rope_to_torchs_bits(monkeypatch):
+    """A rope rounded once (in float64, as a contracted multiply-add would
+    nearly do) is more accurate than torch, not torch's bits: it fails."""
+    def rounded_once(x, cos, sin, layout="half"):
+        return _Float64Once.apply(x, cos, sin, layout)
+
+    monkeypatch.setitem(gates.KERNELS, "rope", replace(gates.KERNELS["rope"], ours=rounded_once))
+    result = gates.kernel_parity(small("kernel_parity"))
+    assert not result["passed"] and "rope" in result["summary"] and "bits" in result["summary"], result["summary"]
+
+
+class _Float64Once(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout):
+        ctx.save_for_backward(cos, sin)
+        ctx.layout = layout
+        return reference.rope(x.double(), cos.double(), sin.double(), layout).float()
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        with torch.enable_grad():
+            x = torch.zeros(grad.shape, dtype=torch.float64, requires_grad=True)
+            (dx,) = torch.autograd.grad(reference.rope(x, cos.double(), sin.double(), ctx.layout), x, grad.double())
+        return dx.float(), None, None, None
 
 
 def test_kernel_parity_passes_as_built():

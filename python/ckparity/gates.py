@@ -38,7 +38,7 @@ GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_deter
 DEFAULTS: dict[str, dict] = {
     "kernel_parity": {"factor": RULES["default"][0], "floor_ulps": RULES["default"][1],
                       "ptref_factor": RULES["ptref"][0], "ptref_floor_ulps": RULES["ptref"][1],
-                      "bitwise_kernels": ["rms_norm", "swiglu", "cross_entropy.ptref"]},
+                      "bitwise_kernels": ["rms_norm", "swiglu", "rope", "cross_entropy.ptref"]},
     "optimizer_parity": {"steps": 100, "sizes": [1, 17, 1000, 65537], "max_param_ulp": 8},
     "fd_gradients": {"coordinates": 16, "step": 1e-6, "rtol": 1e-3, "atol": 2e-6, "models": ["tiny", "stacked"],
                      "ck_swiglu_backend": "c", "ck_rmsnorm_backend": "c", "ck_loss_backend": "c"},
@@ -103,12 +103,24 @@ def _swiglu_cases() -> Iterator:
         yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
 
 
+def _rope_cases() -> Iterator:
+    """Both layouts; a d of 2 (one pair) and a d whose half is not a vector width; the
+    (B, heads, T, d) view of a (B, T, heads, d) tensor, as the llama twin calls it."""
+    g = torch.Generator().manual_seed(4)
+    for B, heads, T, d in ((2, 4, 16, 64), (3, 2, 7, 2), (1, 3, 33, 46)):
+        angles = torch.rand(T, d // 2, generator=g) * 6.3
+        x = torch.randn(B, T, heads, d, generator=g).transpose(1, 2)
+        for layout in ("half", "interleaved"):
+            yield f"B={B},heads={heads},T={T},d={d},{layout}", (x, angles.cos(), angles.sin()), {"layout": layout}
+
+
 @dataclass(frozen=True)
 class KernelCheck:
     ours: Callable      # the ckparity op
     theirs: Callable    # torch's counterpart
     cases: Callable[[], Iterator]
     rule: str           # the key of measure.RULES it is held to
+    weight: int | None = None  # the index in a case's inputs of a second differentiated input (dweight)
 
 
 # name -> what kernel_parity checks; tests swap an entry to plant a fault
@@ -136,19 +148,21 @@ KERNELS: dict[str, KernelCheck] = {
     "cross_entropy.default": KernelCheck(_ce("default"), F.cross_entropy, _cross_entropy_cases, "default"),
     "cross_entropy.default.z_loss": KernelCheck(_z_loss("default"), _ce_with_z_loss, _z_loss_cases, "default"),
     "cross_entropy.ptref": KernelCheck(_ce("ptref"), F.cross_entropy, _cross_entropy_cases, "ptref"),
-    "rms_norm": KernelCheck(ckparity.rms_norm, F.rms_norm, _rms_norm_cases, "default"),
+    "rms_norm": KernelCheck(ckparity.rms_norm, F.rms_norm, _rms_norm_cases, "default", weight=2),
     "swiglu": KernelCheck(ckparity.swiglu, reference.swiglu, _swiglu_cases, "default"),
+    "rope": KernelCheck(ckparity.rope, reference.rope, _rope_cases, "default"),
 }
 
 
-def _fwd_bwd(fn, inputs, kwargs, dtype):
-    """Output and the gradient of its (random-weighted) sum w.r.t. inputs[0] and any weight."""
+def _fwd_bwd(fn, inputs, kwargs, dtype, weight_index: int | None = None):
+    """Output and the gradient of its (random-weighted) sum w.r.t. inputs[0]
+    and inputs[weight_index]. inputs[0] keeps its strides (a view stays a view)."""
     leaf = inputs[0].detach().to(dtype).requires_grad_(True)
     rest = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs[1:]]
     weight = None
-    if len(rest) >= 2 and isinstance(rest[1], torch.Tensor):  # rms_norm's weight
-        weight = rest[1].detach().requires_grad_(True)
-        rest[1] = weight
+    if weight_index is not None:
+        weight = rest[weight_index - 1].detach().requires_grad_(True)
+        rest[weight_index - 1] = weight
     kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     out = fn(leaf, *rest, **kw)
     upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -237,9 +251,9 @@ def kernel_parity(settings: dict) -> dict:
         prefix = "" if check.rule == "default" else f"{check.rule}_"
         factor, floor = settings[f"{prefix}factor"], settings[f"{prefix}floor_ulps"]
         for label, inputs, kwargs in check.cases():
-            a = _fwd_bwd(check.ours, inputs, kwargs, torch.float32)
-            b = _fwd_bwd(check.theirs, inputs, kwargs, torch.float32)
-            r = _fwd_bwd(check.theirs, inputs, kwargs, torch.float64)
+            a = _fwd_bwd(check.ours, inputs, kwargs, torch.float32, check.weight)
+            b = _fwd_bwd(check.theirs, inputs, kwargs, torch.float32, check.weight)
+            r = _fwd_bwd(check.theirs, inputs, kwargs, torch.float64, check.weight)
             for part in a:
                 fig = parity(f"{name}.{part}[{label}]", a[part], b[part], r[part], factor, floor)
                 if name in bitwise and not any(word in label for word in NOT_BITWISE_CASES.get(name, ())):
