@@ -144,3 +144,59 @@ def test_attribute_jobs_load_the_plugin(tmp_path):
     statuses = {v["name"]: v["status"] for v in report["variants"]}
     assert "error" not in statuses.values(), (statuses, done.stderr[-2000:])
     assert "unmeasured" not in report["verdict"]
+
+
+GATE_PLUGIN = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    import ckparity
+
+    def my_swiglu(x):  # torch's composite: exact
+        h = x.shape[-1] // 2
+        return F.silu(x[..., :h]) * x[..., h:]
+
+    def fast_exp_swiglu(x):  # an 8-bit-mantissa exp in the sigmoid
+        h = x.shape[-1] // 2
+        g = x[..., :h]
+        return g / (1 + torch.exp(-g).to(torch.bfloat16).float()) * x[..., h:]
+
+    class FloatBeta2AdamW(ckparity.optim.AdamW):  # exp_avg_sq off by a float rounding of 1 - beta2
+        @torch.no_grad()
+        def step(self, closure=None):
+            super().step(closure)
+            for state in self.state.values():
+                state["exp_avg_sq"].mul_(1 + 2**-20)
+
+    ckparity.register_backend("swiglu", "mine", my_swiglu)
+    ckparity.register_backend("swiglu", "fast_exp", fast_exp_swiglu)
+    ckparity.register_backend("adamw", "float_beta2", FloatBeta2AdamW)
+''')
+
+
+@pytest.mark.parametrize("backend, passes", [("swiglu=mine", True), ("swiglu=fast_exp", False),
+                                             ("optimizer=float_beta2", False)])
+def test_gate_runs_on_a_users_backend(tmp_path, backend, passes):
+    """gate --backend: kernel_parity runs check on a user's swiglu, optimizer_parity holds a user's AdamW
+    to torch, drift_smoke trains with them; an exact kernel passes, a fast exp or a drifting moment fails."""
+    (tmp_path / "my_kernels.py").write_text(GATE_PLUGIN)
+    gates = ["kernel_parity", "drift_smoke"] if backend.startswith("swiglu") else ["optimizer_parity"]
+    done = _cli(tmp_path, "gate", "--plugin", "my_kernels.py", "--backend", backend, "--only", *gates,
+                "--out-dir", str(tmp_path / "gates"))
+    assert done.returncode == (0 if passes else 1), done.stdout + done.stderr[-2000:]
+    result = json.loads((tmp_path / "gates" / f"{gates[0]}_latest.json").read_text())
+    slot, name = backend.split("=")
+    assert result["settings"]["ck_backends"] == {plugins.slot(slot): name}
+    if backend.startswith("swiglu"):
+        (row,) = result["details"]["user_backends"]
+        assert row["backend"] == name and row["verdict"] == ("bitwise" if passes else "wrong")
+        smoke = json.loads((tmp_path / "gates" / "drift_smoke_tiny.json").read_text())
+        assert smoke["config"]["ck_swiglu_backend"] == name  # the harness gates train with it
+    else:
+        assert "moments not bit-identical" in result["summary"]
+
+
+def test_gate_backend_must_be_slot_equals_a_registered_name(tmp_path):
+    done = _cli(tmp_path, "gate", "--backend", "swiglu=nope", "--only", "kernel_parity")
+    assert done.returncode == 2 and "no swiglu backend 'nope'" in done.stderr
+    done = _cli(tmp_path, "gate", "--backend", "swiglu", "--only", "kernel_parity")
+    assert done.returncode == 2 and "SLOT=NAME" in done.stderr

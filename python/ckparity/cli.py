@@ -120,6 +120,23 @@ def _compare(argv: list[str]) -> int:
     return EXIT_PASS
 
 
+def _backend_choices(specs: list[str]) -> dict[str, str]:
+    """--backend SLOT=NAME ... -> {slot: name}, each slot and backend known."""
+    from . import plugins
+
+    chosen = {}
+    for spec in specs:
+        kernel, sep, name = spec.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--backend takes SLOT=NAME (e.g. swiglu=mine), got {spec!r}")
+        kernel = plugins.slot(kernel)
+        plugins.resolve(kernel, name)
+        if chosen.get(kernel, name) != name:
+            raise ValueError(f"--backend gives {kernel} twice: {chosen[kernel]!r} and {name!r}")
+        chosen[kernel] = name
+    return chosen
+
+
 def _gate(argv: list[str]) -> int:
     from pathlib import Path
 
@@ -132,13 +149,18 @@ def _gate(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="+", choices=GATE_NAMES, metavar="GATE", help=f"among {GATE_NAMES}")
     parser.add_argument("--config", default=None, help="TOML file overriding gate settings")
     parser.add_argument("--out-dir", default="reports/gates")
+    parser.add_argument("--backend", action="append", default=[], metavar="SLOT=NAME",
+                        help="run the gates with this registered backend in the CK twin (repeatable; load it with "
+                             "--plugin); kernel_parity runs `ckparity check` on it, optimizer_parity holds an adamw "
+                             "or clip_grad_norm one to torch")
     args = parser.parse_args(argv)
     try:
         settings = settings_for(args.tier, args.config)
+        ck_backends = _backend_choices(args.backend)
     except ValueError as err:
         raise UsageError(str(err)) from None
     check_writable_dir(args.out_dir, "--out-dir")
-    results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier)
+    results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier, ck_backends=ck_backends)
     failed = [r["gate"] for r in results if not r["passed"]]
     print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {args.out_dir}/summary.md)")
