@@ -4,6 +4,7 @@ processes ckparity starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -200,3 +201,36 @@ def test_gate_backend_must_be_slot_equals_a_registered_name(tmp_path):
     assert done.returncode == 2 and "no swiglu backend 'nope'" in done.stderr
     done = _cli(tmp_path, "gate", "--backend", "swiglu", "--only", "kernel_parity")
     assert done.returncode == 2 and "SLOT=NAME" in done.stderr
+
+
+def test_plugin_helpers_for_rope_and_cross_entropy(clean_registry, monkeypatch):
+    """ckparity.plugin's rope and cross_entropy forms, fed by "C" calls that
+    write torch's own results into the buffers they are given: the helpers'
+    marshalling (a non-contiguous view made contiguous, outputs allocated,
+    backward wired, ignored rows, smoothing passed on) keeps them as accurate
+    as torch; a wrong call would show as wrong."""
+    from ckparity import check, plugin, reference
+
+    def ce_forward(logits, targets, dlogits, label_smoothing):
+        with torch.enable_grad():  # a C kernel needs none; this stand-in takes torch's gradient
+            x = logits.detach().requires_grad_()
+            loss = F.cross_entropy(x, targets, label_smoothing=label_smoothing)
+            loss.backward()
+        dlogits.copy_(x.grad)
+        return loss.item()
+
+    for name in ("rope", "cross_entropy"):  # a short sweep: the marshalling does not depend on the width
+        monkeypatch.setitem(check.SLOTS, name, dataclasses.replace(check.SLOTS[name], widths=[2, 8, 34, 300]))
+    ckparity.register_backend("loss", "helper", plugin.cross_entropy(ce_forward))
+    report = check.check("loss", "helper")
+    # dlogits of the mean scaled by the upstream gradient: torch's sums rounded in another order
+    assert report["verdict"] == "as accurate as torch", check.table(report)
+
+    rope = plugin.rope(forward=lambda x, cos, sin, out: out.copy_(reference.rope(x, cos, sin, "half")),
+                       backward=lambda dout, cos, sin, dx: dx.copy_(reference.rope(dout, cos, -sin, "half")))
+    ckparity.register_backend("rope", "helper", rope)
+    report = check.check("rope", "helper")
+    assert report["passed"] and report["properties"][0]["verdict"] in ("bitwise", "as accurate as torch"), \
+        check.table(report)
+    with pytest.raises(ckparity.errors.InvalidArgument, match="cos, sin"):
+        rope(torch.randn(1, 2, 4, 8), torch.randn(4, 3), torch.randn(4, 3))

@@ -1,0 +1,193 @@
+"""A C kernel as a ckparity backend in a few lines (docs/plugins.md, "A C
+kernel in a few lines"). ``ckparity.plugins`` registers backends; this module
+builds them.
+
+Each helper takes the calls of your C functions, written as Python callables
+that receive tensors -- contiguous, float32 (targets int64), outputs already
+allocated -- and pass their pointers on (``pointer(t)`` for ctypes,
+``ffi.cast("float *", t.data_ptr())`` for cffi). The helper returns the
+slot's backend: argument checks, contiguity, output allocation, the
+autograd.Function and, for the optimizer, a torch Optimizer keeping its state
+under torch's names. The forms:
+
+- ``rms_norm(forward, backward)``: forward(x, w, y, eps) with x, y (rows, D)
+  and w (D); backward(dy, x, w, dx, dw, eps) writes dx (rows, D) and dw (D).
+  A missing weight is passed as ones (and its gradient dropped).
+- ``swiglu(forward, backward)``: forward(x, out) with x (rows, 2H), the gate
+  the first H columns, out (rows, H); backward(dout, x, dx).
+- ``rope(forward, backward)``: forward(x, cos, sin, out) with x, out
+  (N, T, d) and cos, sin (T, d/2), rotate-half layout; backward(dout, cos,
+  sin, dx).
+- ``cross_entropy(forward)``: forward(logits, targets, dlogits,
+  label_smoothing) -> the mean loss over the rows whose target is not -100
+  (a float), writing the gradient of that mean into dlogits (N, V); backward
+  scales it by the upstream gradient.
+- ``adamw(c_step)``: c_step(param, grad, exp_avg, exp_avg_sq, step, lr,
+  beta1, beta2, eps, weight_decay) updates one parameter tensor in place
+  (torch's AdamW arithmetic is yours to match); returns the optimizer class.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+import torch
+
+from .errors import InvalidArgument
+
+
+def pointer(t: torch.Tensor) -> ctypes.c_void_p:
+    """t's data for a ctypes call (declare the argument c_void_p or a pointer type)."""
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _float32(t: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        raise InvalidArgument(f"{name} must be a float32 tensor, got "
+                              f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    return t.contiguous()
+
+
+def _rows(x: torch.Tensor, last: int) -> torch.Tensor:
+    """x as (rows, last), contiguous."""
+    return x.contiguous().view(-1, last)
+
+
+def rms_norm(forward: Callable, backward: Callable) -> Callable:
+    class RMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, eps):
+            D = x.shape[-1]
+            x2, y = _rows(x, D), torch.empty(x.shape, dtype=torch.float32).view(-1, D)
+            forward(x2, weight, y, eps)
+            ctx.save_for_backward(x2, weight)
+            ctx.eps, ctx.shape = eps, x.shape
+            return y.view(x.shape)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x2, weight = ctx.saved_tensors
+            dx, dw = torch.empty_like(x2), torch.empty_like(weight)
+            backward(_rows(dy, x2.shape[1]), x2, weight, dx, dw, ctx.eps)
+            return dx.view(ctx.shape), dw, None
+
+    def rms_norm_backend(x, normalized_shape, weight=None, eps=None):
+        x = _float32(x, "x")
+        D = x.shape[-1]
+        if tuple(normalized_shape) != (D,):
+            raise InvalidArgument(f"normalized_shape must be ({D},), the last dim, got {tuple(normalized_shape)}")
+        eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
+        if weight is None:
+            return RMSNorm.apply(x, torch.ones(D), eps)
+        if not isinstance(weight, torch.Tensor) or weight.shape != (D,):
+            raise InvalidArgument(f"weight must be ({D},), got "
+                                  f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        return RMSNorm.apply(x, _float32(weight, "weight"), eps)
+    return rms_norm_backend
+
+
+def swiglu(forward: Callable, backward: Callable) -> Callable:
+    class SwiGLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x2 = _rows(x, x.shape[-1])
+            out = torch.empty(x2.shape[0], x2.shape[1] // 2)
+            forward(x2, out)
+            ctx.save_for_backward(x2)
+            ctx.shape = x.shape
+            return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+        @staticmethod
+        def backward(ctx, dout):
+            (x2,) = ctx.saved_tensors
+            dx = torch.empty_like(x2)
+            backward(_rows(dout, x2.shape[1] // 2), x2, dx)
+            return dx.view(ctx.shape)
+
+    def swiglu_backend(x):
+        x = _float32(x, "x")
+        if x.dim() == 0 or x.shape[-1] % 2:
+            raise InvalidArgument(f"swiglu needs an even last dim (gate and up halves), got {tuple(x.shape)}")
+        return SwiGLU.apply(x)
+    return swiglu_backend
+
+
+def rope(forward: Callable, backward: Callable) -> Callable:
+    class Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cos, sin):
+            T, d = x.shape[-2], x.shape[-1]
+            x3, out = x.contiguous().view(-1, T, d), torch.empty(x.shape).view(-1, T, d)
+            forward(x3, cos, sin, out)
+            ctx.save_for_backward(cos, sin)
+            ctx.shape = x.shape
+            return out.view(x.shape)
+
+        @staticmethod
+        def backward(ctx, dout):
+            cos, sin = ctx.saved_tensors
+            T, d = ctx.shape[-2], ctx.shape[-1]
+            d3 = dout.contiguous().view(-1, T, d)
+            dx = torch.empty_like(d3)
+            backward(d3, cos, sin, dx)
+            return dx.view(ctx.shape), None, None
+
+    def rope_backend(x, cos, sin):
+        x, cos, sin = _float32(x, "x"), _float32(cos, "cos"), _float32(sin, "sin")
+        if x.dim() < 2 or x.shape[-1] % 2 or cos.shape != (x.shape[-2], x.shape[-1] // 2) or sin.shape != cos.shape:
+            raise InvalidArgument(f"rope needs x (..., T, d), d even, and cos, sin (T, d/2); got x "
+                                  f"{tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
+        return Rope.apply(x, cos, sin)
+    return rope_backend
+
+
+def cross_entropy(forward: Callable) -> Callable:
+    class CrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, targets, label_smoothing):
+            dlogits = torch.empty_like(logits)
+            loss = float(forward(logits, targets, dlogits, label_smoothing))
+            ctx.save_for_backward(dlogits)
+            return torch.tensor(loss, dtype=torch.float32)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (dlogits,) = ctx.saved_tensors
+            return dlogits * grad, None, None
+
+    def cross_entropy_backend(logits, targets, label_smoothing=0.0):
+        logits = _float32(logits, "logits")
+        if logits.dim() != 2 or targets.shape != logits.shape[:1] or targets.dtype != torch.int64:
+            raise InvalidArgument(f"cross_entropy needs logits (N, V) float32 and targets (N) int64; got "
+                                  f"{tuple(logits.shape)} and {tuple(targets.shape)} {targets.dtype}")
+        return CrossEntropy.apply(logits, targets.contiguous(), float(label_smoothing))
+    return cross_entropy_backend
+
+
+def adamw(c_step: Callable) -> Callable:
+    class AdamW(torch.optim.Optimizer):
+        """Your C step per parameter tensor; the state under torch's names."""
+
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            loss = closure() if closure is not None else None
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if not (p.is_contiguous() and p.grad.is_contiguous() and p.dtype == torch.float32):
+                        raise InvalidArgument("the C AdamW step needs contiguous float32 params and grads")
+                    state = self.state[p]
+                    if not state:
+                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
+                    state["step"] += 1
+                    beta1, beta2 = group["betas"]
+                    c_step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], int(state["step"]), group["lr"],
+                           beta1, beta2, group["eps"], group["weight_decay"])
+            return loss
+    return AdamW

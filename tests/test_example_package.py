@@ -1,0 +1,60 @@
+"""examples/ckparity-example-kernels, end to end: an out-of-tree C kernel
+package with its own meson build and a ckparity.backends entry point is
+built and installed into a scratch directory, found by a fresh ckparity
+process through the entry point alone (no --plugin), checked, trained with
+and gated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ckparity-example-kernels"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("example_site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "--no-build-isolation", "--no-deps", "--target", str(target), str(EXAMPLE)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    return target
+
+
+def _ckparity(site: Path, cwd: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckparity", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)})
+
+
+@pytest.mark.parametrize("kernel", ["swiglu", "rms_norm"])
+def test_the_installed_package_is_checked(site, tmp_path, kernel):
+    done = _ckparity(site, tmp_path, "check", kernel, "--backend", "example", "--json-out", "-")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    # libm's expf and double row sums: not torch's bits, as accurate
+    assert report["schema"] == "ckparity.check/1" and report["verdict"] == "as accurate as torch", report
+
+
+def test_the_installed_package_trains_and_gates(site, tmp_path):
+    out = tmp_path / "r.json"
+    done = _ckparity(site, tmp_path, "train", "--ck-swiglu-backend", "example", "--ck-rmsnorm-backend", "example",
+                     "--ck-optimizer-backend", "example", "--max-steps", "10", "--json-out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["status"] == "pass" and report["steps"] == 10
+    assert report["max_moment_abs_diff"] > 0  # its moments were compared under torch's names, not as 0
+    gate = _ckparity(site, tmp_path, "gate", "--backend", "swiglu=example", "--backend", "optimizer=example",
+                     "--only", "kernel_parity", "optimizer_parity", "--out-dir", str(tmp_path / "gates"))
+    kernel = json.loads((tmp_path / "gates" / "kernel_parity_latest.json").read_text())
+    assert kernel["passed"] and kernel["details"]["user_backends"][0]["verdict"] == "as accurate as torch"
+    # its AdamW writes torch's formulas as plain C multiply-adds where torch's vectorized lerp and
+    # addcmul round differently: optimizer_parity, which holds the moments to torch's bits, says so
+    optimizer = json.loads((tmp_path / "gates" / "optimizer_parity_latest.json").read_text())
+    assert gate.returncode == 1 and not optimizer["passed"], gate.stdout
+    assert "moments not bit-identical" in optimizer["summary"]
+    assert [r["amsgrad"] for r in optimizer["details"]["rows"]] == [False] * 4  # a user's AdamW: no amsgrad
