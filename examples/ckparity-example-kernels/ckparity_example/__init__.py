@@ -21,6 +21,7 @@ def _check(status: int) -> None:
     if status != 0:
         raise MemoryError("ex_rms_norm_backward could not allocate its row sums")
 
+
 rms_norm = plugin.rms_norm(
     forward=lambda x, w, y, eps: _lib.ex_rms_norm_forward(P(x), P(w), P(y), _i64(x.shape[0]), _i64(x.shape[1]),
                                                           _f32(eps)),
