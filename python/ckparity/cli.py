@@ -153,6 +153,7 @@ def _gate(argv: list[str]) -> int:
                         help="run the gates with this registered backend in the CK twin (repeatable; load it with "
                              "--plugin); kernel_parity runs `ckparity check` on it, optimizer_parity holds an adamw "
                              "or clip_grad_norm one to torch")
+    parser.add_argument("--fail-fast", action="store_true", help="stop after the first gate that fails")
     args = parser.parse_args(argv)
     try:
         settings = settings_for(args.tier, args.config)
@@ -160,7 +161,8 @@ def _gate(argv: list[str]) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     check_writable_dir(args.out_dir, "--out-dir")
-    results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier, ck_backends=ck_backends)
+    results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier, ck_backends=ck_backends,
+                        fail_fast=args.fail_fast)
     failed = [r["gate"] for r in results if not r["passed"]]
     print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {args.out_dir}/summary.md)")
@@ -217,6 +219,9 @@ def _mutate(argv: list[str]) -> int:
     parser.add_argument("--json-out", default="reports/mutate_latest.json")
     parser.add_argument("--min-score", type=float, default=0.95)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per build's gate run")
+    parser.add_argument("--matrix", action="store_true", help="every gate on every mutant (the full kill matrix; "
+                        "the full tier's default); else each mutant's gates run cheapest first and stop at its "
+                        "first kill: the score and each mutant's cheapest killer, in less time")
     args = parser.parse_args(argv)
     try:
         source = find_source(Path(args.source or ".").resolve(), search_up=args.source is None)
@@ -235,7 +240,7 @@ def _mutate(argv: list[str]) -> int:
     with stop_on_signals() as stop:
         try:
             report = mutate(source, build_root.resolve(), Path(args.out_dir).resolve(), args.tier, args.gates,
-                            args.mutants, args.timeout)
+                            args.mutants, args.timeout, matrix=args.matrix or args.tier == "full")
         except ValueError as err:
             raise UsageError(str(err)) from None
         finally:

@@ -667,16 +667,18 @@ def settings_for(tier: str, config_path: str | None = None) -> dict[str, dict]:
 
 
 def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: str,
-              echo: Callable[[str], None] = print, ck_backends: dict[str, str] | None = None) -> list[dict]:
-    """Runs the gates ``names``; ``ck_backends`` (slot -> backend name, from
-    ``gate --backend``) puts a registered backend in every gate's CK side."""
+              echo: Callable[[str], None] = print, ck_backends: dict[str, str] | None = None,
+              fail_fast: bool = False) -> list[dict]:
+    """Runs the gates ``names`` in that order; ``ck_backends`` (slot -> backend
+    name, from ``gate --backend``) puts a registered backend in every gate's
+    CK side; ``fail_fast`` stops after the first gate that fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         if ck_backends:
             settings[name]["ck_backends"] = dict(ck_backends)  # in each gate's report, with its settings
     results = []
     with stop_on_signals() as stop:
-        _run_each(names, settings, out_dir, tier, echo, results)
+        _run_each(names, settings, out_dir, tier, echo, results, fail_fast)
         stop.hold()
         summary = markdown_summary(results, tier)
         write_text(out_dir / "summary.md", summary)
@@ -686,7 +688,7 @@ def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: 
     return results
 
 
-def _run_each(names, settings, out_dir, tier, echo, results) -> None:
+def _run_each(names, settings, out_dir, tier, echo, results, fail_fast) -> None:
     for name in names:
         start = time.perf_counter()
         try:
@@ -701,7 +703,7 @@ def _run_each(names, settings, out_dir, tier, echo, results) -> None:
         write_json(out_dir / f"{name}_latest.json", result)
         results.append(result)
         echo(f"{'PASS' if result['passed'] else 'FAIL'} {name:20s} {result['seconds']:6.1f}s  {result['summary']}")
-        if result["details"].get("interrupted"):
+        if result["details"].get("interrupted") or (fail_fast and not result["passed"]):
             break
 
 

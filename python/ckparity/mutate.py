@@ -96,14 +96,18 @@ def build(mutant: Mutant, source: Path, build_root: Path) -> Path:
     return directory / "libckparity.so"
 
 
-def run_gates(library: Path, gates: list[str], tier: str, out_dir: Path, timeout: float) -> dict:
-    """One `ckparity gate` process against ``library``; per gate "passed",
-    "failed", or, when the process ended with anything but 0 or 1 (a usage
-    error, an unwritten report, a signal, a hang), "crashed"/"timeout" for the
-    gate that was running and "not_run" for those after it. Only "failed"
-    kills: the others measured nothing (``reason`` says why)."""
+def run_gates(library: Path, gates: list[str], tier: str, out_dir: Path, timeout: float,
+              fail_fast: bool = False) -> dict:
+    """One `ckparity gate` process against ``library``, the gates in the
+    given order; per gate "passed", "failed", or, when the process ended with
+    anything but 0 or 1 (a usage error, an unwritten report, a signal, a
+    hang), "crashed"/"timeout" for the gate that was running and "not_run" for
+    those after it (with ``fail_fast``, those after the first failure are
+    "not_run" too). Only "failed" kills: the others measured nothing
+    (``reason`` says why)."""
     env = dict(os.environ, CKP_LIB=str(library))
-    command = [sys.executable, "-m", "ckparity", "gate", "--tier", tier, "--out-dir", str(out_dir), "--only", *gates]
+    command = [sys.executable, "-m", "ckparity", "gate", "--tier", tier, "--out-dir", str(out_dir), "--only", *gates,
+               *(["--fail-fast"] if fail_fast else [])]
     for stale in out_dir.glob("*_latest.json"):
         stale.unlink()
     start = time.perf_counter()
@@ -146,18 +150,21 @@ def kill_row(control: dict, mutant: Mutant, run: dict) -> dict:
 
 
 def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list[str], names: list[str] | None,
-           timeout: float, echo=print) -> dict:
+           timeout: float, echo=print, matrix: bool = True) -> dict:
     """The whole run; the report says how far it got: a failed build, or
     Ctrl-C, ends it with what was measured until then (``error`` /
-    ``interrupted``), never with nothing."""
+    ``interrupted``), never with nothing. Without ``matrix`` each mutant's
+    gates run cheapest first (by the control's times) and stop at its first
+    kill -- that kill is its cheapest killer, and the score is the same; the
+    gates after it are "not_run" in its row."""
     start = time.perf_counter()
     known = catalogue(source)
     mutants = known if not names else [m for m in known if m.name in names]
     missing = set(names or ()) - {m.name for m in known}
     if missing:
         raise ValueError(f"unknown mutants {sorted(missing)} (known: {', '.join(m.name for m in known)})")
-    report = {"schema": SCHEMA, "tier": tier, "gates": gates, "mutants": [], "score": None, "error": None,
-              "interrupted": False}
+    report = {"schema": SCHEMA, "tier": tier, "gates": gates, "matrix": matrix, "mutants": [], "score": None,
+              "error": None, "interrupted": False}
     rows, libraries = [], {}
     try:
         control_library = build(CONTROL, source, build_root)
@@ -166,10 +173,11 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
         broken = [g for g, outcome in control["gates"].items() if outcome != "passed"]
         if broken:
             report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
+        order = gates if matrix else sorted(gates, key=lambda g: control["gate_seconds"][g])
         for mutant in mutants if not broken else ():
             libraries[mutant.name] = build(mutant, source, build_root)
-            row = kill_row(control, mutant, run_gates(libraries[mutant.name], gates, tier, out_dir / mutant.name,
-                                                      timeout))
+            row = kill_row(control, mutant, run_gates(libraries[mutant.name], order, tier, out_dir / mutant.name,
+                                                      timeout, fail_fast=not matrix))
             rows.append(row)
             echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
                  f"  ({row['seconds']:.0f}s)")
