@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import check as conformance
-from ckparity import cpu, reference
+from ckparity import cpu, plugins, reference
 from ckparity.cli import main
 from ckparity.harness import backends
 
@@ -101,13 +101,47 @@ def test_a_thread_dependent_result_is_nondeterministic(few_widths, planted):
     assert _verdicts(report)["threads"] == "nondeterministic" and report["passed"]
 
 
-def test_cli_exit_codes_and_report(few_widths, planted, tmp_path, capsys):
+_CLI_PLUGIN = """
+import ctypes
+import ckparity
+from ckparity import reference
+
+
+def no_backward_transpose(q, cos, sin):  # rotates the wrong way: wrong
+    return reference.rope(q, cos, -sin, "half")
+
+
+def segfaults_on_wide_rows(x):  # fine on the contract check's small input, a C crash on wide rows
+    if x.shape[-1] > 200:
+        ctypes.string_at(0)
+    return ckparity.swiglu(x)
+
+
+ckparity.register_backend("rope", "no_backward_transpose", no_backward_transpose)
+ckparity.register_backend("swiglu", "segfaults", segfaults_on_wide_rows)
+"""
+
+
+def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
+    """The command runs the suite in a child process (with --plugin's backends):
+    0 and the report on a conforming kernel, 1 on a wrong one, 1 with the
+    verdict crashes when the child is killed by a segfault, 2 on bad arguments."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CKP_PLUGINS", raising=False)
+    for kernel in ("rope", "swiglu"):  # the plugin's registrations end with the test
+        monkeypatch.setitem(backends.BACKENDS, kernel, dict(backends.BACKENDS[kernel]))
+    monkeypatch.setattr(plugins, "_loaded", [])
+    (tmp_path / "planted.py").write_text(_CLI_PLUGIN)
     out = tmp_path / "check.json"
     assert main(["check", "rope", "--backend", "c", "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["schema"] == "ckparity.check/1" and report["passed"]
-    planted("rope", "no_backward_transpose", lambda q, cos, sin: reference.rope(q, cos, -sin, "half"))
-    assert main(["check", "rope", "--backend", "no_backward_transpose"]) == 1
+    assert report["schema"] == "ckparity.check/1" and report["passed"] and report["properties"]
+    assert main(["check", "rope", "--plugin", "planted.py", "--backend", "no_backward_transpose",
+                 "--json-out", str(out)]) == 1
+    assert json.loads(out.read_text())["verdict"] == "wrong"
+    assert main(["check", "swiglu", "--plugin", "planted.py", "--backend", "segfaults", "--json-out", str(out)]) == 1
+    crashed = json.loads(out.read_text())
+    assert crashed["verdict"] == "crashes" and "killed by SIGSEGV" in crashed["crash"], crashed
     assert main(["check", "swiglu", "--backend", "nope"]) == 2
     assert "registered: c, " in capsys.readouterr().err
     assert main(["check", "adamw", "--backend", "c"]) == 2

@@ -20,11 +20,18 @@ a float64 error at most twice torch's), ``less accurate`` (close to torch,
 further from float64), ``nondeterministic`` (threads only), ``wrong`` (not
 close to torch, or bad input accepted), ``crashes`` (raised on valid input).
 The overall verdict is the worst; exit 0 unless it is ``wrong`` or
-``crashes``. A crash in C ends the process: run check in its own process.
+``crashes``. ``ckparity check`` runs the suite in a child process
+(isolated_check): a crash in C -- a segfault, an abort -- ends the child, not
+the command, and is the verdict ``crashes`` with the signal that ended it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -281,6 +288,32 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+_CHILD = ("import json, sys; from ckparity import check, plugins; plugins.load_configured(); "
+          "print(json.dumps(check.check(sys.argv[1], sys.argv[2], int(sys.argv[3]))))")
+
+
+def isolated_check(kernel: str, backend: str, seed: int = 0) -> dict:
+    """check() in a child process (the same plugins, through CKP_PLUGINS):
+    a child that dies -- a segfault or an abort in the backend's C -- gives
+    the verdict "crashes" with how it ended. Bad arguments raise ValueError
+    here, before the child starts."""
+    kernel = slot(kernel)
+    if kernel not in SLOTS:
+        raise ValueError(f"ckparity check covers {', '.join(SLOTS)}; {kernel!r} is not among them yet")
+    resolve(kernel, backend)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _CHILD, kernel, backend, str(seed)], capture_output=True, text=True,
+                          env=os.environ)
+    if done.returncode == 0:
+        return json.loads(done.stdout)
+    ending = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+              else f"exit {done.returncode}")
+    tail = " ".join(done.stderr.strip().splitlines()[-3:])[-500:]
+    return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
+            "properties": [], "verdict": "crashes", "passed": False, "crash": f"the check's process was {ending}: {tail}",
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
 def table(report: dict) -> str:
     lines = [f"ckparity check {report['kernel']} --backend {report['backend']}: {report['verdict']} "
              f"({report['seconds']} s)", "| property | cases | bit-identical | max ULP | verdict | first failure |",
@@ -288,5 +321,7 @@ def table(report: dict) -> str:
     for r in report["properties"]:
         lines.append(f"| {r['property']} | {r['cases']} | {r['bit_identical']} | {r['max_ulp']} | {r['verdict']} | "
                      f"{(r['failures'] or ['-'])[0]} |")
+    if report.get("crash"):
+        lines.append(f"| (all) | - | - | - | crashes | {report['crash']} |")
     return "\n".join(lines)
 

@@ -254,7 +254,7 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    from .check import SLOTS, check, table
+    from .check import SLOTS, isolated_check, table
     from .harness.config import UsageError
     from .harness.report import STDOUT, check_writable, write_json
 
@@ -269,7 +269,7 @@ def _check(argv: list[str]) -> int:
     if args.json_out:
         check_writable(args.json_out, "--json-out")
     try:
-        report = check(args.kernel, args.backend)
+        report = isolated_check(args.kernel, args.backend)
     except (ValueError, KeyError) as err:
         raise UsageError(str(err).strip("'\"")) from None
     if args.json_out:
