@@ -41,7 +41,10 @@ class RunConfig:
     eps: float = _flag(1e-5, "RMSNorm eps")
     grad_accum: int = _flag(1, "micro-steps per optimizer step (K)")
     optimizer: str = _flag("adamw", "both twins' optimizer (sgd: torch's SGD on both)", choices=["adamw", "sgd"])
-    lr: float = _flag(1e-3, "learning rate")
+    lr: float = _flag(1e-3, "learning rate (the peak, with --lr-schedule or --warmup-steps)")
+    lr_schedule: str = _flag("constant", "both twins' lr per step after the warmup, by torch's scheduler classes "
+                                         "(harness/schedule.py)", choices=["constant", "linear", "cosine"])
+    warmup_steps: int = _flag(0, "steps of linear warmup from lr/W to lr")
     adamw_beta1: float = _flag(0.9, "AdamW beta1")
     adamw_beta2: float = _flag(0.999, "AdamW beta2")
     adamw_eps: float = _flag(1e-8, "AdamW eps")
@@ -101,7 +104,7 @@ def _validate(config: RunConfig) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
-    non_negative = ["envelope", "max_steps", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
+    non_negative = ["envelope", "max_steps", "warmup_steps", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
                     "loss_tol", "param_tol", "logit_tol", "grad_tol", "moment_tol"]
     for name in non_negative:
         value = getattr(config, name)

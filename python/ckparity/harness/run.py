@@ -13,7 +13,7 @@ import torch
 
 import ckparity
 
-from . import report
+from . import report, schedule
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
@@ -74,6 +74,9 @@ def prepare(config: RunConfig) -> Batches:
     batches = Batches(load_tokens(config), config)
     if config.localize_step > batches.num_steps:
         raise UsageError(f"--localize-step {config.localize_step} is beyond the run's {batches.num_steps} steps")
+    if config.warmup_steps and config.warmup_steps >= batches.num_steps:
+        raise UsageError(f"--warmup-steps {config.warmup_steps} leaves none of the run's {batches.num_steps} steps "
+                         "after the warmup")
     check_memory(config)
     return batches
 
@@ -101,6 +104,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     shadow = Float64Shadow(config, ref) if config.f64_shadow else None
     envelope = NoiseEnvelope(config, ref) if config.envelope else None
     spikes = SpikeTriage(config) if config.spike_triage else None
+    for twin in (ck, ref, *([shadow.twin] if shadow else []), *(m for m, _ in (envelope.members if envelope else []))):
+        schedule.attach(twin, config, batches.num_steps)
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None

@@ -21,6 +21,7 @@ class Twin:
     optimizer: torch.optim.Optimizer
     clip: Callable
     seconds: float = 0.0  # time spent in this twin's forward, backward and step
+    scheduler: object = None  # its lr schedule (harness/schedule.py), stepped after each update
 
     def micro_step(self, tokens, targets, scale: float, keep_activations: bool = False):
         """Forward and backward of one micro-batch with the loss scaled by
@@ -53,6 +54,8 @@ class Twin:
         if max_grad_norm > 0:
             self.clip(self.model.parameters(), max_grad_norm)
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.seconds += time.perf_counter() - start
 
     def grads(self) -> dict[str, torch.Tensor]:
