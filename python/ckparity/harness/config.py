@@ -45,6 +45,8 @@ class RunConfig:
     lr_schedule: str = _flag("constant", "both twins' lr per step after the warmup, by torch's scheduler classes "
                                          "(harness/schedule.py)", choices=["constant", "linear", "cosine"])
     warmup_steps: int = _flag(0, "steps of linear warmup from lr/W to lr")
+    init_from: str | None = _flag(None, "start both twins from these weights (safetensors or a torch state_dict; "
+                                        "Hugging Face Llama names with --model llama); the dims come from them")
     adamw_beta1: float = _flag(0.9, "AdamW beta1")
     adamw_beta2: float = _flag(0.999, "AdamW beta2")
     adamw_eps: float = _flag(1e-8, "AdamW eps")

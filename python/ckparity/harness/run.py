@@ -13,7 +13,7 @@ import torch
 
 import ckparity
 
-from . import report, schedule
+from . import init_from, report, schedule
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
@@ -84,6 +84,7 @@ def prepare(config: RunConfig) -> Batches:
 def train(config: RunConfig) -> dict:
     """Runs both twins; returns the report (also written to config.json_out,
     by rank 0 of a --tp/--dp run)."""
+    config = init_from.configure(config)  # the dims of --init-from's weights, before the data needs the vocab
     batches = prepare(config)
     ranks = join(config)
     try:

@@ -8,7 +8,7 @@ from functools import partial
 
 import torch
 
-from . import backends, ranks
+from . import backends, init_from, ranks
 from .models import Ops, build_model
 from .twin import Twin
 
@@ -50,6 +50,8 @@ def build_twins(config) -> tuple[Twin, Twin]:
     """(ck, torch) twins with bit-identical initial weights."""
     torch.manual_seed(config.seed)
     torch_model = build_model(config, ops_for(config, "torch"))
+    if config.init_from:
+        init_from.load_into(torch_model, config)
     ck_model = build_model(config, ops_for(config, "ck"))
     ck_model.load_state_dict(torch_model.state_dict())
     return build_twin(config, "ck", ck_model), build_twin(config, "torch", torch_model)

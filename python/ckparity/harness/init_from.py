@@ -1,0 +1,146 @@
+"""--init-from PATH: both twins start from given weights instead of a random init.
+
+PATH is a safetensors file (``.safetensors``) or a torch state_dict
+(``torch.save``; read with ``weights_only=True``, a ``{"state_dict": ...}``
+wrapper accepted). Names are ckparity's (a model's own ``state_dict()``), or,
+for ``--model llama``, Hugging Face Llama's (``model.layers.N.self_attn.q_proj
+.weight`` ...), mapped here: gate_proj and up_proj become fc1's two halves
+(SwiGLU's gate first), input_layernorm / post_attention_layernorm the two
+RMSNorms, a missing lm_head.weight a tied embedding. The rotary layout needs
+no permutation: Hugging Face's q/k weights are already in the rotate-half
+layout ckparity's llama uses (tests/test_init_from.py checks the logits
+against an independent rotate-half forward).
+
+The model's dims come from the weights -- vocab and d-model from the
+embedding, hidden from fc1, the number of blocks, kv-heads from k_proj given
+--heads (a head count is not in the weights), a tied lm_head -- and override
+the flags. A tensor that does not fit the model so built, a missing one or an
+extra one is refused with its name, before the run starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import replace
+
+import torch
+
+from .config import UsageError
+
+_HF_LLAMA = [
+    (r"model\.embed_tokens\.weight", "embedding.weight"),
+    (r"model\.norm\.weight", "norm.weight"),
+    (r"lm_head\.weight", "lm_head.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.attn_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.mlp.norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight", r"blocks.\1.attention.\2_proj.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blocks.\1.mlp.fc2.weight"),
+]
+_HF_MLP = re.compile(r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj\.weight")
+
+
+def _read(path: str) -> dict[str, torch.Tensor]:
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 -- any unreadable file is the user's input, said as such
+        raise UsageError(f"--init-from {path}: cannot read it: {type(err).__name__}: {err}") from None
+    state = state.get("state_dict", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UsageError(f"--init-from {path}: not a state_dict of tensors")
+    return state
+
+
+def _from_hugging_face(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out, halves = {}, {}
+    for name, tensor in state.items():
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints carry; recomputed from --rope-theta
+            continue
+        mlp = _HF_MLP.fullmatch(name)
+        if mlp:
+            halves.setdefault(mlp[1], {})[mlp[2]] = tensor
+            continue
+        for pattern, ours in _HF_LLAMA:
+            if re.fullmatch(pattern, name):
+                out[re.sub(pattern, ours, name)] = tensor
+                break
+        else:
+            raise UsageError(f"--init-from: {name} is not a Hugging Face Llama tensor ckparity's llama has")
+    for layer, parts in halves.items():
+        if set(parts) != {"gate", "up"}:
+            raise UsageError(f"--init-from: layer {layer} has {sorted(parts)} of gate_proj/up_proj, not both")
+        out[f"blocks.{layer}.mlp.fc1.weight"] = torch.cat([parts["gate"], parts["up"]])
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def _weights(path: str, model: str, stamp: float) -> dict[str, torch.Tensor]:
+    """The file's tensors under ckparity's names, float32 (read once per file version)."""
+    state = _read(path)
+    if any(name.startswith("model.") for name in state):
+        if model != "llama":
+            raise UsageError(f"--init-from {path}: Hugging Face Llama weights need --model llama, not {model}")
+        state = _from_hugging_face(state)
+    return {name: t.float().contiguous() for name, t in state.items()}
+
+
+def weights(config) -> dict[str, torch.Tensor]:
+    if not os.path.isfile(config.init_from):
+        raise UsageError(f"--init-from {config.init_from}: no such file")
+    return _weights(config.init_from, config.model, os.path.getmtime(config.init_from))
+
+
+def _first(state: dict, pattern: str):
+    return next((t for name, t in state.items() if re.search(pattern, name)), None)
+
+
+def configure(config):
+    """config with the model's dims taken from --init-from's weights (as is without it)."""
+    if not config.init_from:
+        return config
+    state = weights(config)
+    if "embedding.weight" not in state:
+        raise UsageError(f"--init-from {config.init_from}: no embedding.weight (model.embed_tokens.weight)")
+    vocab, d_model = state["embedding.weight"].shape
+    changes = {"vocab": vocab, "d_model": d_model}
+    fc1 = _first(state, r"(^|\.)fc1\.weight$")
+    if fc1 is not None:
+        changes["hidden"] = fc1.shape[0] // 2
+    layers = {int(m[1]) for name in state for m in [re.match(r"blocks\.(\d+)\.", name)] if m}
+    if layers:
+        changes["num_layers"] = max(layers) + 1
+    if config.model == "llama":
+        if d_model % config.heads:
+            raise UsageError(f"--init-from: d-model {d_model} (from the embedding) is not a multiple of --heads "
+                             f"{config.heads}")
+        k_proj = _first(state, r"attention\.k_proj\.weight$")
+        head_dim = d_model // config.heads
+        if k_proj is not None:
+            if k_proj.shape[0] % head_dim:
+                raise UsageError(f"--init-from: k_proj has {k_proj.shape[0]} rows, not a multiple of the head dim "
+                                 f"{head_dim} (d-model {d_model} / --heads {config.heads})")
+            changes["kv_heads"] = k_proj.shape[0] // head_dim
+        changes["tie_embeddings"] = "lm_head.weight" not in state
+    return replace(config, **changes)
+
+
+def load_into(model: torch.nn.Module, config) -> None:
+    """The weights into ``model`` (built from configure's config), every tensor's name and shape checked."""
+    state, own = weights(config), model.state_dict()
+    if config.model == "llama" and config.tie_embeddings:
+        own.pop("lm_head.weight", None)  # the embedding's, tied
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        raise UsageError(f"--init-from {config.init_from}: " + "; ".join(
+            part for part in (f"missing {missing}" if missing else "", f"not in the {config.model} model {extra}"
+                              if extra else "") if part))
+    for name, tensor in state.items():
+        if tensor.shape != own[name].shape:
+            raise UsageError(f"--init-from {config.init_from}: {name} is {tuple(tensor.shape)}, the model's is "
+                             f"{tuple(own[name].shape)}")
+    model.load_state_dict(state, strict=False)
