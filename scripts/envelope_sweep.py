@@ -85,7 +85,8 @@ NULL_REACH = {"default_ce_uncut_null": 1 << 20}
 
 def _row(report: dict, seconds: float) -> dict:
     env = report["envelope"] or {}
-    return {"status": report["status"], "verdict": report["noise_verdict"], "first_beyond_step": env.get("first_beyond_step"),
+    return {"status": report["status"], "steps": report["steps"], "verdict": report["noise_verdict"],
+            "first_beyond_step": env.get("first_beyond_step"),
             "max_noise_ratio": env.get("max_noise_ratio"), "first_param_fail_step": report["first_param_fail_step"],
             "null_model": env.get("null_model"), "seconds": round(seconds, 1)}
 
@@ -117,7 +118,10 @@ def main() -> None:
             config = replace(STRESS, envelope=args.members, no_progress=True, seed=seed, **changes,
                              json_out=str(Path(args.runs_dir) / f"{case}_seed{seed}.json"))
             start = time.perf_counter()
-            rows.append({"seed": seed, **_row(train(config), time.perf_counter() - start)})
+            report = train(config)
+            if report["status"] == "interrupted":  # a partial run says nothing about the verdict: the sweep stops
+                raise SystemExit(f"{case} seed {seed}: interrupted at step {report['steps']}; not recorded")
+            rows.append({"seed": seed, **_row(report, time.perf_counter() - start)})
             print(case, rows[-1]["seed"], rows[-1]["verdict"], rows[-1]["first_beyond_step"],
                   rows[-1]["max_noise_ratio"], flush=True)
             # after every run: a sweep cut off by its timeout keeps the seeds it finished
