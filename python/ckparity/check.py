@@ -125,6 +125,9 @@ SLOTS: dict[str, Slot] = {
 }
 
 
+COVERED = [*SLOTS, "adamw"]  # the slots check has a suite for
+
+
 def _evaluate(kernel_slot: Slot, fn: Callable, tensors: dict, dtype=torch.float32, strided: str | None = None) -> dict:
     """The output and the gradients of a fixed random weighting of it; with
     ``strided``, that input reaches fn as a column slice of a wider tensor
@@ -237,15 +240,14 @@ def _non_contiguous(kernel_slot, fn, g) -> _Property:
     return prop
 
 
-def _threads(kernel_slot, fn, g) -> _Property:
-    prop = _Property("threads")
-    tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
+def _at_thread_counts(prop: _Property, what: str, run: Callable[[], dict]) -> _Property:
+    """run() at 1 and 2 torch threads: one case, bit-identical or nondeterministic."""
     before = torch.get_num_threads()
     results = []
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            results.append(_evaluate(kernel_slot, fn, tensors))
+            results.append(run())
     except Exception as err:  # noqa: BLE001
         prop.verdict("crashes", f"{type(err).__name__}: {err}")
     finally:
@@ -255,8 +257,13 @@ def _threads(kernel_slot, fn, g) -> _Property:
         if all(differing_elements(results[0][k], results[1][k]) == 0 for k in results[0]):
             prop.bit_identical += 1
         else:
-            prop.verdict("nondeterministic", "1 and 2 torch threads give different bits (64 rows of 4096)")
+            prop.verdict("nondeterministic", f"1 and 2 torch threads give different bits ({what})")
     return prop
+
+
+def _threads(kernel_slot, fn, g) -> _Property:
+    tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
+    return _at_thread_counts(_Property("threads"), "64 rows of 4096", lambda: _evaluate(kernel_slot, fn, tensors))
 
 
 def _bad_input(kernel_slot, fn) -> _Property:
@@ -270,17 +277,58 @@ def _bad_input(kernel_slot, fn) -> _Property:
     return prop
 
 
+# ---- adamw: the optimizer slot, stepped rather than differentiated ------------
+
+ADAMW_STEPS = 20
+ADAMW_SIZES = list(range(1, 301)) + [511, 1023, 4095, 4097, 8191, 65537]
+
+
+def _adamw_run(make: Callable, size: int, seed: int, dtype=torch.float32) -> dict:
+    """ADAMW_STEPS steps of the optimizer ``make`` builds, as the harness calls it, on one
+    tensor of ``size`` with seeded gradients: the param and the moments under torch's names."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.nn.Parameter(torch.randn(size, generator=g).to(dtype))
+    optimizer = make([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    for _ in range(ADAMW_STEPS):
+        p.grad = torch.randn(size, generator=g).to(dtype)
+        optimizer.step()
+    state = optimizer.state[p]
+    return {"param": p.detach(), "exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
+
+
+def _adamw_properties(fn: Callable, torch_fn: Callable) -> list[_Property]:
+    """sizes: every tensor size 1..300 and large odd ones, against torch's AdamW and
+    float64 (torch's AdamW on float64 params); threads: a large tensor at 1 and 2
+    threads, the same bits."""
+    sizes = _Property("sizes")
+    for size in ADAMW_SIZES:
+        label = f"size={size}"
+        try:
+            ours = _adamw_run(fn, size, size)
+        except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
+            sizes.cases += 1
+            sizes.verdict("crashes", f"{label}: {type(err).__name__}: {err}")
+            continue
+        sizes.compare(label, ours, _adamw_run(torch_fn, size, size), _adamw_run(torch_fn, size, size, torch.float64))
+    # 200003 params: several of the C AdamW's 65536-float chunks
+    threads = _at_thread_counts(_Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7))
+    return [sizes, threads]
+
+
 def check(kernel: str, backend: str, seed: int = 0) -> dict:
     """The conformance report (schema ckparity.check/1) of one backend of one slot."""
     kernel = slot(kernel)
-    if kernel not in SLOTS:
-        raise ValueError(f"ckparity check covers {', '.join(SLOTS)}; {kernel!r} is not among them yet")
+    if kernel not in COVERED:
+        raise ValueError(f"ckparity check covers {', '.join(COVERED)}; {kernel!r} is not among them yet")
     resolve(kernel, backend)
     fn, torch_fn = backends.BACKENDS[kernel][backend], backends.BACKENDS[kernel]["torch"]
-    kernel_slot, g = SLOTS[kernel], torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    props = [_widths(kernel_slot, fn, torch_fn, g), _options(kernel, kernel_slot, fn, torch_fn, g),
-             _non_contiguous(kernel_slot, fn, g), _threads(kernel_slot, fn, g), _bad_input(kernel_slot, fn)]
+    if kernel == "adamw":
+        props = _adamw_properties(fn, torch_fn)
+    else:
+        kernel_slot, g = SLOTS[kernel], torch.Generator().manual_seed(seed)
+        props = [_widths(kernel_slot, fn, torch_fn, g), _options(kernel, kernel_slot, fn, torch_fn, g),
+                 _non_contiguous(kernel_slot, fn, g), _threads(kernel_slot, fn, g), _bad_input(kernel_slot, fn)]
     rows = [p.report() for p in props if p.cases]
     overall = max((r["verdict"] for r in rows), key=VERDICTS.index)
     return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
@@ -298,8 +346,8 @@ def isolated_check(kernel: str, backend: str, seed: int = 0) -> dict:
     the verdict "crashes" with how it ended. Bad arguments raise ValueError
     here, before the child starts."""
     kernel = slot(kernel)
-    if kernel not in SLOTS:
-        raise ValueError(f"ckparity check covers {', '.join(SLOTS)}; {kernel!r} is not among them yet")
+    if kernel not in COVERED:
+        raise ValueError(f"ckparity check covers {', '.join(COVERED)}; {kernel!r} is not among them yet")
     resolve(kernel, backend)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", _CHILD, kernel, backend, str(seed)], capture_output=True, text=True,

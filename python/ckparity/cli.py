@@ -254,7 +254,7 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    from .check import SLOTS, isolated_check, table
+    from .check import COVERED, isolated_check, table
     from .harness.config import UsageError
     from .harness.report import STDOUT, check_writable, write_json
 
@@ -262,7 +262,7 @@ def _check(argv: list[str]) -> int:
                                      "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
                                      "and large odd ones against torch and float64, the slot's options, strided "
                                      "input, 1 and 2 threads, bad input. Exit 0 unless a verdict is wrong or crashes.")
-    parser.add_argument("kernel", help=f"one of {list(SLOTS)} (or the flags' spelling: rmsnorm, loss)")
+    parser.add_argument("kernel", help=f"one of {COVERED} (or the flags' spelling: rmsnorm, loss, optimizer)")
     parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
     parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
     args = parser.parse_args(argv)

@@ -287,7 +287,7 @@ def _user_backend_checks(ck_backends: dict[str, str]) -> list[dict]:
 
     rows = []
     for kernel, name in ck_backends.items():
-        if kernel in check.SLOTS:
+        if kernel in check.COVERED:
             report = check.check(kernel, name)
             rows.append({key: report[key] for key in ("kernel", "backend", "verdict", "passed", "seconds")})
     return rows
