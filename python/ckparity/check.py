@@ -182,22 +182,27 @@ class _Property:
                 "max_ulp": self.max_ulp, "verdict": self.worst, "failures": self.failures}
 
 
-def _run_case(prop: _Property, label: str, kernel_slot: Slot, fn, torch_fn, tensors: dict) -> None:
+def _run_case(prop: _Property, label: str, evaluate: Callable[[Callable, torch.dtype], dict], fn, torch_fn) -> None:
+    """evaluate(f, dtype) -> the outputs: the backend's against torch's and torch's in float64."""
     try:
-        ours = _evaluate(kernel_slot, fn, tensors)
+        ours = evaluate(fn, torch.float32)
     except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
         prop.cases += 1
         prop.verdict("crashes", f"{label}: {type(err).__name__}: {err}")
         return
-    prop.compare(label, ours, _evaluate(kernel_slot, torch_fn, tensors),
-                 _evaluate(kernel_slot, torch_fn, tensors, torch.float64))
+    prop.compare(label, ours, evaluate(torch_fn, torch.float32), evaluate(torch_fn, torch.float64))
+
+
+def _slot_case(kernel_slot: Slot, tensors: dict) -> Callable[[Callable, torch.dtype], dict]:
+    return lambda f, dtype: _evaluate(kernel_slot, f, tensors, dtype)
 
 
 def _widths(kernel_slot, fn, torch_fn, g) -> _Property:
     prop = _Property("widths")
     for width in kernel_slot.widths:
         for rows in ROWS:
-            _run_case(prop, f"width={width},rows={rows}", kernel_slot, fn, torch_fn, kernel_slot.make(width, rows, g))
+            _run_case(prop, f"width={width},rows={rows}", _slot_case(kernel_slot, kernel_slot.make(width, rows, g)),
+                      fn, torch_fn)
     return prop
 
 
@@ -214,7 +219,7 @@ def _options(kernel, kernel_slot, fn, torch_fn, g) -> _Property:
     }[kernel]
     for width in (7, 64, 257, 1000):
         for name, variant in variants:
-            _run_case(prop, f"width={width},{name}", variant, fn, torch_fn, kernel_slot.make(width, 3, g))
+            _run_case(prop, f"width={width},{name}", _slot_case(variant, kernel_slot.make(width, 3, g)), fn, torch_fn)
     return prop
 
 
@@ -302,14 +307,7 @@ def _adamw_properties(fn: Callable, torch_fn: Callable) -> list[_Property]:
     threads, the same bits."""
     sizes = _Property("sizes")
     for size in ADAMW_SIZES:
-        label = f"size={size}"
-        try:
-            ours = _adamw_run(fn, size, size)
-        except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
-            sizes.cases += 1
-            sizes.verdict("crashes", f"{label}: {type(err).__name__}: {err}")
-            continue
-        sizes.compare(label, ours, _adamw_run(torch_fn, size, size), _adamw_run(torch_fn, size, size, torch.float64))
+        _run_case(sizes, f"size={size}", lambda f, dtype, size=size: _adamw_run(f, size, size, dtype), fn, torch_fn)
     # 200003 params: several of the C AdamW's 65536-float chunks
     threads = _at_thread_counts(_Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7))
     return [sizes, threads]
