@@ -65,8 +65,8 @@ def test_the_float64_shadow_and_envelope_members_follow_the_schedule(tmp_path):
                              ck_loss_backend="c_ptref", ck_optimizer_backend="torch", no_progress=True,
                              json_out=str(tmp_path / "r.json")))
     assert report["status"] == "pass"
-    assert max(report["shadow"]["series"]["torch_param_diff"]) < 1e-6
-    assert max(report["envelope"]["series"]["param_max"]) < 1e-6  # a member at the unscheduled lr: ~5e-4
+    assert max(report["shadow"]["series"]["torch_param_diff"]) < 1e-5  # unscheduled: ~5e-3
+    assert max(report["envelope"]["series"]["param_max"]) < 1e-5  # a member at the unscheduled lr: ~5e-3
 
 
 def test_bad_schedules_are_refused_before_the_run(tmp_path):
@@ -74,6 +74,6 @@ def test_bad_schedules_are_refused_before_the_run(tmp_path):
         RunConfig(lr_schedule="step")
     with pytest.raises(UsageError, match="warmup-steps"):
         RunConfig(warmup_steps=-1)
-    with pytest.raises(UsageError, match="leaves none of the run's 5 steps"):
-        train(RunConfig(max_steps=5, warmup_steps=5, no_progress=True, json_out=str(tmp_path / "r.json")))
+    with pytest.raises(UsageError, match="leaves none of the run's 5 steps"):  # 47 tokens: 5 windows of 8
+        train(RunConfig(total_tokens=48, warmup_steps=5, no_progress=True, json_out=str(tmp_path / "r.json")))
     assert not (tmp_path / "r.json").exists()

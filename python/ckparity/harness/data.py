@@ -63,8 +63,9 @@ class Batches:
         self.seq_len, self.grad_accum, self.batch_size = config.seq_len, config.grad_accum, config.batch_size
         self.windows_per_epoch = self.inputs.numel() // self.seq_len
         self.steps_per_epoch = -(-self.windows_per_epoch // (self.grad_accum * self.batch_size))
-        total = self.steps_per_epoch * config.epochs
-        self.num_steps = min(total, config.max_steps) if config.max_steps > 0 else total
+        # the whole run's steps (an lr schedule's length); --max-steps cuts the run, not the schedule
+        self.total_steps = self.steps_per_epoch * config.epochs
+        self.num_steps = min(self.total_steps, config.max_steps) if config.max_steps > 0 else self.total_steps
 
     def step(self, s: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The step's micro-batches: (tokens, targets), each (B, T)."""
@@ -80,5 +81,9 @@ class Batches:
 
     def __iter__(self):
         """(step, windows) for steps 1..num_steps."""
-        for s in range(self.num_steps):
+        return self.after(0)
+
+    def after(self, done: int):
+        """(step, windows) for steps done+1..num_steps (a resumed run's)."""
+        for s in range(done, self.num_steps):
             yield s + 1, self.step(s)

@@ -112,6 +112,8 @@ class Measured:
     """Each slot's differences from torch in torch's ULPs, over the calls one
     member makes, and how many fell beyond the reach a correct kernel has."""
 
+    STATE = ("figures",)
+
     def __init__(self) -> None:
         self.figures: dict[str, dict] = {}
 
@@ -223,6 +225,8 @@ def null_ops(config, gen: torch.Generator, measured: Measured | None = None):
 
 
 class NoiseEnvelope:
+    STATE = ("members", "series", "first_beyond", "measured")  # a member: its twin and its noise generator
+
     def __init__(self, config, ref: Twin) -> None:
         self.config, self.ratio_limit = config, config.envelope_ratio
         self.members: list[tuple[Twin, torch.Generator]] = []

@@ -111,6 +111,8 @@ class StepComparison:
 class DriftSeries:
     """The per-step rows, column by column (the report's "series")."""
 
+    STATE = ("columns",)  # what a checkpoint carries (harness/checkpoint.py)
+
     def __init__(self) -> None:
         self.columns: dict[str, list] = {key: [] for key in SERIES_KEYS}
 
@@ -128,6 +130,8 @@ class DriftSeries:
 
 
 class FirstFail:
+    STATE = ("steps",)
+
     def __init__(self, config) -> None:
         self.tolerances = {report_key: getattr(config, tol) for _, report_key, tol in CHECKS}
         self.steps: dict[str, int | None] = {report_key: None for _, report_key, _ in CHECKS}
@@ -147,6 +151,8 @@ class FirstFail:
 
 
 class NonFinite:
+    STATE = ("first_step", "one_sided")
+
     def __init__(self) -> None:
         self.first_step: int | None = None
         self.one_sided = False
@@ -160,6 +166,8 @@ class NonFinite:
 class Localizer:
     """Replays the first step whose loss or params fail (or --localize-step)
     from the CK twin's state at its start."""
+
+    STATE = ("result",)
 
     def __init__(self, config) -> None:
         self.config = config
@@ -184,6 +192,7 @@ class DivergenceTracer:
     keeping activations) the step is replayed from a snapshot instead."""
 
     QUANTITIES = ("logits", "loss", "grads", "params", "moments")
+    STATE = ("per_quantity", "first_step", "where")
 
     def __init__(self, config) -> None:
         self.config = config

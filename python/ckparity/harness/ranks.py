@@ -309,6 +309,8 @@ class RankAgreement:
     failing step, say -- would send one rank into collectives the others never
     join, a hang until --rank-timeout."""
 
+    STATE = ("first_mismatch_step", "checked_steps")
+
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
         self.first_mismatch_step: int | None = None

@@ -13,7 +13,7 @@ import torch
 
 import ckparity
 
-from . import init_from, report, schedule
+from . import checkpoint, init_from, report, schedule
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
@@ -74,8 +74,8 @@ def prepare(config: RunConfig) -> Batches:
     batches = Batches(load_tokens(config), config)
     if config.localize_step > batches.num_steps:
         raise UsageError(f"--localize-step {config.localize_step} is beyond the run's {batches.num_steps} steps")
-    if config.warmup_steps and config.warmup_steps >= batches.num_steps:
-        raise UsageError(f"--warmup-steps {config.warmup_steps} leaves none of the run's {batches.num_steps} steps "
+    if config.warmup_steps and config.warmup_steps >= batches.total_steps:
+        raise UsageError(f"--warmup-steps {config.warmup_steps} leaves none of the run's {batches.total_steps} steps "
                          "after the warmup")
     check_memory(config)
     return batches
@@ -84,7 +84,10 @@ def prepare(config: RunConfig) -> Batches:
 def train(config: RunConfig) -> dict:
     """Runs both twins; returns the report (also written to config.json_out,
     by rank 0 of a --tp/--dp run)."""
-    config = init_from.configure(config)  # the dims of --init-from's weights, before the data needs the vocab
+    if config.resume:  # the checkpoint's config (its dims already from any --init-from)
+        config = checkpoint.resume_config(config)
+    else:
+        config = init_from.configure(config)  # the dims of --init-from's weights, before the data needs the vocab
     batches = prepare(config)
     ranks = join(config)
     try:
@@ -106,13 +109,19 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     envelope = NoiseEnvelope(config, ref) if config.envelope else None
     spikes = SpikeTriage(config) if config.spike_triage else None
     for twin in (ck, ref, *([shadow.twin] if shadow else []), *(m for m, _ in (envelope.members if envelope else []))):
-        schedule.attach(twin, config, batches.num_steps)
+        schedule.attach(twin, config, batches.total_steps)
+    components = {"ck": ck, "torch": ref, "series": series, "first_fail": first_fail, "nonfinite": nonfinite,
+                  "localizer": localizer, "divergence": divergence, "agreement": agreement, "shadow": shadow,
+                  "envelope": envelope, "spikes": spikes}
+    done = checkpoint.restore(config.resume, components) if config.resume else 0
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None
     with stop_on_signals() as stop:
+        if config.checkpoint_every:
+            stop.hold()  # a signal is acted on at the end of its step, after that step's checkpoint
         try:
-            for step, windows in batches:
+            for step, windows in batches.after(done):
                 # the CK twin's state at the start of the step, while a replay may need it
                 if localizer.wants_snapshot(step) or divergence.wants_snapshot:
                     snapshot = ck.snapshot(reuse=snapshot)
@@ -143,6 +152,10 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 if spikes is not None:
                     spikes.after_step(step, windows, comparison.losses)
                 progress.update()
+                if config.checkpoint_every and (step % config.checkpoint_every == 0 or stop.signum is not None):
+                    checkpoint.save(config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, config, components)
+                if stop.signum is not None:
+                    raise Interrupted(stop.signum)
         except RanksDisagree:  # the report says so (ranks.first_rank_mismatch_step) and fails the run
             pass
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP through stop_on_signals

@@ -66,6 +66,8 @@ def _float64_twin(config, snapshot: dict) -> Twin:
 
 
 class Float64Shadow:
+    STATE = ("twin", "series", "probes", "seconds")
+
     def __init__(self, config, ref: Twin) -> None:
         self.config = config
         self.twin = _float64_twin(config, ref.snapshot())

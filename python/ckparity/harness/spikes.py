@@ -109,6 +109,8 @@ def classify(ck: bool, ref: bool, f64: bool) -> str:
 
 
 class SpikeTriage:
+    STATE = ("history", "triages", "spike_steps")  # not the snapshot: it is taken at each step's start
+
     def __init__(self, config) -> None:
         self.config = config
         self.history: dict[str, list[float]] = {"ck": [], "torch": []}

@@ -50,7 +50,7 @@ def build_twins(config) -> tuple[Twin, Twin]:
     """(ck, torch) twins with bit-identical initial weights."""
     torch.manual_seed(config.seed)
     torch_model = build_model(config, ops_for(config, "torch"))
-    if config.init_from:
+    if config.init_from and not config.resume:  # a resumed run's weights come from its checkpoint
         init_from.load_into(torch_model, config)
     ck_model = build_model(config, ops_for(config, "ck"))
     ck_model.load_state_dict(torch_model.state_dict())

@@ -1,0 +1,212 @@
+"""--checkpoint-every N [--checkpoint-dir D] and --resume D: a run that goes
+on where it stopped, bit for bit.
+
+A checkpoint, written after step N, 2N, ... and after the step a SIGTERM,
+SIGINT or SIGHUP arrived in (with checkpoints on, a signal is acted on at the
+end of the step, so that the state written is a whole step's), holds all the
+run needs to go on: both twins (weights, optimizer state, lr scheduler),
+the float64 shadow's twin and the envelope's members with their noise
+generators, every observer's state (the series, first-fail steps, the
+divergence tracer, the localization, spike history, rank agreement), the RNG
+states of torch, numpy and python, the step reached and the config. The data
+cursor is the step: the batches are a function of the config and the step.
+
+Format: a directory ``D/step-<N>/`` with ``checkpoint.json`` (schema
+ckparity.checkpoint/1: the step, the config, the state with each tensor named
+by its key) and ``tensors.safetensors``; ``D/latest`` names the newest. A
+checkpoint is written into a temporary directory, renamed into place, and
+only then is ``latest`` replaced (os.replace): a kill during a write leaves
+the previous checkpoint whole. Older checkpoints are removed after.
+
+Resume: ``ckparity train --resume D`` takes the checkpoint's config; only the
+flags in RESUME_MAY_CHANGE may differ (a longer --max-steps, another report
+path), any other flag given with another value is refused by name. The
+resumed run's report equals the uninterrupted run's except timings and those
+flags (tests/test_checkpoint.py).
+
+What each observer carries is its class's STATE tuple of attribute names;
+a Twin, a torch.Generator and a list of them are restored in place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import fields, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import RunConfig, UsageError
+from .twin import Twin
+
+SCHEMA = "ckparity.checkpoint/1"
+RESUME_MAY_CHANGE = ("max_steps", "json_out", "no_progress", "checkpoint_every", "checkpoint_dir", "resume")
+DEFAULT_DIR = "reports/checkpoint"
+
+
+# ---- what is saved: state_of / load_state ------------------------------------
+
+def state_of(obj):
+    """The saveable state of a run's component (plain data and tensors)."""
+    if isinstance(obj, Twin):
+        return {"model": obj.model.state_dict(), "optimizer": obj.optimizer.state_dict(),
+                "scheduler": obj.scheduler.state_dict() if obj.scheduler is not None else None}
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, (list, tuple)) and any(isinstance(x, (Twin, torch.Generator, list, tuple)) or
+                                              hasattr(type(x), "STATE") for x in obj):
+        return [state_of(x) for x in obj]
+    if hasattr(type(obj), "STATE"):
+        return {name: state_of(getattr(obj, name)) for name in type(obj).STATE}
+    return obj
+
+
+def load_state(obj, state):
+    """Restores ``state`` into ``obj`` (in place where it is a Twin, a
+    Generator, a list of those or an observer); returns the value to keep."""
+    if isinstance(obj, Twin):
+        obj.model.load_state_dict(state["model"])
+        obj.optimizer.load_state_dict(state["optimizer"])
+        if obj.scheduler is not None:
+            obj.scheduler.load_state_dict(state["scheduler"])
+        return obj
+    if isinstance(obj, torch.Generator):
+        obj.set_state(state)
+        return obj
+    if isinstance(obj, (list, tuple)) and isinstance(state, list) and len(obj) == len(state) and \
+            any(isinstance(x, (Twin, torch.Generator, list, tuple)) or hasattr(type(x), "STATE") for x in obj):
+        return type(obj)(load_state(x, s) for x, s in zip(obj, state))
+    if hasattr(type(obj), "STATE"):
+        for name in type(obj).STATE:
+            setattr(obj, name, load_state(getattr(obj, name), state[name]))
+        return obj
+    return state
+
+
+# ---- how it is written: JSON with tensors by key --------------------------------
+
+def _pack(value, key: str, tensors: dict):
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach().clone().contiguous()  # a copy: tied weights share storage
+        return {"__tensor__": key}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_pack(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
+        return items if isinstance(value, list) else {"__tuple__": items}
+    if isinstance(value, dict):
+        return {"__dict__": [[_pack(k, f"{key}.k{i}", tensors), _pack(v, f"{key}.{k}", tensors)]
+                             for i, (k, v) in enumerate(value.items())]}
+    raise TypeError(f"cannot checkpoint {key}: a {type(value).__name__}")
+
+
+def _unpack(value, tensors: dict):
+    if isinstance(value, list):
+        return [_unpack(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            return tensors[value["__tensor__"]]
+        if "__float__" in value:
+            return float(value["__float__"])
+        if "__tuple__" in value:
+            return tuple(_unpack(v, tensors) for v in value["__tuple__"])
+        return {_unpack(k, tensors): _unpack(v, tensors) for k, v in value["__dict__"]}
+    return value
+
+
+def _rng_state() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                      gauss],
+            "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def save(directory: str, step: int, config: RunConfig, components: dict) -> Path:
+    """Writes the checkpoint of the end of ``step`` (atomically) and returns its directory."""
+    from safetensors.torch import save_file
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    state = _pack({"components": {name: state_of(c) for name, c in components.items()}, "rng": _rng_state()},
+                  "state", tensors)
+    manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "state": state}
+    staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
+    try:
+        save_file(tensors, str(staging / "tensors.safetensors"))
+        (staging / "checkpoint.json").write_text(json.dumps(manifest))
+        final = root / f"step-{step:09d}"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    pointer = root / ".latest.writing"
+    pointer.write_text(final.name)
+    os.replace(pointer, root / "latest")
+    for old in root.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _latest(directory: str) -> Path:
+    root = Path(directory)
+    if not (root / "latest").is_file():
+        raise UsageError(f"--resume {directory}: no checkpoint there (no 'latest' file)")
+    path = root / (root / "latest").read_text().strip()
+    if not (path / "checkpoint.json").is_file():
+        raise UsageError(f"--resume {directory}: 'latest' names {path.name}, which is not a checkpoint")
+    return path
+
+
+def resume_config(given: RunConfig) -> RunConfig:
+    """The checkpoint's config, with the flags that may change taken from ``given``;
+    another flag given with a value other than the checkpoint's is refused by name."""
+    manifest = json.loads((_latest(given.resume) / "checkpoint.json").read_text())
+    if manifest.get("schema") != SCHEMA:
+        raise UsageError(f"--resume {given.resume}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    saved = manifest["config"]
+    for f in fields(RunConfig):
+        value, default = getattr(given, f.name), f.default
+        if f.name not in RESUME_MAY_CHANGE and value != default and value != saved[f.name]:
+            raise UsageError(f"--resume: --{f.name.replace('_', '-')} {value!r} differs from the checkpoint's "
+                             f"{saved[f.name]!r}; only {', '.join('--' + n.replace('_', '-') for n in RESUME_MAY_CHANGE)} "
+                             "may change")
+    config = replace(RunConfig(**{k: v for k, v in saved.items() if k in {f.name for f in fields(RunConfig)}}),
+                     **{name: getattr(given, name) for name in RESUME_MAY_CHANGE})
+    if config.max_steps and config.max_steps < manifest["step"]:
+        raise UsageError(f"--resume: --max-steps {config.max_steps} is before the checkpoint's step {manifest['step']}")
+    return config
+
+
+def restore(directory: str, components: dict) -> int:
+    """Loads the latest checkpoint of ``directory`` into ``components`` (built
+    as for a fresh run) and the RNGs; returns the step it was written after."""
+    from safetensors.torch import load_file
+
+    path = _latest(directory)
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    state = _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+    for name, component in components.items():
+        if component is not None:
+            load_state(component, state["components"][name])
+    _set_rng_state(state["rng"])
+    return manifest["step"]
