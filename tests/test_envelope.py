@@ -95,3 +95,20 @@ def test_verdicts(tmp_path):
     backends.register("cross_entropy", "off_1e-4", lambda x, t: backends.CROSS_ENTROPY["torch"](x, t) * (1 + 1e-4))
     off = train(replace(base, ck_loss_backend="off_1e-4", json_out=str(tmp_path / "b.json")))
     assert off["noise_verdict"] == "beyond_noise" and off["envelope"]["first_beyond_step"] == 1
+
+
+def test_the_c_adamws_difference_is_measured_and_carried(tmp_path):
+    """With C AdamW on the CK twin, each member's update carries the C step's
+    difference from torch's (measured: a few params an ULP off per step, none
+    beyond the reach); with torch's AdamW there is no optimizer noise at all."""
+    base = RunConfig(max_steps=20, envelope=1, ck_loss_backend="c_ptref", no_progress=True)
+    c = train(replace(base, json_out=str(tmp_path / "c.json")))["envelope"]["null_model"]
+    figures = c["measured"]["adamw.param"]
+    assert figures["differing"] > 0 and figures["beyond_reach"] == 0
+    assert 0.4 < figures["outward_share"] < 0.6  # C AdamW against torch's MKL sqrt: no direction
+    assert c["adamw"].startswith("measured")
+    same = train(replace(base, ck_optimizer_backend="torch", json_out=str(tmp_path / "t.json")))
+    assert "adamw.param" not in same["envelope"]["null_model"]["measured"]
+    # bit-identical kernels and optimizer: the members differ from the torch twin by their initial ULPs only,
+    # and the CK twin not at all
+    assert same["envelope"]["max_noise_ratio"]["param"] == 0.0

@@ -285,7 +285,8 @@ class NoiseEnvelope:
     def _measured_update(self, twin: Twin, gen: torch.Generator, ck_optimizer, measured: Measured | None) -> None:
         """The member's update: torch's step, then the CK optimizer's step from the
         same params, gradients and state; each param is torch's moved by CK's
-        difference, cut to PARAM_REACH_ULPS, with a random sign. The moments stay
+        difference, cut to PARAM_REACH_ULPS of the param or of its update (the larger), with
+        a random sign. The moments stay
         torch's (the C AdamW's are bit-identical to them: docs/kernels.md)."""
         params = list(twin.model.parameters())
         start, state = [p.detach().clone() for p in params], copy.deepcopy(twin.optimizer.state_dict())
@@ -296,8 +297,9 @@ class NoiseEnvelope:
                 p.copy_(s)
             ck_optimizer.load_state_dict(state)
             ck_optimizer.step()
-            for p, t in zip(params, torch_params):
-                m = torch.full(t.shape, float(PARAM_REACH_ULPS), dtype=torch.float64)
+            for p, t, s in zip(params, torch_params, start):
+                # in ULPs of the param or of the update, the larger: near 0 an update's last bit is many of the param's
+                m = PARAM_REACH_ULPS * spacing(torch.maximum(t.abs(), (t - s).abs())) / spacing(t)
                 if measured is not None:
                     measured.add("adamw.param", t, p.detach(), m)
                 p.copy_(mirror(t, p.detach(), m, gen))
