@@ -65,9 +65,12 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, name):
 
 
 def test_a_checkpoint_holds_every_component_and_only_the_latest_stays(tmp_path):
-    train(RunConfig(max_steps=6, checkpoint_every=2, checkpoint_dir=str(tmp_path / "ck"), envelope=1,
-                    no_progress=True, json_out=str(tmp_path / "r.json")))
+    report = train(RunConfig(max_steps=6, checkpoint_every=2, checkpoint_dir=str(tmp_path / "ck"), envelope=1,
+                             no_progress=True, json_out=str(tmp_path / "r.json")))
     root = tmp_path / "ck"
+    timing = report["timing"]  # what they cost, in the report
+    assert timing["checkpoints"] == 3 and timing["checkpoint_s"] > 0
+    assert timing["checkpoint_bytes"] == sum(f.stat().st_size for f in (root / "step-000000006").iterdir())
     assert (root / "latest").read_text() == "step-000000006"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000000006"]  # older ones removed
     manifest = json.loads((root / "step-000000006" / "checkpoint.json").read_text())

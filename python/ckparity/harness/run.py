@@ -114,6 +114,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                   "localizer": localizer, "divergence": divergence, "agreement": agreement, "shadow": shadow,
                   "envelope": envelope, "spikes": spikes}
     done = checkpoint.restore(config.resume, components) if config.resume else 0
+    written = {"checkpoints": 0, "checkpoint_s": 0.0, "checkpoint_bytes": None}
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None
@@ -153,7 +154,11 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                     spikes.after_step(step, windows, comparison.losses)
                 progress.update()
                 if config.checkpoint_every and (step % config.checkpoint_every == 0 or stop.signum is not None):
-                    checkpoint.save(config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, config, components)
+                    start = time.perf_counter()
+                    path = checkpoint.save(config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, config, components)
+                    written.update(checkpoints=written["checkpoints"] + 1,
+                                   checkpoint_s=written["checkpoint_s"] + time.perf_counter() - start,
+                                   checkpoint_bytes=sum(f.stat().st_size for f in path.iterdir()))
                 if stop.signum is not None:
                     raise Interrupted(stop.signum)
         except RanksDisagree:  # the report says so (ranks.first_rank_mismatch_step) and fails the run
@@ -168,6 +173,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
         result = _report(config, batches, series, first_fail, nonfinite, localizer, (ck, ref), status, error,
                          time.perf_counter() - started)
         result["stopped_by_signal"] = stopped_by
+        result["timing"].update(written)  # what the checkpoints cost (timings: not compared on resume)
         result["divergence"] = divergence.report()
         result["forecast"] = forecast(series.columns["step"], series.columns["param_abs_diff"], config.param_tol,
                                       batches.num_steps, divergence.first_step)
