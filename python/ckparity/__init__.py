@@ -19,6 +19,7 @@ __version__ = version()
 follow_torch()
 
 from .plugins import register_backend  # noqa: E402  (it needs the ops above: the harness's backend table)
+from .harness.dump import load_dump  # noqa: E402
 
 __all__ = [
     "CkparityError",
@@ -28,6 +29,7 @@ __all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
     "get_num_threads",
+    "load_dump",
     "nn",
     "register_backend",
     "optim",

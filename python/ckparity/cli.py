@@ -8,6 +8,7 @@
   ckparity bench    kernel speed against torch and against a copy's bandwidth
   ckparity mutate   the gates against builds with planted numerics bugs: a kill matrix
   ckparity check    the conformance suite on any backend of a kernel (yours: --plugin)
+  ckparity replay   recompute a step dumped by train --dump-step (CK, torch, float64)
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
@@ -278,6 +279,32 @@ def _check(argv: list[str]) -> int:
     return EXIT_PASS if report["passed"] else EXIT_FAIL
 
 
+def _replay(argv: list[str]) -> int:
+    from .harness.dump import replay
+    from .harness.report import STDOUT, check_writable, write_json
+
+    parser = argparse.ArgumentParser(prog="ckparity replay", description="Recomputes a step dumped by ckparity train "
+                                     "--dump-step N: CK and torch each from its own state, and each in float64; "
+                                     "prints the per-stage differences (the divergence tracer's rows).")
+    parser.add_argument("dump_dir")
+    parser.add_argument("--json-out", default=None, help="the rows as JSON (schema ckparity.dump/1); - for stdout")
+    args = parser.parse_args(argv)
+    if args.json_out:
+        check_writable(args.json_out, "--json-out")
+    result = replay(args.dump_dir)
+    if args.json_out:
+        write_json(args.json_out, result)
+    out = sys.stderr if args.json_out == STDOUT else sys.stdout
+    print(f"ckparity replay {args.dump_dir}: step {result['step']}, the recomputation "
+          f"{'repeats' if result['faithful'] else 'does NOT repeat'} the dumped bits", file=out)
+    print("| stage | CK vs torch | CK vs float64 | torch vs float64 |", file=out)
+    print("|---|---|---|---|", file=out)
+    for part in ("forward", "backward"):
+        for a, b, c in zip(*(result[k][part] for k in ("ck_vs_torch", "ck_vs_float64", "torch_vs_float64"))):
+            print(f"| {a['stage']} | {a['abs_diff']:.3g} | {b['abs_diff']:.3g} | {c['abs_diff']:.3g} |", file=out)
+    return EXIT_PASS if result["faithful"] else EXIT_FAIL
+
+
 def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info",
                             description="The environment a report records, and what is bit-identical to torch "
@@ -291,7 +318,8 @@ def _info(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare": _compare, "gate": _gate,
-            "bench": _bench, "mutate": _mutate, "check": _check, "info": _info}
+            "bench": _bench, "mutate": _mutate, "check": _check, "replay": _replay,
+            "info": _info}
 
 
 def _load_plugins(argv: list[str]) -> list[str]:

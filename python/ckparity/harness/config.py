@@ -50,6 +50,9 @@ class RunConfig:
     checkpoint_dir: str | None = _flag(None, "where checkpoints go (default reports/checkpoint)")
     resume: str | None = _flag(None, "go on from the latest checkpoint in this directory, with its config (only "
                                      "--max-steps, --json-out, --no-progress and the checkpoint flags may differ)")
+    dump_step: int = _flag(0, "dump both twins' state before this step, its batch, activations and gradients "
+                              "(0: none; ckparity replay DIR recomputes it)")
+    dump_dir: str | None = _flag(None, "where --dump-step writes (default reports/dump-step-N)")
     init_from: str | None = _flag(None, "start both twins from these weights (safetensors or a torch state_dict; "
                                         "Hugging Face Llama names with --model llama); the dims come from them")
     adamw_beta1: float = _flag(0.9, "AdamW beta1")
@@ -111,7 +114,7 @@ def _validate(config: RunConfig) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
-    non_negative = ["envelope", "max_steps", "warmup_steps", "checkpoint_every", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
+    non_negative = ["envelope", "max_steps", "warmup_steps", "checkpoint_every", "dump_step", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
                     "loss_tol", "param_tol", "logit_tol", "grad_tol", "moment_tol"]
     for name in non_negative:
         value = getattr(config, name)
@@ -182,8 +185,9 @@ def _validate_ranks(config: RunConfig) -> None:
         raise UsageError("--tp and --dp together are not supported: choose one")
     if config.spike_triage:
         raise UsageError("--spike-triage is not supported with --tp or --dp (its replay twins run in one process)")
-    if config.checkpoint_every or config.resume:
-        raise UsageError("--checkpoint-every and --resume are not supported with --tp or --dp yet (one process only)")
+    if config.checkpoint_every or config.resume or config.dump_step:
+        raise UsageError("--checkpoint-every, --resume and --dump-step are not supported with --tp or --dp yet "
+                         "(one process only)")
     if config.tp > 1:
         if config.tp > config.vocab:
             raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")

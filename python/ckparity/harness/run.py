@@ -18,6 +18,7 @@ from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
 from .ranks import SINGLE, RankAgreement, RanksDisagree, join, leave
+from .dump import StepDump
 from .envelope import NoiseEnvelope
 from .forecast import forecast
 from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
@@ -72,6 +73,8 @@ def prepare(config: RunConfig) -> Batches:
     report path, the data, flags that could not take effect, memory."""
     report.check_writable(config.json_out or DEFAULT_JSON_OUT, "--json-out")
     batches = Batches(load_tokens(config), config)
+    if config.dump_step > batches.num_steps:
+        raise UsageError(f"--dump-step {config.dump_step} is beyond the run's {batches.num_steps} steps")
     if config.localize_step > batches.num_steps:
         raise UsageError(f"--localize-step {config.localize_step} is beyond the run's {batches.num_steps} steps")
     if config.warmup_steps and config.warmup_steps >= batches.total_steps:
@@ -115,6 +118,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                   "envelope": envelope, "spikes": spikes}
     done = checkpoint.restore(config.resume, components) if config.resume else 0
     written = {"checkpoints": 0, "checkpoint_s": 0.0, "checkpoint_bytes": None}
+    dumped = None
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
     started, snapshot = time.perf_counter(), None
@@ -131,10 +135,15 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 comparison = StepComparison(step, ck, ref)
                 for twin in twins:
                     twin.zero_grad()
-                outputs = {twin.name: twin.micro_steps(windows, divergence.keeps_activations) for twin in twins}
+                dump = StepDump(config, step, ck, ref, windows) if step == config.dump_step else None
+                keep = divergence.keeps_activations or dump is not None
+                outputs = {twin.name: twin.micro_steps(windows, keep) for twin in twins}
                 for pair in zip(outputs["ck"], outputs["torch"]):
                     comparison.micro_step(*pair)
                 comparison.backward_done()
+                if dump is not None:
+                    dump.record(outputs, ck, ref)
+                    dumped = str(dump.write(config.dump_dir or f"reports/dump-step-{step}"))
                 divergence.before_update(outputs, ck, ref, comparison.identical)
                 del outputs  # the kept activations
                 for twin in twins:
@@ -173,7 +182,8 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
         result = _report(config, batches, series, first_fail, nonfinite, localizer, (ck, ref), status, error,
                          time.perf_counter() - started)
         result["stopped_by_signal"] = stopped_by
-        result["timing"].update(written)  # what the checkpoints cost (timings: not compared on resume)
+        result["timing"].update(written)
+        result["dump"] = dumped  # what the checkpoints cost (timings: not compared on resume)
         result["divergence"] = divergence.report()
         result["forecast"] = forecast(series.columns["step"], series.columns["param_abs_diff"], config.param_tol,
                                       batches.num_steps, divergence.first_step)
@@ -215,7 +225,7 @@ def lost_report(config: RunConfig, error: str) -> dict:
     result = _report(config, batches, DriftSeries(), FirstFail(config), NonFinite(), Localizer(config), None,
                      "error", error, None)
     result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None, shadow=None,
-                  envelope=None, noise_verdict=None, spikes=None,
+                  envelope=None, noise_verdict=None, spikes=None, dump=None,
                   ranks=RankAgreement(SINGLE).report(config))
     result["env"]["world_size"] = config.tp * config.dp
     return result

@@ -1,0 +1,104 @@
+"""--dump-step N [--dump-dir D], ``ckparity replay D`` and ``ckparity.load_dump(D)``:
+one step taken out of a run, to be recomputed and studied on its own.
+
+The dump holds both twins' state before step N (weights, optimizer state, lr
+scheduler: harness/checkpoint.py's state_of), the step's micro-batches, and
+each twin's activations, their gradients and the parameter gradients of that
+step (before the update), as ``D/tensors.safetensors`` plus ``D/dump.json``
+(schema ckparity.dump/1: the step, the config, the state with each tensor
+named by its key). ``load_dump`` gives it back as tensors; ``replay``
+recomputes the step from it -- the CK twin and the torch twin each from its
+own state, and each again in float64 (torch's ops, from that twin's state) --
+and gives the same rows as the divergence tracer: per forward stage, backward
+stage and parameter gradient, CK against torch, and each twin against its
+float64 recomputation. ``faithful`` says whether the recomputed CK and torch
+activations have the dumped bits (the step replays exactly)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import _pack, _unpack, state_of
+from .config import RunConfig, UsageError
+from .localize import stage_rows
+from .shadow import _float64_twin
+from .twins import build_twin
+
+SCHEMA = "ckparity.dump/1"
+
+
+def _acts(outputs: list) -> tuple[list[dict], list[dict]]:
+    """Per micro-batch: the activations, and their gradients where they have one."""
+    values = [{stage: t.detach() for stage, t in acts.items()} for _, acts in outputs]
+    grads = [{stage: t.grad for stage, t in acts.items() if t.grad is not None} for _, acts in outputs]
+    return values, grads
+
+
+class StepDump:
+    """Filled by the run: begin() before step N, record() after its backward."""
+
+    def __init__(self, config, step: int, ck, ref, windows) -> None:
+        self.config, self.step, self.tensors = config, step, {}
+        self.state = {"before": _pack({"ck": state_of(ck), "torch": state_of(ref)}, "before", self.tensors),
+                      "batch": _pack([list(w) for w in windows], "batch", self.tensors)}
+
+    def record(self, outputs: dict, ck, ref) -> None:
+        for side, twin in (("ck", ck), ("torch", ref)):
+            acts, act_grads = _acts(outputs[side])
+            self.state[side] = _pack({"acts": acts, "act_grads": act_grads, "grads": twin.grads()}, side, self.tensors)
+
+    def write(self, directory: str) -> Path:
+        from safetensors.torch import save_file
+
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        save_file(self.tensors, str(root / "tensors.safetensors"))
+        (root / "dump.json").write_text(json.dumps({"schema": SCHEMA, "step": self.step,
+                                                    "config": self.config.to_dict(), "state": self.state}))
+        return root
+
+
+def load_dump(directory: str) -> dict:
+    """A dump as Python objects: {"step", "config" (a RunConfig), "batch" [(tokens, targets)],
+    "before" {"ck", "torch": each twin's state}, "ck"/"torch" {"acts", "act_grads", "grads"}}."""
+    from safetensors.torch import load_file
+
+    root = Path(directory)
+    if not (root / "dump.json").is_file():
+        raise UsageError(f"{directory}: no step dump there (no dump.json)")
+    manifest = json.loads((root / "dump.json").read_text())
+    if manifest.get("schema") != SCHEMA:
+        raise UsageError(f"{directory}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    tensors = load_file(str(root / "tensors.safetensors"))
+    state = {part: _unpack(packed, tensors) for part, packed in manifest["state"].items()}  # packed part by part
+    return {"step": manifest["step"], "config": RunConfig(**manifest["config"]),
+            "batch": [tuple(w) for w in state["batch"]], **{k: state[k] for k in ("before", "ck", "torch")}}
+
+
+def _step(twin, windows) -> tuple[list[dict], dict]:
+    twin.zero_grad()
+    outputs = twin.micro_steps(windows, keep_activations=True)
+    return [acts for _, acts in outputs], twin.grads()
+
+
+def replay(directory: str) -> dict:
+    """The step recomputed from its dump (see the module's docstring)."""
+    dump = load_dump(directory)
+    config = dump["config"]
+    windows = dump["batch"]
+    runs = {}
+    for side in ("ck", "torch"):
+        twin = build_twin(config, side)
+        twin.restore(dump["before"][side])
+        runs[side] = _step(twin, windows)
+        runs[f"{side}_f64"] = _step(_float64_twin(config, dump["before"][side]), windows)
+    faithful = all(torch.equal(a[stage], b[stage])
+                   for side in ("ck", "torch") for a, b in zip(runs[side][0], dump[side]["acts"]) for stage in b)
+
+    def rows(a: str, b: str) -> dict:
+        return stage_rows(config, runs[a][0], runs[b][0], runs[a][1], runs[b][1])
+    return {"schema": SCHEMA, "step": dump["step"], "faithful": faithful, "ck_vs_torch": rows("ck", "torch"),
+            "ck_vs_float64": rows("ck", "ck_f64"), "torch_vs_float64": rows("torch", "torch_f64")}
