@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+import ckparity
 from ckparity.harness import backends
 from ckparity.harness.config import RunConfig
 from ckparity.harness.envelope import Measured, mirror, move_ulps, null_ops
@@ -97,18 +98,32 @@ def test_verdicts(tmp_path):
     assert off["noise_verdict"] == "beyond_noise" and off["envelope"]["first_beyond_step"] == 1
 
 
-def test_the_c_adamws_difference_is_measured_and_carried(tmp_path):
-    """With C AdamW on the CK twin, each member's update carries the C step's
-    difference from torch's (measured: a few params an ULP off per step, none
-    beyond the reach); with torch's AdamW there is no optimizer noise at all."""
-    base = RunConfig(max_steps=20, envelope=1, ck_loss_backend="c_ptref", no_progress=True)
-    c = train(replace(base, json_out=str(tmp_path / "c.json")))["envelope"]["null_model"]
-    figures = c["measured"]["adamw.param"]
-    assert figures["differing"] > 0 and figures["beyond_reach"] == 0
-    assert 0.4 < figures["outward_share"] < 0.6  # C AdamW against torch's MKL sqrt: no direction
-    assert c["adamw"].startswith("measured")
+class _OutwardAdamW(ckparity.optim.AdamW):
+    """A planted bias: ckparity's AdamW, then every param one ULP further from 0."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.copy_(torch.nextafter(p, p * 2))
+
+
+def test_the_ck_optimizers_difference_is_measured_and_carried(tmp_path, monkeypatch):
+    """Each member's update carries the CK optimizer's step's difference from
+    torch's: a planted outward ULP is measured on every param with its
+    direction (outward_share 1); C AdamW's differences (where torch's sqrt
+    rounds otherwise; how many depends on the CPU) stay within the reach; with
+    torch's AdamW there is no optimizer noise at all."""
+    monkeypatch.setitem(backends.ADAMW, "outward", _OutwardAdamW)
+    base = RunConfig(max_steps=10, envelope=1, ck_loss_backend="c_ptref", no_progress=True)
+    planted = train(replace(base, ck_optimizer_backend="outward", json_out=str(tmp_path / "p.json")))
+    figures = planted["envelope"]["null_model"]["measured"]["adamw.param"]
+    assert figures["differing"] > 0.9 * figures["elements"] and figures["outward_share"] > 0.99
+    assert planted["envelope"]["null_model"]["adamw"].startswith("measured")
+    c = train(replace(base, json_out=str(tmp_path / "c.json")))["envelope"]["null_model"]["measured"]
+    assert c["adamw.param"]["beyond_reach"] == 0
     same = train(replace(base, ck_optimizer_backend="torch", json_out=str(tmp_path / "t.json")))
     assert "adamw.param" not in same["envelope"]["null_model"]["measured"]
-    # bit-identical kernels and optimizer: the members differ from the torch twin by their initial ULPs only,
-    # and the CK twin not at all
+    # bit-identical kernels and optimizer: the CK twin does not move from the torch twin at all
     assert same["envelope"]["max_noise_ratio"]["param"] == 0.0
