@@ -52,9 +52,13 @@ def test_the_installed_package_trains_and_gates(site, tmp_path):
                      "--only", "kernel_parity", "optimizer_parity", "--out-dir", str(tmp_path / "gates"))
     kernel = json.loads((tmp_path / "gates" / "kernel_parity_latest.json").read_text())
     assert kernel["passed"] and kernel["details"]["user_backends"][0]["verdict"] == "as accurate as torch"
-    # its AdamW writes torch's formulas as plain C multiply-adds where torch's vectorized lerp and
-    # addcmul round differently: optimizer_parity, which holds the moments to torch's bits, says so
+    # its AdamW writes torch's formulas as plain C multiply-adds; where torch's vectorized lerp fuses
+    # one (AVX2, AVX-512: this project's machines) the moments are not torch's bits and
+    # optimizer_parity, which holds them to torch's bits, fails it (README of the example)
     optimizer = json.loads((tmp_path / "gates" / "optimizer_parity_latest.json").read_text())
-    assert gate.returncode == 1 and not optimizer["passed"], gate.stdout
-    assert "moments not bit-identical" in optimizer["summary"]
-    assert [r["amsgrad"] for r in optimizer["details"]["rows"]] == [False] * 4  # a user's AdamW: no amsgrad
+    rows = optimizer["details"]["rows"]
+    assert [r["amsgrad"] for r in rows] == [False] * 4  # a user's AdamW: no amsgrad asked of it
+    assert optimizer["passed"] == all(r["moments_bit_identical"] and r["max_param_ulp"] <= 8 for r in rows)
+    assert gate.returncode == (0 if optimizer["passed"] else 1), gate.stdout
+    if not optimizer["passed"]:
+        assert "not bit-identical" in optimizer["summary"] or "ULPs apart" in optimizer["summary"]
