@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,3 +129,79 @@ def test_a_killed_run_resumes_to_the_uninterrupted_report(tmp_path, sig):
                              timeout=300)
     assert resumed.returncode in (0, 1), resumed.stderr[-2000:]
     assert _comparable(json.loads((tmp_path / "resumed.json").read_text())) == _comparable(whole)
+
+
+def _cli_report(tmp_path, name: str, *flags: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([*CKPARITY, "train", *flags, "--no-progress", "--json-out", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+RANKED = {"dp 2, 2 micro-batches per rank, envelope": ["--dp", "2", "--grad-accum", "4", "--envelope", "1"],
+          "tp 2, uneven vocab shards, f64 shadow": ["--tp", "2", "--model", "stacked", "--vocab", "37",
+                                                    "--f64-shadow"]}
+
+
+@pytest.mark.parametrize("name", list(RANKED))
+def test_a_ranked_run_resumes_to_the_uninterrupted_report(tmp_path, name):
+    """Each rank checkpoints its own shards and RNGs (D/rank-<r>/); `train
+    --resume D` alone knows from the checkpoint that the run has ranks."""
+    flags = [*RANKED[name], "--max-steps", "8"]
+    whole = _cli_report(tmp_path, "whole", *flags)
+    ck = tmp_path / "ck"
+    cut = _cli_report(tmp_path, "cut", *RANKED[name], "--max-steps", "5", "--checkpoint-every", "5",
+                      "--checkpoint-dir", str(ck))
+    assert cut["steps"] == 5 and sorted(p.name for p in ck.iterdir()) == ["rank-0", "rank-1"]
+    resumed = _cli_report(tmp_path, "resumed", "--resume", str(ck), "--max-steps", "8")
+    assert resumed["env"]["world_size"] == 2 and resumed["steps"] == 8
+    assert _comparable(resumed) == _comparable(whole)
+    assert whole["max_grad_abs_diff"] > 0  # the ranks' drift itself is compared, not only zeros
+
+
+@pytest.mark.parametrize("whom", ["the launcher", "rank 1 alone"])
+def test_a_signalled_ranked_run_stops_every_rank_after_one_step_and_resumes(tmp_path, whom):
+    """A SIGTERM to the launcher (which passes it on) or to one rank (a
+    scheduler's, under torchrun): the ranks agree on the step to stop after,
+    each checkpoints it, and the resume gives the uninterrupted report. A rank
+    that stopped alone would leave the other in its next collective."""
+    from test_ranks import _ranks_of
+
+    flags = ["--dp", "2", "--grad-accum", "2", "--model", "stacked", "--num-layers", "2", "--max-steps", "60"]
+    whole = _cli_report(tmp_path, "whole", *flags)
+    ck = tmp_path / "ck"
+    run = subprocess.Popen([*CKPARITY, "train", *flags, "--no-progress", "--checkpoint-every", "5",
+                            "--checkpoint-dir", str(ck), "--json-out", str(tmp_path / "cut.json")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pids = _ranks_of(run, 2)
+    _wait_for(ck / "rank-1" / "latest")
+    os.kill(run.pid if whom == "the launcher" else pids[1], signal.SIGTERM)
+    run.communicate(timeout=120)
+    assert run.returncode == 143
+    steps = {(ck / f"rank-{r}" / "latest").read_text() for r in (0, 1)}
+    assert len(steps) == 1, steps  # the same step on both ranks
+    cut = json.loads((tmp_path / "cut.json").read_text())
+    assert cut["status"] == "interrupted" and f"step-{cut['steps']:09d}" in steps and cut["steps"] < 60
+    resumed = _cli_report(tmp_path, "resumed", "--resume", str(ck), "--max-steps", "60")
+    assert _comparable(resumed) == _comparable(whole)
+
+
+def test_a_resume_takes_the_newest_step_every_rank_holds(tmp_path):
+    """A kill between one rank naming step N latest and another doing so: the
+    resume goes on from step N-k, which both still hold."""
+    ck = tmp_path / "ck"
+    _cli_report(tmp_path, "cut", "--dp", "2", "--grad-accum", "2", "--max-steps", "4", "--checkpoint-every", "2",
+                "--checkpoint-dir", str(ck))
+    whole = _cli_report(tmp_path, "whole", "--dp", "2", "--grad-accum", "2", "--max-steps", "6")
+    # as if killed after rank 0 wrote and named step 4, before rank 1 did: rank 1 still at step 2
+    for r in (0, 1):
+        assert (ck / f"rank-{r}" / "latest").read_text() == "step-000000004"
+    shutil.rmtree(ck / "rank-1" / "step-000000004")
+    _cli_report(tmp_path, "two", "--dp", "2", "--grad-accum", "2", "--max-steps", "2", "--checkpoint-every", "2",
+                "--checkpoint-dir", str(tmp_path / "ck2"))
+    shutil.copytree(tmp_path / "ck2" / "rank-1" / "step-000000002", ck / "rank-1" / "step-000000002")
+    shutil.copytree(tmp_path / "ck2" / "rank-0" / "step-000000002", ck / "rank-0" / "step-000000002")
+    (ck / "rank-1" / "latest").write_text("step-000000002")
+    resumed = _cli_report(tmp_path, "resumed", "--resume", str(ck), "--max-steps", "6")
+    assert _comparable(resumed) == _comparable(whole)

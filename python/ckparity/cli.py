@@ -43,6 +43,10 @@ def _train(argv: list[str]) -> int:
     from .harness.run import DEFAULT_JSON_OUT, train
 
     config = parse_train_args(argv)
+    if config.resume:  # the checkpoint's config says whether the run has ranks
+        from .harness.checkpoint import resume_config
+
+        config = resume_config(config)
     # --tp/--dp: start the ranks here, unless torchrun already did
     distributed = config.tp * config.dp > 1 and not any(name in os.environ for name in RANK_ENV)
     result = launch(config) if distributed else train(config)

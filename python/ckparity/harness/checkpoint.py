@@ -18,6 +18,13 @@ checkpoint is written into a temporary directory, renamed into place, and
 only then is ``latest`` replaced (os.replace): a kill during a write leaves
 the previous checkpoint whole. Older checkpoints are removed after.
 
+With --tp/--dp each rank writes its own state (its shards, its twins, its
+RNGs) under ``D/rank-<r>/``, the same way, with a barrier between writing
+and naming ``latest`` and another before removing the older ones: a kill at
+any point leaves a step every rank still holds, and a resume takes the
+newest such step (the ranks agree on it before loading). All ranks stop
+after the same step when any of them is signalled (ranks.agreed_signal).
+
 Resume: ``ckparity train --resume D`` takes the checkpoint's config; only the
 flags in RESUME_MAY_CHANGE may differ (a longer --max-steps, another report
 path), any other flag given with another value is refused by name. The
@@ -43,6 +50,7 @@ import numpy as np
 import torch
 
 from .config import RunConfig, UsageError
+from .ranks import SINGLE, Ranks, agreed_min, barrier
 from .twin import Twin
 
 SCHEMA = "ckparity.checkpoint/1"
@@ -137,11 +145,15 @@ def _set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss_next))
 
 
-def save(directory: str, step: int, config: RunConfig, components: dict) -> Path:
+def _root(directory: str, ranks: Ranks) -> Path:
+    return Path(directory) / f"rank-{ranks.rank}" if ranks.world_size > 1 else Path(directory)
+
+
+def save(directory: str, step: int, config: RunConfig, components: dict, ranks: Ranks = SINGLE) -> Path:
     """Writes the checkpoint of the end of ``step`` (atomically) and returns its directory."""
     from safetensors.torch import save_file
 
-    root = Path(directory)
+    root = _root(directory, ranks)
     root.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     state = _pack({"components": {name: state_of(c) for name, c in components.items()}, "rng": _rng_state()},
@@ -158,17 +170,24 @@ def save(directory: str, step: int, config: RunConfig, components: dict) -> Path
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    barrier(ranks)  # every rank holds step N before any names it latest
     pointer = root / ".latest.writing"
     pointer.write_text(final.name)
     os.replace(pointer, root / "latest")
+    barrier(ranks)  # every rank names step N before any removes the step before
     for old in root.glob("step-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _latest(directory: str) -> Path:
+def _latest(directory: str, ranks: Ranks | None = None) -> Path:
+    """The latest checkpoint of ``directory`` (of rank 0's, by default, in a --tp/--dp one)."""
     root = Path(directory)
+    if ranks is not None:
+        root = _root(directory, ranks)
+    elif not (root / "latest").is_file() and (root / "rank-0" / "latest").is_file():
+        root = root / "rank-0"
     if not (root / "latest").is_file():
         raise UsageError(f"--resume {directory}: no checkpoint there (no 'latest' file)")
     path = root / (root / "latest").read_text().strip()
@@ -197,12 +216,18 @@ def resume_config(given: RunConfig) -> RunConfig:
     return config
 
 
-def restore(directory: str, components: dict) -> int:
+def restore(directory: str, components: dict, ranks: Ranks = SINGLE) -> int:
     """Loads the latest checkpoint of ``directory`` into ``components`` (built
-    as for a fresh run) and the RNGs; returns the step it was written after."""
+    as for a fresh run) and the RNGs; returns the step it was written after.
+    The ranks of a --tp/--dp run take the newest step all of them hold."""
     from safetensors.torch import load_file
 
-    path = _latest(directory)
+    path = _latest(directory, ranks)
+    step = agreed_min(ranks, int(path.name.split("-")[1]))
+    path = path.parent / f"step-{step:09d}"
+    if not (path / "checkpoint.json").is_file():
+        raise UsageError(f"--resume {directory}: rank {ranks.rank} does not hold step {step}, the newest step "
+                         "every rank's latest reaches")
     manifest = json.loads((path / "checkpoint.json").read_text())
     state = _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
     for name, component in components.items():

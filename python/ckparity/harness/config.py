@@ -185,9 +185,8 @@ def _validate_ranks(config: RunConfig) -> None:
         raise UsageError("--tp and --dp together are not supported: choose one")
     if config.spike_triage:
         raise UsageError("--spike-triage is not supported with --tp or --dp (its replay twins run in one process)")
-    if config.checkpoint_every or config.resume or config.dump_step:
-        raise UsageError("--checkpoint-every, --resume and --dump-step are not supported with --tp or --dp yet "
-                         "(one process only)")
+    if config.dump_step:
+        raise UsageError("--dump-step is not supported with --tp or --dp yet (its dump is one process's step)")
     if config.tp > 1:
         if config.tp > config.vocab:
             raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")

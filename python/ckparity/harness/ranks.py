@@ -84,6 +84,30 @@ def join(config) -> Ranks:
     return Ranks(dist.get_rank(), world)
 
 
+def barrier(ranks: Ranks) -> None:
+    if ranks.world_size > 1:
+        dist.barrier()
+
+
+def agreed_signal(ranks: Ranks, signum: int | None) -> int | None:
+    """The signal any rank has received (the highest number), so that all
+    ranks stop after the same step: a rank that stopped alone would leave the
+    others waiting in the next step's collectives."""
+    if ranks.world_size == 1:
+        return signum
+    flag = torch.tensor([signum or 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) or None
+
+
+def agreed_min(ranks: Ranks, value: int) -> int:
+    if ranks.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def leave(ranks: Ranks) -> None:
     if ranks.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()

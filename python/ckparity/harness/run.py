@@ -17,7 +17,7 @@ from . import checkpoint, init_from, report, schedule
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
 from .interrupts import Interrupted, stop_on_signals
-from .ranks import SINGLE, RankAgreement, RanksDisagree, join, leave
+from .ranks import SINGLE, RankAgreement, RanksDisagree, agreed_signal, join, leave
 from .dump import StepDump
 from .envelope import NoiseEnvelope
 from .forecast import forecast
@@ -116,7 +116,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     components = {"ck": ck, "torch": ref, "series": series, "first_fail": first_fail, "nonfinite": nonfinite,
                   "localizer": localizer, "divergence": divergence, "agreement": agreement, "shadow": shadow,
                   "envelope": envelope, "spikes": spikes}
-    done = checkpoint.restore(config.resume, components) if config.resume else 0
+    done = checkpoint.restore(config.resume, components, ranks) if config.resume else 0
     written = {"checkpoints": 0, "checkpoint_s": 0.0, "checkpoint_bytes": None}
     dumped = None
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
@@ -162,9 +162,12 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
                 if spikes is not None:
                     spikes.after_step(step, windows, comparison.losses)
                 progress.update()
+                if config.checkpoint_every:  # every rank stops after the same step
+                    stop.signum = agreed_signal(ranks, stop.signum)
                 if config.checkpoint_every and (step % config.checkpoint_every == 0 or stop.signum is not None):
                     start = time.perf_counter()
-                    path = checkpoint.save(config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, config, components)
+                    path = checkpoint.save(config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, config, components,
+                                           ranks)
                     written.update(checkpoints=written["checkpoints"] + 1,
                                    checkpoint_s=written["checkpoint_s"] + time.perf_counter() - start,
                                    checkpoint_bytes=sum(f.stat().st_size for f in path.iterdir()))
