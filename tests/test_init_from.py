@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from ckparity.harness import init_from
+from ckparity.harness import checkpoint, init_from
 from ckparity.harness.config import RunConfig, UsageError
 from ckparity.harness.run import train
 from ckparity.harness.twins import build_twins
@@ -107,6 +107,28 @@ def test_a_run_from_a_stacked_checkpoint(tmp_path):
                              ck_loss_backend="c_ptref", ck_optimizer_backend="torch", json_out=str(tmp_path / "r.json")))
     assert report["status"] == "pass" and report["max_param_abs_diff"] == 0.0
     assert (report["config"]["vocab"], report["config"]["d_model"], report["config"]["num_layers"]) == (50, 24, 3)
+
+
+def test_a_run_from_where_a_training_run_got_to(tmp_path):
+    """A checkpoint directory: the torch twin's weights at its latest step
+    (not the first step's, not the CK twin's), the dims from them."""
+    source = RunConfig(model="llama", vocab=61, d_model=32, hidden=40, heads=4, num_layers=2, max_steps=4,
+                       checkpoint_every=4, checkpoint_dir=str(tmp_path / "ck"), no_progress=True,
+                       json_out=str(tmp_path / "t.json"))
+    assert train(source)["max_param_abs_diff"] > 0  # the CK twin's weights differ: which one was taken shows
+    ck_then, torch_then = build_twins(source)
+    fresh = torch_then.model.embedding.weight.clone()
+    checkpoint.restore(str(tmp_path / "ck"), {"ck": ck_then, "torch": torch_then})
+    config = init_from.configure(RunConfig(model="llama", heads=4, init_from=str(tmp_path / "ck")))
+    assert (config.vocab, config.d_model, config.hidden, config.num_layers) == (61, 32, 40, 2)
+    ck, ref = build_twins(config)
+    for name, tensor in torch_then.model.state_dict().items():
+        assert torch.equal(ref.model.state_dict()[name], tensor) and torch.equal(ck.model.state_dict()[name], tensor)
+    assert not torch.equal(ref.model.embedding.weight, fresh)  # trained, not the init
+    assert not all(torch.equal(a, b) for a, b in zip(ck_then.model.parameters(), torch_then.model.parameters()))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="not a ckparity checkpoint"):
+        init_from.configure(RunConfig(init_from=str(tmp_path / "empty")))
 
 
 def test_bad_weights_are_refused_with_the_tensor_and_before_the_run(tmp_path):

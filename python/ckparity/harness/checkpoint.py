@@ -216,6 +216,20 @@ def resume_config(given: RunConfig) -> RunConfig:
     return config
 
 
+def twin_weights(directory: str, twin: str = "torch") -> dict[str, torch.Tensor]:
+    """A twin's model weights at the latest checkpoint of ``directory`` (rank
+    0's in a --tp/--dp one, whose torch twin is whole): what --init-from takes
+    from a checkpoint directory."""
+    from safetensors.torch import load_file
+
+    path = _latest(directory)
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    if manifest.get("schema") != SCHEMA:
+        raise UsageError(f"{directory}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    state = _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+    return dict(state["components"][twin]["model"])
+
+
 def restore(directory: str, components: dict, ranks: Ranks = SINGLE) -> int:
     """Loads the latest checkpoint of ``directory`` into ``components`` (built
     as for a fresh run) and the RNGs; returns the step it was written after.

@@ -1,8 +1,10 @@
 """--init-from PATH: both twins start from given weights instead of a random init.
 
-PATH is a safetensors file (``.safetensors``) or a torch state_dict
+PATH is a safetensors file (``.safetensors``), a torch state_dict
 (``torch.save``; read with ``weights_only=True``, a ``{"state_dict": ...}``
-wrapper accepted). Names are ckparity's (a model's own ``state_dict()``), or,
+wrapper accepted) or a ckparity checkpoint directory (--checkpoint-dir; the
+torch twin's weights at its latest step: a parity run from where a training
+run got to). Names are ckparity's (a model's own ``state_dict()``), or,
 for ``--model llama``, Hugging Face Llama's (``model.layers.N.self_attn.q_proj
 .weight`` ...), mapped here: gate_proj and up_proj become fc1's two halves
 (SwiGLU's gate first), input_layernorm / post_attention_layernorm the two
@@ -42,6 +44,10 @@ _HF_MLP = re.compile(r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj\.weight")
 
 
 def _read(path: str) -> dict[str, torch.Tensor]:
+    if os.path.isdir(path):
+        from .checkpoint import twin_weights
+
+        return twin_weights(path)
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
@@ -89,10 +95,20 @@ def _weights(path: str, model: str, stamp: float) -> dict[str, torch.Tensor]:
     return {name: t.float().contiguous() for name, t in state.items()}
 
 
+def _version(path: str) -> float:
+    """When the weights at ``path`` last changed (a file's, or a checkpoint directory's 'latest' pointer's)."""
+    if os.path.isdir(path):
+        pointers = [p for p in (os.path.join(path, "latest"), os.path.join(path, "rank-0", "latest")) if os.path.isfile(p)]
+        if not pointers:
+            raise UsageError(f"--init-from {path}: a directory but not a ckparity checkpoint (no 'latest' in it)")
+        return os.path.getmtime(pointers[0])
+    if not os.path.isfile(path):
+        raise UsageError(f"--init-from {path}: no such file")
+    return os.path.getmtime(path)
+
+
 def weights(config) -> dict[str, torch.Tensor]:
-    if not os.path.isfile(config.init_from):
-        raise UsageError(f"--init-from {config.init_from}: no such file")
-    return _weights(config.init_from, config.model, os.path.getmtime(config.init_from))
+    return _weights(config.init_from, config.model, _version(config.init_from))
 
 
 def _first(state: dict, pattern: str):
