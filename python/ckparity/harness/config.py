@@ -53,7 +53,7 @@ class RunConfig:
     dump_step: int = _flag(0, "dump both twins' state before this step, its batch, activations and gradients "
                               "(0: none; ckparity replay DIR recomputes it)")
     dump_dir: str | None = _flag(None, "where --dump-step writes (default reports/dump-step-N)")
-    init_from: str | None = _flag(None, "start both twins from these weights (safetensors or a torch state_dict; "
+    init_from: str | None = _flag(None, "start both twins from these weights (safetensors, a torch state_dict or a checkpoint directory; "
                                         "Hugging Face Llama names with --model llama); the dims come from them")
     adamw_beta1: float = _flag(0.9, "AdamW beta1")
     adamw_beta2: float = _flag(0.999, "AdamW beta2")
