@@ -54,7 +54,7 @@ def _pretrain(args) -> Path:
         return ck
     tokens = args.pretrain_steps * 32 * 4 + 1
     cmd = [sys.executable, "-m", "ckparity", "train", "--model", "llama", "--num-layers", "2", "--heads", "4",
-           "--train-text", args.text, "--total-tokens", str(tokens), "--seq-len", "32", "--grad-accum", "4",
+           "--train-text", args.text_copy, "--total-tokens", str(tokens), "--seq-len", "32", "--grad-accum", "4",
            "--max-steps", str(args.pretrain_steps), "--ck-loss-backend", "torch", "--ck-optimizer-backend", "torch",
            "--checkpoint-every", str(args.pretrain_steps), "--checkpoint-dir", str(ck), "--no-progress",
            "--json-out", str(Path(args.scratch) / "pretrain.json")]
@@ -72,10 +72,15 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    Path(args.scratch).mkdir(parents=True, exist_ok=True)
+    text = Path(args.scratch) / "text"  # the bytes pretrained on, as they were
+    if not text.exists():
+        text.write_bytes(Path(args.text).read_bytes())
+    args.text_copy = str(text)
     start = time.perf_counter()
     pretrained = _pretrain(args)
     pre = json.loads((Path(args.scratch) / "pretrain.json").read_text())
-    summary = {"text": args.text, "text_sha256": hashlib.sha256(Path(args.text).read_bytes()).hexdigest(),
+    summary = {"text": args.text, "text_sha256": hashlib.sha256(text.read_bytes()).hexdigest(),
                "pretrain": {"steps": pre["steps"], "status": pre["status"], "final_torch_loss": pre["final_torch_loss"],
                             "first_loss": pre["series"]["torch_loss"][0], "seconds": round(time.perf_counter() - start)},
                "stress": {k: v for k, v in STRESS.to_dict().items() if k in ("lr", "seq_len", "grad_accum", "epochs",
