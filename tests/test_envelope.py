@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity.harness import backends
 from ckparity.harness.config import RunConfig
-from ckparity.harness.envelope import Measured, mirror, move_ulps, null_ops
+from ckparity.harness.envelope import Measured, Signs, mirror, move_ulps, null_ops
 from ckparity.harness.run import train
 
 
@@ -25,18 +25,31 @@ def test_move_ulps_steps_the_bits_and_leaves_zero_inf_nan():
     assert torch.equal(moved[~finite & ~t.isnan()], t[~finite & ~t.isnan()]) and moved[t.isnan()].isnan().all()
 
 
-def test_mirror_moves_by_cks_difference_cut_to_the_reach_with_a_random_sign():
-    gen = torch.Generator().manual_seed(12345)  # not the global seed: its draws would follow randn's
+def test_mirror_moves_by_cks_difference_cut_to_the_reach_with_the_members_signs():
     ref = torch.randn(4096)
     ck = torch.nextafter(ref, ref * 2)  # 1 ULP outward
     ck[:100] = ref[:100] * (1 + 1e-3)   # far beyond a 3-ULP reach
     ck[100:103] = torch.tensor([float("nan"), float("inf"), -float("inf")])
-    out = mirror(ref, ck, torch.full(ref.shape, 3.0, dtype=torch.float64), gen)
+    signs = Signs(12345)("slot", ref.shape)
+    out = mirror(ref, ck, torch.full(ref.shape, 3.0, dtype=torch.float64), signs)
     steps = _magnitude_steps(out, ref)
+    assert torch.equal(steps[103:].double(), signs[103:])  # outward where the sign is +, inward where -
     assert set(steps[103:].unique().tolist()) == {-1, 1}  # CK's 1 ULP, either way
     assert 0.45 < float((steps[103:] == 1).float().mean()) < 0.55  # each sign about half the time
     assert set(steps[:100].unique().tolist()) == {-3, 3}  # cut to the reach
     assert torch.equal(out[100:103], ref[100:103])  # not finite: torch's
+
+
+def test_a_members_signs_are_fixed_for_the_run_and_its_own():
+    """The same sign at an element on every call (a deterministic kernel's
+    difference keeps its sign), drawn from the seed alone (a checkpoint holds
+    the seed), independent between keys, shapes and members; half each way."""
+    a, b = Signs(7), Signs(8)
+    first = a("loss.grad0", (64, 256))
+    assert torch.equal(first, a("loss.grad0", (64, 256))) and torch.equal(first, Signs(7)("loss.grad0", (64, 256)))
+    assert set(first.unique().tolist()) == {-1.0, 1.0} and abs(float(first.mean())) < 0.02
+    for other in (b("loss.grad0", (64, 256)), a("swiglu", (64, 256)), a("loss.grad0", (256, 64)).reshape(64, 256)):
+        assert 0.4 < float((other == first).double().mean()) < 0.6
 
 
 def _one_ulp_up(x):
@@ -54,9 +67,9 @@ class _GradOneUlpUp(torch.autograd.Function):
 
 
 def _magnitude_steps(x, exact):
-    """x's distance from exact in ULPs, + away from 0."""
-    steps = x.detach().view(torch.int32).long() - exact.detach().view(torch.int32).long()
-    return torch.where(exact.detach() < 0, -steps, steps)
+    """x's distance from exact in ULPs, + away from 0 (a float's bits, read as
+    an int32, grow with its magnitude for either sign)."""
+    return x.detach().view(torch.int32).long() - exact.detach().view(torch.int32).long()
 
 
 def test_null_members_carry_the_ck_kernels_measured_difference(monkeypatch):
@@ -67,7 +80,7 @@ def test_null_members_carry_the_ck_kernels_measured_difference(monkeypatch):
     monkeypatch.setitem(backends.SWIGLU, "up", lambda x: _one_ulp_up(backends.SWIGLU["torch"](_GradOneUlpUp.apply(x))))
     measured = Measured()
     ops = null_ops(RunConfig(ck_swiglu_backend="up", ck_rmsnorm_backend="torch", no_progress=True),
-                   torch.Generator().manual_seed(12345), measured)
+                   Signs(12345), measured)
     x = torch.randn(64, 2 * 96, requires_grad=True)
     out = ops.swiglu(x)
     exact = backends.SWIGLU["torch"](x)

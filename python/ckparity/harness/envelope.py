@@ -10,7 +10,7 @@ member:
   the CK twin's backend on the member's own inputs, and each output element --
   and, in backward, each input-gradient element -- is torch's value moved by
   CK's difference from it, cut to the reach of a correct kernel and given a
-  random sign. The reach m is REORDER_ULPS + 2 x torch's own distance from
+  random sign per element that is fixed for the run (Signs). The reach m is REORDER_ULPS + 2 x torch's own distance from
   float64 there, in ULPs of torch's value (the accuracy rule's "twice torch's
   error", ckparity.measure.RULES, plus what a reordered sum costs). The null
   model is thus "a correct kernel with the CK kernel's own error, unbiased":
@@ -30,8 +30,9 @@ member:
 - the optimizer: each member's update is torch's AdamW step, then the CK
   optimizer's step from the same params, gradients and state; each param is
   torch's moved by CK's difference, cut to PARAM_REACH_ULPS (optimizer_parity's
-  bar), with a random sign (the moments stay torch's: the C AdamW's are
+  bar), with the member's fixed random sign per element (the moments stay torch's: the C AdamW's are
   bit-identical to them). With torch's optimizer on the CK twin, none.
+  (Before that, a fresh sign per call: README "Noise or bug" has why not.)
   (Before: 1% of the params moved by one ULP after every update, a guess at
   C AdamW's MKL-sqrt differences; the stress profile's ptref twin, whose only
   difference from torch is that AdamW, came out beyond it at step 990.)
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import zlib
 from dataclasses import replace
 from typing import Callable, NamedTuple
 
@@ -103,14 +105,35 @@ def reach(ref: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return (REORDER_ULPS + torch.ceil(2 * torch_error)).clamp(max=MAX_ULPS).nan_to_num(MAX_ULPS)
 
 
-def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+class Signs:
+    """A member's sign for each element of each of its noise's tensors, fixed
+    for the run (drawn from the member's seed and the tensor's key, so a
+    checkpoint needs only the seed). A deterministic kernel's difference from
+    torch at an element keeps its sign while its inputs stay alike -- the
+    stress profile trains on the same windows again and again -- and adds up
+    over the steps; a fresh sign per call would let the null's differences
+    cancel where CK's add up (README "Noise or bug": the per-call model's
+    false alarms on ptref with C AdamW). Calls of one slot with one shape
+    (the blocks' rms_norms) share a pattern."""
+
+    STATE = ("seed",)
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __call__(self, key: str, shape) -> torch.Tensor:
+        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + zlib.crc32(f"{key}{tuple(shape)}".encode()))
+                                            % 2**62)
+        return torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0).double()
+
+
+def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
     """Per element, CK's difference from torch, cut to the reach m (ULPs of
-    torch's value), added to torch's value with a random sign: with equal
-    odds CK's value (when within m) or its mirror image about torch's.
+    torch's value), added to torch's value times ``sign`` (+-1 per element):
+    CK's value (when within m) or its mirror image about torch's.
     torch's value where CK's is not finite (the null model's errors are)."""
     limit = m * spacing(ref)
     diff = (ck.double() - ref.double()).clamp(-limit, limit)  # exact: float32s of one scale
-    sign = torch.where(torch.rand(ref.shape, generator=gen) < 0.5, -1.0, 1.0).double()
     moved = (ref.double() + sign * diff).to(ref.dtype)
     return torch.where(torch.isfinite(ck) & torch.isfinite(moved), moved, ref).detach()
 
@@ -161,7 +184,7 @@ class _Slot(NamedTuple):
     ref: Callable
     ck: Callable
     kwargs: dict
-    gen: torch.Generator
+    signs: Signs
     measured: Measured | None
 
 
@@ -177,7 +200,7 @@ def _within(ref: torch.Tensor, ck: torch.Tensor, exact: Callable[[], torch.Tenso
 
 class _MeasuredNoise(torch.autograd.Function):
     """torch's op with each output and input-gradient element moved by the
-    CK op's difference, cut to the reach and given a random sign (mirror);
+    CK op's difference, cut to the reach and given the member's sign (mirror);
     the reach from torch's op in float64 on the same inputs."""
 
     @staticmethod
@@ -187,7 +210,7 @@ class _MeasuredNoise(torch.autograd.Function):
         m = reach(ref, _within(ref, ck, lambda: slot.ref(*_double(ctx.inputs), **slot.kwargs)))
         if slot.measured is not None:
             slot.measured.add(slot.name, ref, ck, m)
-        return mirror(ref, ck, m, slot.gen)
+        return mirror(ref, ck, m, slot.signs(slot.name, ref.shape))
 
     @staticmethod
     def backward(ctx, grad):
@@ -208,46 +231,47 @@ class _MeasuredNoise(torch.autograd.Function):
             m = reach(ref, _within(ref, ck, lambda: exact))
             if slot.measured is not None:
                 slot.measured.add(f"{slot.name}.grad{i}", ref, ck, m)
-            grads[i] = mirror(ref, ck, m, slot.gen)
+            grads[i] = mirror(ref, ck, m, slot.signs(f"{slot.name}.grad{i}", ref.shape))
         return None, *grads
 
 
-def _measured(name: str, ref: Callable, ck: Callable, gen: torch.Generator, measured: Measured | None) -> Callable:
+def _measured(name: str, ref: Callable, ck: Callable, signs: Signs, measured: Measured | None) -> Callable:
     def noisy(*inputs, **kwargs):
-        return _MeasuredNoise.apply(_Slot(name, ref, ck, kwargs, gen, measured), *inputs)
+        return _MeasuredNoise.apply(_Slot(name, ref, ck, kwargs, signs, measured), *inputs)
     return noisy
 
 
 SLOTS = ("loss", "rms_norm", "swiglu", "rope")
 
 
-def null_ops(config, gen: torch.Generator, measured: Measured | None = None):
+def null_ops(config, signs: Signs, measured: Measured | None = None):
     """A null member's ops: torch's, each carrying the CK backend's measured
-    difference within a correct kernel's reach, with an unbiased sign (the
+    difference within a correct kernel's reach, with the member's signs (the
     loss on the logits: under the fused linear loss, the default kernel the
     fused op runs per chunk)."""
     ref, ck = ops_for(config, "torch"), ops_for(config, "ck")
-    return replace(ref, **{slot: _measured(slot, getattr(ref, slot), getattr(ck, slot), gen, measured)
+    return replace(ref, **{slot: _measured(slot, getattr(ref, slot), getattr(ck, slot), signs, measured)
                            for slot in SLOTS})
 
 
 class NoiseEnvelope:
-    STATE = ("members", "series", "first_beyond", "measured")  # a member: its twin and its noise generator
+    STATE = ("members", "series", "first_beyond", "measured")  # a member: its twin and its signs
 
     def __init__(self, config, ref: Twin) -> None:
         self.config, self.ratio_limit = config, config.envelope_ratio
-        self.members: list[tuple[Twin, torch.Generator]] = []
+        self.members: list[tuple[Twin, Signs]] = []
         self.ck_optimizers: list = []
         state = ref.model.state_dict()
         self.measured = Measured()  # on the first member's inputs
         for k in range(config.envelope):
-            gen = torch.Generator().manual_seed(config.seed * 7919 + k + 1)
-            model = build_model(config, null_ops(config, gen, self.measured if k == 0 else None))
+            seed = config.seed * 7919 + k + 1
+            signs, gen = Signs(seed), torch.Generator().manual_seed(seed)
+            model = build_model(config, null_ops(config, signs, self.measured if k == 0 else None))
             model.load_state_dict({name: move_ulps(t, -1, 1, gen) if t.is_floating_point() else t
                                    for name, t in state.items()})
             twin = Twin(f"null{k}", model, make_optimizer(config, "torch", model.parameters()),
                         backends.CLIP_GRAD_NORM["torch"])
-            self.members.append((twin, gen))
+            self.members.append((twin, signs))
             # the CK optimizer over the member's params, for its measured difference (no state of its own:
             # it is given the member's torch state before each step)
             self.ck_optimizers.append(make_optimizer(config, "ck", model.parameters())
@@ -260,13 +284,13 @@ class NoiseEnvelope:
     def after_step(self, step: int, windows, ref: Twin, row: dict, ref_losses: list[float]) -> None:
         ref_params = ref.params()
         figures = {q: [] for q in QUANTITIES}
-        for k, ((twin, gen), ck_optimizer) in enumerate(zip(self.members, self.ck_optimizers)):
+        for k, ((twin, signs), ck_optimizer) in enumerate(zip(self.members, self.ck_optimizers)):
             twin.zero_grad()
             losses = [float(loss) for loss, _ in twin.micro_steps(windows)]
             if ck_optimizer is None:
                 twin.update(self.config.max_grad_norm)
             else:
-                self._measured_update(twin, gen, ck_optimizer, self.measured if k == 0 else None)
+                self._measured_update(twin, signs, ck_optimizer, self.measured if k == 0 else None)
             figures["loss"].append(max(abs(a - b) for a, b in zip(losses, ref_losses)))
             figures["param"].append(worst_diff({n: (p, ref_params[n]) for n, p in twin.params().items()})["abs"])
         floors = {"loss": HALF_ULP * max(abs(v) for v in ref_losses),
@@ -282,11 +306,11 @@ class NoiseEnvelope:
             if self.first_beyond[q] is None and not ratio <= self.ratio_limit:  # NaN is beyond noise
                 self.first_beyond[q] = step
 
-    def _measured_update(self, twin: Twin, gen: torch.Generator, ck_optimizer, measured: Measured | None) -> None:
+    def _measured_update(self, twin: Twin, signs: Signs, ck_optimizer, measured: Measured | None) -> None:
         """The member's update: torch's step, then the CK optimizer's step from the
         same params, gradients and state; each param is torch's moved by CK's
         difference, cut to PARAM_REACH_ULPS of the param or of its update (the larger), with
-        a random sign. The moments stay
+        the member's sign. The moments stay
         torch's (the C AdamW's are bit-identical to them: docs/kernels.md)."""
         params = list(twin.model.parameters())
         start, state = [p.detach().clone() for p in params], copy.deepcopy(twin.optimizer.state_dict())
@@ -297,22 +321,23 @@ class NoiseEnvelope:
                 p.copy_(s)
             ck_optimizer.load_state_dict(state)
             ck_optimizer.step()
-            for p, t, s in zip(params, torch_params, start):
+            for i, (p, t, s) in enumerate(zip(params, torch_params, start)):
                 # in ULPs of the param or of the update, the larger: near 0 an update's last bit is many of the param's
                 m = PARAM_REACH_ULPS * spacing(torch.maximum(t.abs(), (t - s).abs())) / spacing(t)
                 if measured is not None:
                     measured.add("adamw.param", t, p.detach(), m)
-                p.copy_(mirror(t, p.detach(), m, gen))
+                p.copy_(mirror(t, p.detach(), m, signs(f"adamw.param{i}", t.shape)))
 
     def report(self) -> dict:
         beyond = [s for s in self.first_beyond.values() if s is not None]
         ratios = {q: nan_max(self.series[f"{q}_ratio"]) for q in QUANTITIES}
         return {"members": len(self.members), "ratio_limit": self.ratio_limit,
                 "null_model": {"initial_weights_ulps": 1,
-                               "kernels": "each slot's CK-minus-torch difference, its sign at random per element",
+                               "kernels": "each slot's CK-minus-torch difference, its sign at random per element "
+                                          "and fixed for the run",
                                "measured": self.measured.report(),
                                "adamw": ("measured: the CK optimizer's step on the member's state, its param "
-                                         f"difference cut to {PARAM_REACH_ULPS} ULPs, random sign"
+                                         f"difference cut to {PARAM_REACH_ULPS} ULPs, random sign fixed per element"
                                          if any(self.ck_optimizers) else "torch's on both twins: none"),
                                "capability": cpu.capability()},
                 "verdict": "beyond_noise" if beyond else "within_noise",
