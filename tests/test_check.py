@@ -90,7 +90,21 @@ def test_accepting_bad_input_is_wrong(few_widths, planted):
         h = x.shape[-1] // 2
         return reference.swiglu(x[..., : 2 * h])
     report = conformance.check("swiglu", planted("swiglu", "no_shape_check", no_shape_check))
-    assert _verdicts(report)["bad_input"] == "wrong" and "odd last dimension" in report["properties"][-1]["failures"][0]
+    bad = next(r for r in report["properties"] if r["property"] == "bad_input")
+    assert bad["verdict"] == "wrong" and "odd last dimension" in bad["failures"][0]
+
+
+def test_torchs_own_samples_find_what_the_sweep_does_not(few_widths, planted):
+    """OpInfo's rms_norm samples hold an input of 0 rows (the sweep's have 1
+    and 3): a kernel that divides by the row count crashes there alone."""
+    def per_row_mean_of_rows(x, shape, weight, eps):
+        _ = 1 / (x.numel() // x.shape[-1])  # a C kernel's n / rows, here Python's ZeroDivisionError
+        return F.rms_norm(x, shape, weight, eps)
+    report = conformance.check("rms_norm", planted("rms_norm", "rows", per_row_mean_of_rows))
+    verdicts = _verdicts(report)
+    assert verdicts["widths"] == "bitwise" and verdicts["torch_inputs"] == "crashes" and report["verdict"] == "crashes"
+    torch_inputs = next(r for r in report["properties"] if r["property"] == "torch_inputs")
+    assert "(0, 1)" in torch_inputs["failures"][0] and torch_inputs["cases"] >= 4
 
 
 def test_a_thread_dependent_result_is_nondeterministic(few_widths, planted):

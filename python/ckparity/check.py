@@ -12,7 +12,12 @@ torch in float64, the exact answer's stand-in), with a verdict:
   same values give contiguous;
 - ``threads``: a large case at 1 and 2 torch threads, the same bits;
 - ``bad_input``: a wrong shape or an out-of-range target must raise, not
-  return.
+  return;
+- ``torch_inputs``: torch's own OpInfo sample inputs of the op the slot
+  stands for (nn.functional.rms_norm, cross_entropy, and silu through swiglu
+  with up = 1) that fall within the slot's contract -- empty rows, width 1,
+  no weight: inputs ckparity's authors did not choose (needs expecttest; the
+  report's ``not_run`` says so when it is missing).
 
 Verdicts, worst last: ``bitwise`` (every output and gradient has torch's
 bits), ``as accurate as torch`` (ckparity.measure.parity: close to torch, and
@@ -282,6 +287,60 @@ def _bad_input(kernel_slot, fn) -> _Property:
     return prop
 
 
+# ---- torch_inputs: torch's own OpInfo samples, those within the slot's contract --
+
+def _rms_norm_sample(s):
+    shape, weight = s.args[0], (s.args[1] if len(s.args) > 1 else s.kwargs.get("weight"))
+    eps = s.kwargs.get("eps", 1e-5)
+    if len(shape) != 1 or eps is None or eps < 0:  # the slot normalizes the last dimension, eps >= 0
+        return None
+    tensors = {"x": s.input, **({"weight": weight} if weight is not None else {})}
+    return (lambda f, t: f(t["x"], tuple(shape), t.get("weight"), eps)), tensors, tuple(tensors)
+
+
+def _ce_sample(s):
+    target = s.args[0]
+    extra = {k: v for k, v in s.kwargs.items() if not (k == "reduction" and v == "mean")}
+    if s.input.dim() != 2 or target.dtype != torch.int64 or extra:  # (N, V) logits, class targets, the mean
+        return None
+    return (lambda f, t: f(t["logits"], t["targets"])), {"logits": s.input, "targets": target}, ("logits",)
+
+
+def _silu_sample(s):
+    if s.input.dim() == 0:  # swiglu needs a last dimension of 2H
+        return None
+    x = torch.cat([s.input.detach(), torch.ones_like(s.input.detach())], dim=-1)  # silu(gate) * 1 is silu(gate)
+    return (lambda f, t: f(t["x"])), {"x": x}, ("x",)
+
+
+OPINFO = {"rms_norm": ("nn.functional.rms_norm", _rms_norm_sample),
+          "cross_entropy": ("nn.functional.cross_entropy", _ce_sample),
+          "swiglu": ("nn.functional.silu", _silu_sample)}
+
+
+def _torch_inputs(kernel: str, fn, torch_fn, not_run: dict) -> _Property:
+    prop = _Property("torch_inputs")
+    if kernel not in OPINFO:
+        return prop
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ImportError as err:  # torch's test inputs need expecttest
+        not_run["torch_inputs"] = f"torch's OpInfo samples need expecttest ({err}); pip install expecttest"
+        return prop
+    name, adapt = OPINFO[kernel]
+    op = next(o for o in op_db if o.name == name and o.variant_test_name == "")
+    for k, sample in enumerate(op.sample_inputs("cpu", torch.float32, requires_grad=True)):
+        case = adapt(sample)
+        if case is None:
+            continue
+        call, tensors, differentiated = case
+        tensors = {key: t.detach() for key, t in tensors.items()}
+        kernel_slot = Slot(None, call, differentiated, [], None)
+        _run_case(prop, f"{name} sample {k} {tuple(tensors[differentiated[0]].shape)}",
+                  _slot_case(kernel_slot, tensors), fn, torch_fn)
+    return prop
+
+
 # ---- adamw: the optimizer slot, stepped rather than differentiated ------------
 
 ADAMW_STEPS = 20
@@ -320,17 +379,18 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
         raise ValueError(f"ckparity check covers {', '.join(COVERED)}; {kernel!r} is not among them yet")
     resolve(kernel, backend)
     fn, torch_fn = backends.BACKENDS[kernel][backend], backends.BACKENDS[kernel]["torch"]
-    start = time.perf_counter()
+    start, not_run = time.perf_counter(), {}
     if kernel == "adamw":
         props = _adamw_properties(fn, torch_fn)
     else:
         kernel_slot, g = SLOTS[kernel], torch.Generator().manual_seed(seed)
         props = [_widths(kernel_slot, fn, torch_fn, g), _options(kernel, kernel_slot, fn, torch_fn, g),
-                 _non_contiguous(kernel_slot, fn, g), _threads(kernel_slot, fn, g), _bad_input(kernel_slot, fn)]
+                 _non_contiguous(kernel_slot, fn, g), _threads(kernel_slot, fn, g), _bad_input(kernel_slot, fn),
+                 _torch_inputs(kernel, fn, torch_fn, not_run)]
     rows = [p.report() for p in props if p.cases]
     overall = max((r["verdict"] for r in rows), key=VERDICTS.index)
     return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
-            "properties": rows, "verdict": overall, "passed": overall not in FAILING,
+            "properties": rows, "not_run": not_run, "verdict": overall, "passed": overall not in FAILING,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
