@@ -53,12 +53,9 @@ def test_the_installed_package_trains_and_gates(site, tmp_path):
     kernel = json.loads((tmp_path / "gates" / "kernel_parity_latest.json").read_text())
     assert kernel["passed"] and kernel["details"]["user_backends"][0]["verdict"] == "as accurate as torch"
     # its AdamW writes torch's formulas as plain C multiply-adds; where torch's vectorized lerp fuses
-    # one (AVX2, AVX-512: this project's machines) the moments are not torch's bits and
-    # optimizer_parity, which holds them to torch's bits, fails it (README of the example)
+    # one (AVX2, AVX-512) the moments are not torch's bits: held to check's bar, not to ckparity's
+    # own kernel's bitwise moments, it is as accurate as torch on any CPU
     optimizer = json.loads((tmp_path / "gates" / "optimizer_parity_latest.json").read_text())
-    rows = optimizer["details"]["rows"]
-    assert [r["amsgrad"] for r in rows] == [False] * 4  # a user's AdamW: no amsgrad asked of it
-    assert optimizer["passed"] == all(r["moments_bit_identical"] and r["max_param_ulp"] <= 8 for r in rows)
-    assert gate.returncode == (0 if optimizer["passed"] else 1), gate.stdout
-    if not optimizer["passed"]:
-        assert "not bit-identical" in optimizer["summary"] or "ULPs apart" in optimizer["summary"]
+    sizes = optimizer["details"]["sizes"]
+    assert sizes["verdict"] in ("bitwise", "as accurate as torch") and sizes["cases"] == 4
+    assert optimizer["passed"] and gate.returncode == 0, gate.stdout

@@ -360,13 +360,19 @@ def _adamw_run(make: Callable, size: int, seed: int, dtype=torch.float32) -> dic
     return {"param": p.detach(), "exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
 
 
+def adamw_sizes(fn: Callable, torch_fn: Callable, sizes: list[int]) -> _Property:
+    """The optimizer ``fn`` makes against torch's AdamW and float64, one case per size."""
+    prop = _Property("sizes")
+    for size in sizes:
+        _run_case(prop, f"size={size}", lambda f, dtype, size=size: _adamw_run(f, size, size, dtype), fn, torch_fn)
+    return prop
+
+
 def _adamw_properties(fn: Callable, torch_fn: Callable) -> list[_Property]:
     """sizes: every tensor size 1..300 and large odd ones, against torch's AdamW and
     float64 (torch's AdamW on float64 params); threads: a large tensor at 1 and 2
     threads, the same bits."""
-    sizes = _Property("sizes")
-    for size in ADAMW_SIZES:
-        _run_case(sizes, f"size={size}", lambda f, dtype, size=size: _adamw_run(f, size, size, dtype), fn, torch_fn)
+    sizes = adamw_sizes(fn, torch_fn, ADAMW_SIZES)
     # 200003 params: several of the C AdamW's 65536-float chunks
     threads = _at_thread_counts(_Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7))
     return [sizes, threads]
