@@ -6,7 +6,8 @@ kernel trains with, and the power against planted biases.
 
 Writes one JSON per case (the run's envelope and verdict, without its series)
 and summary.json; prints a Markdown table. Each stress run is 1000 steps with
-K=4 null twins: ~1-3 min on this machine's 2 cores.
+K=4 null twins: ~1-3 min on this machine's 2 cores. Each row also holds
+the verdict of the per-step criterion (before the window) from the same run.
 reports/envelope/summary_uniform_null.json holds the same cases under the
 null model before (uniform +-m ULPs on the loss and dlogits)."""
 
@@ -86,10 +87,26 @@ CASES = {
 NULL_REACH = {"default_ce_uncut_null": 1 << 20}
 
 
+def _per_step(series: dict, limit: float) -> dict:
+    """The criterion before the window (envelope.WINDOW): each step's CK
+    difference over that step's members' largest, from the run's own series."""
+    first, ratios = {}, {}
+    for q in envelope.QUANTITIES:
+        r = [ck / max(env, floor) if floor > 0 or env > 0 else 0.0
+             for ck, env, floor in zip(series[f"{q}_ck"], series[f"{q}_max"], series[f"{q}_floor"])]
+        ratios[q] = max(r, default=0.0)
+        first[q] = next((step for step, v in zip(series["step"], r) if not v <= limit), None)
+    beyond = [v for v in first.values() if v is not None]
+    return {"verdict": "beyond_noise" if beyond else "within_noise", "first_beyond_step": min(beyond, default=None),
+            "first_beyond_step_per_quantity": first, "max_noise_ratio": ratios}
+
+
 def _row(report: dict, seconds: float) -> dict:
     env = report["envelope"] or {}
     return {"status": report["status"], "steps": report["steps"], "verdict": report["noise_verdict"],
             "first_beyond_step": env.get("first_beyond_step"),
+            "first_beyond_step_per_quantity": env.get("first_beyond_step_per_quantity"),
+            "per_step_criterion": _per_step(env["series"], env["ratio_limit"]) if env else None,
             "max_noise_ratio": env.get("max_noise_ratio"), "first_param_fail_step": report["first_param_fail_step"],
             "null_model": env.get("null_model"), "seconds": round(seconds, 1)}
 
@@ -126,16 +143,17 @@ def main() -> None:
                 raise SystemExit(f"{case} seed {seed}: interrupted at step {report['steps']}; not recorded")
             rows.append({"seed": seed, **_row(report, time.perf_counter() - start)})
             print(case, rows[-1]["seed"], rows[-1]["verdict"], rows[-1]["first_beyond_step"],
-                  rows[-1]["max_noise_ratio"], flush=True)
+                  rows[-1]["max_noise_ratio"], "per step:", rows[-1]["per_step_criterion"]["verdict"], flush=True)
             # after every run: a sweep cut off by its timeout keeps the seeds it finished
             summary["cases"][case] = {"changes": changes, "runs": rows}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print("| case | runs | beyond noise | first beyond | max ratio loss / param | first param fail "
+    print("| case | runs | beyond noise (per-step criterion) | first beyond | max ratio loss / param | first param fail "
           "| dlogits beyond reach | dlogits outward share | loss up share |")
     print("|---|---|---|---|---|---|---|---|")
     for case, entry in summary["cases"].items():
         runs = entry["runs"]
         beyond = [r for r in runs if r["verdict"] == "beyond_noise"]
+        per_step = sum((r.get("per_step_criterion") or {}).get("verdict") == "beyond_noise" for r in runs)
         firsts = sorted(r["first_beyond_step"] for r in beyond)
         ratio = lambda q: max(r["max_noise_ratio"][q] for r in runs)  # noqa: E731
         dlogits = [r["null_model"]["measured"]["loss.grad0"] for r in runs]
@@ -144,7 +162,7 @@ def main() -> None:
         def span(values):  # None where nothing differed (a bit-identical slot)
             values = [v for v in values if v is not None]
             return f"{min(values):.3f}-{max(values):.3f}" if values else "-"
-        print(f"| {case} | {len(runs)} | {len(beyond)} | {firsts[:3] or '-'} | {ratio('loss'):.3g} / {ratio('param'):.3g} "
+        print(f"| {case} | {len(runs)} | {len(beyond)} ({per_step}) | {firsts[:3] or '-'} | {ratio('loss'):.3g} / {ratio('param'):.3g} "
               f"| {[r['first_param_fail_step'] for r in runs][:3]} | {beyond_reach:.4f} "
               f"| {span(d['outward_share'] for d in dlogits)} "
               f"| {span(r['null_model']['measured']['loss']['up_share'] for r in runs)} |")

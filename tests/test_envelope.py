@@ -4,6 +4,8 @@ and a faulty CK twin."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 
 import torch
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity.harness import backends
 from ckparity.harness.config import RunConfig
-from ckparity.harness.envelope import Measured, Signs, mirror, move_ulps, null_ops
+from ckparity.harness.envelope import Measured, Signs, mirror, move_ulps, null_ops, window_ratio
 from ckparity.harness.run import train
 
 
@@ -50,6 +52,22 @@ def test_a_members_signs_are_fixed_for_the_run_and_its_own():
     assert set(first.unique().tolist()) == {-1.0, 1.0} and abs(float(first.mean())) < 0.02
     for other in (b("loss.grad0", (64, 256)), a("swiglu", (64, 256)), a("loss.grad0", (256, 64)).reshape(64, 256)):
         assert 0.4 < float((other == first).double().mean()) < 0.6
+
+
+def test_the_ratio_is_taken_over_a_window_of_steps():
+    """A sporadic 3-ULP loss difference on a step where no member's differs is
+    met by the members' differences of the steps around it; a difference that
+    grows past the members' is beyond, and so is a NaN."""
+    ulp, floor = 2.0**-24, 2.0**-25
+    members = [ulp if step % 3 == 0 else 0.0 for step in range(100)]
+    ck = [0.0] * 100
+    ck[70] = 3 * ulp  # members[70] is 0: the step alone would say 6x the floor
+    assert ck[70] / max(members[70], floor) == 6.0
+    assert window_ratio(ck[:71], members[:71], floor) == 3.0
+    grown = [step * ulp for step in range(100)]
+    assert window_ratio(grown, members, floor) == 99.0
+    assert math.isnan(window_ratio(ck[:70] + [float("nan")], members[:71], floor))
+    assert window_ratio([ulp], [0.0], 0.0) == float("inf") and window_ratio([0.0], [0.0], 0.0) == 0.0
 
 
 def _one_ulp_up(x):
