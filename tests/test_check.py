@@ -158,14 +158,14 @@ def no_backward_transpose(q, cos, sin):  # rotates the wrong way: wrong
     return reference.rope(q, cos, -sin, "half")
 
 
-def segfaults_on_wide_rows(x):  # fine on the contract check's small input, a C crash on wide rows
-    if x.shape[-1] > 200:
+def segfaults_on_strided_input(x):  # fine on the contract check's input, a C crash on a strided one
+    if not x.is_contiguous():
         ctypes.string_at(0)
     return ckparity.swiglu(x)
 
 
 ckparity.register_backend("rope", "no_backward_transpose", no_backward_transpose)
-ckparity.register_backend("swiglu", "segfaults", segfaults_on_wide_rows)
+ckparity.register_backend("swiglu", "segfaults", segfaults_on_strided_input)
 """
 
 
@@ -188,7 +188,13 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
     assert json.loads(out.read_text())["verdict"] == "wrong"
     assert main(["check", "swiglu", "--plugin", "planted.py", "--backend", "segfaults", "--json-out", str(out)]) == 1
     crashed = json.loads(out.read_text())
-    assert crashed["verdict"] == "crashes" and "killed by SIGSEGV" in crashed["crash"], crashed
+    assert crashed["verdict"] == "crashes" and crashed["crash"]["ending"] == "killed by SIGSEGV", crashed
+    # the properties before the crash keep their rows; the crash names its property and case
+    assert [(r["property"], r["verdict"]) for r in crashed["properties"]] == [
+        ("widths", "bitwise" if "swiglu" in cpu.bit_identical() else "as accurate as torch"),
+        ("options", "bitwise" if "swiglu" in cpu.bit_identical() else "as accurate as torch"),
+        ("non_contiguous", "crashes")]
+    assert (crashed["crash"]["property"], crashed["crash"]["case"]) == ("non_contiguous", "width=8")
     assert main(["check", "swiglu", "--backend", "nope"]) == 2
     assert "registered: c, " in capsys.readouterr().err
     assert main(["check", "clip_grad_norm", "--backend", "c"]) == 2  # no suite for it yet: refused

@@ -223,6 +223,18 @@ def test_depth_sweep_catches_a_broken_composition(tmp_path, monkeypatch):
     assert not result["passed"] and "not bit-identical" in result["summary"]
 
 
+def test_depth_sweep_runs_the_gates_backends(tmp_path, monkeypatch):
+    """gate --backend: one variant, the CK twin with the user's kernels, held to parity
+    (not to bits); a user's swiglu 1e-3 off fails it."""
+    monkeypatch.setitem(backends.SWIGLU, "off", lambda x: backends.SWIGLU["torch"](x) * (1 + 1e-3))
+    result = gates.depth_sweep({**small("depth_sweep", steps=3), "ck_backends": {"swiglu": "off"}}, tmp_path)
+    assert {r["variant"] for r in result["details"]["rows"]} == {"backends"} and not result["passed"]
+    report = json.loads(next(tmp_path.glob("depth_*_backends.json")).read_text())
+    assert report["config"]["ck_swiglu_backend"] == "off" and report["config"]["ck_loss_backend"] == "c"
+    monkeypatch.setitem(backends.SWIGLU, "same", backends.SWIGLU["torch"])
+    assert gates.depth_sweep({**small("depth_sweep", steps=3), "ck_backends": {"swiglu": "same"}}, tmp_path)["passed"]
+
+
 def test_accuracy_parity_passes_as_built(tmp_path):
     result = gates.accuracy_parity(small("accuracy_parity", steps=10, shadow_every=5), tmp_path)
     assert result["passed"], result["summary"]

@@ -151,6 +151,16 @@ def _evaluate(kernel_slot: Slot, fn: Callable, tensors: dict, dtype=torch.float3
     return {"out": out.detach(), **{f"d{k}": leaves[k].grad for k in kernel_slot.differentiated}}
 
 
+# where a case is about to run: isolated_check's child says so on stderr, so a
+# crash that ends it names its property and case
+TRACE: Callable[[str], None] | None = None
+
+
+def _at(prop: "_Property", label: str) -> None:
+    if TRACE is not None:
+        TRACE(json.dumps({"property": prop.name, "case": label}))
+
+
 class _Property:
     """Figures and the verdict of one property, filled case by case."""
 
@@ -189,6 +199,7 @@ class _Property:
 
 def _run_case(prop: _Property, label: str, evaluate: Callable[[Callable, torch.dtype], dict], fn, torch_fn) -> None:
     """evaluate(f, dtype) -> the outputs: the backend's against torch's and torch's in float64."""
+    _at(prop, label)
     try:
         ours = evaluate(fn, torch.float32)
     except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
@@ -235,6 +246,7 @@ def _non_contiguous(kernel_slot, fn, g) -> _Property:
     for width in (8, 34, 1000):  # even: rope's head dim is
         tensors = kernel_slot.make(width, 3, g)
         label = f"width={width}"
+        _at(prop, label)
         try:
             plain = _evaluate(kernel_slot, fn, tensors)
             view = _evaluate(kernel_slot, fn, tensors, strided=first)
@@ -254,6 +266,7 @@ def _at_thread_counts(prop: _Property, what: str, run: Callable[[], dict]) -> _P
     """run() at 1 and 2 torch threads: one case, bit-identical or nondeterministic."""
     before = torch.get_num_threads()
     results = []
+    _at(prop, what)
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
@@ -278,6 +291,7 @@ def _threads(kernel_slot, fn, g) -> _Property:
 
 def _bad_input(kernel_slot, fn) -> _Property:
     prop = _Property("bad_input")
+    _at(prop, "bad shapes and targets")
     prop.cases += 1
     try:
         kernel_slot.bad(fn)
@@ -368,14 +382,13 @@ def adamw_sizes(fn: Callable, torch_fn: Callable, sizes: list[int]) -> _Property
     return prop
 
 
-def _adamw_properties(fn: Callable, torch_fn: Callable) -> list[_Property]:
+def _adamw_properties(fn: Callable, torch_fn: Callable) -> list[Callable[[], _Property]]:
     """sizes: every tensor size 1..300 and large odd ones, against torch's AdamW and
     float64 (torch's AdamW on float64 params); threads: a large tensor at 1 and 2
     threads, the same bits."""
-    sizes = adamw_sizes(fn, torch_fn, ADAMW_SIZES)
     # 200003 params: several of the C AdamW's 65536-float chunks
-    threads = _at_thread_counts(_Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7))
-    return [sizes, threads]
+    return [lambda: adamw_sizes(fn, torch_fn, ADAMW_SIZES),
+            lambda: _at_thread_counts(_Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7))]
 
 
 def check(kernel: str, backend: str, seed: int = 0) -> dict:
@@ -387,13 +400,19 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
     fn, torch_fn = backends.BACKENDS[kernel][backend], backends.BACKENDS[kernel]["torch"]
     start, not_run = time.perf_counter(), {}
     if kernel == "adamw":
-        props = _adamw_properties(fn, torch_fn)
+        runs = _adamw_properties(fn, torch_fn)
     else:
         kernel_slot, g = SLOTS[kernel], torch.Generator().manual_seed(seed)
-        props = [_widths(kernel_slot, fn, torch_fn, g), _options(kernel, kernel_slot, fn, torch_fn, g),
-                 _non_contiguous(kernel_slot, fn, g), _threads(kernel_slot, fn, g), _bad_input(kernel_slot, fn),
-                 _torch_inputs(kernel, fn, torch_fn, not_run)]
-    rows = [p.report() for p in props if p.cases]
+        runs = [lambda: _widths(kernel_slot, fn, torch_fn, g), lambda: _options(kernel, kernel_slot, fn, torch_fn, g),
+                lambda: _non_contiguous(kernel_slot, fn, g), lambda: _threads(kernel_slot, fn, g),
+                lambda: _bad_input(kernel_slot, fn), lambda: _torch_inputs(kernel, fn, torch_fn, not_run)]
+    rows = []
+    for run in runs:  # in order: the generator's draws follow it
+        prop = run()
+        if prop.cases:
+            rows.append(prop.report())
+            if TRACE is not None:
+                TRACE(json.dumps({"row": rows[-1]}))
     overall = max((r["verdict"] for r in rows), key=VERDICTS.index)
     return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
             "properties": rows, "not_run": not_run, "verdict": overall, "passed": overall not in FAILING,
@@ -401,13 +420,15 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
 
 
 _CHILD = ("import json, sys; from ckparity import check, plugins; plugins.load_configured(); "
+          "check.TRACE = lambda line: print(line, file=sys.stderr, flush=True); "
           "print(json.dumps(check.check(sys.argv[1], sys.argv[2], int(sys.argv[3]))))")
 
 
 def isolated_check(kernel: str, backend: str, seed: int = 0) -> dict:
     """check() in a child process (the same plugins, through CKP_PLUGINS):
     a child that dies -- a segfault or an abort in the backend's C -- gives
-    the verdict "crashes" with how it ended. Bad arguments raise ValueError
+    the verdict "crashes", with how it ended and the property and case it
+    was running (the child's TRACE lines). Bad arguments raise ValueError
     here, before the child starts."""
     kernel = slot(kernel)
     if kernel not in COVERED:
@@ -420,9 +441,24 @@ def isolated_check(kernel: str, backend: str, seed: int = 0) -> dict:
         return json.loads(done.stdout)
     ending = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
               else f"exit {done.returncode}")
-    tail = " ".join(done.stderr.strip().splitlines()[-3:])[-500:]
+    rows, cases, other = [], [], []
+    for line in done.stderr.splitlines():
+        traced = json.loads(line) if line.startswith(('{"property"', '{"row"')) else None
+        if traced is None:
+            other.append(line)
+        elif "row" in traced:
+            rows.append(traced["row"])  # a property that finished before the crash
+        else:
+            cases.append(traced)
+    last = cases[-1] if cases else {"property": None, "case": None}
+    if last["property"] is not None and last["property"] not in {r["property"] for r in rows}:
+        rows.append({"property": last["property"], "cases": sum(c["property"] == last["property"] for c in cases),
+                     "bit_identical": None, "max_ulp": None, "verdict": "crashes",
+                     "failures": [f"{last['case']}: the check's process was {ending}"]})
     return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
-            "properties": [], "verdict": "crashes", "passed": False, "crash": f"the check's process was {ending}: {tail}",
+            "properties": rows, "verdict": "crashes", "passed": False,
+            "crash": {"ending": ending, "property": last["property"], "case": last["case"],
+                      "stderr": " ".join(other[-3:])[-500:]},
             "seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -434,6 +470,8 @@ def table(report: dict) -> str:
         lines.append(f"| {r['property']} | {r['cases']} | {r['bit_identical']} | {r['max_ulp']} | {r['verdict']} | "
                      f"{(r['failures'] or ['-'])[0]} |")
     if report.get("crash"):
-        lines.append(f"| (all) | - | - | - | crashes | {report['crash']} |")
+        crash = report["crash"]
+        lines.append(f"the check's process was {crash['ending']} in {crash['property']}, case {crash['case']}; "
+                     "the properties after it did not run")
     return "\n".join(lines)
 

@@ -555,11 +555,16 @@ def long_horizon(settings: dict, out_dir: Path) -> dict:
 def depth_sweep(settings: dict, out_dir: Path) -> dict:
     """Residual twins of growing depth: the "bitwise" variant (every kernel
     bit-identical) must stay bit-identical at every depth, and every variant
-    must pass parity."""
+    must pass parity. Under ``gate --backend``, one variant instead: the CK
+    twin with those backends (ckparity's own elsewhere), held to parity at
+    every depth -- a user's kernels are not claimed bit-identical."""
     from .harness.repro import DEPTH, DEPTH_VARIANTS
     from .harness.repro import depth_sweep as sweep
 
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
+    if settings.get("ck_backends"):
+        chosen = with_backends(RunConfig(), settings)
+        variants = {"backends": {flag: getattr(chosen, flag) for flag in backends.FLAGS}}
     rows, _ = sweep(str(out_dir), replace(DEPTH, max_steps=settings["steps"], no_progress=True),
                     settings["depths"], variants, settings["models"])
     if any(r["status"] == "interrupted" for r in rows):
