@@ -178,7 +178,7 @@ GATE_PLUGIN = textwrap.dedent('''
                                              ("optimizer=float_beta2", False)])
 def test_gate_runs_on_a_users_backend(tmp_path, backend, passes):
     """gate --backend: kernel_parity runs check on a user's swiglu, optimizer_parity holds a user's AdamW
-    to torch, drift_smoke trains with them; an exact kernel passes, a fast exp or a drifting moment fails."""
+    to check's bar, drift_smoke trains with them; an exact kernel passes, a fast exp or a drifting moment fails."""
     (tmp_path / "my_kernels.py").write_text(GATE_PLUGIN)
     gates = ["kernel_parity", "drift_smoke"] if backend.startswith("swiglu") else ["optimizer_parity"]
     done = _cli(tmp_path, "gate", "--plugin", "my_kernels.py", "--backend", backend, "--only", *gates,
@@ -192,8 +192,8 @@ def test_gate_runs_on_a_users_backend(tmp_path, backend, passes):
         assert row["backend"] == name and row["verdict"] == ("bitwise" if passes else "wrong")
         smoke = json.loads((tmp_path / "gates" / "drift_smoke_tiny.json").read_text())
         assert smoke["config"]["ck_swiglu_backend"] == name  # the harness gates train with it
-    else:
-        assert "moments not bit-identical" in result["summary"]
+    else:  # held to check's bar: its moments 2^-20 off per step are less accurate than torch's
+        assert result["details"]["sizes"]["verdict"] == "less accurate" and "less accurate" in result["summary"]
 
 
 def test_gate_backend_must_be_slot_equals_a_registered_name(tmp_path):
@@ -223,8 +223,11 @@ def test_plugin_helpers_for_rope_and_cross_entropy(clean_registry, monkeypatch):
         monkeypatch.setitem(check.SLOTS, name, dataclasses.replace(check.SLOTS[name], widths=[2, 8, 34, 300]))
     ckparity.register_backend("loss", "helper", plugin.cross_entropy(ce_forward))
     report = check.check("loss", "helper")
-    # dlogits of the mean scaled by the upstream gradient: torch's sums rounded in another order
-    assert report["verdict"] == "as accurate as torch", check.table(report)
+    # dlogits of the mean scaled by the upstream gradient: one rounding more than torch's, which with
+    # label smoothing can pass twice torch's float64 error (2.9x at width 64 on an AVX2 EPYC; within
+    # 2x on an AVX-512 one); the marshalling itself is right where it would show as wrong
+    assert report["verdict"] in ("as accurate as torch", "less accurate"), check.table(report)
+    assert {r["property"]: r["verdict"] for r in report["properties"]}["widths"] == "as accurate as torch"
 
     rope = plugin.rope(forward=lambda x, cos, sin, out: out.copy_(reference.rope(x, cos, sin, "half")),
                        backward=lambda dout, cos, sin, dx: dx.copy_(reference.rope(dout, cos, -sin, "half")))
