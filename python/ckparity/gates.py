@@ -619,10 +619,9 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
 def noise_envelope(settings: dict, out_dir: Path) -> dict:
     """Float noise or a bug: the 850-step repro with --envelope (harness/envelope.py);
     each loss backend's drift must stay within ``ratio`` times the envelope of
-    null twins that differ from torch by ULP-level noise only. (Not the stress
-    profile: there the default cross-entropy's drift is beyond noise from step
-    ~660 -- a measured finding, README "Noise or bug" -- and a gate that fails
-    on a known finding gates nothing new.)"""
+    null twins that carry the CK kernels' own differences with random,
+    fixed signs (harness/envelope.py; README "Noise or bug" for what it
+    detects and what it does not)."""
     rows, failures = [], []
     for backend in settings["loss_backends"]:
         config = replace(PRESET, ck_loss_backend=backend, max_steps=settings["steps"], envelope=settings["members"],
