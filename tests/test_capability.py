@@ -89,7 +89,8 @@ def test_sweep_finds_another_capabilitys_arithmetic(capability):
 
 
 TWINS = """
-import json
+import json, tempfile
+from dataclasses import replace
 from ckparity.harness.config import RunConfig
 from ckparity.harness.run import train
 runs = {
@@ -102,7 +103,7 @@ runs = {
 }
 out = {}
 for name, config in runs.items():
-    r = train(config)
+    r = train(replace(config, json_out=tempfile.mkdtemp() + "/report.json"))  # not the cwd's reports/
     out[name] = {"status": r["status"], "divergence": r["divergence"]["first_step"],
                  "param": r["max_param_abs_diff"], "loss": r["max_loss_abs_diff"], "steps": r["steps"]}
 print(json.dumps(out))
