@@ -101,6 +101,26 @@ def _per_step(series: dict, limit: float) -> dict:
             "first_beyond_step_per_quantity": first, "max_noise_ratio": ratios}
 
 
+def rescore(runs_dir: str) -> dict:
+    """Each stored run's windowed verdict under the loss floor it ran with (half
+    an ULP) and under envelope.py's floor of REORDER_ULPS ULPs: the criterion is
+    a function of the series the run keeps (CK's, the members', the floors)."""
+    out = {"how": f"python scripts/envelope_sweep.py --rescore {runs_dir}", "window": envelope.WINDOW, "runs": {}}
+    for path in sorted(Path(runs_dir).glob("*.json")):
+        series = json.loads(path.read_text())["envelope"]["series"]
+        row = {}
+        for label, loss_factor in (("half_ulp_loss_floor", 1), ("reorder_loss_floor", 2 * envelope.REORDER_ULPS)):
+            worst, first = {}, {}
+            for q, factor in (("loss", loss_factor), ("param", 1)):
+                ratios = [envelope.window_ratio(series[f"{q}_ck"][:i + 1], series[f"{q}_max"][:i + 1],
+                                                series[f"{q}_floor"][i] * factor) for i in range(len(series["step"]))]
+                worst[q] = max(ratios)
+                first[q] = next((s for s, r in zip(series["step"], ratios) if not r <= 4.0), None)
+            row[label] = {"max_noise_ratio": worst, "first_beyond_step_per_quantity": first}
+        out["runs"][path.stem] = row
+    return out
+
+
 def _row(report: dict, seconds: float) -> dict:
     env = report["envelope"] or {}
     return {"status": report["status"], "steps": report["steps"], "verdict": report["noise_verdict"],
@@ -119,7 +139,13 @@ def main() -> None:
     parser.add_argument("--out", default="reports/envelope")
     parser.add_argument("--runs-dir", default="/tmp/ckparity_envelope_runs", help="each run's full report")
     parser.add_argument("--only", nargs="*", default=None, help="only these cases")
+    parser.add_argument("--rescore", metavar="RUNS_DIR", help="only rescore the runs stored there (runs made before "
+                        "the loss floor of REORDER_ULPS ULPs) into OUT/rescored_loss_floor.json")
     args = parser.parse_args()
+    if args.rescore:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "rescored_loss_floor.json").write_text(json.dumps(rescore(args.rescore), indent=1))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
