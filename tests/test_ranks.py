@@ -92,7 +92,7 @@ def _run_and_disturb(tmp_path, rank: int, sig: int, *flags) -> tuple[int, float,
     launcher = subprocess.Popen([*CKPARITY, "train", "--tp", "2", *flags, "--json-out", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = _ranks_of(launcher, 2)
-    _wait_for_cpu_seconds(pids.values(), 4.0)  # well into the run (torch imported, the group joined, steps running)
+    _wait_for_cpu_seconds(pids.values(), 8.0)  # well into the run (torch imported, the group joined, steps running)
     os.kill(pids[rank], sig)
     start = time.monotonic()
     try:
