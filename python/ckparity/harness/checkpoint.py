@@ -196,12 +196,23 @@ def _latest(directory: str, ranks: Ranks | None = None) -> Path:
     return path
 
 
+def _manifest(path: Path, what: str) -> dict:
+    manifest = json.loads((path / "checkpoint.json").read_text())
+    if manifest.get("schema") != SCHEMA:
+        raise UsageError(f"{what}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    return manifest
+
+
+def _state(path: Path, manifest: dict) -> dict:
+    from safetensors.torch import load_file
+
+    return _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+
+
 def resume_config(given: RunConfig) -> RunConfig:
     """The checkpoint's config, with the flags that may change taken from ``given``;
     another flag given with a value other than the checkpoint's is refused by name."""
-    manifest = json.loads((_latest(given.resume) / "checkpoint.json").read_text())
-    if manifest.get("schema") != SCHEMA:
-        raise UsageError(f"--resume {given.resume}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    manifest = _manifest(_latest(given.resume), f"--resume {given.resume}")
     saved = manifest["config"]
     for f in fields(RunConfig):
         value, default = getattr(given, f.name), f.default
@@ -220,13 +231,8 @@ def twin_weights(directory: str, twin: str = "torch") -> dict[str, torch.Tensor]
     """A twin's model weights at the latest checkpoint of ``directory`` (rank
     0's in a --tp/--dp one, whose torch twin is whole): what --init-from takes
     from a checkpoint directory."""
-    from safetensors.torch import load_file
-
     path = _latest(directory)
-    manifest = json.loads((path / "checkpoint.json").read_text())
-    if manifest.get("schema") != SCHEMA:
-        raise UsageError(f"{directory}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
-    state = _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+    state = _state(path, _manifest(path, directory))
     return dict(state["components"][twin]["model"])
 
 
@@ -234,16 +240,14 @@ def restore(directory: str, components: dict, ranks: Ranks = SINGLE) -> int:
     """Loads the latest checkpoint of ``directory`` into ``components`` (built
     as for a fresh run) and the RNGs; returns the step it was written after.
     The ranks of a --tp/--dp run take the newest step all of them hold."""
-    from safetensors.torch import load_file
-
     path = _latest(directory, ranks)
     step = agreed_min(ranks, int(path.name.split("-")[1]))
     path = path.parent / f"step-{step:09d}"
     if not (path / "checkpoint.json").is_file():
         raise UsageError(f"--resume {directory}: rank {ranks.rank} does not hold step {step}, the newest step "
                          "every rank's latest reaches")
-    manifest = json.loads((path / "checkpoint.json").read_text())
-    state = _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+    manifest = _manifest(path, f"--resume {directory}")
+    state = _state(path, manifest)
     for name, component in components.items():
         if component is not None:
             load_state(component, state["components"][name])
