@@ -120,6 +120,34 @@ def test_null_members_carry_the_ck_kernels_measured_difference(monkeypatch):
     assert torch.equal(ops.rms_norm(y, (32,), None, 1e-5), F.rms_norm(y, (32,), None, 1e-5))
 
 
+def _lean(ref, ck, exact):
+    measured = Measured()
+    measured.add("slot", ref, ck, torch.full(ref.shape, 2.0, dtype=torch.float64), exact)
+    return measured.report()["slot"]["lean"]
+
+
+def test_the_lean_tells_a_bias_from_a_rounding_and_from_removing_torchs_own():
+    """exact: float64 values; torch's: rounded to nearest. A CK one ULP outward
+    of torch's leans outward (directed); a CK at the other float neighbour of
+    exact (a rounding otherwise than torch's) does not; nor does a CK that is
+    unbiased where torch's is always low; and a lean over too few elements
+    is not evidence."""
+    exact = torch.randn(20000, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ref = exact.float()
+    outward = torch.nextafter(ref, ref * 2)
+    biased = _lean(ref, outward, exact)
+    assert biased["directed"] and biased["ck_out"] > 0.9 and abs(biased["torch_out"]) < 0.05
+    other = torch.where(ref.double() > exact, torch.nextafter(ref, ref - 1), torch.nextafter(ref, ref + 1))
+    rounding = _lean(ref, other, exact)
+    assert not rounding["directed"] and rounding["n"] == exact.numel() and abs(rounding["ck_up"]) < 0.05
+    low = torch.where(ref.double() > exact, torch.nextafter(ref, ref - 1), ref)  # torch's always below
+    removed = _lean(low, ref, exact)  # CK rounds to nearest where torch's was low
+    assert removed["torch_up"] == -1.0 and not removed["directed"]
+    few = _lean(ref[:400], outward[:400], exact[:400])  # lean 1 - 0 over 400: 10 standard errors of 2/sqrt(n)
+    assert few["directed"]
+    assert not _lean(ref[:60], outward[:60], exact[:60])["directed"]  # 3.9 standard errors
+
+
 def test_verdicts(tmp_path):
     base = RunConfig(max_steps=30, grad_accum=2, envelope=2, no_progress=True)
     same = train(replace(base, ck_loss_backend="torch", ck_optimizer_backend="torch", json_out=str(tmp_path / "a.json")))
@@ -127,6 +155,7 @@ def test_verdicts(tmp_path):
     backends.register("cross_entropy", "off_1e-4", lambda x, t: backends.CROSS_ENTROPY["torch"](x, t) * (1 + 1e-4))
     off = train(replace(base, ck_loss_backend="off_1e-4", json_out=str(tmp_path / "b.json")))
     assert off["noise_verdict"] == "beyond_noise" and off["envelope"]["first_beyond_step"] == 1
+    assert same["envelope"]["directed"] == [] and same["envelope"]["null_model"]["measured"]["loss"]["lean"]["n"] == 0
 
 
 class _OutwardAdamW(ckparity.optim.AdamW):
@@ -151,9 +180,12 @@ def test_the_ck_optimizers_difference_is_measured_and_carried(tmp_path, monkeypa
     planted = train(replace(base, ck_optimizer_backend="outward", json_out=str(tmp_path / "p.json")))
     figures = planted["envelope"]["null_model"]["measured"]["adamw.param"]
     assert figures["differing"] > 0.9 * figures["elements"] and figures["outward_share"] > 0.99
+    # against torch's step in float64: an error that leans outward, which torch's does not
+    assert planted["envelope"]["directed"] == ["adamw.param"] and planted["noise_verdict"] == "beyond_noise"
+    assert figures["lean"]["ck_out"] > 0.5 > abs(figures["lean"]["torch_out"])
     assert planted["envelope"]["null_model"]["adamw"].startswith("measured")
     c = train(replace(base, json_out=str(tmp_path / "c.json")))["envelope"]["null_model"]["measured"]
-    assert c["adamw.param"]["beyond_reach"] == 0
+    assert c["adamw.param"]["beyond_reach"] == 0 and not c["adamw.param"]["lean"]["directed"]
     same = train(replace(base, ck_optimizer_backend="torch", json_out=str(tmp_path / "t.json")))
     assert "adamw.param" not in same["envelope"]["null_model"]["measured"]
     # bit-identical kernels and optimizer: the CK twin does not move from the torch twin at all

@@ -150,22 +150,48 @@ def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, sign: torch.Ten
     return torch.where(torch.isfinite(ck) & torch.isfinite(moved), moved, ref).detach()
 
 
+LEAN_MARGIN = 0.1  # how much more CK's error may lean one way than torch's does (share of the differing elements)
+LEAN_Z = 5.0  # and how sure the count must make it: a lean's standard error is at most 1/sqrt(n) each
+
+
+def lean(f: dict) -> dict:
+    """CK's and torch's lean on the n elements where their values differ:
+    (#above the float64 value - #below) / n, and the same outward (further
+    from 0 - nearer). 0 for an error without a direction; a correct kernel
+    that rounds otherwise than torch leans as little as torch (C AdamW's
+    params: |up| and |out| <= 0.02 on the stress profile). "directed" when
+    CK's lean is larger than torch's, in either sense, by more than
+    LEAN_MARGIN and by LEAN_Z standard errors: a bias CK has and torch has
+    not. A kernel that removes a lean of torch's (torch's error one way, CK's
+    without a direction) is not directed."""
+    n = f["lean_n"]
+    if not n:
+        return {"n": 0, "directed": False}
+    shares = {key: f[key] / n for key in ("ck_up", "torch_up", "ck_out", "torch_out")}
+    excess = max(abs(shares[f"ck_{d}"]) - abs(shares[f"torch_{d}"]) for d in ("up", "out"))
+    return {"n": n, **shares, "excess": excess,
+            "directed": excess > LEAN_MARGIN and excess * n**0.5 / 2 > LEAN_Z}
+
+
 class Measured:
     """Each slot's differences from torch in torch's ULPs, over the calls one
     member makes, and how many fell beyond the reach a correct kernel has."""
 
     STATE = ("figures",)
+    FRESH = {"elements": 0, "differing": 0, "up": 0, "out": 0, "beyond_reach": 0, "signed": 0.0, "outward": 0.0,
+             "max_abs_ulps": 0.0, "worst_excess_ulps": 0.0,
+             "lean_n": 0, "ck_up": 0, "ck_out": 0, "torch_up": 0, "torch_out": 0}
 
     def __init__(self) -> None:
         self.figures: dict[str, dict] = {}
 
-    def add(self, name: str, ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor) -> None:
+    def add(self, name: str, ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, exact: torch.Tensor) -> None:
         finite = torch.isfinite(ref) & torch.isfinite(ck)
         ulps = ((ck.double() - ref.double()) / spacing(ref))[finite]
         excess = ulps.abs() - m[finite]
-        f = self.figures.setdefault(name, {"elements": 0, "differing": 0, "up": 0, "out": 0, "beyond_reach": 0,
-                                           "signed": 0.0, "outward": 0.0, "max_abs_ulps": 0.0,
-                                           "worst_excess_ulps": 0.0})
+        f = self.figures.setdefault(name, {})
+        for key, zero in self.FRESH.items():  # setdefault key by key: a checkpoint of an older run lacks some
+            f.setdefault(key, zero)
         f["elements"] += ulps.numel()
         f["differing"] += int((ulps != 0).sum())
         f["up"] += int((ulps > 0).sum())
@@ -176,6 +202,15 @@ class Measured:
         if ulps.numel():
             f["max_abs_ulps"] = max(f["max_abs_ulps"], float(ulps.abs().max()))
             f["worst_excess_ulps"] = max(f["worst_excess_ulps"], float(excess.max()))
+        # the lean: on the elements where CK's value is not torch's, how often each is above / further
+        # from 0 than the float64 value, minus how often below / nearer (elsewhere their errors are one)
+        differ = finite & (ck != ref) & torch.isfinite(exact)
+        outward = exact[differ].sign()
+        for side, value in (("ck", ck), ("torch", ref)):
+            err = value[differ].double() - exact[differ]
+            f[f"{side}_up"] += int((err > 0).sum()) - int((err < 0).sum())
+            f[f"{side}_out"] += int((err * outward > 0).sum()) - int((err * outward < 0).sum())
+        f["lean_n"] += int(differ.sum())
 
     def report(self) -> dict:
         """Per slot: up_share is the share of the differing elements where CK's
@@ -187,8 +222,12 @@ class Measured:
                        "beyond_reach": f["beyond_reach"], "worst_excess_ulps": f["worst_excess_ulps"],
                        "up_share": f["up"] / d if d else None, "outward_share": f["out"] / d if d else None,
                        "mean_signed_ulps": f["signed"] / n if n else None,
-                       "mean_outward_ulps": f["outward"] / n if n else None}
+                       "mean_outward_ulps": f["outward"] / n if n else None, "lean": lean(f)}
                 for name, f in self.figures.items() for n, d in [(f["elements"], f["differing"])]}
+
+    def directed(self) -> list[str]:
+        """The slot outputs whose error leans one way more than torch's does."""
+        return sorted(name for name, f in self.figures.items() if lean(f)["directed"])
 
 
 class _Slot(NamedTuple):
@@ -204,9 +243,10 @@ def _double(args: list) -> list:
     return [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
 
 
-def _within(ref: torch.Tensor, ck: torch.Tensor, exact: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The float64 value the reach is measured from; ``ref`` itself (no cost,
-    and no noise: mirror moves by CK's difference, here 0) when CK's bits are torch's."""
+def _exact(ref: torch.Tensor, ck: torch.Tensor, exact: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The float64 value the reach and the lean are measured from; ``ref``
+    itself (no cost, and no noise: mirror moves by CK's difference, here 0;
+    no lean: none differs) when CK's bits are torch's."""
     return ref.double() if torch.equal(ref, ck) else exact()
 
 
@@ -219,9 +259,10 @@ class _MeasuredNoise(torch.autograd.Function):
     def forward(ctx, slot: _Slot, *inputs):
         ctx.slot, ctx.inputs = slot, [x.detach() if isinstance(x, torch.Tensor) else x for x in inputs]
         ref, ck = slot.ref(*ctx.inputs, **slot.kwargs), slot.ck(*ctx.inputs, **slot.kwargs)
-        m = reach(ref, _within(ref, ck, lambda: slot.ref(*_double(ctx.inputs), **slot.kwargs)))
+        exact = _exact(ref, ck, lambda: slot.ref(*_double(ctx.inputs), **slot.kwargs))
+        m = reach(ref, exact)
         if slot.measured is not None:
-            slot.measured.add(slot.name, ref, ck, m)
+            slot.measured.add(slot.name, ref, ck, m, exact)
         return mirror(ref, ck, m, slot.signs(slot.name, ref.shape))
 
     @staticmethod
@@ -239,10 +280,11 @@ class _MeasuredNoise(torch.autograd.Function):
         if not all(torch.equal(ref, ck) for ref, ck in zip(refs, cks)):
             exacts = input_grads(slot.ref, _double(ctx.inputs), grad.double())
         grads = [None] * len(ctx.inputs)
-        for i, ref, ck, exact in zip(wanted, refs, cks, exacts):
-            m = reach(ref, _within(ref, ck, lambda: exact))
+        for i, ref, ck, f64 in zip(wanted, refs, cks, exacts):
+            exact = _exact(ref, ck, lambda: f64)
+            m = reach(ref, exact)
             if slot.measured is not None:
-                slot.measured.add(f"{slot.name}.grad{i}", ref, ck, m)
+                slot.measured.add(f"{slot.name}.grad{i}", ref, ck, m, exact)
             grads[i] = mirror(ref, ck, m, slot.signs(f"{slot.name}.grad{i}", ref.shape))
         return None, *grads
 
@@ -334,11 +376,14 @@ class NoiseEnvelope:
         same params, gradients and state; each param is torch's moved by CK's
         difference, cut to PARAM_REACH_ULPS of the param or of its update (the larger), with
         the member's sign. The moments stay
-        torch's (the C AdamW's are bit-identical to them: docs/kernels.md)."""
+        torch's (the C AdamW's are bit-identical to them: docs/kernels.md).
+        The measuring member also takes torch's step in float64 from the same
+        float32 state, for the lean."""
         params = list(twin.model.parameters())
         start, state = [p.detach().clone() for p in params], copy.deepcopy(twin.optimizer.state_dict())
         twin.update(self.config.max_grad_norm)  # clips the grads in place: the CK step sees the same ones
         torch_params = [p.detach().clone() for p in params]
+        exacts = self._float64_step(start, [p.grad for p in params], state) if measured is not None else None
         with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
@@ -348,12 +393,24 @@ class NoiseEnvelope:
                 # in ULPs of the param or of the update, the larger: near 0 an update's last bit is many of the param's
                 m = PARAM_REACH_ULPS * spacing(torch.maximum(t.abs(), (t - s).abs())) / spacing(t)
                 if measured is not None:
-                    measured.add("adamw.param", t, p.detach(), m)
+                    measured.add("adamw.param", t, p.detach(), m, exacts[i])
                 p.copy_(mirror(t, p.detach(), m, signs(f"adamw.param{i}", t.shape)))
+
+    def _float64_step(self, start: list, grads: list, state: dict) -> list:
+        """torch's optimizer step in float64 from float32 params, grads and state
+        (load_state_dict casts the moments to the params' dtype)."""
+        params = [s.double().requires_grad_() for s in start]
+        for p, g in zip(params, grads):
+            p.grad = g.double()
+        optimizer = make_optimizer(self.config, "torch", params)
+        optimizer.load_state_dict(copy.deepcopy(state))  # a copy: the step counts would be advanced in place
+        optimizer.step()
+        return [p.detach() for p in params]
 
     def report(self) -> dict:
         beyond = [s for s in self.first_beyond.values() if s is not None]
         ratios = {q: nan_max(self.series[f"{q}_ratio"]) for q in QUANTITIES}
+        directed = self.measured.directed()
         return {"members": len(self.members), "ratio_limit": self.ratio_limit, "window_steps": WINDOW,
                 "null_model": {"initial_weights_ulps": 1,
                                "kernels": "each slot's CK-minus-torch difference, its sign at random per element "
@@ -363,7 +420,8 @@ class NoiseEnvelope:
                                          f"difference cut to {PARAM_REACH_ULPS} ULPs, random sign fixed per element"
                                          if any(self.ck_optimizers) else "torch's on both twins: none"),
                                "capability": cpu.capability()},
-                "verdict": "beyond_noise" if beyond else "within_noise",
+                "verdict": "beyond_noise" if beyond or directed else "within_noise",
                 "first_beyond_step": min(beyond) if beyond else None,
+                "directed": directed,
                 "first_beyond_step_per_quantity": self.first_beyond,
                 "max_noise_ratio": ratios, "series": self.series}
