@@ -124,7 +124,7 @@ def rescore(runs_dir: str) -> dict:
 def _row(report: dict, seconds: float) -> dict:
     env = report["envelope"] or {}
     return {"status": report["status"], "steps": report["steps"], "verdict": report["noise_verdict"],
-            "first_beyond_step": env.get("first_beyond_step"),
+            "first_beyond_step": env.get("first_beyond_step"), "directed": env.get("directed"),
             "first_beyond_step_per_quantity": env.get("first_beyond_step_per_quantity"),
             "per_step_criterion": _per_step(env["series"], env["ratio_limit"]) if env else None,
             "max_noise_ratio": env.get("max_noise_ratio"), "first_param_fail_step": report["first_param_fail_step"],
@@ -168,27 +168,31 @@ def main() -> None:
             if report["status"] == "interrupted":  # a partial run says nothing about the verdict: the sweep stops
                 raise SystemExit(f"{case} seed {seed}: interrupted at step {report['steps']}; not recorded")
             rows.append({"seed": seed, **_row(report, time.perf_counter() - start)})
-            print(case, rows[-1]["seed"], rows[-1]["verdict"], rows[-1]["first_beyond_step"],
+            print(case, rows[-1]["seed"], rows[-1]["verdict"], rows[-1]["first_beyond_step"], rows[-1]["directed"],
                   rows[-1]["max_noise_ratio"], "per step:", rows[-1]["per_step_criterion"]["verdict"], flush=True)
             # after every run: a sweep cut off by its timeout keeps the seeds it finished
             summary["cases"][case] = {"changes": changes, "runs": rows}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print("| case | runs | beyond noise (per-step criterion) | first beyond | max ratio loss / param | first param fail "
-          "| dlogits beyond reach | dlogits outward share | loss up share |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | runs | beyond noise (per-step criterion) | by size | directed | first beyond | max ratio loss / param "
+          "| first param fail | dlogits beyond reach | dlogits outward share | loss up share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case, entry in summary["cases"].items():
         runs = entry["runs"]
         beyond = [r for r in runs if r["verdict"] == "beyond_noise"]
         per_step = sum((r.get("per_step_criterion") or {}).get("verdict") == "beyond_noise" for r in runs)
-        firsts = sorted(r["first_beyond_step"] for r in beyond)
+        firsts = sorted(r["first_beyond_step"] for r in beyond if r["first_beyond_step"] is not None)
         ratio = lambda q: max(r["max_noise_ratio"][q] for r in runs)  # noqa: E731
         dlogits = [r["null_model"]["measured"]["loss.grad0"] for r in runs]
         beyond_reach = max(d["beyond_reach"] / d["elements"] for d in dlogits)
+        by_size = sum(r["first_beyond_step"] is not None for r in runs)
+        directed = sorted({slot for r in runs for slot in r.get("directed") or []})
+        n_directed = sum(bool(r.get("directed")) for r in runs)
 
         def span(values):  # None where nothing differed (a bit-identical slot)
             values = [v for v in values if v is not None]
             return f"{min(values):.3f}-{max(values):.3f}" if values else "-"
-        print(f"| {case} | {len(runs)} | {len(beyond)} ({per_step}) | {firsts[:3] or '-'} | {ratio('loss'):.3g} / {ratio('param'):.3g} "
+        print(f"| {case} | {len(runs)} | {len(beyond)} ({per_step}) | {by_size} | {n_directed} {directed or ''} "
+              f"| {firsts[:3] or '-'} | {ratio('loss'):.3g} / {ratio('param'):.3g} "
               f"| {[r['first_param_fail_step'] for r in runs][:3]} | {beyond_reach:.4f} "
               f"| {span(d['outward_share'] for d in dlogits)} "
               f"| {span(r['null_model']['measured']['loss']['up_share'] for r in runs)} |")
