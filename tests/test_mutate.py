@@ -50,6 +50,7 @@ def test_one_mutant_end_to_end(tmp_path, build_dir):
     assert row["mutant"] == "ce_cheap_exp" and row["killed_by"] == ["kernel_parity"]
     assert row["gates"] == {"kernel_parity": "failed", "fd_gradients": "not_run"}
     assert row["cheapest_killer"] == "kernel_parity" and report["score"] == 1.0
+    assert row["equivalent_on_probe"] is False and row["probe"]["outputs_differing"]
     done = _mutate(tmp_path, build_dir, "--mutants", "ce_cheap_exp", "--gates", "fd_gradients", "kernel_parity",
                    "--matrix")
     (row,) = json.loads((tmp_path / "mutate.json").read_text())["mutants"]
@@ -57,6 +58,20 @@ def test_one_mutant_end_to_end(tmp_path, build_dir):
     # the gate ran against the mutant's build, not the installed library
     gate = json.loads((tmp_path / "gates" / "ce_cheap_exp" / "kernel_parity_latest.json").read_text())
     assert not gate["passed"] and "cross_entropy.default" in gate["summary"]
+
+
+def test_a_mutant_equivalent_on_the_probe_skips_the_gates_without_matrix(tmp_path, build_dir):
+    """ce_blocks_reversed reorders a double sum: no float32 output changes on
+    the probe, so the quick run does not spend every gate on it; it is out of
+    the score's denominator, not a kill."""
+    done = _mutate(tmp_path, build_dir, "--mutants", "ce_blocks_reversed", "--gates", "kernel_parity")
+    assert done.returncode == 1, done.stdout + done.stderr  # no score to meet --min-score with
+    report = json.loads((tmp_path / "mutate.json").read_text())
+    (row,) = report["mutants"]
+    assert row["gates"] == {"kernel_parity": "skipped"} and row["equivalent_on_probe"] and not row["killed"]
+    assert not (tmp_path / "gates" / "ce_blocks_reversed").exists()
+    assert report["equivalent"] == 1 and report["score"] is None and report["score_raw"] == 0.0
+    assert "equivalent on the probe" in done.stdout
 
 
 def test_unknown_mutant_is_refused_before_any_build(tmp_path):

@@ -13,12 +13,16 @@ A control build (no mutant, built the same way) runs first: a gate that
 fails on it kills everything and proves nothing, so the run stops there.
 
 A mutant no gate kills is either a gap in the gates or an equivalent mutant
-(one whose change never reaches a float32 output). Each survivor's library
+(one whose change never reaches a float32 output). Each mutant's library
 and the control's run every case of ckparity.builds (every kernel, odd
-widths, several reduction blocks); a survivor with no output differing there
-is reported ``equivalent_on_probe`` and left out of the score's denominator
-(``score``; ``score_raw`` counts it). The probe can show a difference, not
-prove there is none: an equivalent verdict covers exactly those cases.
+widths, several reduction blocks: seconds) as soon as it is built; a
+survivor with no output differing there is reported ``equivalent_on_probe``
+and left out of the score's denominator (``score``; ``score_raw`` counts
+it). The probe can show a difference, not prove there is none: an
+equivalent verdict covers exactly those cases. Without ``--matrix`` a mutant
+equivalent on the probe does not run the gates (its gates are "skipped":
+running every gate on one took 726 of a quick run's 1311 s); with it, it
+runs them, and a gate that kills it shows a case the probe lacks.
 
 The catalogue is read from csrc/mutants.h (each CKP_MUT_<NAME> with its
 comment), so it needs a source checkout: `--source`, by default the
@@ -165,7 +169,7 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
         raise ValueError(f"unknown mutants {sorted(missing)} (known: {', '.join(m.name for m in known)})")
     report = {"schema": SCHEMA, "tier": tier, "gates": gates, "matrix": matrix, "mutants": [], "score": None,
               "error": None, "interrupted": False}
-    rows, libraries = [], {}
+    rows = []
     try:
         control_library = build(CONTROL, source, build_root)
         report["control"] = control = run_gates(control_library, gates, tier, out_dir / CONTROL.name, timeout)
@@ -175,24 +179,25 @@ def mutate(source: Path, build_root: Path, out_dir: Path, tier: str, gates: list
             report["error"] = f"the gates {broken} do not pass on the control build: their kills would prove nothing"
         order = gates if matrix else sorted(gates, key=lambda g: control["gate_seconds"][g])
         for mutant in mutants if not broken else ():
-            libraries[mutant.name] = build(mutant, source, build_root)
-            row = kill_row(control, mutant, run_gates(libraries[mutant.name], order, tier, out_dir / mutant.name,
-                                                      timeout, fail_fast=not matrix))
+            library = build(mutant, source, build_root)
+            probe = equivalence_probe(control_library, library)
+            if matrix or probe["outputs_differing"]:
+                run = run_gates(library, order, tier, out_dir / mutant.name, timeout, fail_fast=not matrix)
+            else:
+                run = {"gates": {g: "skipped" for g in order}, "gate_seconds": {}, "seconds": 0.0, "reason": None}
+            row = kill_row(control, mutant, run)
+            row["probe"], row["equivalent_on_probe"] = probe, not probe["outputs_differing"]
             rows.append(row)
             echo(f"{mutant.name:32s} {'KILLED by ' + ', '.join(row['killed_by']) if row['killed'] else 'SURVIVED'}"
-                 f"  ({row['seconds']:.0f}s)")
+                 f"{' (equivalent on the probe)' if row['equivalent_on_probe'] else ''}  ({row['seconds']:.0f}s)")
     except BuildFailed as err:
         report["error"] = str(err)
     except KeyboardInterrupt:
         report["interrupted"] = True
     report["mutants"] = rows
-    for row in rows:
-        if not row["killed"] and not row["unmeasured_gates"]:
-            row["probe"] = equivalence_probe(control_library, libraries[row["mutant"]])
-            row["equivalent_on_probe"] = not row["probe"]["outputs_differing"]
     measured = [row for row in rows if row["killed"] or not row["unmeasured_gates"]]
     killed = sum(row["killed"] for row in measured)
-    equivalent = sum(row.get("equivalent_on_probe", False) for row in measured)
+    equivalent = sum(row["equivalent_on_probe"] and not row["killed"] for row in measured)
     report["score_raw"] = killed / len(measured) if measured else None
     report["score"] = killed / (len(measured) - equivalent) if len(measured) > equivalent else None
     report["killed"], report["equivalent"] = killed, equivalent
@@ -213,7 +218,7 @@ def equivalence_probe(control: Path, mutant: Path) -> dict:
 
 def table(report: dict) -> str:
     gates = report["gates"]
-    short = {"passed": ".", "failed": "K", "crashed": "C", "timeout": "T", "not_run": "-"}
+    short = {"passed": ".", "failed": "K", "crashed": "C", "timeout": "T", "not_run": "-", "skipped": "s"}
     lines = ["| mutant | " + " | ".join(gates) + " | cheapest killer |", "|---" * (len(gates) + 2) + "|"]
     for row in report["mutants"]:
         verdict = row["cheapest_killer"] or ("not measured" if row["unmeasured_gates"] else
@@ -232,5 +237,6 @@ def table(report: dict) -> str:
         lines.append(f"score {report['killed']}/{len(report['mutants']) - report['equivalent']} = "
                      f"{report['score']:.0%} of the non-equivalent mutants killed ({report['equivalent']} equivalent "
                      f"on the probe; raw {report['score_raw']:.0%}), {report['tier']} tier, {report['wall_s']:.0f}s; "
-                     "K failed (a kill), C crashed and T timed out (not measured), . passed")
+                     "K failed (a kill), C crashed and T timed out (not measured), . passed, "
+                     "s skipped (equivalent on the probe)")
     return "\n".join(lines)

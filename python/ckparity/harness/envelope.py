@@ -55,7 +55,14 @@ one in ~30, a certain false alarm over 1000 steps (README "Noise or bug").
 For a drift that grows (the params) the window's largest is the latest.
 The verdict is "beyond_noise" from the first step whose ratio exceeds R
 (--envelope-ratio, default 4, chosen on the stress profile: see README),
-else "within_noise".
+or when a slot's error has a direction (lean: "directed"), else
+"within_noise". The size criterion cannot see a direction: a fixed random
+sign per element is itself a per-element bias, of random direction, and
+drifts as far as one ULP outward on every dlogit does (README "Noise or
+bug"). So the measuring member also counts, where CK's value is not
+torch's, how often each is above (further from 0 than) the float64 value
+and how often below (nearer), and a slot whose CK error leans more than
+torch's does is a bias the null model, by construction, has not.
 
 Cost: each member is one more torch twin — K times the torch twin's
 training time, plus a parameter comparison per member per step."""
