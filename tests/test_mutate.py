@@ -39,22 +39,24 @@ def _mutate(tmp_path, build_dir, *args):
 
 
 def test_one_mutant_end_to_end(tmp_path, build_dir):
-    """Two gates, the cheaper (kernel_parity) listed second: without --matrix it runs first and,
+    """Two gates that both kill ce_cheap_exp: without --matrix the cheaper by the
+    control's times (kernel_parity, unless the machine is busy) runs first and,
     having killed the mutant, is the only one run; with --matrix both run."""
     done = _mutate(tmp_path, build_dir, "--mutants", "ce_cheap_exp", "--gates", "fd_gradients", "kernel_parity")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "mutate.json").read_text())
     assert report["control"]["gates"] == {"fd_gradients": "passed", "kernel_parity": "passed"}
-    assert report["control"]["gate_seconds"]["kernel_parity"] < report["control"]["gate_seconds"]["fd_gradients"]
+    seconds = report["control"]["gate_seconds"]
+    first, second = sorted(seconds, key=seconds.get)
     (row,) = report["mutants"]
-    assert row["mutant"] == "ce_cheap_exp" and row["killed_by"] == ["kernel_parity"]
-    assert row["gates"] == {"kernel_parity": "failed", "fd_gradients": "not_run"}
-    assert row["cheapest_killer"] == "kernel_parity" and report["score"] == 1.0
+    assert row["mutant"] == "ce_cheap_exp" and row["killed_by"] == [first]
+    assert list(row["gates"].items()) == [(first, "failed"), (second, "not_run")]
+    assert row["cheapest_killer"] == first and report["score"] == 1.0
     assert row["equivalent_on_probe"] is False and row["probe"]["outputs_differing"]
     done = _mutate(tmp_path, build_dir, "--mutants", "ce_cheap_exp", "--gates", "fd_gradients", "kernel_parity",
                    "--matrix")
     (row,) = json.loads((tmp_path / "mutate.json").read_text())["mutants"]
-    assert set(row["gates"]) == {"fd_gradients", "kernel_parity"} and "not_run" not in row["gates"].values()
+    assert row["gates"] == {"fd_gradients": "failed", "kernel_parity": "failed"}
     # the gate ran against the mutant's build, not the installed library
     gate = json.loads((tmp_path / "gates" / "ce_cheap_exp" / "kernel_parity_latest.json").read_text())
     assert not gate["passed"] and "cross_entropy.default" in gate["summary"]
