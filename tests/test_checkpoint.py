@@ -56,7 +56,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.nightly) if name.startswith("llama") else name
+                                  for name in CASES])
 def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, name):
     base = CASES[name]
     whole, resumed = _stop_and_resume(tmp_path, base, k=base.max_steps // 2 + 1)
@@ -160,7 +161,7 @@ def test_a_ranked_run_resumes_to_the_uninterrupted_report(tmp_path, name):
     assert whole["max_grad_abs_diff"] > 0  # the ranks' drift itself is compared, not only zeros
 
 
-@pytest.mark.parametrize("whom", ["the launcher", "rank 1 alone"])
+@pytest.mark.parametrize("whom", [pytest.param("the launcher", marks=pytest.mark.nightly), "rank 1 alone"])
 def test_a_signalled_ranked_run_stops_every_rank_after_one_step_and_resumes(tmp_path, whom):
     """A SIGTERM to the launcher (which passes it on) or to one rank (a
     scheduler's, under torchrun): the ranks agree on the step to stop after,

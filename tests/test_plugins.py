@@ -135,6 +135,7 @@ def test_a_missing_plugin_is_a_usage_error(tmp_path):
     assert done.returncode == 2 and "--plugin no_such_file.py: no such file" in done.stderr
 
 
+@pytest.mark.nightly
 def test_attribute_jobs_load_the_plugin(tmp_path):
     """attribute --jobs 2 runs each variant in a fresh process: the plugin reaches them (CKP_PLUGINS)."""
     (tmp_path / "my_kernels.py").write_text(PLUGIN)
