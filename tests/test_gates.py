@@ -315,23 +315,13 @@ def test_noise_envelope_catches_a_biased_loss(tmp_path):
     assert not result["passed"] and "beyond" in result["summary"], result["summary"]
 
 
-class _DlogitsOutward(torch.autograd.Function):
-    """torch's cross-entropy, each dlogit one ULP further from 0."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.nextafter(grad, grad * 2)
-
-
 def test_noise_envelope_catches_a_one_ulp_bias_by_its_direction(tmp_path, monkeypatch):
     """One ULP outward on every dlogit: a drift the size of the null's (fixed
     random signs make the same size), but an error with a direction."""
+    from test_envelope import _GradOneUlpUp  # its backward: each gradient element one ULP further from 0
+
     monkeypatch.setitem(backends.CROSS_ENTROPY, "fault_dlogits_outward",
-                        lambda x, t, **kw: F.cross_entropy(_DlogitsOutward.apply(x), t, **kw))
+                        lambda x, t, **kw: F.cross_entropy(_GradOneUlpUp.apply(x), t, **kw))
     result = gates.noise_envelope(small("noise_envelope", steps=10, members=1,
                                         loss_backends=["fault_dlogits_outward"]), tmp_path)
     assert not result["passed"] and "loss.grad0 leans one way" in result["summary"], result["summary"]
