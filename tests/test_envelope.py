@@ -190,3 +190,15 @@ def test_the_ck_optimizers_difference_is_measured_and_carried(tmp_path, monkeypa
     assert "adamw.param" not in same["envelope"]["null_model"]["measured"]
     # bit-identical kernels and optimizer: the CK twin does not move from the torch twin at all
     assert same["envelope"]["max_noise_ratio"]["param"] == 0.0
+
+
+def test_train_prints_the_noise_verdict_and_why(tmp_path, capsys, monkeypatch):
+    from ckparity.cli import main
+
+    monkeypatch.setitem(backends.CROSS_ENTROPY, "outward",
+                        lambda x, t, **kw: F.cross_entropy(_GradOneUlpUp.apply(x), t, **kw))
+    main(["train", "--max-steps", "6", "--envelope", "1", "--ck-loss-backend", "outward", "--ck-optimizer-backend",
+          "torch", "--no-progress", "--json-out", str(tmp_path / "r.json")])
+    assert "ckparity train: beyond_noise (directed: loss.grad0)" in capsys.readouterr().out
+    main(["train", "--max-steps", "3", "--envelope", "1", "--no-progress", "--json-out", str(tmp_path / "s.json")])
+    assert "ckparity train: within_noise\n" in capsys.readouterr().out

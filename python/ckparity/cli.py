@@ -58,6 +58,11 @@ def _train(argv: list[str]) -> int:
     print(f"ckparity train: {result['status']} after {result['steps']} steps "
           f"(first loss fail: {result['first_loss_fail_step']}, first param fail: {result['first_param_fail_step']}, "
           f"max |loss diff| {result['max_loss_abs_diff']}) -> {path}", file=out)
+    envelope = result.get("envelope")
+    if envelope:
+        reasons = ([f"by size from step {envelope['first_beyond_step']}"] if envelope["first_beyond_step"] else []) + \
+                  ([f"directed: {', '.join(envelope['directed'])}"] if envelope["directed"] else [])
+        print(f"ckparity train: {envelope['verdict']}" + (f" ({'; '.join(reasons)})" if reasons else ""), file=out)
     if result["error"]:
         print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
     mismatch = (result["ranks"] or {}).get("first_rank_mismatch_step")
