@@ -165,8 +165,8 @@ def lean(f: dict) -> dict:
     """CK's and torch's lean on the n elements where their values differ:
     (#above the float64 value - #below) / n, and the same outward (further
     from 0 - nearer). 0 for an error without a direction; a correct kernel
-    that rounds otherwise than torch leans as little as torch (C AdamW's
-    params: |up| and |out| <= 0.02 on the stress profile). "directed" when
+    that rounds otherwise than torch leans as torch does (C AdamW's params:
+    README "Noise or bug" has the figures). "directed" when
     CK's lean is larger than torch's, in either sense, by more than
     LEAN_MARGIN and by LEAN_Z standard errors: a bias CK has and torch has
     not. A kernel that removes a lean of torch's (torch's error one way, CK's
