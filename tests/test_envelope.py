@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity.harness import backends
 from ckparity.harness.config import RunConfig
-from ckparity.harness.envelope import Measured, Signs, mirror, move_ulps, null_ops, window_ratio
+from ckparity.harness.envelope import LEAN_MARGIN, Measured, Signs, mirror, move_ulps, null_ops, window_ratio
 from ckparity.harness.run import train
 
 
@@ -143,9 +143,26 @@ def test_the_lean_tells_a_bias_from_a_rounding_and_from_removing_torchs_own():
     low = torch.where(ref.double() > exact, torch.nextafter(ref, ref - 1), ref)  # torch's always below
     removed = _lean(low, ref, exact)  # CK rounds to nearest where torch's was low
     assert removed["torch_up"] == -1.0 and not removed["directed"]
+    assert biased["excess_ulps"] > 0.9 and abs(rounding["excess_ulps"]) < 0.05 and removed["excess_ulps"] < 0
     few = _lean(ref[:400], outward[:400], exact[:400])  # lean 1 - 0 over 400: 10 standard errors of 2/sqrt(n)
     assert few["directed"]
-    assert not _lean(ref[:60], outward[:60], exact[:60])["directed"]  # 3.9 standard errors
+    assert not _lean(ref[:20], outward[:20], exact[:20])["directed"]  # 2.2 and ~3.4 standard errors
+
+
+def test_the_lean_in_ulps_sees_a_one_ulp_bias_where_torchs_errors_are_several_ulps():
+    """torch's error uniform in -15..15 ULPs (the dlogits' reach the float64
+    value by several): one ULP outward moves few elements across the float64
+    value, so the sign's lean barely moves; the mean error in ULPs moves by one."""
+    gen = torch.Generator().manual_seed(5)
+    exact = torch.randn(20000, dtype=torch.float64, generator=gen)
+    near = exact.float()
+    ref = (near.view(torch.int32) + torch.randint(-15, 16, near.shape, generator=gen, dtype=torch.int32)).view(torch.float32)
+    ck = torch.nextafter(ref, ref * 2)
+    measured = Measured()
+    measured.add("slot", ref, ck, torch.full(ref.shape, 32.0, dtype=torch.float64), exact)
+    lean = measured.report()["slot"]["lean"]
+    assert lean["excess"] < LEAN_MARGIN  # the sign alone would call it undirected
+    assert 0.6 < lean["excess_ulps"] < 1.1 and lean["directed"]  # |1 + t| - |t| for torch's lean t, about 0 and measured.directed() == ["slot"]
 
 
 def test_verdicts(tmp_path):
