@@ -159,6 +159,7 @@ def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, sign: torch.Ten
 
 LEAN_MARGIN = 0.1  # how much more CK's error may lean one way than torch's does (share of the differing elements)
 LEAN_MARGIN_ULPS = 0.25  # the same in mean ULPs: a bias of one ULP is four times it
+LEAN_CLIP_ULPS = 4.0  # an error counts in the mean up to this many ULPs (a wild one cannot carry it)
 LEAN_Z = 5.0  # and how sure the count must make it (standard errors)
 
 
@@ -166,10 +167,13 @@ def lean(f: dict) -> dict:
     """CK's and torch's lean on the n elements where their values differ, two
     ways. By sign: (#above the float64 value - #below) / n, and outward
     (further from 0 - nearer). In ULPs: the mean error in ULPs of torch's
-    value, each cut to the reach (so a few values near 0 cannot carry it),
-    up and outward. 0 for an error without a direction; a correct kernel
-    that rounds otherwise than torch leans as torch does (C AdamW's params:
-    README "Noise or bug" has the figures). "directed" when CK's lean is
+    value, up and outward, over the n_ulps elements where torch's own error
+    is within an ULP (where torch's is far off -- dlogits of tiny
+    probabilities, by a hundred ULPs and more -- its lean would swamp a
+    1-ULP one), each cut to LEAN_CLIP_ULPS. 0 for an error without a
+    direction; a correct kernel that rounds otherwise than torch leans as
+    torch does (C AdamW's params: README "Noise or bug" has the figures).
+    "directed" when CK's lean is
     larger than torch's, either way, by more than LEAN_MARGIN (by sign) or
     LEAN_MARGIN_ULPS (in ULPs) and by LEAN_Z standard errors: a bias CK has
     and torch has not. The sign sees a bias where the errors are within an
@@ -181,15 +185,18 @@ def lean(f: dict) -> dict:
     if not n:
         return {"n": 0, "directed": False}
     shares = {key: f[key] / n for key in ("ck_up", "torch_up", "ck_out", "torch_out")}
-    ulps = {key: f[key] / n for key in ("ck_up_ulps", "torch_up_ulps", "ck_out_ulps", "torch_out_ulps")}
+    n_ulps = max(f["lean_n_ulps"], 1)
+    ulps = {key: f[key] / n_ulps for key in ("ck_up_ulps", "torch_up_ulps", "ck_out_ulps", "torch_out_ulps")}
     excess = max(abs(shares[f"ck_{d}"]) - abs(shares[f"torch_{d}"]) for d in ("up", "out"))
     excess_ulps = max(abs(ulps[f"ck_{d}_ulps"]) - abs(ulps[f"torch_{d}_ulps"]) for d in ("up", "out"))
-    # standard errors: a mean of n values in [-1, 1] has one of at most 1/sqrt(n), so a difference of two
-    # at most 2/sqrt(n); a mean of values x has sqrt(sum x^2) / n at most, whatever their correlation
-    se_ulps = (f["ck_sq_ulps"] ** 0.5 + f["torch_sq_ulps"] ** 0.5) / n
+    # standard errors, as if the elements were independent: a mean of n values in [-1, 1] has one of at
+    # most 1/sqrt(n), a difference of two 2/sqrt(n); a mean of values x, sqrt(sum x^2) / n at most. An
+    # element's error repeats over steps (correlated): the margins, not the z, keep a tiny lean out
+    se_ulps = (f["ck_sq_ulps"] ** 0.5 + f["torch_sq_ulps"] ** 0.5) / n_ulps
     by_sign = excess > LEAN_MARGIN and excess * n**0.5 / 2 > LEAN_Z
     by_ulps = excess_ulps > LEAN_MARGIN_ULPS and excess_ulps > LEAN_Z * se_ulps
-    return {"n": n, **shares, "excess": excess, **ulps, "excess_ulps": excess_ulps, "directed": by_sign or by_ulps}
+    return {"n": n, **shares, "excess": excess, "n_ulps": f["lean_n_ulps"], **ulps, "excess_ulps": excess_ulps,
+            "directed": by_sign or by_ulps}
 
 
 class Measured:
@@ -199,7 +206,7 @@ class Measured:
     STATE = ("figures",)
     FRESH = {"elements": 0, "differing": 0, "up": 0, "out": 0, "beyond_reach": 0, "signed": 0.0, "outward": 0.0,
              "max_abs_ulps": 0.0, "worst_excess_ulps": 0.0,
-             "lean_n": 0, "ck_up": 0, "ck_out": 0, "torch_up": 0, "torch_out": 0, "ck_up_ulps": 0.0,
+             "lean_n": 0, "lean_n_ulps": 0, "ck_up": 0, "ck_out": 0, "torch_up": 0, "torch_out": 0, "ck_up_ulps": 0.0,
              "ck_out_ulps": 0.0, "ck_sq_ulps": 0.0, "torch_up_ulps": 0.0, "torch_out_ulps": 0.0, "torch_sq_ulps": 0.0}
 
     def __init__(self) -> None:
@@ -228,16 +235,18 @@ class Measured:
         # the lean: on the elements where CK's value is not torch's, how often each is above / further
         # from 0 than the float64 value, minus how often below / nearer (elsewhere their errors are one)
         differ = finite & (ck != ref) & torch.isfinite(exact)
-        outward, ulp, cut = exact[differ].sign(), spacing(ref[differ]), m[differ]
+        outward, ulp = exact[differ].sign(), spacing(ref[differ])
+        near = (ref[differ].double() - exact[differ]).abs() <= ulp  # torch's error within an ULP
         for side, value in (("ck", ck), ("torch", ref)):
             err = value[differ].double() - exact[differ]
             f[f"{side}_up"] += int((err > 0).sum()) - int((err < 0).sum())
             f[f"{side}_out"] += int((err * outward > 0).sum()) - int((err * outward < 0).sum())
-            err_ulps = torch.maximum(torch.minimum(err / ulp, cut), -cut)
+            err_ulps = (err / ulp)[near].clamp(-LEAN_CLIP_ULPS, LEAN_CLIP_ULPS)
             f[f"{side}_up_ulps"] += float(err_ulps.sum())
-            f[f"{side}_out_ulps"] += float((err_ulps * outward).sum())
+            f[f"{side}_out_ulps"] += float((err_ulps * outward[near]).sum())
             f[f"{side}_sq_ulps"] += float((err_ulps * err_ulps).sum())
         f["lean_n"] += int(differ.sum())
+        f["lean_n_ulps"] += int(near.sum())
 
     def report(self) -> dict:
         """Per slot: up_share is the share of the differing elements where CK's
