@@ -219,3 +219,15 @@ def test_train_prints_the_noise_verdict_and_why(tmp_path, capsys, monkeypatch):
     assert "ckparity train: beyond_noise (directed: loss.grad0)" in capsys.readouterr().out
     main(["train", "--max-steps", "3", "--envelope", "1", "--no-progress", "--json-out", str(tmp_path / "s.json")])
     assert "ckparity train: within_noise\n" in capsys.readouterr().out
+
+
+def test_the_lean_leaves_out_values_below_the_normal_range():
+    """Subnormal float64 values: CK two ULPs toward 0 on every one is no lean
+    (their ULP is 2^-149 absolute, not a relative precision); the same on
+    normal values is."""
+    exact = torch.rand(4000, dtype=torch.float64, generator=torch.Generator().manual_seed(9)) * 1e-39
+    ref = exact.float()
+    inward = torch.nextafter(torch.nextafter(ref, torch.zeros(())), torch.zeros(()))
+    assert _lean(ref, inward, exact)["n"] == 0
+    normal = exact * 1e30
+    assert _lean(normal.float(), torch.nextafter(normal.float(), torch.zeros(())), normal)["directed"]

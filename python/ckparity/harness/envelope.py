@@ -159,6 +159,7 @@ def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, sign: torch.Ten
 
 LEAN_MARGIN = 0.1  # how much more CK's error may lean one way than torch's does (share of the differing elements)
 LEAN_MARGIN_ULPS = 0.25  # the same in mean ULPs: a bias of one ULP is four times it
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
 LEAN_CLIP_ULPS = 4.0  # an error counts in the mean up to this many ULPs (a wild one cannot carry it)
 LEAN_Z = 5.0  # and how sure the count must make it (standard errors)
 
@@ -233,8 +234,11 @@ class Measured:
             f["max_abs_ulps"] = max(f["max_abs_ulps"], float(ulps.abs().max()))
             f["worst_excess_ulps"] = max(f["worst_excess_ulps"], float(excess.max()))
         # the lean: on the elements where CK's value is not torch's, how often each is above / further
-        # from 0 than the float64 value, minus how often below / nearer (elsewhere their errors are one)
-        differ = finite & (ck != ref) & torch.isfinite(exact)
+        # from 0 than the float64 value, minus how often below / nearer (elsewhere their errors are one).
+        # Not where the float64 value is below float32's normal range: a subnormal has fewer bits, its ULP
+        # is no relative precision, and a kernel that rounds twice there (the default CE's p * k, ~1e-40)
+        # leans by whole ULPs of values no sum will ever see
+        differ = finite & (ck != ref) & torch.isfinite(exact) & (exact.abs() >= FLOAT32_TINY)
         outward, ulp = exact[differ].sign(), spacing(ref[differ])
         near = (ref[differ].double() - exact[differ]).abs() <= ulp  # torch's error within an ULP
         for side, value in (("ck", ck), ("torch", ref)):
