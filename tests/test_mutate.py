@@ -95,6 +95,53 @@ def test_equivalence_probe_tells_a_reordered_double_sum_from_a_reordered_float_o
     assert {row["case"].split()[0] for row in reordered["outputs_differing"]} == {"rms_norm"}
 
 
+def test_the_probe_sees_a_target_at_a_shard_start_and_a_nan_on_one_side(build_dir):
+    """Two mutants a gate kills that the probe once could not tell from the
+    control (so the quick tier skipped their gates and took them out of the
+    score): a target in a vocab shard's first column not counted as owned, a
+    NaN on one side only compared equal."""
+    mutants = {m.name: m for m in catalogue(ROOT)}
+    control = build(CONTROL, ROOT, build_dir)
+    for name, family in (("vp_ce_shard_start_target", "vocab_parallel_ce"), ("compare_nan_equal", "compare")):
+        seen = equivalence_probe(control, build(mutants[name], ROOT, build_dir))
+        assert {row["case"].split()[0] for row in seen["outputs_differing"]} == {family}, name
+
+
+# Reverses the order in which double block sums are added, whose float32
+# rounding the probe never sees change; every gate passed it in the quick run
+# that still ran the gates on it (README "Do the gates fail?").
+EQUIVALENT = {"ce_blocks_reversed"}
+
+
+@pytest.mark.nightly
+def test_the_probe_tells_every_mutant_but_the_equivalent_one_from_the_control(build_dir):
+    """Without --matrix a mutant the probe cannot tell from the control skips
+    the gates and leaves the score: each blind spot of the probe would make
+    the score look better than it is. Builds the whole catalogue (minutes)."""
+    control = build(CONTROL, ROOT, build_dir)
+    blind = {m.name for m in catalogue(ROOT)
+             if not equivalence_probe(control, build(m, ROOT, build_dir))["outputs_differing"]}
+    assert blind == EQUIVALENT
+
+
+def test_a_gate_kill_of_a_probe_equivalent_mutant_is_reported_as_a_blind_spot(tmp_path, monkeypatch):
+    """With --matrix the gates run on a mutant the probe calls equivalent; a
+    kill there is a case the probe lacks, and the report names it."""
+    import ckparity.mutate as mutate
+
+    monkeypatch.setattr(mutate, "build", lambda mutant, source, root: tmp_path / mutant.name)
+    monkeypatch.setattr(mutate, "equivalence_probe", lambda a, b: {"outputs_compared": 1, "outputs_differing": []})
+    outcome = lambda library: "failed" if library.name == "ce_cheap_exp" else "passed"  # noqa: E731
+    monkeypatch.setattr(mutate, "run_gates", lambda library, gates, *a, **k: {
+        "gates": {g: outcome(library) for g in gates}, "gate_seconds": {g: 1.0 for g in gates}, "seconds": 1.0,
+        "reason": None})
+    report = mutate.mutate(ROOT, tmp_path, tmp_path, "quick", ["kernel_parity"], ["ce_cheap_exp", "ce_blocks_reversed"],
+                           60, echo=lambda *a: None, matrix=True)
+    assert report["probe_blind_spots"] == ["ce_cheap_exp"]
+    assert report["killed"] == 1 and report["equivalent"] == 1
+    assert "probe blind spot: ce_cheap_exp" in mutate.table(report)
+
+
 def test_a_failed_build_leaves_a_report_that_says_so(tmp_path):
     broken = tmp_path / "checkout"
     (broken / "csrc").mkdir(parents=True)

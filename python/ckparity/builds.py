@@ -163,11 +163,16 @@ def cases() -> Iterator[tuple[str, Callable]]:
         yield f"grad_norm p={p}", lambda L, f, p=p: grad_norm(L, f, grads, p)
     xp, tp = torch.randn(40, 1001, generator=g) * 3, torch.randint(0, 1001, (40,), generator=g)
     tp[::5] = -100
+    tp[1:7] = torch.tensor([0, 333, 334, 666, 667, 1000])  # each of 3 shards' first and last column
     for shards in (1, 3):
         yield f"vocab_parallel_ce shards={shards}", lambda L, f, k=shards: vocab_parallel_ce(L, f, xp, tp, k)
     for n in (37, 70001):
         ca, cb = torch.randn(n, generator=g), torch.randn(n, generator=g)
         cb[::3] = ca[::3]
+        # NaN on one side, on the other, on both; infinities; signed zeros -- in the body and the tail
+        for at in (1, n - 2):
+            ca[at], cb[at + 1], ca[at - 1], cb[at - 1] = float("nan"), float("nan"), float("nan"), float("nan")
+        ca[4], cb[4], ca[5], cb[5], ca[7], cb[7] = float("inf"), float("inf"), float("-inf"), 1.0, -0.0, 0.0
         yield f"compare n={n}", lambda L, f, a=ca, b=cb: compare(L, f, a, b)
 
 
