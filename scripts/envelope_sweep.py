@@ -135,6 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20, help="how many seeds for the false-fail rate")
     parser.add_argument("--first-seed", type=int, default=100, help="the false-fail rate's first seed")
+    parser.add_argument("--seed", type=int, default=STRESS.seed, help="the seed of the cases that are one run")
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--out", default="reports/envelope")
     parser.add_argument("--runs-dir", default="/tmp/ckparity_envelope_runs", help="each run's full report")
@@ -160,7 +161,7 @@ def main() -> None:
             continue
         rows = []
         envelope.REORDER_ULPS = NULL_REACH.get(case, REORDER_ULPS)
-        for seed in (range(args.first_seed, args.first_seed + args.seeds) if seeds else [STRESS.seed]):
+        for seed in (range(args.first_seed, args.first_seed + args.seeds) if seeds else [args.seed]):
             config = replace(STRESS, envelope=args.members, no_progress=True, seed=seed, **changes,
                              json_out=str(Path(args.runs_dir) / f"{case}_seed{seed}.json"))
             start = time.perf_counter()
