@@ -36,7 +36,8 @@ export CKP_ISA_LIBS="baseline=$ROOT/build/baseline/libckparity.so,x86-64-v3=$ROO
 
 echo "== pytest"
 cd "$ROOT/tests"
-python -m pytest -q "$@"
+# --durations: the slowest tests, for keeping CI well under 15 minutes
+python -m pytest -q --durations=25 "$@"
 
 echo "== C API fuzz and overlap matrix against the ASan+UBSan build"
 # The sanitized library loads into an unsanitized Python with libasan
