@@ -72,10 +72,10 @@ def _train(argv: list[str]) -> int:
 
 
 def _repro(argv: list[str]) -> int:
-    from .harness.repro import DEPTH, PRESETS, depth_sweep, repro
+    from .harness.repro import DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
-    parser = argparse.ArgumentParser(prog="ckparity repro", description="A preset run with --ck-loss-backend c, "
-                                     "c_ptref and torch, then an A/B table. 850: the seed's 850-step repro; "
+    parser = argparse.ArgumentParser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
+                                     f"{', '.join(LOSS_BACKENDS)}, then an A/B table. 850: the seed's 850-step repro; "
                                      "stress: the text 'Hello!' repeated, lr 1e-3, 1000 steps; ckv7-gates: the "
                                      "seed's larger profile; depth: residual models of 1..24 layers, 100 steps.")
     parser.add_argument("--preset", choices=sorted(PRESETS) + ["depth"], default="850")
