@@ -156,6 +156,38 @@ def test_identical_runs_identical_reports(tmp_path):
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_in_a_step_stops_the_run_after_it(tmp_path, monkeypatch, signum, code):
+    """Each signal a run handles, sent to itself during step 3 of 50: the steps
+    measured are kept, the status and exit code say which signal. In process,
+    so the step is exact and it takes a second; the test below sends one from
+    outside."""
+    import os
+
+    from ckparity.harness import measures
+
+    real_after_step = measures.DivergenceTracer.after_step
+
+    def after_step_then_signal(self, step, *args):
+        real_after_step(self, step, *args)
+        if step == 3:
+            os.kill(os.getpid(), signum)
+    monkeypatch.setattr(measures.DivergenceTracer, "after_step", after_step_then_signal)
+    # a signal the run does not handle lands here, not in pytest's default action: the assertions fail
+    previous = signal.signal(signum, lambda *args: None)
+    out = tmp_path / "int.json"
+    try:
+        assert main(["train", "--max-steps", "50", "--no-progress", "--json-out", str(out)]) == code
+    finally:
+        signal.signal(signum, previous)
+    data = strict_load(out)
+    assert data["status"] == "interrupted" and not data["pass_parity"] and data["stopped_by_signal"] == signum
+    assert data["steps"] == 3 and data["series"]["step"] == [1, 2, 3]
+
+
+# from outside, a real process: SIGTERM in CI (what runners and `timeout` send), the others nightly
+@pytest.mark.parametrize("signum, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.nightly),
+                                          (signal.SIGTERM, 143),
+                                          pytest.param(signal.SIGHUP, 129, marks=pytest.mark.nightly)])
 def test_signal_writes_interrupted_report(tmp_path, signum, code):
     out = tmp_path / "int.json"
     proc = subprocess.Popen([sys.executable, "-m", "ckparity", "train", "--max-steps", "100000", "--epochs", "50",
