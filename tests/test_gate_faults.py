@@ -1,14 +1,15 @@
-"""Every gate fails on a run that errors and on NaN: the C side of every
-kernel ckparity offers (the backends' c entries, kernel_parity's and
+"""Every gate fails on a run that errors, on NaN and on inf: the C side of
+every kernel ckparity offers (the backends' c entries, kernel_parity's and
 optimizer_parity's ops) replaced by one that raises, then by one whose
-output is NaN, and each gate run as `ckparity gate` runs it (run_gates: a
-gate that crashes fails). The faults each gate exists for are planted in
+output is NaN, then +inf, and each gate run as `ckparity gate` runs it
+(run_gates: a gate that crashes fails). The faults each gate exists for are planted in
 tests/test_gates.py.
 
 distributed_parity's ranks are fresh processes, where a monkeypatch does not
 reach: its faults are planted by a plugin (CKP_PLUGINS, loaded by every rank)
 that replaces the C RMSNorm -- by one that raises, one whose output is NaN,
-and the fault the gate exists for, a kernel whose bits depend on the rank."""
+one whose output is +inf, and the fault the gate exists for, a kernel whose
+bits depend on the rank."""
 
 from __future__ import annotations
 
@@ -43,39 +44,53 @@ def _nan_of(fn):
     return nan
 
 
+def _inf_of(fn):
+    """+inf in the output only: autograd passes the gradient of `y + inf` through
+    unchanged, so a gate that looks at gradients and params alone would miss it."""
+    def inf(*args, **kwargs):
+        return fn(*args, **kwargs) + float("inf")
+    return inf
+
+
 class _RaisingAdamW(ckparity.optim.AdamW):
     def step(self, closure=None):
         raise RuntimeError("planted: this optimizer raises")
 
 
 class _NanAdamW(ckparity.optim.AdamW):
+    fill = float("nan")
+
     @torch.no_grad()
     def step(self, closure=None):
         super().step(closure)
         for group in self.param_groups:
             for p in group["params"]:
-                p.fill_(float("nan"))
+                p.fill_(self.fill)
+
+
+class _InfAdamW(_NanAdamW):
+    fill = float("inf")
+
+
+_FAULTS = {"raises": (lambda fn: _raises, _RaisingAdamW), "nan": (_nan_of, _NanAdamW), "inf": (_inf_of, _InfAdamW)}
 
 
 def _plant(monkeypatch, fault: str) -> None:
+    broken, adamw = _FAULTS[fault]
     for kernel, table in backends.BACKENDS.items():
         for name in [n for n in table if n.startswith("c")]:
             if kernel == "adamw":
-                monkeypatch.setitem(table, name, _RaisingAdamW if fault == "raises" else _NanAdamW)
+                monkeypatch.setitem(table, name, adamw)
             elif kernel != "clip_grad_norm":
-                monkeypatch.setitem(table, name, _raises if fault == "raises" else _nan_of(table[name]))
+                monkeypatch.setitem(table, name, broken(table[name]))
     for name in backends.HEAD_LOSS:
-        monkeypatch.setitem(backends.HEAD_LOSS, name,
-                            _raises if fault == "raises" else _nan_of(backends.HEAD_LOSS[name]))
+        monkeypatch.setitem(backends.HEAD_LOSS, name, broken(backends.HEAD_LOSS[name]))
     for name, check in list(gates.KERNELS.items()):
-        monkeypatch.setitem(gates.KERNELS, name,
-                            replace(check, ours=_raises if fault == "raises" else _nan_of(check.ours)))
-    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity",
-                        (lambda params, **kw: _RaisingAdamW(params, **kw)) if fault == "raises"
-                        else (lambda params, **kw: _NanAdamW(params, **kw)))
+        monkeypatch.setitem(gates.KERNELS, name, replace(check, ours=broken(check.ours)))
+    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity", lambda params, **kw: adamw(params, **kw))
 
 
-@pytest.mark.parametrize("fault", ["raises", "nan"])
+@pytest.mark.parametrize("fault", sorted(_FAULTS))
 @pytest.mark.parametrize("gate", GATES)
 def test_gate_fails_on(gate, fault, monkeypatch, tmp_path):
     _plant(monkeypatch, fault)
@@ -101,6 +116,8 @@ def faulty(*args, **kwargs):
         raise RuntimeError("planted: this kernel raises")
     if FAULT == "nan":
         return y * float("nan")
+    if FAULT == "inf":
+        return y + float("inf")
     # rank_dependent: rank 1's output one ULP further from 0 (a reduction split by rank, say)
     rank = dist.get_rank() if dist.is_initialized() else 0
     return y if rank == 0 else torch.nextafter(y, y * 2)
@@ -109,7 +126,7 @@ backends.RMS_NORM["c"] = faulty
 """
 
 
-@pytest.mark.parametrize("fault", ["raises", "nan", "rank_dependent"])
+@pytest.mark.parametrize("fault", ["raises", "nan", "inf", "rank_dependent"])
 def test_distributed_parity_fails_on(fault, monkeypatch, tmp_path):
     plugin = tmp_path / "plant.py"
     plugin.write_text(f"FAULT = {fault!r}\n" + textwrap.dedent(_RANK_PLUGIN))
@@ -122,8 +139,8 @@ def test_distributed_parity_fails_on(fault, monkeypatch, tmp_path):
     assert len(failures) == 2  # tp and dp
     if fault == "raises":
         assert all("planted: this kernel raises" in f for f in failures), failures
-    if fault == "nan":
-        assert all("nan" in f.lower() or "loss fails at 1" in f for f in failures), failures
+    if fault in ("nan", "inf"):
+        assert all("non-finite" in f.lower() or "loss fails at 1" in f for f in failures), failures
     if fault == "rank_dependent":
         # tp keeps the replicated params on every rank: rank 1's differ from step 1
         assert "replicated params differ between ranks from step 1" in failures[0], failures
