@@ -2,7 +2,8 @@
  * aten_sum.c — torch.sum's order ([Note: ATen's summation order] in
  * aten_sum.h) over any element map: ckp_aten_sum, the inner sum, for the
  * reductions of cross_entropy's ptref variant whose elements are computed on
- * the fly; ckp_multi_row_sum and ckp_row_sum, the scalar sums over rows.
+ * the fly, and ckp_aten_full_sum, the same split as torch splits it across
+ * threads; ckp_multi_row_sum and ckp_row_sum, the scalar sums over rows.
  */
 #include "aten_sum.h"
 
@@ -35,6 +36,48 @@ CKP_DEFINE_ATEN_SUM(any_map_sum, any_map8, any_map1)
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n) {
     any_map m = {map, ctx};
     return any_map_sum(&m, n);
+}
+
+/* ATen's grain size (at::internal::GRAIN_SIZE): a reduction of fewer
+ * elements runs on one thread. */
+enum { CKP_ATEN_GRAIN_SIZE = 32768 };
+
+/* The two-pass reduction's buffer: slot t is chunk t's sum, added to the
+ * slot's 0 (-0.0 becomes +0.0, as there); the slots past the last chunk stay
+ * 0. Computed when the final sum asks for it: each slot is read once. */
+typedef struct {
+    ckp_float_map map;
+    void *ctx;
+    int64_t n, chunk, begin;
+} split_sum;
+
+static float split_element(void *ctx, int64_t j) {
+    split_sum *s = ctx;
+    return s->map(s->ctx, s->begin + j);
+}
+
+static float split_slot(void *ctx, int64_t t) {
+    split_sum *s = ctx;
+    if (t * s->chunk >= s->n) return 0.0f;
+    s->begin = t * s->chunk;
+    int64_t len = s->n - s->begin < s->chunk ? s->n - s->begin : s->chunk;
+    return 0.0f + ckp_aten_sum(split_element, s, len);
+}
+
+/* TensorIteratorReduce.cpp, parallel_reduce: a reduction to one value of at
+ * least GRAIN_SIZE elements on more than one thread is two_pass_reduction.
+ * Its at::parallel_for (OpenMP) splits [0, n) into
+ * nt = min(threads, ceil(n / GRAIN_SIZE)) chunks of ceil(n / nt) elements;
+ * chunk t is summed on its own (cascade_sum's inner sum over that range)
+ * into slot t of a buffer of `threads` zeros, and the buffer is then summed
+ * the same way. The bits depend on `threads`, not on the threads this runs
+ * on (one). */
+float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads) {
+    if (n < CKP_ATEN_GRAIN_SIZE || threads <= 1) return ckp_aten_sum(map, ctx, n);
+    int64_t chunks = (n + CKP_ATEN_GRAIN_SIZE - 1) / CKP_ATEN_GRAIN_SIZE;
+    if (chunks > threads) chunks = threads;
+    split_sum s = {map, ctx, n, (n + chunks - 1) / chunks, 0};
+    return ckp_aten_sum(split_slot, &s, threads);
 }
 
 void ckp_multi_row_sum(ckp_float_map2 map, const void *ctx, int64_t size, int nrows, float *out) {

@@ -62,6 +62,10 @@ typedef float (*ckp_float_map)(void *ctx, int64_t j);
 /* torch.sum over n contiguous float32 values in ATen's order (aten_sum.c);
  * map is called with ascending j. */
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n);
+/* torch.sum over all n elements of a contiguous tensor as ATen runs it on
+ * `threads` threads: ckp_aten_sum below 32768 elements or on one thread,
+ * else split into chunks summed apart and then added (aten_sum.c). */
+float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads);
 
 /* A map from (row i, column k) to value, for sums over rows. */
 typedef float (*ckp_float_map2)(const void *ctx, int64_t i, int64_t k);

@@ -58,6 +58,8 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
                         opt->label_smoothing);
     if (!(opt->z_loss >= 0.0 && isfinite(opt->z_loss)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "z_loss must be finite and >= 0, got %g", opt->z_loss);
+    if (opt->torch_threads < 1)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", opt->torch_threads);
 
     size_t matrix_bytes = (size_t)(N * V) * sizeof(float);
     size_t loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * sizeof(float);
@@ -563,7 +565,8 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float z = pt_levels_total(z_sum.loss);
         float out;
         if (target_probs != NULL) {
-            out = -ckp_aten_sum(pt_batch_logp_q_w, &batch, N * V); /* -(logp * q * w).sum() */
+            /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
+            out = -ckp_aten_full_sum(pt_batch_logp_q_w, &batch, N * V, opt->torch_threads);
         } else {
             out = pt_levels_total(nll_sum.loss);
             if (mean) out /= total_weight;
@@ -620,6 +623,7 @@ ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt) {
     opt->z_loss = 0.0;
     opt->variant = CKP_CE_DEFAULT;
     opt->row_grad = NULL;
+    opt->torch_threads = 1;
     ckp_clear_error();
     return CKP_OK;
 }

@@ -132,6 +132,29 @@ def test_probability_targets(variant, with_weight, smoothing, reduction, N, C):
                logits, probs, weight=weight, reduction=reduction, label_smoothing=smoothing)
 
 
+def test_ptref_probability_targets_split_their_sum_as_torch_does_on_its_threads():
+    """-(logp * q).sum() over N*V >= 32768 elements is split across torch's
+    threads (ATen's two_pass_reduction), and its bits change with the thread
+    count; ptref follows the split for the count torch has at the call. The
+    case would pass without the split at 1 thread and fail at the others."""
+    from ckparity.sweep import SPLIT_SHAPES, torch_threads
+
+    g = torch.Generator().manual_seed(3)
+    torch_changed = 0
+    for N, V in SPLIT_SHAPES:
+        logits, probs = torch.randn(N, V, generator=g) * 4, torch.softmax(torch.randn(N, V, generator=g), dim=1)
+        for reduction in ("mean", "sum"):
+            losses = {}
+            for threads in (1, 2, 3, 4):
+                with torch_threads(threads):
+                    ours = ckparity.cross_entropy(logits, probs, reduction=reduction, variant="ptref")
+                    theirs = F.cross_entropy(logits, probs, reduction=reduction)
+                assert torch.equal(ours, theirs), f"N={N} V={V} {reduction}, torch on {threads} threads"
+                losses[threads] = theirs
+            torch_changed += any(not torch.equal(losses[1], losses[t]) for t in (2, 3, 4))
+    assert torch_changed >= 3, "the shapes no longer meet torch's thread split: the case checks nothing"
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_extreme_logits(variant):
     C = 255

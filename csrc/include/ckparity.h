@@ -105,10 +105,16 @@ typedef struct {
                                  chain folds it (ptref; default: into its scale): reduction
                                  none (N), one per row; mean and sum (1), the reduced
                                  loss's; NULL for ones */
+    int torch_threads;        /* >= 1; ptref only: the threads torch reduces on
+                                 (torch.get_num_threads()). Probability targets' mean and
+                                 sum are one torch.sum over N*V elements, which ATen splits
+                                 across its threads from 32768 elements on; ptref splits it
+                                 the same way (its own work stays on one thread: the same
+                                 inputs and torch_threads give the same bits) */
 } ckp_cross_entropy_options;
 
 /* Fills *opt with torch's defaults (no weight, ignore_index -100, mean, no
- * smoothing, no z-loss, default variant). */
+ * smoothing, no z-loss, default variant, torch_threads 1). */
 ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt);
 
 /* logits is (N, V). Exactly one of target (N, int64 class indices) and

@@ -55,6 +55,10 @@ static void test_bad_arguments(const float *x, const int64_t *t) {
     bad = opt;
     bad.z_loss = -1;
     CHECK(ckp_cross_entropy(x, t, NULL, N, V, &bad, &loss, dx) == CKP_ERR_BAD_OPTION, "z_loss -1");
+    bad = opt;
+    bad.torch_threads = 0;
+    CHECK(ckp_cross_entropy(x, t, NULL, N, V, &bad, &loss, dx) == CKP_ERR_BAD_OPTION, "torch_threads 0");
+    CHECK(opt.torch_threads == 1, "options_init sets torch_threads 1");
     CHECK(ckp_cross_entropy(x, NULL, x, N, V, &opt, &loss, dx) == CKP_OK, "probability targets ok");
     bad = opt;
     bad.ignore_index = 3;

@@ -39,27 +39,30 @@ def pointer(tensor: torch.Tensor | None):
 
 def cross_entropy_options(weight=None, ignore_index: int = -100, reduction: str = "mean",
                           label_smoothing: float = 0.0, z_loss: float = 0.0, variant: str = "default",
-                          row_grad=None):
+                          row_grad=None, torch_threads: int = 1):
     """A ckp_cross_entropy_options struct; without pointers it is made once
     per setting (the C side only reads it, and building a cffi struct costs
-    more than a small kernel call)."""
+    more than a small kernel call). ``torch_threads``: ptref's full sums split
+    as torch's are on that many threads (torch.get_num_threads())."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
     if variant not in CE_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(CE_VARIANTS)}, got {variant!r}")
     if weight is None and row_grad is None:
         return _plain_cross_entropy_options(int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-                                            variant)
+                                            variant, int(torch_threads))
     return _new_cross_entropy_options(weight, int(ignore_index), reduction, float(label_smoothing),
-                                      float(z_loss), variant, row_grad)
+                                      float(z_loss), variant, row_grad, int(torch_threads))
 
 
 @functools.lru_cache(maxsize=64)
-def _plain_cross_entropy_options(ignore_index, reduction, label_smoothing, z_loss, variant):
-    return _new_cross_entropy_options(None, ignore_index, reduction, label_smoothing, z_loss, variant, None)
+def _plain_cross_entropy_options(ignore_index, reduction, label_smoothing, z_loss, variant, torch_threads):
+    return _new_cross_entropy_options(None, ignore_index, reduction, label_smoothing, z_loss, variant, None,
+                                      torch_threads)
 
 
-def _new_cross_entropy_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad):
+def _new_cross_entropy_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant, row_grad,
+                               torch_threads):
     opt = ffi.new("ckp_cross_entropy_options *")
     opt.weight = pointer(weight)
     opt.ignore_index = ignore_index
@@ -68,6 +71,7 @@ def _new_cross_entropy_options(weight, ignore_index, reduction, label_smoothing,
     opt.z_loss = z_loss
     opt.variant = CE_VARIANTS[variant]
     opt.row_grad = pointer(row_grad)
+    opt.torch_threads = torch_threads
     return opt
 
 

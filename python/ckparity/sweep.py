@@ -37,13 +37,17 @@ WIDTHS = list(range(1, 301)) + [511, 1023, 1376, 4095, 4097, 8191]
 
 
 @contextlib.contextmanager
-def torch_single_threaded():
+def torch_threads(n: int):
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def torch_single_threaded():
+    return torch_threads(1)
 
 
 class Tally:
@@ -149,8 +153,9 @@ def sweep_adamw(tally: Tally, g: torch.Generator) -> None:
 
 
 def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
-    """variant="ptref" against F.cross_entropy, class targets, loss and
-    gradient, over reductions, ignore_index, class weights and smoothing."""
+    """variant="ptref" against F.cross_entropy, loss and gradient: class
+    targets over reductions, ignore_index, class weights and smoothing; then
+    probability targets."""
     settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
                 dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
                 dict(weighted=True, label_smoothing=0.2, reduction="sum"),
@@ -173,6 +178,36 @@ def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
                     theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
                 for q, a, b in zip(("loss", "dlogits"), ours, theirs):
                     tally.add(q, case, a, b)
+    _sweep_probability_targets(tally, g)
+
+
+# a sum over every element of at least 32768 (N*V) is split across torch's threads
+# (two_pass_reduction); these take one to several chunks, a chunk past the last
+# element, and a thread count above the chunks' (1031 x 64: three chunks)
+SPLIT_SHAPES = [(1, 32767), (1, 32768), (128, 256), (257, 255), (1031, 64), (65, 1009), (4097, 33)]
+
+
+def _sweep_probability_targets(tally: Tally, g: torch.Generator) -> None:
+    """Probability targets: -(logp * q * w).sum() (over every element) or .sum(1)
+    (none); at every width with torch on one thread, and where the full sum is
+    split across threads with torch (and so ptref) on 2..4."""
+    settings = [dict(), dict(reduction="sum"), dict(reduction="none"),
+                dict(weighted=True, label_smoothing=0.1), dict(weighted=True, label_smoothing=0.2, reduction="sum")]
+    shapes = [(3, V, 1) for V in WIDTHS + [32000]] + [(37, V, 1) for V in (7, 64, 1000)]
+    shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
+    for N, V, threads in shapes:
+        for kwargs in settings:
+            kwargs = dict(kwargs)
+            weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
+            logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
+            probs = torch.softmax(torch.randn(N, V, generator=g), dim=1)
+            up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
+            case = f"probs N={N} V={V} {kwargs}{' weight' if weight is not None else ''} torch threads {threads}"
+            with torch_threads(threads):  # ptref reads torch's thread count at the call
+                ours = _grad_run(lambda x: cross_entropy(x, probs, weight, variant="ptref", **kwargs), [logits], up)
+                theirs = _grad_run(lambda x: F.cross_entropy(x, probs, weight, **kwargs), [logits], up)
+            for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+                tally.add(q, case, a, b)
 
 
 SWEEPS = {

@@ -51,8 +51,10 @@ def cross_entropy_forward_backward(
         dlogits = torch.empty_like(logits)
     if not compute_grad:
         dlogits = None
+    # ptref splits a sum over every element as torch does on its threads (probability targets' mean and sum)
+    threads = torch.get_num_threads() if variant == "ptref" else 1
     options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant,
-                                              row_grad)
+                                              row_grad, threads)
     _bindings.cross_entropy(logits, target, options, loss, dlogits)
     return loss, dlogits
 
