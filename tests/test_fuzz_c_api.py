@@ -81,6 +81,7 @@ def fuzz_cross_entropy(rng: random.Random) -> int:
     opt.label_smoothing = pick(rng, [0.0, 0.1, 1.0], -0.1, 1.5, math.nan)
     opt.z_loss = pick(rng, [0.0, 1e-4], -1.0, math.inf)
     opt.variant = pick(rng, [0, 1], 7)
+    opt.torch_threads = pick(rng, [1, 2, 7], 0, -3)
     loss = torch.empty(max(N, 1) + 1)
     dlogits_buffer = torch.empty(n + 1)
     aliasing = rng.random()
