@@ -73,7 +73,8 @@ static float split_slot(void *ctx, int64_t t) {
  * the same way. The bits depend on `threads`, not on the threads this runs
  * on (one). */
 float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads) {
-    if (n < CKP_ATEN_GRAIN_SIZE || threads <= 1) return ckp_aten_sum(map, ctx, n);
+    if (n < CKP_ATEN_GRAIN_SIZE || threads <= 1 || CKP_MUTANT(PTREF_FULL_SUM_UNSPLIT))
+        return ckp_aten_sum(map, ctx, n);
     int64_t chunks = (n + CKP_ATEN_GRAIN_SIZE - 1) / CKP_ATEN_GRAIN_SIZE;
     if (chunks > threads) chunks = threads;
     split_sum s = {map, ctx, n, (n + chunks - 1) / chunks, 0};

@@ -46,6 +46,7 @@ enum {
     CKP_MUT_GRAD_NORM_FLOAT_ACCUMULATOR, /* the squares summed in float */
     CKP_MUT_COMPARE_TAIL_SKIPPED,      /* the harness's comparison ignores each block's last n % 8 elements */
     CKP_MUT_COMPARE_NAN_EQUAL,         /* a NaN on one side only compared as equal */
+    CKP_MUT_PTREF_FULL_SUM_UNSPLIT,    /* probability targets' sum over every element in one piece, where torch splits it across its threads */
 };
 
 #ifndef CKP_MUTANT_ID

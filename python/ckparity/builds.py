@@ -33,11 +33,11 @@ def _out(like: torch.Tensor, fill: float, dtype=None) -> torch.Tensor:
                       dtype=dtype or (like.dtype if isinstance(like, torch.Tensor) else torch.float32))
 
 
-def cross_entropy(L, fill, x, target, weight, reduction, variant, row_grad=None, inplace=False):
+def cross_entropy(L, fill, x, target, weight, reduction, variant, row_grad=None, inplace=False, torch_threads=1):
     loss = _out((x.shape[0],) if reduction == "none" else (), fill)
     d = x.clone() if inplace else _out(x, fill)
-    C.cross_entropy(d if inplace else x, target,
-                    C.cross_entropy_options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad), loss, d, library=L)
+    options = C.cross_entropy_options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad, torch_threads)
+    C.cross_entropy(d if inplace else x, target, options, loss, d, library=L)
     return loss, d
 
 
@@ -123,6 +123,14 @@ def cases() -> Iterator[tuple[str, Callable]]:
         yield f"ce {variant} probs", lambda L, f, v=variant: cross_entropy(L, f, x, probs, None, "mean", v)
         yield f"ce {variant} in place", lambda L, f, v=variant: cross_entropy(L, f, x, t, w, "mean", v, inplace=True)
         yield f"ce {variant} row_grad", lambda L, f, v=variant: cross_entropy(L, f, x, t, None, "none", v, row_grad)
+    # 64 x 4097 elements, 8 of ATen's grains: ptref splits the probability targets' sum in 2, 3, 4 chunks as
+    # torch does on that many threads (one scalar per case: several, so a split that happens to round alike
+    # in one does not hide a build that does not split)
+    xs, ps = torch.randn(64, 4097, generator=g) * 4, torch.softmax(torch.randn(64, 4097, generator=g), -1)
+    for threads in (2, 3, 4):
+        for reduction in ("mean", "sum"):
+            yield (f"ce ptref probs {reduction} torch_threads={threads}",
+                   lambda L, f, r=reduction, k=threads: cross_entropy(L, f, xs, ps, None, r, "ptref", torch_threads=k))
     xr, wr, dyr = (torch.randn(33, 4099, generator=g), torch.randn(4099, generator=g),
                    torch.randn(33, 4099, generator=g))
     yield "rms_norm", lambda L, f: rms_norm(L, f, xr, wr, dyr)

@@ -174,11 +174,6 @@ def _fwd_bwd(fn, inputs, kwargs, dtype, weight_index: int | None = None):
     return grads
 
 
-# cases of a bitwise kernel that are not held to bits, and why: ptref with
-# probability targets follows torch's order but is not swept bitwise
-# (docs/kernels.md); its class-target cases are.
-NOT_BITWISE_CASES = {"cross_entropy.ptref": ("probs",)}
-
 
 def _compare_self_check() -> list[str]:
     """The harness's own measure (ckp_compare, through ckparity.measure's users)
@@ -257,7 +252,7 @@ def kernel_parity(settings: dict) -> dict:
             r = _fwd_bwd(probe.theirs, inputs, kwargs, torch.float64, probe.weight)
             for part in a:
                 fig = parity(f"{name}.{part}[{label}]", a[part], b[part], r[part], factor, floor)
-                if name in bitwise and not any(word in label for word in NOT_BITWISE_CASES.get(name, ())):
+                if name in bitwise:
                     # a kernel that claims torch's bits is held to them: a reordered sum or another exp
                     # stays within the accuracy rule, but not within this (ckparity mutate's finding)
                     differ = differing_elements(a[part], b[part])
