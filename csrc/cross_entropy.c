@@ -346,6 +346,8 @@ typedef struct {
     pt_layout at;          /* torch's arithmetic at the running capability */
     float smooth_grad;     /* gradient reaching each logp_j * w_j product */
     float nll_grad;        /* gradient reaching logp_t from nll_loss */
+    int sum_threads;       /* how torch splits a sum over the row: a (1, V) input's row sum is a
+                              reduction to one value, split on torch's threads (ckp_aten_full_sum) */
 } pt_row;
 
 /* A map from element index to value; ctx is a pt_row or a pt_batch. */
@@ -443,7 +445,7 @@ static float pt_batch_smooth(void *ctx, int64_t i) {
     pt_batch *b = ctx;
     if (b->target[i] == b->ignore_index) return 0.0f;
     pt_row *r = pt_batch_row(b, i);
-    return -ckp_aten_sum(pt_wlogp, r, b->V);
+    return -ckp_aten_full_sum(pt_wlogp, r, b->V, r->sum_threads);
 }
 
 /* The class weights of the non-ignored targets, in row order: element j is
@@ -520,6 +522,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
     proto.spread = (float)(opt->label_smoothing / (double)V);
     proto.smoothed = smoothed;
     proto.at = pt_layout_for_capability();
+    proto.sum_threads = N == 1 ? opt->torch_threads : 1; /* more rows: torch splits by rows, a row whole */
 
     /* Forward: per-row terms, nll_loss's cascade, z-loss beside it. */
     pt_nll_sum nll_sum = {{0}, {0}, 0}, z_sum = {{0}, {0}, 0};
@@ -537,7 +540,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float z = z_loss * lse * lse;
         pt_nll_sum_add(&z_sum, i, -z, 0.0f);
         if (target_probs != NULL) {
-            if (none) loss[i] = -ckp_aten_sum(pt_logp_q_w, &r, V) + z;
+            if (none) loss[i] = -ckp_aten_full_sum(pt_logp_q_w, &r, V, r.sum_threads) + z;
             continue;
         }
         float w_t = opt->weight ? opt->weight[target[i]] : 1.0f;
@@ -546,7 +549,8 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         counted++;
         if (none) {
             float nll = -logp_t * w_t;
-            loss[i] = (smoothed ? r.keep * nll + -ckp_aten_sum(pt_wlogp, &r, V) * r.spread : nll) + z;
+            loss[i] = (smoothed ? r.keep * nll + -ckp_aten_full_sum(pt_wlogp, &r, V, r.sum_threads) * r.spread
+                                : nll) + z;
         }
     }
     float total_weight = target_probs != NULL ? (float)N
@@ -558,7 +562,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
     if (smoothed && mean && opt->weight && target != NULL && counted > 0 &&
         !CKP_MUTANT(PTREF_SMOOTHING_CASCADE_DENOMINATOR)) {
         pt_kept_weights kept = {target, opt->weight, opt->ignore_index, -1, -1};
-        smooth_weight = ckp_aten_sum(pt_kept_weight, &kept, counted);
+        smooth_weight = ckp_aten_full_sum(pt_kept_weight, &kept, counted, opt->torch_threads);
     }
     if (!none) {
         pt_batch batch = {logits, target_probs, target, V, opt->ignore_index, proto, -1};
@@ -571,7 +575,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             out = pt_levels_total(nll_sum.loss);
             if (mean) out /= total_weight;
             if (smoothed) {
-                float smooth = ckp_aten_sum(pt_batch_smooth, &batch, N);
+                float smooth = ckp_aten_full_sum(pt_batch_smooth, &batch, N, opt->torch_threads);
                 if (mean) smooth /= smooth_weight;
                 out = proto.keep * out + smooth * proto.spread;
             }

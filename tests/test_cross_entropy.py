@@ -155,6 +155,41 @@ def test_ptref_probability_targets_split_their_sum_as_torch_does_on_its_threads(
     assert torch_changed >= 3, "the shapes no longer meet torch's thread split: the case checks nothing"
 
 
+def test_ptref_label_smoothing_splits_its_sums_as_torch_does_on_its_threads():
+    """Label smoothing's sums over every element are split across torch's
+    threads from 32768 elements on: the rows' smoothing terms and the kept
+    rows' weights (weighted mean; the gradient divides by it too), and the one
+    row's own sum of a (1, V) input. ptref follows; both cases differ from a
+    sum in one piece."""
+    from ckparity.sweep import torch_threads
+
+    cases = []
+    g = torch.Generator().manual_seed(100003)
+    w = torch.rand(5, generator=g) + 0.5
+    x = torch.randn(100003, 5, generator=g) * 4
+    t = torch.randint(0, 5, (100003,), generator=g)
+    t[::3] = -100
+    cases.append((x, t, w, {"label_smoothing": 0.2}))
+    g = torch.Generator().manual_seed(65537)
+    cases.append((torch.randn(1, 65537, generator=g) * 4, torch.randint(0, 65537, (1,), generator=g), None,
+                  {"label_smoothing": 0.1}))
+    torch_changed = 0
+    for x, t, w, kwargs in cases:
+        results = {}
+        for threads in (1, 2, 3):
+            with torch_threads(threads):
+                a, b = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+                ours = ckparity.cross_entropy(a, t, w, variant="ptref", **kwargs)
+                theirs = F.cross_entropy(b, t, w, **kwargs)
+                ours.backward()
+                theirs.backward()
+            assert torch.equal(ours, theirs) and torch.equal(a.grad, b.grad), \
+                f"{tuple(x.shape)} {kwargs}, {threads} threads"
+            results[threads] = theirs
+        torch_changed += not torch.equal(results[1], results[2])
+    assert torch_changed == len(cases), "torch's bits no longer depend on its threads here: the case checks nothing"
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_extreme_logits(variant):
     C = 255

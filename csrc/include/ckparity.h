@@ -106,10 +106,11 @@ typedef struct {
                                  none (N), one per row; mean and sum (1), the reduced
                                  loss's; NULL for ones */
     int torch_threads;        /* >= 1; ptref only: the threads torch reduces on
-                                 (torch.get_num_threads()). Probability targets' mean and
-                                 sum are one torch.sum over N*V elements, which ATen splits
-                                 across its threads from 32768 elements on; ptref splits it
-                                 the same way (its own work stays on one thread: the same
+                                 (torch.get_num_threads()). A torch.sum over every element
+                                 (probability targets' N*V products; label smoothing's N row
+                                 terms and, weighted, its kept rows' weights) is split
+                                 across torch's threads from 32768 elements on; ptref splits
+                                 it the same way (its own work stays on one thread: the same
                                  inputs and torch_threads give the same bits) */
 } ckp_cross_entropy_options;
 

@@ -154,7 +154,8 @@ def sweep_adamw(tally: Tally, g: torch.Generator) -> None:
 
 def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
     """variant="ptref" against F.cross_entropy, loss and gradient: class
-    targets over reductions, ignore_index, class weights and smoothing; then
+    targets over reductions, ignore_index, class weights and smoothing, with
+    torch on one thread and where its thread split matters on 2..4; then
     probability targets."""
     settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
                 dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
@@ -178,7 +179,34 @@ def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
                     theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
                 for q, a, b in zip(("loss", "dlogits"), ours, theirs):
                     tally.add(q, case, a, b)
+    _sweep_thread_splits(tally, g, settings)
     _sweep_probability_targets(tally, g)
+
+
+# torch splits a sum over every element across its threads from 32768 elements on:
+# label smoothing's sum over the rows and, weighted, its kept rows' weights (many
+# rows), and a row's own sum when the input is one row (reduction none too)
+CLASS_SPLIT_SHAPES = [(1, 65537), (1, 131071), (40000, 7), (100003, 5)]
+
+
+def _sweep_thread_splits(tally: Tally, g: torch.Generator, settings: list[dict]) -> None:
+    for N, V in CLASS_SPLIT_SHAPES:
+        for threads in (2, 3):
+            for kwargs in settings:
+                kwargs = dict(kwargs)
+                weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
+                logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
+                target = torch.randint(0, V, (N,), generator=g)
+                target[::3] = -100
+                target[0] = 0  # the one-row inputs keep their row
+                up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
+                case = f"N={N} V={V} {kwargs}{' weight' if weight is not None else ''} torch threads {threads}"
+                with torch_threads(threads):  # ptref reads torch's thread count at the call
+                    ours = _grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits],
+                                     up)
+                    theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
+                for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+                    tally.add(q, case, a, b)
 
 
 # a sum over every element of at least 32768 (N*V) is split across torch's threads
