@@ -116,6 +116,36 @@ def test_a_killed_rank_ends_the_run_with_an_error_report(tmp_path):
     assert report["steps"] >= 1  # what rank 0 measured before is kept
 
 
+_ABORTING_RANK = """
+import os, sys
+import torch.distributed as dist
+import ckparity
+from ckparity.harness import backends
+
+def rms_norm(*args, **kwargs):
+    if dist.is_initialized() and dist.get_rank() == 1:
+        sys.stderr.write("planted: rank 1 aborts here\\n")
+        sys.stderr.flush()
+        os.abort()
+    return ckparity.rms_norm(*args, **kwargs)
+
+backends.RMS_NORM["c"] = rms_norm
+"""
+
+
+def test_a_rank_that_aborts_is_named_with_its_last_words(tmp_path, monkeypatch):
+    """A rank killed by SIGABRT (a C++ terminate, say) says why in the report:
+    the end of its stderr, which the launcher also passes on."""
+    plugin = tmp_path / "abort.py"
+    plugin.write_text(_ABORTING_RANK)
+    monkeypatch.setenv("CKP_PLUGINS", str(plugin))
+    proc, report = _train(tmp_path, "--tp", "2", "--max-steps", "3", "--rank-timeout", "20")
+    assert proc.returncode == 1 and report["status"] == "error"
+    error = report["error"]
+    assert "rank 1 was killed by SIGABRT (stderr: " in error and "planted: rank 1 aborts here)" in error, error
+    assert "planted: rank 1 aborts here" in proc.stderr
+
+
 def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path):
     code, seconds, report = _run_and_disturb(tmp_path, 1, signal.SIGSTOP, "--rank-timeout", "3")
     assert code == 1 and seconds < 3 * 2 + 20

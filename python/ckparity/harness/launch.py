@@ -47,16 +47,27 @@ def _describe(code: int | None) -> str:
     return f"exited with {code}"
 
 
-class _Ranks:
-    """The rank processes and how each ended."""
+# how much of a rank's stderr its ending quotes (the end of a traceback or an abort's message)
+STDERR_TAIL_CHARS = 300
 
-    def __init__(self, config: RunConfig, worker: RunConfig) -> None:
+
+class _Ranks:
+    """The rank processes and how each ended. Each rank's stderr goes to a
+    file in ``scratch``, passed on to the launcher's stderr once the ranks
+    have ended (``replay_stderr``): a rank that died quotes its last words in
+    its ending (a SIGABRT's "terminate called after ..." was lost otherwise)."""
+
+    def __init__(self, config: RunConfig, worker: RunConfig, scratch: Path) -> None:
         world = config.tp * config.dp
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
         command = [sys.executable, "-m", "ckparity.harness.launch", json.dumps(worker.to_dict())]
-        self.procs = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-                      for r in range(world)]
+        self.stderr_paths = [scratch / f"rank{r}.stderr" for r in range(world)]
+        self.procs = []
+        for r, path in enumerate(self.stderr_paths):
+            with open(path, "wb") as err:  # the child holds its own descriptor
+                self.procs.append(subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                                   stderr=err))
         self.killed: set[int] = set()
 
     def running(self) -> list[subprocess.Popen]:
@@ -90,8 +101,21 @@ class _Ranks:
             time.sleep(0.05)
         self.kill()
 
+    def stderr_tail(self, rank: int) -> str:
+        text = " ".join(self.stderr_paths[rank].read_text(errors="replace").split())
+        return text if len(text) <= STDERR_TAIL_CHARS else "..." + text[-STDERR_TAIL_CHARS:]
+
+    def replay_stderr(self) -> None:
+        for path in self.stderr_paths:
+            sys.stderr.write(path.read_text(errors="replace"))
+        sys.stderr.flush()
+
     def endings(self) -> list[str]:
-        return [f"rank {r} " + _describe(None if r in self.killed else p.returncode) for r, p in enumerate(self.procs)]
+        """How each rank ended; a rank that did not end as a run ends quotes its stderr's last words."""
+        failed = set(self.failed())
+        return [f"rank {r} " + _describe(None if r in self.killed else p.returncode)
+                + (f" (stderr: {tail})" if r in failed and (tail := self.stderr_tail(r)) else "")
+                for r, p in enumerate(self.procs)]
 
     def failed(self) -> list[int]:
         """Ranks that did not end as a run ends (0 pass, 1 fail, or a stopping signal)."""
@@ -112,7 +136,7 @@ def launch(config: RunConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="ckparity-ranks-") as scratch:
         rank0_out = Path(scratch) / "rank0.json"
         worker = replace(config, threads=threads, json_out=str(rank0_out), no_progress=True)
-        ranks, stopped_by = _Ranks(config, worker), None
+        ranks, stopped_by = _Ranks(config, worker, Path(scratch)), None
         with stop_on_signals() as stop:
             try:
                 ranks.supervise(config.rank_timeout)
@@ -121,6 +145,7 @@ def launch(config: RunConfig) -> dict:
                 stop.hold()
                 ranks.stop(config.rank_timeout)
             stop.hold()
+            ranks.replay_stderr()
             endings, failed = ranks.endings(), ranks.failed()
             if rank0_out.exists():
                 result = report.read_report(rank0_out)
