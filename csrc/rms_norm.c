@@ -13,7 +13,11 @@
  *   dx_j   = g_a_j * rstd + (g_mean / D) * (2 * x_j) (mul backward + mean and pow backward)
  *   dweight_j = sum_i dy_ij * a_ij                   (summed over rows in ATen's outer-sum order)
  * Every row and every column is reduced by one thread in a fixed order, so the
- * bits never depend on the thread count. The loops run on 8-lane vectors
+ * bits never depend on the thread count. Where torch's own bits depend on its
+ * thread count -- a sum reducing to one value of >= 32768 elements (a
+ * one-row input's row, dweight's column at D = 1), split by its two-pass
+ * reduction -- the caller passes that count (torch_threads) and the sum is
+ * split the same way. The loops run on 8-lane vectors
  * (vec.h) that do each element's float operations as written: the same bits
  * as scalar code, in every target_clones build.
  */
@@ -42,14 +46,29 @@ static inline __attribute__((always_inline)) float square1(const void *row, int6
 
 CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1)
 
-/* One row of the forward; returns rstd. */
-CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, float *y) {
-    float mean = sum_of_squares(x, D) / (float)D;
+static float square_at(void *ctx, int64_t j) {
+    const float *x = ctx;
+    return x[j] * x[j];
+}
+
+/* torch reduces a row of one-row input to one value: from 32768 elements on,
+ * on more than one thread, split as its two-pass reduction splits it
+ * (ckp_aten_full_sum); any other row is one thread's, whole. */
+static inline int split_row(int64_t D, int split_threads) {
+    return split_threads > 1 && D >= 32768;
+}
+
+/* One row of the forward; returns rstd. split_threads: torch's thread count
+ * for a one-row input, else 1. */
+CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, int split_threads,
+                                    float *y) {
+    float squares = split_row(D, split_threads) ? ckp_aten_full_sum(square_at, (void *)x, D, split_threads)
+                                                 : sum_of_squares(x, D);
     if (CKP_MUTANT(RMS_SUM_REVERSED)) {
-        float sum = 0.0f;
-        for (int64_t j = D - 1; j >= 0; j--) sum += x[j] * x[j];
-        mean = sum / (float)D;
+        squares = 0.0f;
+        for (int64_t j = D - 1; j >= 0; j--) squares += x[j] * x[j];
     }
+    float mean = squares / (float)D;
     float r = CKP_MUTANT(RMS_EPS_OUTSIDE_SQRT) ? 1.0f / (sqrtf(mean) + eps) : 1.0f / sqrtf(mean + eps);
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
@@ -63,11 +82,18 @@ CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t
     return r;
 }
 
+static ckp_status check_torch_threads(int torch_threads) {
+    if (torch_threads < 1)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", torch_threads);
+    return CKP_OK;
+}
+
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
-                                double eps, float *y, float *rstd) {
+                                double eps, float *y, float *rstd, int torch_threads) {
     if (x == NULL || y == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, y and rstd must not be NULL");
     ckp_status s = check_sizes(N, D);
+    if (s == CKP_OK) s = check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
     if (!(eps >= 0.0 && isfinite(eps)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
@@ -81,7 +107,8 @@ ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, 
 
     /* x (N, D), weight (D), y (N, D), rstd (N) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * D >= 32768)
-    for (int64_t i = 0; i < N; i++) rstd[i] = forward_row(x + i * D, weight, D, eps_f, y + i * D);
+    for (int64_t i = 0; i < N; i++)
+        rstd[i] = forward_row(x + i * D, weight, D, eps_f, N == 1 ? torch_threads : 1, y + i * D);
     return CKP_OK;
 }
 
@@ -165,12 +192,18 @@ static inline __attribute__((always_inline)) float grad_a_times_x1(const void *c
 
 CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1)
 
+static float grad_a_times_x_at(void *ctx, int64_t j) {
+    return grad_a_times_x1(ctx, j);
+}
+
 /* One row of dx (dx may be dy: each dy_j is read before dx_j is written);
- * with dx_rstd, dx gets the first term and dx_rstd the second, unadded. */
+ * with dx_rstd, dx gets the first term and dx_rstd the second, unadded.
+ * split_threads as forward_row's. */
 CKP_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
-                                    float *dx, float *dx_rstd) {
+                                    int split_threads, float *dx, float *dx_rstd) {
     row_terms terms = {dy, x, weight};
-    float grad_rstd = sum_grad_a_times_x(&terms, D);
+    float grad_rstd = split_row(D, split_threads) ? ckp_aten_full_sum(grad_a_times_x_at, &terms, D, split_threads)
+                                                   : sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);
     if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
     int64_t j = 0;
@@ -198,12 +231,13 @@ CKP_CLONES static void backward_row(const float *dy, const float *x, const float
 }
 
 static ckp_status backward(const float *dy, const float *x, const float *weight, const float *rstd, int64_t N,
-                           int64_t D, float *dx, float *dx_rstd, float *dweight) {
+                           int64_t D, float *dx, float *dx_rstd, float *dweight, int torch_threads) {
     if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
     if ((weight == NULL) != (dweight == NULL))
         return ckp_fail(CKP_ERR_NULL_POINTER, "dweight must be given exactly when weight is");
     ckp_status s = check_sizes(N, D);
+    if (s == CKP_OK) s = check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
     size_t bytes = (size_t)(N * D) * sizeof(float);
     if (dx != dy && ckp_overlaps(dx, bytes, dy, bytes))
@@ -246,23 +280,27 @@ static ckp_status backward(const float *dy, const float *x, const float *weight,
         }
         for (int64_t j = cascade_end; j < D; j++) {
             column_terms c = {dy, x, rstd, D, j};
-            dweight[j] = D == 1 ? ckp_aten_sum(column_term_inner, &c, N) : ckp_row_sum(column_term, &c, N);
+            /* D == 1: one sum over the N rows, which torch splits across its threads */
+            dweight[j] = D == 1 ? ckp_aten_full_sum(column_term_inner, &c, N, torch_threads)
+                                : ckp_row_sum(column_term, &c, N);
         }
     }
 
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (parallel)
     for (int64_t i = 0; i < N; i++)
-        backward_row(dy + i * D, x + i * D, weight, rstd[i], D, dx + i * D, dx_rstd ? dx_rstd + i * D : NULL);
+        backward_row(dy + i * D, x + i * D, weight, rstd[i], D, N == 1 ? torch_threads : 1, dx + i * D,
+                     dx_rstd ? dx_rstd + i * D : NULL);
     return CKP_OK;
 }
 
 ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight, const float *rstd,
-                                 int64_t N, int64_t D, float *dx, float *dweight) {
-    return backward(dy, x, weight, rstd, N, D, dx, NULL, dweight);
+                                 int64_t N, int64_t D, float *dx, float *dweight, int torch_threads) {
+    return backward(dy, x, weight, rstd, N, D, dx, NULL, dweight, torch_threads);
 }
 
 ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const float *weight, const float *rstd,
-                                       int64_t N, int64_t D, float *dx_normalized, float *dx_rstd, float *dweight) {
+                                       int64_t N, int64_t D, float *dx_normalized, float *dx_rstd, float *dweight,
+                                       int torch_threads) {
     if (dx_rstd == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx_rstd must not be NULL");
-    return backward(dy, x, weight, rstd, N, D, dx_normalized, dx_rstd, dweight);
+    return backward(dy, x, weight, rstd, N, D, dx_normalized, dx_rstd, dweight, torch_threads);
 }

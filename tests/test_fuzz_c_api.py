@@ -103,16 +103,26 @@ def fuzz_rms_norm(rng: random.Random) -> int:
     x, weight = data(rng, n), data(rng, max(D, 1)) if rng.random() < 0.7 else None
     y, rstd = torch.empty(n + 1), torch.empty(max(N, 1))
     eps = pick(rng, [1e-5, 0.0], -1e-5, math.nan, math.inf)
+    torch_threads = pick(rng, [1, 2, 7], 0, -3)
     if rng.random() < 0.5:
         return call_and_check(rng, lambda: lib.ckp_rms_norm_forward(
-            ptr(maybe_null(rng, x)), ptr(weight), N, D, eps, ptr(maybe_null(rng, y)), ptr(rstd)), [y, rstd])
+            ptr(maybe_null(rng, x)), ptr(weight), N, D, eps, ptr(maybe_null(rng, y)), ptr(rstd), torch_threads),
+            [y, rstd])
     dy = data(rng, n)
     rstd = data(rng, max(N, 1)).abs()  # a forward's rstd is positive
     dweight = torch.empty(max(D, 1)) if weight is not None or rng.random() < 0.05 else None
     dx = x if rng.random() < 0.05 else (dy if rng.random() < 0.1 else torch.empty(n + 1))  # in place on dy is allowed
     outputs = [t for t in (dx, dweight) if t is not None and t is not x and t is not dy]
-    return call_and_check(rng, lambda: lib.ckp_rms_norm_backward(
-        ptr(dy), ptr(x), ptr(weight), ptr(rstd), N, D, ptr(maybe_null(rng, dx)), ptr(dweight)), outputs)
+    if rng.random() < 0.5:
+        return call_and_check(rng, lambda: lib.ckp_rms_norm_backward(
+            ptr(dy), ptr(x), ptr(weight), ptr(rstd), N, D, ptr(maybe_null(rng, dx)), ptr(dweight), torch_threads),
+            outputs)
+    # the two-term form: dx_rstd may overlap nothing (dx, dy, x: refused)
+    dx_rstd = rng.choice([x, dy, dx]) if rng.random() < 0.1 else torch.empty(n + 1)
+    outputs += [dx_rstd] if all(dx_rstd is not t for t in (x, dy, dx)) else []
+    return call_and_check(rng, lambda: lib.ckp_rms_norm_backward_terms(
+        ptr(dy), ptr(x), ptr(weight), ptr(rstd), N, D, ptr(maybe_null(rng, dx)), ptr(maybe_null(rng, dx_rstd)),
+        ptr(dweight), torch_threads), outputs)
 
 
 def fuzz_swiglu(rng: random.Random) -> int:

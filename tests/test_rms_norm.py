@@ -126,3 +126,27 @@ def test_bit_identical_at_every_width(N):
                 if a is not None and not torch.equal(a, b):
                     differing.append(f"D={D}{'' if weight is not None else ' (no weight)'} {label}")
     assert not differing, f"{len(differing)} outputs differ from torch: {differing[:12]}"
+
+
+def test_sums_to_one_value_split_as_torch_splits_them_on_its_threads():
+    """One row of D >= 32768 (its mean of squares and the backward's row sum)
+    and dweight at D = 1 over N >= 32768 rows are sums torch reduces to one
+    value, split across its threads (the two-pass reduction); rms_norm reads
+    torch's thread count and splits them the same way. Without the split
+    these differ (the sweep's figures: docs/kernels.md)."""
+    from ckparity.sweep import RMS_SPLIT_SHAPES, torch_threads
+
+    g = torch.Generator().manual_seed(11)
+    torch_changed = 0
+    for N, D in RMS_SPLIT_SHAPES:
+        x, w, upstream = torch.randn(N, D, generator=g) * 3, torch.randn(D, generator=g), torch.randn(N, D, generator=g)
+        theirs_by_threads = {}
+        for threads in (1, 2, 3):
+            with torch_threads(threads):
+                ours, theirs = (run(fn, x, w, 1e-5, upstream, torch.float32) for fn in (ckparity.rms_norm, F.rms_norm))
+            for label, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+                assert torch.equal(a, b), f"N={N} D={D} {label}, torch on {threads} threads"
+            theirs_by_threads[threads] = theirs
+        torch_changed += any(not torch.equal(a, b) for t in (2, 3)
+                             for a, b in zip(theirs_by_threads[1], theirs_by_threads[t]))
+    assert torch_changed >= 3, "torch's bits no longer depend on its threads here: the case checks nothing"

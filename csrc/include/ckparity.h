@@ -139,15 +139,20 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
 /* x is (N, D), weight is (D) or NULL, y is (N, D), rstd is (N):
  * rstd_i = 1 / sqrt(mean_j x_ij^2 + eps),  y_ij = (x_ij * rstd_i) * weight_j,
  * in torch's float operations and summation order.
- * eps >= 0 (torch's eps=None is FLT_EPSILON, 1.1920929e-07). */
+ * eps >= 0 (torch's eps=None is FLT_EPSILON, 1.1920929e-07).
+ * torch_threads >= 1: the threads torch reduces on (torch.get_num_threads());
+ * a sum torch reduces to one value -- the row of a one-row input (N = 1),
+ * dweight's column at D = 1 -- is split across them from 32768 elements on,
+ * and is split here the same way (the work itself stays on this library's
+ * threads: the same inputs and torch_threads give the same bits). 1: no split. */
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
-                                double eps, float *y, float *rstd);
+                                double eps, float *y, float *rstd, int torch_threads);
 
 /* dy, x, dx are (N, D); rstd is (N) from the forward; dweight is (D), or NULL
- * when weight is NULL. dx may be dy (in place). */
+ * when weight is NULL. dx may be dy (in place). torch_threads as above. */
 ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight,
                                  const float *rstd, int64_t N, int64_t D,
-                                 float *dx, float *dweight);
+                                 float *dx, float *dweight, int torch_threads);
 
 /* The same backward with dx as the two terms torch's autograd adds
  * separately: dx_normalized = (dy * weight) * rstd, the gradient through the
@@ -160,7 +165,8 @@ ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *w
  * place); dx_rstd may overlap nothing. */
 ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const float *weight,
                                        const float *rstd, int64_t N, int64_t D,
-                                       float *dx_normalized, float *dx_rstd, float *dweight);
+                                       float *dx_normalized, float *dx_rstd, float *dweight,
+                                       int torch_threads);
 
 /* ------------------------------------------------------------------------
  * swiglu (csrc/swiglu.c): x is (N, 2H), gate = x[:, :H], up = x[:, H:],

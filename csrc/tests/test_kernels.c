@@ -18,13 +18,14 @@ static void test_rms_norm(void) {
     for (int j = 0; j < D; j++) w[j] = check_uniform(1.0f);
     for (int k = 0; k < N * D; k++) y[k] = 42.0f;
 
-    CHECK(ckp_rms_norm_forward(NULL, w, N, D, 1e-6, y, rstd) == CKP_ERR_NULL_POINTER, "NULL x");
-    CHECK(ckp_rms_norm_forward(x, w, 0, D, 1e-6, y, rstd) == CKP_ERR_BAD_SIZE, "N=0");
-    CHECK(ckp_rms_norm_forward(x, w, N, D, -1.0, y, rstd) == CKP_ERR_BAD_OPTION, "eps<0");
-    CHECK(ckp_rms_norm_forward(x, w, N, D, NAN, y, rstd) == CKP_ERR_BAD_OPTION, "eps NaN");
+    CHECK(ckp_rms_norm_forward(NULL, w, N, D, 1e-6, y, rstd, 1) == CKP_ERR_NULL_POINTER, "NULL x");
+    CHECK(ckp_rms_norm_forward(x, w, 0, D, 1e-6, y, rstd, 1) == CKP_ERR_BAD_SIZE, "N=0");
+    CHECK(ckp_rms_norm_forward(x, w, N, D, -1.0, y, rstd, 1) == CKP_ERR_BAD_OPTION, "eps<0");
+    CHECK(ckp_rms_norm_forward(x, w, N, D, NAN, y, rstd, 1) == CKP_ERR_BAD_OPTION, "eps NaN");
+    CHECK(ckp_rms_norm_forward(x, w, N, D, 1e-6, y, rstd, 0) == CKP_ERR_BAD_OPTION, "torch_threads 0");
     CHECK(y[0] == 42.0f, "y written on error");
 
-    CHECK(ckp_rms_norm_forward(x, w, N, D, 1e-6, y, rstd) == CKP_OK, "forward");
+    CHECK(ckp_rms_norm_forward(x, w, N, D, 1e-6, y, rstd, 1) == CKP_OK, "forward");
     double worst = 0;
     for (int i = 0; i < N; i++) {
         double ss = 0;
@@ -37,24 +38,25 @@ static void test_rms_norm(void) {
     float *dy = malloc(sizeof(float) * N * D), *dx = malloc(sizeof(float) * N * D);
     float *dx2 = malloc(sizeof(float) * N * D), dw[D], dw2[D];
     for (int k = 0; k < N * D; k++) dy[k] = check_uniform(1.0f);
-    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, dx, NULL) == CKP_ERR_NULL_POINTER, "dweight missing");
-    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, x, dw) == CKP_ERR_ALIASING, "dx over x");
+    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, dx, NULL, 1) == CKP_ERR_NULL_POINTER, "dweight missing");
+    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, x, dw, 1) == CKP_ERR_ALIASING, "dx over x");
+    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, dx, dw, -2) == CKP_ERR_BAD_OPTION, "torch_threads -2");
     for (int threads = 1; threads <= 4; threads++) {
         ckp_set_num_threads(threads);
-        CHECK(ckp_rms_norm_forward(x, w, N, D, 1e-6, y2, rstd) == CKP_OK, "forward");
+        CHECK(ckp_rms_norm_forward(x, w, N, D, 1e-6, y2, rstd, 1) == CKP_OK, "forward");
         CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, threads == 1 ? dx : dx2,
-                                    threads == 1 ? dw : dw2) == CKP_OK, "backward");
+                                    threads == 1 ? dw : dw2, 1) == CKP_OK, "backward");
         if (threads > 1)
             CHECK(memcmp(dx, dx2, sizeof(float) * N * D) == 0 && memcmp(dw, dw2, sizeof dw) == 0 &&
                   memcmp(y, y2, sizeof(float) * N * D) == 0, "%d threads change bits", threads);
     }
     /* the two terms, added as an autograd engine adds them, give dx to the bit */
     float *normalized = malloc(sizeof(float) * N * D), *through_rstd = malloc(sizeof(float) * N * D), dw3[D];
-    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, NULL, dw3) == CKP_ERR_NULL_POINTER,
+    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, NULL, dw3, 1) == CKP_ERR_NULL_POINTER,
           "dx_rstd missing");
-    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, dy, dw3) == CKP_ERR_ALIASING,
+    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, dy, dw3, 1) == CKP_ERR_ALIASING,
           "dx_rstd over dy");
-    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, through_rstd, dw3) == CKP_OK, "terms");
+    CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, through_rstd, dw3, 1) == CKP_OK, "terms");
     int same = memcmp(dw, dw3, sizeof dw) == 0;
     for (int k = 0; k < N * D; k++) same = same && normalized[k] + through_rstd[k] == dx[k];
     CHECK(same, "dx_normalized + dx_rstd != dx");

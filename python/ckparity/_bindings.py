@@ -87,26 +87,28 @@ def cross_entropy(logits, target, options, loss, dlogits=None, *, library=lib) -
 
 # ---- rms_norm ---------------------------------------------------------------
 
-def rms_norm_forward(x, weight, eps: float, y, rstd, *, library=lib) -> None:
-    """x, y (N, D); weight (D) or None; rstd (N)."""
+def rms_norm_forward(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:
+    """x, y (N, D); weight (D) or None; rstd (N). ``torch_threads``: a sum torch
+    reduces to one value (one row, N = 1) is split as on that many threads."""
     N, D = x.shape
-    check(library.ckp_rms_norm_forward(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd)),
-          "rms_norm", library)
+    check(library.ckp_rms_norm_forward(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd),
+                                       torch_threads), "rms_norm", library)
 
 
-def rms_norm_backward(dy, x, weight, rstd, dx, dweight, *, library=lib) -> None:
+def rms_norm_backward(dy, x, weight, rstd, dx, dweight, *, torch_threads: int = 1, library=lib) -> None:
     """dy, x, dx (N, D); weight, dweight (D) or None; rstd (N) from the forward."""
     N, D = x.shape
     check(library.ckp_rms_norm_backward(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
-                                        pointer(dx), pointer(dweight)), "rms_norm backward", library)
+                                        pointer(dx), pointer(dweight), torch_threads), "rms_norm backward", library)
 
 
-def rms_norm_backward_terms(dy, x, weight, rstd, dx_normalized, dx_rstd, dweight, *, library=lib) -> None:
+def rms_norm_backward_terms(dy, x, weight, rstd, dx_normalized, dx_rstd, dweight, *, torch_threads: int = 1,
+                            library=lib) -> None:
     """As rms_norm_backward, with dx as its two unadded terms."""
     N, D = x.shape
     check(library.ckp_rms_norm_backward_terms(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
-                                              pointer(dx_normalized), pointer(dx_rstd), pointer(dweight)),
-          "rms_norm backward", library)
+                                              pointer(dx_normalized), pointer(dx_rstd), pointer(dweight),
+                                              torch_threads), "rms_norm backward", library)
 
 
 # ---- swiglu -----------------------------------------------------------------

@@ -41,12 +41,13 @@ def cross_entropy(L, fill, x, target, weight, reduction, variant, row_grad=None,
     return loss, d
 
 
-def rms_norm(L, fill, x, w, dy):
+def rms_norm(L, fill, x, w, dy, torch_threads=1):
     y, rstd, dx, dw = _out(x, fill), _out((x.shape[0],), fill), _out(x, fill), _out(w, fill)
-    C.rms_norm_forward(x, w, 1e-6, y, rstd, library=L)
-    C.rms_norm_backward(dy, x, w, rstd, dx, dw, library=L)
+    C.rms_norm_forward(x, w, 1e-6, y, rstd, torch_threads=torch_threads, library=L)
+    C.rms_norm_backward(dy, x, w, rstd, dx, dw, torch_threads=torch_threads, library=L)
     dx_normalized, dx_rstd, dw_terms = _out(x, fill), _out(x, fill), _out(w, fill)
-    C.rms_norm_backward_terms(dy, x, w, rstd, dx_normalized, dx_rstd, dw_terms, library=L)
+    C.rms_norm_backward_terms(dy, x, w, rstd, dx_normalized, dx_rstd, dw_terms, torch_threads=torch_threads,
+                              library=L)
     return y, rstd, dx, dw, dx_normalized, dx_rstd, dw_terms
 
 
@@ -159,6 +160,11 @@ def cases() -> Iterator[tuple[str, Callable]]:
     for D in (1, 7, 8, 9, 63, 65, 257):
         xd, wd, dyd = torch.randn(17, D, generator=g), torch.randn(D, generator=g), torch.randn(17, D, generator=g)
         yield f"rms_norm D={D}", lambda L, f, a=xd, b=wd, c=dyd: rms_norm(L, f, a, b, c)
+    # sums reduced to one value, split as torch splits them on 3 threads: one row's, dweight's at D = 1
+    for N, D in ((1, 40000), (40000, 1)):
+        xs, ws, dys = torch.randn(N, D, generator=g), torch.randn(D, generator=g), torch.randn(N, D, generator=g)
+        yield (f"rms_norm N={N} D={D} torch_threads=3",
+               lambda L, f, a=xs, b=ws, c=dys: rms_norm(L, f, a, b, c, torch_threads=3))
     for H in (1, 15, 16, 17, 31, 32, 33, 100):
         xh, dh = torch.randn(5, 2 * H, generator=g) * 8, torch.randn(5, H, generator=g)
         yield f"swiglu H={H}", lambda L, f, a=xh, b=dh: swiglu(L, f, a, b)

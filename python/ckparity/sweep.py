@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import sys
 
@@ -109,6 +110,20 @@ def sweep_rms_norm(tally: Tally, g: torch.Generator) -> None:
                 case = f"N={N} D={D}{'' if weight is not None else ' no weight'}"
                 for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
                     tally.add(q, case, a, b)
+    # sums torch reduces to one value, split across its threads from 32768 elements on: the row of
+    # a one-row input, dweight's column at D = 1
+    for (N, D), threads in itertools.product(RMS_SPLIT_SHAPES, (2, 3)):
+        x = (torch.randn(N, D, generator=g) * 3).requires_grad_(True)
+        w = torch.randn(D, generator=g).requires_grad_(True)
+        up = torch.randn(N, D, generator=g)
+        with torch_threads(threads):  # rms_norm reads torch's thread count at the call
+            ours, theirs = (_grad_run(lambda xx, ww, fn=fn: fn(xx, (D,), ww, 1e-5), [x, w], up)
+                            for fn in (rms_norm, F.rms_norm))
+        for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+            tally.add(q, f"N={N} D={D} torch threads {threads}", a, b)
+
+
+RMS_SPLIT_SHAPES = [(1, 32768), (1, 40000), (1, 65536), (1, 131071), (32768, 1), (100003, 1)]
 
 
 def sweep_rope(tally: Tally, g: torch.Generator) -> None:

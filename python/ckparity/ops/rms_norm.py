@@ -36,7 +36,8 @@ class _RMSNormFunction(CFunction):
         rows = _rows(x, D)
         y = torch.empty(x.shape, dtype=torch.float32)
         rstd = torch.empty(rows.shape[0], dtype=torch.float32)
-        _bindings.rms_norm_forward(rows, weight, eps, y.view(-1, D), rstd)
+        # a sum torch reduces to one value is split across its threads: rms_norm splits it the same way
+        _bindings.rms_norm_forward(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
         return y, rstd
 
     @staticmethod
@@ -55,7 +56,7 @@ class _RMSNormFunction(CFunction):
         dx_normalized, dx_rstd = torch.empty(x.shape, dtype=torch.float32), torch.empty(x.shape, dtype=torch.float32)
         dweight = torch.empty_like(weight) if weight is not None else None
         _bindings.rms_norm_backward_terms(_rows(dy, D), rows, weight, rstd, dx_normalized.view(-1, D),
-                                          dx_rstd.view(-1, D), dweight)
+                                          dx_rstd.view(-1, D), dweight, torch_threads=torch.get_num_threads())
         return dx_normalized, dx_rstd, dweight, None
 
 
