@@ -11,7 +11,10 @@ blockings hide in the widths, so the widths are all of 1..300 plus large odd
 ones; the row counts take ATen's row paths (one row, fewer rows than its four
 accumulators, leftovers, multi-block). Each kernel's reference is written
 plainly next to it. torch runs single-threaded where its thread split could
-cut a row (the kernels follow torch's arithmetic for a row in one piece).
+cut a row, except in the cases that are about that split: a sum torch
+reduces to one value of >= 32768 elements is split across its threads, and
+ptref and rms_norm follow it for torch's thread count at the call (those
+cases run torch, and so the kernel, on 2..4 threads).
 
 The result, per kernel and quantity: how many cases were swept and which
 were not bit-identical. It claims exactly what it swept.
