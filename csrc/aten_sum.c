@@ -38,10 +38,6 @@ float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n) {
     return any_map_sum(&m, n);
 }
 
-/* ATen's grain size (at::internal::GRAIN_SIZE): a reduction of fewer
- * elements runs on one thread. */
-enum { CKP_ATEN_GRAIN_SIZE = 32768 };
-
 /* The two-pass reduction's buffer: slot t is chunk t's sum, added to the
  * slot's 0 (-0.0 becomes +0.0, as there); the slots past the last chunk stay
  * 0. Computed when the final sum asks for it: each slot is read once. */
@@ -123,4 +119,10 @@ float ckp_row_sum(ckp_float_map2 map, const void *ctx, int64_t n) {
     for (int64_t i = size_ilp * CKP_SUM_ILP; i < n; i++) partial[0] += map(ctx, i, 0);
     for (int k = 1; k < CKP_SUM_ILP; k++) partial[0] += partial[k];
     return partial[0];
+}
+
+ckp_status ckp_check_torch_threads(int torch_threads) {
+    if (torch_threads < 1)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", torch_threads);
+    return CKP_OK;
 }

@@ -44,6 +44,11 @@
 
 enum { CKP_SUM_ILP = 4, CKP_SUM_LEVELS = 4 };
 
+/* ATen's grain size (at::internal::GRAIN_SIZE): a reduction of fewer
+ * elements runs on one thread; a reduction to one value of at least this
+ * many is split across torch's threads (ckp_aten_full_sum). */
+enum { CKP_ATEN_GRAIN_SIZE = 32768 };
+
 /* The cascade's level step for `rows` rows: 2^max(4, ceil_log2(rows) / 4). */
 static inline int64_t ckp_cascade_power(int64_t rows) {
     int64_t p = ckp_ceil_log2(rows) / CKP_SUM_LEVELS;

@@ -66,6 +66,8 @@ float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n);
  * `threads` threads: ckp_aten_sum below 32768 elements or on one thread,
  * else split into chunks summed apart and then added (aten_sum.c). */
 float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads);
+/* CKP_ERR_BAD_OPTION unless torch_threads >= 1 (the count ckp_aten_full_sum splits for). */
+ckp_status ckp_check_torch_threads(int torch_threads);
 
 /* A map from (row i, column k) to value, for sums over rows. */
 typedef float (*ckp_float_map2)(const void *ctx, int64_t i, int64_t k);

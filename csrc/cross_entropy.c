@@ -58,8 +58,8 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
                         opt->label_smoothing);
     if (!(opt->z_loss >= 0.0 && isfinite(opt->z_loss)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "z_loss must be finite and >= 0, got %g", opt->z_loss);
-    if (opt->torch_threads < 1)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", opt->torch_threads);
+    ckp_status threads_ok = ckp_check_torch_threads(opt->torch_threads);
+    if (threads_ok != CKP_OK) return threads_ok;
 
     size_t matrix_bytes = (size_t)(N * V) * sizeof(float);
     size_t loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * sizeof(float);

@@ -55,7 +55,7 @@ static float square_at(void *ctx, int64_t j) {
  * on more than one thread, split as its two-pass reduction splits it
  * (ckp_aten_full_sum); any other row is one thread's, whole. */
 static inline int split_row(int64_t D, int split_threads) {
-    return split_threads > 1 && D >= 32768;
+    return split_threads > 1 && D >= CKP_ATEN_GRAIN_SIZE;
 }
 
 /* One row of the forward; returns rstd. split_threads: torch's thread count
@@ -82,18 +82,12 @@ CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t
     return r;
 }
 
-static ckp_status check_torch_threads(int torch_threads) {
-    if (torch_threads < 1)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", torch_threads);
-    return CKP_OK;
-}
-
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
                                 double eps, float *y, float *rstd, int torch_threads) {
     if (x == NULL || y == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, y and rstd must not be NULL");
     ckp_status s = check_sizes(N, D);
-    if (s == CKP_OK) s = check_torch_threads(torch_threads);
+    if (s == CKP_OK) s = ckp_check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
     if (!(eps >= 0.0 && isfinite(eps)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
@@ -237,7 +231,7 @@ static ckp_status backward(const float *dy, const float *x, const float *weight,
     if ((weight == NULL) != (dweight == NULL))
         return ckp_fail(CKP_ERR_NULL_POINTER, "dweight must be given exactly when weight is");
     ckp_status s = check_sizes(N, D);
-    if (s == CKP_OK) s = check_torch_threads(torch_threads);
+    if (s == CKP_OK) s = ckp_check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
     size_t bytes = (size_t)(N * D) * sizeof(float);
     if (dx != dy && ckp_overlaps(dx, bytes, dy, bytes))

@@ -50,10 +50,6 @@ def torch_threads(n: int):
         torch.set_num_threads(threads)
 
 
-def torch_single_threaded():
-    return torch_threads(1)
-
-
 class Tally:
     """Per quantity: cases swept, and the cases whose bits differ."""
 
@@ -91,7 +87,7 @@ def sweep_swiglu(tally: Tally, g: torch.Generator) -> None:
             x.data[0, :H] = torch.linspace(-110.0, 110.0, H)  # both cut-offs of exp(-g)
             up = torch.randn(N, H, generator=g)
             ours = _grad_run(swiglu, [x], up)
-            with torch_single_threaded():
+            with torch_threads(1):
                 theirs = _grad_run(torch_swiglu, [x], up)
             for q, a, b in zip(("out", "dx"), ours, theirs):
                 tally.add(q, f"N={N} H={H}", a, b)
@@ -170,35 +166,59 @@ def sweep_adamw(tally: Tally, g: torch.Generator) -> None:
                 torch_p.data.copy_(ck_p.data)  # each step from one shared state
 
 
+def _ptref_case(tally: Tally, g: torch.Generator, N: int, V: int, kwargs: dict, threads: int, targets) -> None:
+    """One case of variant="ptref" against F.cross_entropy, loss and dlogits,
+    both with torch on ``threads`` (ptref reads torch's thread count at the
+    call). kwargs may hold weighted=True; ``targets(N, V)`` draws the targets
+    (class indices or probabilities) after the logits."""
+    kwargs = dict(kwargs)
+    weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
+    logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
+    target = targets(N, V)
+    up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
+    case = (f"{'probs ' if target.is_floating_point() else ''}N={N} V={V} {kwargs}"
+            f"{' weight' if weight is not None else ''}{f' torch threads {threads}' if threads > 1 else ''}")
+    with torch_threads(threads):
+        ours = _grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits], up)
+        theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
+    for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+        tally.add(q, case, a, b)
+
+
 def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
     """variant="ptref" against F.cross_entropy, loss and gradient: class
     targets over reductions, ignore_index, class weights and smoothing, with
-    torch on one thread and where its thread split matters on 2..4; then
-    probability targets."""
+    torch on one thread and where its thread split matters on 2..3; then
+    probability targets, on one thread and where the split matters on 2..4."""
     settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
                 dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
                 dict(weighted=True, label_smoothing=0.2, reduction="sum"),
                 dict(weighted=True, label_smoothing=0.05, reduction="none")]
+
+    def classes(N, V, keep_first=False):
+        target = torch.randint(0, V, (N,), generator=g)
+        target[::3] = -100  # ignored rows
+        if keep_first:
+            target[0] = 0  # a one-row input keeps its row
+        return target
+
+    def probabilities(N, V):
+        return torch.softmax(torch.randn(N, V, generator=g), dim=1)
+
     # rows: one, fewer than a cascade level (16), and enough for nll_loss's
     # cascade to flush levels (300) at a few widths
     shapes = [(N, V) for N in (1, 8, 37) for V in WIDTHS + [32000]] + [(300, V) for V in (7, 64, 1000)]
-    for N, V in shapes:
-        if True:
-            for kwargs in settings:
-                kwargs = dict(kwargs)
-                weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
-                logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
-                target = torch.randint(0, V, (N,), generator=g)
-                target[::3] = -100  # ignored rows
-                up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
-                case = f"N={N} V={V} {kwargs}{' weight' if weight is not None else ''}"
-                ours = _grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits], up)
-                with torch_single_threaded():
-                    theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
-                for q, a, b in zip(("loss", "dlogits"), ours, theirs):
-                    tally.add(q, case, a, b)
-    _sweep_thread_splits(tally, g, settings)
-    _sweep_probability_targets(tally, g)
+    for (N, V), kwargs in itertools.product(shapes, settings):
+        _ptref_case(tally, g, N, V, kwargs, 1, classes)
+    for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), settings):
+        _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: classes(n, v, keep_first=True))
+    # probability targets: -(logp * q * w).sum() over every element, or .sum(1) with none
+    prob_settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(weighted=True, label_smoothing=0.1),
+                     dict(weighted=True, label_smoothing=0.2, reduction="sum")]
+    prob_shapes = [(3, V, 1) for V in WIDTHS + [32000]] + [(37, V, 1) for V in (7, 64, 1000)]
+    prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
+    for (N, V, threads), kwargs in itertools.product(prob_shapes, prob_settings):
+        _ptref_case(tally, g, N, V, kwargs, threads, probabilities)
 
 
 # torch splits a sum over every element across its threads from 32768 elements on:
@@ -206,54 +226,10 @@ def sweep_cross_entropy_ptref(tally: Tally, g: torch.Generator) -> None:
 # rows), and a row's own sum when the input is one row (reduction none too)
 CLASS_SPLIT_SHAPES = [(1, 65537), (1, 131071), (40000, 7), (100003, 5)]
 
-
-def _sweep_thread_splits(tally: Tally, g: torch.Generator, settings: list[dict]) -> None:
-    for N, V in CLASS_SPLIT_SHAPES:
-        for threads in (2, 3):
-            for kwargs in settings:
-                kwargs = dict(kwargs)
-                weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
-                logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
-                target = torch.randint(0, V, (N,), generator=g)
-                target[::3] = -100
-                target[0] = 0  # the one-row inputs keep their row
-                up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
-                case = f"N={N} V={V} {kwargs}{' weight' if weight is not None else ''} torch threads {threads}"
-                with torch_threads(threads):  # ptref reads torch's thread count at the call
-                    ours = _grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits],
-                                     up)
-                    theirs = _grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
-                for q, a, b in zip(("loss", "dlogits"), ours, theirs):
-                    tally.add(q, case, a, b)
-
-
-# a sum over every element of at least 32768 (N*V) is split across torch's threads
-# (two_pass_reduction); these take one to several chunks, a chunk past the last
-# element, and a thread count above the chunks' (1031 x 64: three chunks)
+# probability targets' sum over every element (N*V) split across torch's threads
+# (two_pass_reduction): one to several chunks, a chunk past the last element, and a
+# thread count above the chunks' (1031 x 64: three chunks)
 SPLIT_SHAPES = [(1, 32767), (1, 32768), (128, 256), (257, 255), (1031, 64), (65, 1009), (4097, 33)]
-
-
-def _sweep_probability_targets(tally: Tally, g: torch.Generator) -> None:
-    """Probability targets: -(logp * q * w).sum() (over every element) or .sum(1)
-    (none); at every width with torch on one thread, and where the full sum is
-    split across threads with torch (and so ptref) on 2..4."""
-    settings = [dict(), dict(reduction="sum"), dict(reduction="none"),
-                dict(weighted=True, label_smoothing=0.1), dict(weighted=True, label_smoothing=0.2, reduction="sum")]
-    shapes = [(3, V, 1) for V in WIDTHS + [32000]] + [(37, V, 1) for V in (7, 64, 1000)]
-    shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
-    for N, V, threads in shapes:
-        for kwargs in settings:
-            kwargs = dict(kwargs)
-            weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
-            logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
-            probs = torch.softmax(torch.randn(N, V, generator=g), dim=1)
-            up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
-            case = f"probs N={N} V={V} {kwargs}{' weight' if weight is not None else ''} torch threads {threads}"
-            with torch_threads(threads):  # ptref reads torch's thread count at the call
-                ours = _grad_run(lambda x: cross_entropy(x, probs, weight, variant="ptref", **kwargs), [logits], up)
-                theirs = _grad_run(lambda x: F.cross_entropy(x, probs, weight, **kwargs), [logits], up)
-            for q, a, b in zip(("loss", "dlogits"), ours, theirs):
-                tally.add(q, case, a, b)
 
 
 SWEEPS = {
