@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity.harness import backends, envelope
+from ckparity import kernels
+from ckparity.harness import envelope
 from ckparity.harness.repro import STRESS
 from ckparity.harness.run import train
 
@@ -151,7 +152,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
     for (kernel, name), fn in PLANTED.items():
-        backends.register(kernel, name, fn)
+        kernels.register(kernel, name, fn)
     # cases run before (another --only) stay in the summary
     previous = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {"cases": {}}
     summary = {"capability": ckparity.cpu.capability(), "members": args.members, "profile": "stress, 1000 steps",

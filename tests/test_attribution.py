@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity.cli import main
-from ckparity.harness import backends
+from ckparity import kernels
 from ckparity.harness.attribute import attribute, verdict
 from ckparity.harness.config import RunConfig
 from ckparity.harness.data import load_tokens
@@ -54,7 +54,7 @@ class _SwiGLUOneUlpBackward(torch.autograd.Function):
         return torch.nextafter(dx, torch.full_like(dx, math.inf))
 
 
-backends.register("swiglu", "fault_one_ulp_backward", _SwiGLUOneUlpBackward.apply)
+kernels.register("swiglu", "fault_one_ulp_backward", _SwiGLUOneUlpBackward.apply)
 
 
 def test_divergence_names_the_planted_stage(tmp_path):
@@ -116,7 +116,7 @@ def _loss_scaled(logits, targets):
     return F.cross_entropy(logits, targets) * 1.001  # planted fault: 0.1% off
 
 
-backends.register("cross_entropy", "fault_scaled_loss", _loss_scaled)
+kernels.register("cross_entropy", "fault_scaled_loss", _loss_scaled)
 
 
 def test_attribute_names_the_planted_backend_only(tmp_path):
@@ -138,7 +138,7 @@ def test_attribute_without_a_fault_blames_nothing(tmp_path):
 def test_attribute_when_torch_disagrees_with_itself(tmp_path, monkeypatch):
     # torch's own loss, made nondeterministic: both twins use it, so even the control fails
     noisy = lambda logits, t: F.cross_entropy(logits, t) * (1 + 1e-3 * torch.rand(()))  # noqa: E731
-    monkeypatch.setitem(backends.CROSS_ENTROPY, "torch", noisy)
+    monkeypatch.setitem(kernels.backends("cross_entropy"), "torch", noisy)
     result = attribute(SHORT, str(tmp_path / "attr.json"), jobs=1)
     assert result["verdict"]["responsible"] == []
     assert "control fails too" in result["verdict"]["summary"]
@@ -190,14 +190,14 @@ class _BiasedAdamW(torch.optim.AdamW):
                 p.add_(1e-5)
 
 
-backends.register("adamw", "fault_biased", _BiasedAdamW)
+kernels.register("adamw", "fault_biased", _BiasedAdamW)
 
 
 def test_shadow_says_the_biased_twin_is_further_from_float64(tmp_path, monkeypatch):
     config = replace(SHORT, **ALL_TORCH, f64_shadow=True, shadow_every=2)
     ck_biased = run(tmp_path, replace(config, ck_optimizer_backend="fault_biased"), "ck.json")["shadow"]["summary"]
     assert ck_biased["closer_to_f64"] == "torch" and ck_biased["closer_to_f64_locally"] == "torch"
-    monkeypatch.setitem(backends.ADAMW, "torch", _BiasedAdamW)  # the torch twin perturbed instead
+    monkeypatch.setitem(kernels.backends("adamw"), "torch", _BiasedAdamW)  # the torch twin perturbed instead
     torch_biased = run(tmp_path, replace(config, ck_optimizer_backend="c"), "torch.json")["shadow"]["summary"]
     assert torch_biased["closer_to_f64"] == "ck" and torch_biased["closer_to_f64_locally"] == "ck"
 

@@ -79,7 +79,7 @@ def test_vocab_parallel_row_runs_two_ranks_against_loss_parallel():
 def test_peak_memory_is_measured_in_a_fresh_process_per_side():
     """The in-place cross-entropy allocates no (N, V) buffer that torch's path does: its peak is lower
     by at least one (N, V) float32 buffer (262 MB), which only a per-side measurement can show."""
-    from ckparity.bench_memory import measure
+    from ckparity.bench import peak_memory as measure
 
     shape = "N=2048,V=32000,inplace_backward"
     ours, theirs = measure("cross_entropy", shape, "ckparity"), measure("cross_entropy", shape, "torch")

@@ -5,7 +5,7 @@ AVX512), fixed at start-up and lowered by ATEN_CPU_CAPABILITY. Each test
 here runs in a subprocess per capability; a capability this CPU cannot run
 (torch reports a lower one) is skipped with its name, never failed. At each:
 - the bit-identity sweep (ckparity.sweep: every width 1..300 and large odd
-  ones) finds no differing case in any quantity ckparity.cpu claims;
+  ones) finds no differing case in any quantity a kernel's record claims;
 - the sweep can fail: with the library set to another capability's
   arithmetic, it finds the differences;
 - the CK twin with ptref, C rms_norm, swiglu, rope and torch's AdamW is
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import ckparity
-from ckparity import cpu
+from ckparity import cpu, kernels
 
 CAPABILITIES = ("default", "avx2", "avx512")
 
@@ -58,9 +58,10 @@ def capability(request):
 def test_sweep_is_bit_identical_at(capability):
     result = json.loads(run_at(capability, "import ckparity.sweep as s, json; print(json.dumps(s.run()))"))
     assert result["capability"] == {"torch": capability.upper(), "library": capability.upper(), "matched": True}
-    for kernel, quantities in cpu.BIT_IDENTICAL.items():
+    for claim in kernels.claims("float32"):
+        kernel, quantities = claim.key, claim.quantities
         swept = result["kernels"][kernel]
-        assert sorted(swept) == sorted(quantities), f"{kernel}: the sweep and ckparity.cpu name other quantities"
+        assert sorted(swept) == sorted(quantities), f"{kernel}: the sweep and the record's claim name other quantities"
         for quantity in quantities:
             figures = swept[quantity]
             assert figures["swept"] >= 300, f"{kernel}.{quantity}: only {figures['swept']} cases swept"
@@ -80,12 +81,12 @@ def test_sweep_finds_another_capabilitys_arithmetic(capability):
     other = OTHER[capability]
     code = ("import ckparity.sweep as s, json; from ckparity._native import lib; from ckparity import cpu;"
             f"lib.ckp_set_capability(cpu.CAPABILITIES.index({other!r}));"
-            "print(json.dumps(s.run(['swiglu', 'cross_entropy_ptref'])))")
+            "print(json.dumps(s.run(['swiglu', 'cross_entropy.ptref'])))")
     result = json.loads(run_at(capability, code))
     assert result["capability"]["matched"] is False
     assert result["kernels"]["swiglu"]["out"]["differing"] > 0
     assert result["kernels"]["swiglu"]["dx"]["differing"] > 0
-    assert result["kernels"]["cross_entropy_ptref"]["dlogits"]["differing"] > 0
+    assert result["kernels"]["cross_entropy.ptref"]["dlogits"]["differing"] > 0
 
 
 TWINS = """
@@ -140,4 +141,4 @@ def test_unmatched_capability_claims_nothing(monkeypatch):
     envelope's null members then carry the C kernels' measured differences:
     tests/test_envelope.py)."""
     monkeypatch.setattr(cpu, "matched", lambda: False)
-    assert cpu.bit_identical() == {}
+    assert kernels.bit_identical() == {}

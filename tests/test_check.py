@@ -12,23 +12,24 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import check as conformance
-from ckparity import cpu, plugins, reference
+from ckparity import kernels, reference
 from ckparity.cli import main
-from ckparity.harness import backends
+from ckparity import kernels
 
 
 @pytest.fixture
 def few_widths(monkeypatch):
     """Planted faults show at any width: a short sweep keeps these tests fast."""
-    for name, s in list(conformance.SLOTS.items()):
-        widths = [2, 8, 34, 300] if name == "rope" else [1, 7, 64, 301]
-        monkeypatch.setitem(conformance.SLOTS, name, replace(s, widths=widths))
+    for name, record in kernels.KERNELS.items():
+        if record.conformance is not None and not record.optimizer:
+            widths = [2, 8, 34, 300] if name == "rope" else [1, 7, 64, 301]
+            monkeypatch.setattr(record, "conformance", replace(record.conformance, widths=widths))
 
 
 @pytest.fixture
 def planted(monkeypatch):
     def plant(kernel, name, fn):
-        monkeypatch.setitem(backends.BACKENDS[kernel], name, fn)
+        monkeypatch.setitem(kernels.BACKENDS[kernel], name, fn)
         return name
     return plant
 
@@ -40,8 +41,8 @@ def _verdicts(report):
 def test_own_swiglu_full_sweep_is_bitwise_where_the_library_follows_torch():
     report = conformance.check("swiglu", "c")
     widths = next(r for r in report["properties"] if r["property"] == "widths")
-    assert widths["cases"] == 2 * (300 + 5)
-    expected = "bitwise" if "swiglu" in cpu.bit_identical() else "as accurate as torch"
+    assert widths["cases"] == 2 * (300 + 6)  # 1..300 and six large widths, at 1 and 3 rows
+    expected = "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"
     assert report["verdict"] == expected and report["passed"] and report["schema"] == "ckparity.check/1"
 
 
@@ -176,8 +177,8 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CKP_PLUGINS", raising=False)
     for kernel in ("rope", "swiglu"):  # the plugin's registrations end with the test
-        monkeypatch.setitem(backends.BACKENDS, kernel, dict(backends.BACKENDS[kernel]))
-    monkeypatch.setattr(plugins, "_loaded", [])
+        monkeypatch.setitem(kernels.BACKENDS, kernel, dict(kernels.BACKENDS[kernel]))
+    monkeypatch.setattr(kernels.registry, "_loaded", [])
     (tmp_path / "planted.py").write_text(_CLI_PLUGIN)
     out = tmp_path / "check.json"
     assert main(["check", "rope", "--backend", "c", "--json-out", str(out)]) == 0
@@ -191,8 +192,8 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
     assert crashed["verdict"] == "crashes" and crashed["crash"]["ending"] == "killed by SIGSEGV", crashed
     # the properties before the crash keep their rows; the crash names its property and case
     assert [(r["property"], r["verdict"]) for r in crashed["properties"]] == [
-        ("widths", "bitwise" if "swiglu" in cpu.bit_identical() else "as accurate as torch"),
-        ("options", "bitwise" if "swiglu" in cpu.bit_identical() else "as accurate as torch"),
+        ("widths", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
+        ("options", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
         ("non_contiguous", "crashes")]
     assert (crashed["crash"]["property"], crashed["crash"]["case"]) == ("non_contiguous", "width=8")
     assert main(["check", "swiglu", "--backend", "nope"]) == 2
@@ -212,8 +213,8 @@ import ckparity.check
 
 @pytest.fixture(autouse=True)
 def few_widths(monkeypatch):
-    s = ckparity.check.SLOTS["rms_norm"]
-    monkeypatch.setitem(ckparity.check.SLOTS, "rms_norm", replace(s, widths=[1, 7, 64]))
+    record = kernels.KERNELS["rms_norm"]
+    monkeypatch.setattr(record, "conformance", replace(record.conformance, widths=[1, 7, 64]))
 
 
 def my_rms_norm(x, shape, weight, eps):  # a user's kernel that is torch's own op: bit-identical on any CPU

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ckparity import _bindings
-from ckparity.harness import backends
+from ckparity import kernels
 from ckparity.harness.config import RunConfig
 from ckparity.harness.run import train
 
@@ -50,7 +50,7 @@ def _pre_added_rms_norm(x, shape, weight, eps):
     return _PreAddedRMSNorm.apply(x.reshape(-1, x.shape[-1]).contiguous(), weight, eps).reshape(x.shape)
 
 
-backends.register("rms_norm", "fault_pre_added_dx", _pre_added_rms_norm)
+kernels.register("rms_norm", "fault_pre_added_dx", _pre_added_rms_norm)
 
 
 @pytest.mark.parametrize("num_layers", [1, 2, 4])

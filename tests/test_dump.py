@@ -12,7 +12,7 @@ import torch
 
 import ckparity
 from ckparity.cli import main
-from ckparity.harness import backends
+from ckparity import kernels
 from ckparity.harness.config import RunConfig, UsageError
 from ckparity.harness.dump import replay
 from ckparity.harness.run import train
@@ -41,8 +41,8 @@ def test_a_dumped_step_loads_and_replays_to_the_runs_bits(tmp_path):
 
 
 def test_a_planted_loss_fault_shows_against_float64_in_the_ck_rows(tmp_path, monkeypatch):
-    monkeypatch.setitem(backends.CROSS_ENTROPY, "off_1e-3",
-                        lambda x, t, **kw: backends.CROSS_ENTROPY["torch"](x, t, **kw) * (1 + 1e-3))
+    monkeypatch.setitem(kernels.backends("cross_entropy"), "off_1e-3",
+                        lambda x, t, **kw: kernels.backends("cross_entropy")["torch"](x, t, **kw) * (1 + 1e-3))
     train(RunConfig(max_steps=2, dump_step=2, dump_dir=str(tmp_path / "d"), ck_loss_backend="off_1e-3",
                     no_progress=True, json_out=str(tmp_path / "r.json")))
     result = replay(str(tmp_path / "d"))

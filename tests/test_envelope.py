@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity.harness import backends
+from ckparity import kernels
 from ckparity.harness.config import RunConfig
 from ckparity.harness.envelope import LEAN_MARGIN, Measured, Signs, mirror, move_ulps, null_ops, window_ratio
 from ckparity.harness.run import train
@@ -95,13 +95,13 @@ def test_null_members_carry_the_ck_kernels_measured_difference(monkeypatch):
     up: a null member's swiglu is torch's +-1 ULP in both, both signs, and
     the measured figures say +1 on average; a slot whose CK backend is torch's
     own (or bit-identical to it) adds nothing."""
-    monkeypatch.setitem(backends.SWIGLU, "up", lambda x: _one_ulp_up(backends.SWIGLU["torch"](_GradOneUlpUp.apply(x))))
+    monkeypatch.setitem(kernels.backends("swiglu"), "up", lambda x: _one_ulp_up(kernels.backends("swiglu")["torch"](_GradOneUlpUp.apply(x))))
     measured = Measured()
     ops = null_ops(RunConfig(ck_swiglu_backend="up", ck_rmsnorm_backend="torch", no_progress=True),
                    Signs(12345), measured)
     x = torch.randn(64, 2 * 96, requires_grad=True)
     out = ops.swiglu(x)
-    exact = backends.SWIGLU["torch"](x)
+    exact = kernels.backends("swiglu")["torch"](x)
     steps = _magnitude_steps(out, exact)
     assert set(steps.unique().tolist()) == {-1, 1}
     up = torch.randn_like(out)
@@ -169,7 +169,7 @@ def test_verdicts(tmp_path):
     base = RunConfig(max_steps=30, grad_accum=2, envelope=2, no_progress=True)
     same = train(replace(base, ck_loss_backend="torch", ck_optimizer_backend="torch", json_out=str(tmp_path / "a.json")))
     assert same["noise_verdict"] == "within_noise" and same["envelope"]["max_noise_ratio"]["param"] == 0.0
-    backends.register("cross_entropy", "off_1e-4", lambda x, t: backends.CROSS_ENTROPY["torch"](x, t) * (1 + 1e-4))
+    kernels.register("cross_entropy", "off_1e-4", lambda x, t: kernels.backends("cross_entropy")["torch"](x, t) * (1 + 1e-4))
     off = train(replace(base, ck_loss_backend="off_1e-4", json_out=str(tmp_path / "b.json")))
     assert off["noise_verdict"] == "beyond_noise" and off["envelope"]["first_beyond_step"] == 1
     assert same["envelope"]["directed"] == [] and same["envelope"]["null_model"]["measured"]["loss"]["lean"]["n"] == 0
@@ -192,7 +192,7 @@ def test_the_ck_optimizers_difference_is_measured_and_carried(tmp_path, monkeypa
     direction (outward_share 1); C AdamW's differences (where torch's sqrt
     rounds otherwise; how many depends on the CPU) stay within the reach; with
     torch's AdamW there is no optimizer noise at all."""
-    monkeypatch.setitem(backends.ADAMW, "outward", _OutwardAdamW)
+    monkeypatch.setitem(kernels.backends("adamw"), "outward", _OutwardAdamW)
     base = RunConfig(max_steps=10, envelope=1, ck_loss_backend="c_ptref", no_progress=True)
     planted = train(replace(base, ck_optimizer_backend="outward", json_out=str(tmp_path / "p.json")))
     figures = planted["envelope"]["null_model"]["measured"]["adamw.param"]
@@ -212,7 +212,7 @@ def test_the_ck_optimizers_difference_is_measured_and_carried(tmp_path, monkeypa
 def test_train_prints_the_noise_verdict_and_why(tmp_path, capsys, monkeypatch):
     from ckparity.cli import main
 
-    monkeypatch.setitem(backends.CROSS_ENTROPY, "outward",
+    monkeypatch.setitem(kernels.backends("cross_entropy"), "outward",
                         lambda x, t, **kw: F.cross_entropy(_GradOneUlpUp.apply(x), t, **kw))
     main(["train", "--max-steps", "6", "--envelope", "1", "--ck-loss-backend", "outward", "--ck-optimizer-backend",
           "torch", "--no-progress", "--json-out", str(tmp_path / "r.json")])

@@ -14,7 +14,7 @@ import ckparity
 CASES = {
     "cross_entropy": (lambda x: ckparity.cross_entropy(x, torch.tensor([1, 0, 3])),
                       lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3])), (3, 5)),
-    "cross_entropy_ptref": (lambda x: ckparity.cross_entropy(x, torch.tensor([1, 0, 3]), variant="ptref"),
+    "cross_entropy.ptref": (lambda x: ckparity.cross_entropy(x, torch.tensor([1, 0, 3]), variant="ptref"),
                             lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3])), (3, 5)),
     "rms_norm": (lambda x: ckparity.rms_norm(x, (6,)).pow(3).sum(), lambda x: F.rms_norm(x, (6,)).pow(3).sum(), (4, 6)),
     "swiglu": (lambda x: ckparity.swiglu(x).pow(2).sum(),

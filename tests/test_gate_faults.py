@@ -22,8 +22,7 @@ import pytest
 import torch
 
 import ckparity
-from ckparity import gates
-from ckparity.harness import backends
+from ckparity import gates, kernels
 
 GATES = [g for g in gates.GATE_NAMES if g != "distributed_parity"]
 
@@ -77,16 +76,17 @@ _FAULTS = {"raises": (lambda fn: _raises, _RaisingAdamW), "nan": (_nan_of, _NanA
 
 def _plant(monkeypatch, fault: str) -> None:
     broken, adamw = _FAULTS[fault]
-    for kernel, table in backends.BACKENDS.items():
+    for kernel, table in kernels.BACKENDS.items():
         for name in [n for n in table if n.startswith("c")]:
             if kernel == "adamw":
                 monkeypatch.setitem(table, name, adamw)
             elif kernel != "clip_grad_norm":
                 monkeypatch.setitem(table, name, broken(table[name]))
-    for name in backends.HEAD_LOSS:
-        monkeypatch.setitem(backends.HEAD_LOSS, name, broken(backends.HEAD_LOSS[name]))
-    for name, check in list(gates.KERNELS.items()):
-        monkeypatch.setitem(gates.KERNELS, name, replace(check, ours=broken(check.ours)))
+    for name in kernels.HEAD_LOSS:
+        monkeypatch.setitem(kernels.HEAD_LOSS, name, broken(kernels.HEAD_LOSS[name]))
+    for record in kernels.KERNELS.values():
+        for name, case in list(record.gate_cases.items()):
+            monkeypatch.setitem(record.gate_cases, name, replace(case, ours=broken(case.ours)))
     monkeypatch.setitem(gates.OPTIMIZERS, "ckparity", lambda params, **kw: adamw(params, **kw))
 
 
@@ -108,7 +108,7 @@ _RANK_PLUGIN = """
 import torch
 import torch.distributed as dist
 import ckparity
-from ckparity.harness import backends
+from ckparity import kernels
 
 def faulty(*args, **kwargs):
     y = ckparity.rms_norm(*args, **kwargs)
@@ -122,7 +122,7 @@ def faulty(*args, **kwargs):
     rank = dist.get_rank() if dist.is_initialized() else 0
     return y if rank == 0 else torch.nextafter(y, y * 2)
 
-backends.RMS_NORM["c"] = faulty
+kernels.backends("rms_norm")["c"] = faulty
 """
 
 

@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity import gates, reference
+from ckparity import gates, kernels, reference
 from ckparity.cli import main
-from ckparity.harness import backends
 
 
 def small(gate: str, **overrides) -> dict:
@@ -21,8 +20,9 @@ def small(gate: str, **overrides) -> dict:
 
 
 def test_kernel_parity_catches_a_broken_kernel(monkeypatch):
-    check = gates.KERNELS["swiglu"]
-    monkeypatch.setitem(gates.KERNELS, "swiglu", replace(check, ours=lambda x: check.ours(x) * (1 + 1e-4)))  # 1e-4 off
+    check = gates.gate_cases()["swiglu"]
+    monkeypatch.setitem(kernels.KERNELS["swiglu"].gate_cases, "swiglu",
+                        replace(check, ours=lambda x: check.ours(x) * (1 + 1e-4)))  # 1e-4 off
     result = gates.kernel_parity(small("kernel_parity"))
     assert not result["passed"]
     assert "swiglu" in result["summary"] and "failed" in result["summary"]
@@ -31,11 +31,12 @@ def test_kernel_parity_catches_a_broken_kernel(monkeypatch):
 def test_kernel_parity_holds_bitwise_kernels_to_torchs_bits(monkeypatch):
     """One ULP on a few outputs passes the accuracy rule, not the bitwise one."""
     def one_ulp_off(x, *args, **kwargs):
-        y = gates.KERNELS["rms_norm"].theirs(x, *args, **kwargs)
+        y = gates.gate_cases()["rms_norm"].theirs(x, *args, **kwargs)
         every_97th = torch.arange(y.numel()).reshape(y.shape) % 97 == 0
         return y + torch.where(every_97th, torch.nextafter(y, y + 1) - y, 0.0).detach()
 
-    monkeypatch.setitem(gates.KERNELS, "rms_norm", replace(gates.KERNELS["rms_norm"], ours=one_ulp_off))
+    monkeypatch.setitem(kernels.KERNELS["rms_norm"].gate_cases, "rms_norm",
+                        replace(gates.gate_cases()["rms_norm"], ours=one_ulp_off))
     result = gates.kernel_parity(small("kernel_parity"))
     assert not result["passed"] and "bits" in result["summary"] and "rms_norm" in result["summary"]
     relaxed = gates.kernel_parity(small("kernel_parity", bitwise_kernels=["swiglu"]))
@@ -52,7 +53,7 @@ def test_kernel_parity_holds_rope_to_torchs_bits(monkeypatch):
     def rounded_once(x, cos, sin, layout="half"):
         return _Float64Once.apply(x, cos, sin, layout)
 
-    monkeypatch.setitem(gates.KERNELS, "rope", replace(gates.KERNELS["rope"], ours=rounded_once))
+    monkeypatch.setitem(kernels.KERNELS["rope"].gate_cases, "rope", replace(gates.gate_cases()["rope"], ours=rounded_once))
     result = gates.kernel_parity(small("kernel_parity"))
     assert not result["passed"] and "rope" in result["summary"] and "bits" in result["summary"], result["summary"]
 
@@ -116,8 +117,8 @@ class _Float64AdamW(torch.optim.Optimizer):
 def test_optimizer_parity_holds_a_users_adamw_to_checks_bar(monkeypatch):
     """--backend adamw=NAME: an AdamW more exact than torch's passes (ckparity's own
     bitwise claim is not a user's contract); a wrong step fails, with check's reason."""
-    monkeypatch.setitem(backends.ADAMW, "f64", lambda params, **kw: _Float64AdamW(params, **kw))
-    monkeypatch.setitem(backends.ADAMW, "slipped", lambda params, **kw: _Float64AdamW(params, slip=1e-3, **kw))
+    monkeypatch.setitem(kernels.backends("adamw"), "f64", lambda params, **kw: _Float64AdamW(params, **kw))
+    monkeypatch.setitem(kernels.backends("adamw"), "slipped", lambda params, **kw: _Float64AdamW(params, slip=1e-3, **kw))
     settings = small("optimizer_parity", steps=5, sizes=[1, 17, 301])
     ok = gates.optimizer_parity({**settings, "ck_backends": {"adamw": "f64"}})
     assert ok["passed"] and ok["details"]["sizes"]["verdict"] == "as accurate as torch", ok["summary"]
@@ -134,7 +135,7 @@ def _swiglu_wrong_backward(x):
     return F.silu(x[..., :H]) * up
 
 
-backends.register("swiglu", "fault_wrong_backward", _swiglu_wrong_backward)
+kernels.register("swiglu", "fault_wrong_backward", _swiglu_wrong_backward)
 
 
 def test_fd_gradients_catches_a_wrong_gradient():
@@ -155,7 +156,7 @@ def _loss_random_order(logits, targets):
     return rows.sum() / rows.numel()
 
 
-backends.register("cross_entropy", "fault_nondeterministic", _loss_random_order)
+kernels.register("cross_entropy", "fault_nondeterministic", _loss_random_order)
 
 
 def test_replay_determinism_catches_a_nondeterministic_reduction(tmp_path):
@@ -178,7 +179,7 @@ def test_long_horizon_catches_a_broken_loss(tmp_path):
 
     result = gates.long_horizon(small("long_horizon", steps=5, loss_backends=["fault_all_tokens"]), tmp_path)
     assert result["passed"] is True  # no ignored targets in the preset: dividing by all tokens is right
-    backends.register("cross_entropy", "fault_scaled", lambda logits, t: F.cross_entropy(logits, t) * 1.001)
+    kernels.register("cross_entropy", "fault_scaled", lambda logits, t: F.cross_entropy(logits, t) * 1.001)
     result = gates.long_horizon(small("long_horizon", steps=5, loss_backends=["fault_scaled"]), tmp_path)
     assert not result["passed"] and "loss fails at 1" in result["summary"] and "loss" in result["summary"]
 
@@ -220,7 +221,7 @@ def test_depth_sweep_passes_as_built(tmp_path):
 def test_depth_sweep_catches_a_broken_composition(tmp_path, monkeypatch):
     from test_composition import _pre_added_rms_norm
 
-    monkeypatch.setitem(backends.RMS_NORM, "c", _pre_added_rms_norm)  # the pre-added dx, planted as "c"
+    monkeypatch.setitem(kernels.backends("rms_norm"), "c", _pre_added_rms_norm)  # the pre-added dx, planted as "c"
     result = gates.depth_sweep(small("depth_sweep", steps=3, variants=["bitwise"]), tmp_path)
     assert not result["passed"] and "not bit-identical" in result["summary"]
 
@@ -228,12 +229,12 @@ def test_depth_sweep_catches_a_broken_composition(tmp_path, monkeypatch):
 def test_depth_sweep_runs_the_gates_backends(tmp_path, monkeypatch):
     """gate --backend: one variant, the CK twin with the user's kernels, held to parity
     (not to bits); a user's swiglu 1e-3 off fails it."""
-    monkeypatch.setitem(backends.SWIGLU, "off", lambda x: backends.SWIGLU["torch"](x) * (1 + 1e-3))
+    monkeypatch.setitem(kernels.backends("swiglu"), "off", lambda x: kernels.backends("swiglu")["torch"](x) * (1 + 1e-3))
     result = gates.depth_sweep({**small("depth_sweep", steps=3), "ck_backends": {"swiglu": "off"}}, tmp_path)
     assert {r["variant"] for r in result["details"]["rows"]} == {"backends"} and not result["passed"]
     report = json.loads(next(tmp_path.glob("depth_*_backends.json")).read_text())
     assert report["config"]["ck_swiglu_backend"] == "off" and report["config"]["ck_loss_backend"] == "c"
-    monkeypatch.setitem(backends.SWIGLU, "same", backends.SWIGLU["torch"])
+    monkeypatch.setitem(kernels.backends("swiglu"), "same", kernels.backends("swiglu")["torch"])
     assert gates.depth_sweep({**small("depth_sweep", steps=3), "ck_backends": {"swiglu": "same"}}, tmp_path)["passed"]
 
 
@@ -266,9 +267,9 @@ def _loss_by_thread_count(logits, targets):
     return sum(block.sum() for block in blocks) / rows.numel()
 
 
-backends.register("cross_entropy", "fault_raises", _loss_raises)
-backends.register("cross_entropy", "fault_nan", _loss_nan)
-backends.register("cross_entropy", "fault_thread_count", _loss_by_thread_count)
+kernels.register("cross_entropy", "fault_raises", _loss_raises)
+kernels.register("cross_entropy", "fault_nan", _loss_nan)
+kernels.register("cross_entropy", "fault_thread_count", _loss_by_thread_count)
 
 
 def test_accuracy_parity_fails_on_a_run_that_errors(tmp_path):
@@ -320,7 +321,7 @@ def test_noise_envelope_catches_a_one_ulp_bias_by_its_direction(tmp_path, monkey
     random signs make the same size), but an error with a direction."""
     from test_envelope import _GradOneUlpUp  # its backward: each gradient element one ULP further from 0
 
-    monkeypatch.setitem(backends.CROSS_ENTROPY, "fault_dlogits_outward",
+    monkeypatch.setitem(kernels.backends("cross_entropy"), "fault_dlogits_outward",
                         lambda x, t, **kw: F.cross_entropy(_GradOneUlpUp.apply(x), t, **kw))
     result = gates.noise_envelope(small("noise_envelope", steps=10, members=1,
                                         loss_backends=["fault_dlogits_outward"]), tmp_path)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ckparity.cli import main
-from ckparity.harness import backends
+from ckparity import kernels
 from ckparity.harness.config import parse_train_args
 from ckparity.harness.run import train
 
@@ -90,9 +90,9 @@ class _AdamWNoBiasCorrection(torch.optim.Optimizer):
                 p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
 
 
-backends.register("cross_entropy", "fault_all_tokens", _loss_all_tokens)
-backends.register("cross_entropy", "fault_eps_log", _loss_eps_log)
-backends.register("adamw", "fault_no_bias_correction", _AdamWNoBiasCorrection)
+kernels.register("cross_entropy", "fault_all_tokens", _loss_all_tokens)
+kernels.register("cross_entropy", "fault_eps_log", _loss_eps_log)
+kernels.register("adamw", "fault_no_bias_correction", _AdamWNoBiasCorrection)
 
 
 @pytest.mark.parametrize("model", [["--model", "tiny"], ["--model", "stacked"]])

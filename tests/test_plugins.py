@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity import plugins
-from ckparity.harness import backends
+from ckparity import kernels
 
 PLUGIN = textwrap.dedent('''
     import torch.nn.functional as F
@@ -39,9 +38,9 @@ def _swiglu(x):
 @pytest.fixture
 def clean_registry():
     """What a test registers is gone after it."""
-    saved = {kernel: dict(table) for kernel, table in backends.BACKENDS.items()}
+    saved = {kernel: dict(table) for kernel, table in kernels.BACKENDS.items()}
     yield
-    for kernel, table in backends.BACKENDS.items():
+    for kernel, table in kernels.BACKENDS.items():
         table.clear()
         table.update(saved[kernel])
 
@@ -49,7 +48,7 @@ def clean_registry():
 def test_register_under_either_spelling(clean_registry):
     ckparity.register_backend("loss", "user_ce", lambda logits, t, **kw: F.cross_entropy(logits, t, **kw))
     ckparity.register_backend("rmsnorm", "user_rms", F.rms_norm)
-    assert "user_ce" in backends.CROSS_ENTROPY and "user_rms" in backends.RMS_NORM
+    assert "user_ce" in kernels.backends("cross_entropy") and "user_rms" in kernels.backends("rms_norm")
     with pytest.raises(ValueError, match="no kernel slot 'softmax'"):
         ckparity.register_backend("softmax", "x", _swiglu)
     with pytest.raises(ValueError, match="ckparity's own swiglu backend"):
@@ -81,16 +80,16 @@ class _AdamWOtherNames(torch.optim.Optimizer):
     ("swiglu", lambda x: 1 / 0, "raised in its contract check: ZeroDivisionError"),
 ])
 def test_a_backend_that_breaks_its_contract_is_refused(clean_registry, kernel, fn, reason):
-    with pytest.raises(plugins.ContractError, match=reason):
+    with pytest.raises(kernels.ContractError, match=reason):
         ckparity.register_backend(kernel, "broken", fn)
-    assert "broken" not in backends.BACKENDS[kernel]
+    assert "broken" not in kernels.BACKENDS[kernel]
 
 
 def test_valid_backends_of_every_slot_pass_their_contract(clean_registry):
     ckparity.register_backend("swiglu", "ok_swiglu", _swiglu)
     ckparity.register_backend("rms_norm", "ok_rms", F.rms_norm)
     ckparity.register_backend("cross_entropy", "ok_ce", lambda logits, t, **kw: F.cross_entropy(logits, t, **kw))
-    ckparity.register_backend("rope", "ok_rope", backends.ROPE["c"])
+    ckparity.register_backend("rope", "ok_rope", kernels.backends("rope")["c"])
     ckparity.register_backend("adamw", "ok_adamw", lambda params, **kw: torch.optim.AdamW(params, foreach=False, **kw))
     ckparity.register_backend("clip_grad_norm", "ok_clip", torch.nn.utils.clip_grad_norm_)
 
@@ -187,7 +186,7 @@ def test_gate_runs_on_a_users_backend(tmp_path, backend, passes):
     assert done.returncode == (0 if passes else 1), done.stdout + done.stderr[-2000:]
     result = json.loads((tmp_path / "gates" / f"{gates[0]}_latest.json").read_text())
     slot, name = backend.split("=")
-    assert result["settings"]["ck_backends"] == {plugins.slot(slot): name}
+    assert result["settings"]["ck_backends"] == {kernels.slot(slot): name}
     if backend.startswith("swiglu"):
         (row,) = result["details"]["user_backends"]
         assert row["backend"] == name and row["verdict"] == ("bitwise" if passes else "wrong")
@@ -221,7 +220,8 @@ def test_plugin_helpers_for_rope_and_cross_entropy(clean_registry, monkeypatch):
         return loss.item()
 
     for name in ("rope", "cross_entropy"):  # a short sweep: the marshalling does not depend on the width
-        monkeypatch.setitem(check.SLOTS, name, dataclasses.replace(check.SLOTS[name], widths=[2, 8, 34, 300]))
+        record = kernels.KERNELS[name]
+        monkeypatch.setattr(record, "conformance", dataclasses.replace(record.conformance, widths=[2, 8, 34, 300]))
     ckparity.register_backend("loss", "helper", plugin.cross_entropy(ce_forward))
     report = check.check("loss", "helper")
     # dlogits of the mean scaled by the upstream gradient: one rounding more than torch's, which with

@@ -120,7 +120,7 @@ _ABORTING_RANK = """
 import os, sys
 import torch.distributed as dist
 import ckparity
-from ckparity.harness import backends
+from ckparity import kernels
 
 def rms_norm(*args, **kwargs):
     if dist.is_initialized() and dist.get_rank() == 1:
@@ -129,7 +129,7 @@ def rms_norm(*args, **kwargs):
         os.abort()
     return ckparity.rms_norm(*args, **kwargs)
 
-backends.RMS_NORM["c"] = rms_norm
+kernels.backends("rms_norm")["c"] = rms_norm
 """
 
 

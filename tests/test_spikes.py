@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import reference
-from ckparity.harness import backends
+from ckparity import kernels
 from ckparity.harness.config import UsageError
 from ckparity.harness.repro import STRESS
 from ckparity.harness.run import train
@@ -49,7 +49,7 @@ def _overflow_guard(loss):
 
 def _first_triage(tmp_path, monkeypatch, planted: dict[str, object]) -> dict:
     for name, loss in planted.items():
-        monkeypatch.setitem(backends.CROSS_ENTROPY, name, _overflow_guard(loss))
+        monkeypatch.setitem(kernels.backends("cross_entropy"), name, _overflow_guard(loss))
     report = train(replace(STRESS, max_steps=60, spike_triage=True, no_progress=True,
                            json_out=str(tmp_path / "r.json")))
     first = report["spikes"]["triages"][0]
@@ -97,8 +97,8 @@ def test_lr_spike_is_dynamics(tmp_path, monkeypatch):
             return optimizer
         return build
 
-    monkeypatch.setitem(backends.ADAMW, "c", spiky(ckparity.optim.AdamW))
-    monkeypatch.setitem(backends.ADAMW, "torch", spiky(reference.adamw))
+    monkeypatch.setitem(kernels.backends("adamw"), "c", spiky(ckparity.optim.AdamW))
+    monkeypatch.setitem(kernels.backends("adamw"), "torch", spiky(reference.adamw))
     report = train(replace(STRESS, max_steps=40, spike_triage=True, no_progress=True,
                            json_out=str(tmp_path / "r.json")))
     spikes = report["spikes"]

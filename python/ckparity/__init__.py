@@ -7,6 +7,7 @@ from . import nn, optim
 from ._native import build_info, version
 from .cpu import capability, follow_torch
 from .errors import CkparityError
+from .kernels import register_backend
 from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -18,9 +19,6 @@ from .threads import get_num_threads, set_num_threads
 __version__ = version()
 follow_torch()
 
-from .plugins import register_backend  # noqa: E402  (it needs the ops above: the harness's backend table)
-from .harness.dump import load_dump  # noqa: E402
-
 __all__ = [
     "CkparityError",
     "build_info",
@@ -29,7 +27,6 @@ __all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
     "get_num_threads",
-    "load_dump",
     "nn",
     "register_backend",
     "optim",

@@ -33,7 +33,10 @@ not its noise).
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -267,11 +270,18 @@ def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
 LARGE_BYTES = 64 << 20
 
 
+def peak_memory(kernel: str, shape: str, side: str) -> dict:
+    """The row's call on ``side`` in a fresh process (bench_memory.py): peak_mb, inputs_mb, ms, peak_since."""
+    proc = subprocess.run([sys.executable, "-m", "ckparity.bench_memory", kernel, shape, side],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring {kernel} {shape} ({side}) failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 def _memory(case: Case) -> dict:
     """Both sides' peak RSS, each in a fresh process."""
-    from .bench_memory import measure
-
-    ours, theirs = (measure(case.kernel, case.shape, side) for side in ("ckparity", "torch"))
+    ours, theirs = (peak_memory(case.kernel, case.shape, side) for side in ("ckparity", "torch"))
     return {"ckparity_peak_mb": ours["peak_mb"], "torch_peak_mb": theirs["peak_mb"], "inputs_mb": ours["inputs_mb"],
             "peak_ratio": ours["peak_mb"] / theirs["peak_mb"], "peak_since": ours["peak_since"],
             "_ms": (ours["ms"], theirs["ms"])}

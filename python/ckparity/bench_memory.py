@@ -6,16 +6,17 @@ that row's inputs, resets the kernel's high-water mark (writing 5 to
 /proc/self/clear_refs), makes the one call (forward+backward, or the
 optimizer step) and reads VmHWM. ``peak_mb`` is the whole process's peak
 during the call (inputs included, as a user's process holds them too);
-``inputs_mb`` the resident size just before it. Where the mark cannot be
+``inputs_mb`` the resident size just before it. bench.peak_memory starts it. Where the mark cannot be
 reset, the peak counts from process start and ``peak_since`` says so."""
 
 from __future__ import annotations
 
 import gc
 import json
-import subprocess
 import sys
 import time
+
+from .bench import cases
 
 SIDES = ("ckparity", "torch")
 
@@ -25,18 +26,7 @@ def _status_kb(key: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
-def measure(kernel: str, shape: str, side: str) -> dict:
-    """The row's call on ``side`` in a fresh process: peak_mb, inputs_mb, ms, peak_since."""
-    proc = subprocess.run([sys.executable, "-m", "ckparity.bench_memory", kernel, shape, side],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measuring {kernel} {shape} ({side}) failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout.splitlines()[-1])
-
-
 def _main(kernel: str, shape: str, side: str) -> None:
-    from .bench import cases
-
     case = next(cases(select=lambda k, s: (k, s) == (kernel, shape)), None)
     if case is None or side not in SIDES:
         raise SystemExit(f"no bench row {kernel} {shape} or side {side} (sides: {SIDES})")

@@ -4,8 +4,8 @@ its own kernels, run on any registered backend (yours, loaded by --plugin).
 Each property is a set of cases run on the backend and on torch (and on
 torch in float64, the exact answer's stand-in), with a verdict:
 
-- ``widths``: every width 1..300 and large odd ones (511 .. 8191), 1 and 3
-  rows: vector tails and blockings hide there;
+- ``widths``: the record's widths (kernels.WIDTHS: every width 1..300 and
+  large ones up to 8191), 1 and 3 rows: vector tails and blockings hide there;
 - ``options``: what the slot's contract passes besides the plain call
   (ignored rows and label smoothing; no weight; a 3-D input);
 - ``non_contiguous``: the input as a strided view must give the bits the
@@ -38,104 +38,34 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
-from . import cpu
-from .harness import backends
+from . import cpu, kernels
+from .kernels.record import Accepted, Conformance
 from .measure import RULES, differing_elements, max_ulp, parity
-from .plugins import resolve, slot
 
 SCHEMA = "ckparity.check/1"
 VERDICTS = ["bitwise", "as accurate as torch", "less accurate", "nondeterministic", "wrong", "crashes"]
 FAILING = {"wrong", "crashes"}  # check's exit code: the report is still worth reading below these
 # what a gate lets through: a parity gate asks for torch's accuracy, deterministically
 GATE_PASSES = {"bitwise", "as accurate as torch"}
-WIDTHS = list(range(1, 301)) + [511, 1023, 4095, 4097, 8191]
 ROWS = (1, 3)
 
 
-@dataclass(frozen=True)
-class Slot:
-    make: Callable[[int, int, torch.Generator], dict]  # (width, rows, gen) -> the case's tensors, float32
-    call: Callable[[Callable, dict], torch.Tensor]      # (fn, tensors) -> the output
-    differentiated: tuple[str, ...]                      # the tensors whose gradients are compared
-    widths: list[int]
-    bad: Callable[[Callable], None]                      # calls fn with bad input (must raise)
-
-
-def _rms_norm_make(width, rows, g):
-    return {"x": torch.randn(rows, width, generator=g), "weight": torch.randn(width, generator=g)}
-
-
-def _swiglu_make(width, rows, g):
-    return {"x": torch.randn(rows, 2 * width, generator=g) * 4}
-
-
-def _ce_make(width, rows, g):
-    targets = torch.randint(0, width, (rows,), generator=g)
-    targets[1::3] = -100  # ignored rows; row 0 is always kept (a mean over no rows is NaN)
-    return {"logits": torch.randn(rows, width, generator=g) * 3, "targets": targets}
-
-
-def _rope_make(width, rows, g):
-    angles = torch.rand(3, width // 2, generator=g) * 6
-    # (B, T, heads, d) stored, passed as the transposed (B, heads, T, d) view the harness passes
-    return {"q": torch.randn(1, 3, rows + 1, width, generator=g), "cos": angles.cos(), "sin": angles.sin()}
+def covered() -> list[str]:
+    """The slots check has a suite for: the records with conformance cases."""
+    return [name for name, k in kernels.KERNELS.items() if k.conformance is not None]
 
 
 def _floating(t: dict, dtype) -> dict:
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in t.items()}
 
 
-def _expect_raise(what: str, call: Callable[[], object]) -> None:
-    try:
-        call()
-    except Exception:  # noqa: BLE001 -- any clear refusal will do; returning is the failure
-        return
-    raise _Accepted(what)
-
-
-class _Accepted(Exception):
-    """A bad input was accepted (returned a value)."""
-
-
-def _rms_norm_bad(fn):
-    x, w = torch.randn(3, 8), torch.randn(8)
-    _expect_raise("normalized_shape (7,) on rows of 8", lambda: fn(x, (7,), w, 1e-5))
-    _expect_raise("a weight of 5 on rows of 8", lambda: fn(x, (8,), torch.randn(5), 1e-5))
-
-
-def _swiglu_bad(fn):
-    _expect_raise("an odd last dimension (7)", lambda: fn(torch.randn(3, 7)))
-
-
-def _ce_bad(fn):
-    _expect_raise("a target equal to V (5)", lambda: fn(torch.randn(3, 5), torch.tensor([0, 5, 1])))
-    _expect_raise("a negative target other than ignore_index", lambda: fn(torch.randn(3, 5), torch.tensor([0, -2, 1])))
-    _expect_raise("3 targets for 4 rows", lambda: fn(torch.randn(4, 5), torch.tensor([0, 1, 2])))
-
-
-def _rope_bad(fn):
-    _expect_raise("cos of the wrong width", lambda: fn(torch.randn(1, 2, 3, 8), torch.randn(3, 3), torch.randn(3, 3)))
-
-
-SLOTS: dict[str, Slot] = {
-    "rms_norm": Slot(_rms_norm_make, lambda fn, t: fn(t["x"], (t["x"].shape[-1],), t["weight"], 1e-5),
-                     ("x", "weight"), WIDTHS, _rms_norm_bad),
-    "swiglu": Slot(_swiglu_make, lambda fn, t: fn(t["x"]), ("x",), WIDTHS, _swiglu_bad),
-    "cross_entropy": Slot(_ce_make, lambda fn, t: fn(t["logits"], t["targets"]), ("logits",), WIDTHS, _ce_bad),
-    "rope": Slot(_rope_make, lambda fn, t: fn(t["q"].transpose(1, 2), t["cos"], t["sin"]), ("q",),
-                 [w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], _rope_bad),
-}
-
-
-COVERED = [*SLOTS, "adamw"]  # the slots check has a suite for
-
-
-def _evaluate(kernel_slot: Slot, fn: Callable, tensors: dict, dtype=torch.float32, strided: str | None = None) -> dict:
+def _evaluate(kernel_slot: Conformance, fn: Callable, tensors: dict, dtype=torch.float32,
+              strided: str | None = None) -> dict:
     """The output and the gradients of a fixed random weighting of it; with
     ``strided``, that input reaches fn as a column slice of a wider tensor
     (the same values, other strides; its gradient flows back through the copy)."""
@@ -211,7 +141,7 @@ def _run_case(prop: _Property, label: str, evaluate: Callable[[Callable, torch.d
     prop.compare(label, ours, evaluate(torch_fn, torch.float32), evaluate(torch_fn, torch.float64))
 
 
-def _slot_case(kernel_slot: Slot, tensors: dict) -> Callable[[Callable, torch.dtype], dict]:
+def _slot_case(kernel_slot: Conformance, tensors: dict) -> Callable[[Callable, torch.dtype], dict]:
     return lambda f, dtype: _evaluate(kernel_slot, f, tensors, dtype)
 
 
@@ -224,19 +154,12 @@ def _widths(kernel_slot, fn, torch_fn, g) -> _Property:
     return prop
 
 
-def _options(kernel, kernel_slot, fn, torch_fn, g) -> _Property:
+def _options(kernel_slot, fn, torch_fn, g) -> _Property:
     """What the slot's contract passes besides the plain call, each as the slot with another call."""
     prop = _Property("options")
-    variants = {
-        "rms_norm": [("no weight", replace(kernel_slot, differentiated=("x",),
-                                           call=lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5)))],
-        "swiglu": [("3-D input", replace(kernel_slot, call=lambda f, t: f(t["x"].reshape(3, 1, -1))))],
-        "cross_entropy": [("label_smoothing=0.1", replace(
-            kernel_slot, call=lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1)))],
-        "rope": [],
-    }[kernel]
     for width in (7, 64, 257, 1000):
-        for name, variant in variants:
+        for name, call, differentiated in kernel_slot.options:
+            variant = replace(kernel_slot, call=call, differentiated=differentiated)
             _run_case(prop, f"width={width},{name}", _slot_case(variant, kernel_slot.make(width, 3, g)), fn, torch_fn)
     return prop
 
@@ -298,52 +221,23 @@ def _bad_input(kernel_slot, fn) -> _Property:
     try:
         kernel_slot.bad(fn)
         prop.bit_identical += 1
-    except _Accepted as accepted:
+    except Accepted as accepted:
         prop.verdict("wrong", f"accepted {accepted} without an error")
     return prop
 
 
 # ---- torch_inputs: torch's own OpInfo samples, those within the slot's contract --
 
-def _rms_norm_sample(s):
-    shape, weight = s.args[0], (s.args[1] if len(s.args) > 1 else s.kwargs.get("weight"))
-    eps = s.kwargs.get("eps", 1e-5)
-    if len(shape) != 1 or eps is None or eps < 0:  # the slot normalizes the last dimension, eps >= 0
-        return None
-    tensors = {"x": s.input, **({"weight": weight} if weight is not None else {})}
-    return (lambda f, t: f(t["x"], tuple(shape), t.get("weight"), eps)), tensors, tuple(tensors)
-
-
-def _ce_sample(s):
-    target = s.args[0]
-    extra = {k: v for k, v in s.kwargs.items() if not (k == "reduction" and v == "mean")}
-    if s.input.dim() != 2 or target.dtype != torch.int64 or extra:  # (N, V) logits, class targets, the mean
-        return None
-    return (lambda f, t: f(t["logits"], t["targets"])), {"logits": s.input, "targets": target}, ("logits",)
-
-
-def _silu_sample(s):
-    if s.input.dim() == 0:  # swiglu needs a last dimension of 2H
-        return None
-    x = torch.cat([s.input.detach(), torch.ones_like(s.input.detach())], dim=-1)  # silu(gate) * 1 is silu(gate)
-    return (lambda f, t: f(t["x"])), {"x": x}, ("x",)
-
-
-OPINFO = {"rms_norm": ("nn.functional.rms_norm", _rms_norm_sample),
-          "cross_entropy": ("nn.functional.cross_entropy", _ce_sample),
-          "swiglu": ("nn.functional.silu", _silu_sample)}
-
-
-def _torch_inputs(kernel: str, fn, torch_fn, not_run: dict) -> _Property:
+def _torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> _Property:
     prop = _Property("torch_inputs")
-    if kernel not in OPINFO:
+    if kernel_slot.opinfo is None:
         return prop
     try:
         from torch.testing._internal.common_methods_invocations import op_db
     except ImportError as err:  # torch's test inputs need expecttest
         not_run["torch_inputs"] = f"torch's OpInfo samples need expecttest ({err}); pip install expecttest"
         return prop
-    name, adapt = OPINFO[kernel]
+    name, adapt = kernel_slot.opinfo
     op = next(o for o in op_db if o.name == name and o.variant_test_name == "")
     for k, sample in enumerate(op.sample_inputs("cpu", torch.float32, requires_grad=True)):
         case = adapt(sample)
@@ -351,16 +245,15 @@ def _torch_inputs(kernel: str, fn, torch_fn, not_run: dict) -> _Property:
             continue
         call, tensors, differentiated = case
         tensors = {key: t.detach() for key, t in tensors.items()}
-        kernel_slot = Slot(None, call, differentiated, [], None)
+        sample_slot = Conformance(None, call, differentiated, [], None)
         _run_case(prop, f"{name} sample {k} {tuple(tensors[differentiated[0]].shape)}",
-                  _slot_case(kernel_slot, tensors), fn, torch_fn)
+                  _slot_case(sample_slot, tensors), fn, torch_fn)
     return prop
 
 
 # ---- adamw: the optimizer slot, stepped rather than differentiated ------------
 
 ADAMW_STEPS = 20
-ADAMW_SIZES = list(range(1, 301)) + [511, 1023, 4095, 4097, 8191, 65537]
 
 
 def _adamw_run(make: Callable, size: int, seed: int, dtype=torch.float32) -> dict:
@@ -384,30 +277,37 @@ def adamw_sizes(fn: Callable, torch_fn: Callable, sizes: list[int]) -> _Property
     return prop
 
 
-def _adamw_properties(fn: Callable, torch_fn: Callable) -> list[Callable[[], _Property]]:
-    """sizes: every tensor size 1..300 and large odd ones, against torch's AdamW and
-    float64 (torch's AdamW on float64 params); threads: a large tensor at 1 and 2
+def _adamw_properties(sizes: list[int], fn: Callable, torch_fn: Callable) -> list[Callable[[], _Property]]:
+    """sizes: the record's tensor sizes (1..300 and large ones), against torch's AdamW
+    and float64 (torch's AdamW on float64 params); threads: a large tensor at 1 and 2
     threads, the same bits."""
     # 200003 params: several of the C AdamW's 65536-float chunks
-    return [lambda: adamw_sizes(fn, torch_fn, ADAMW_SIZES),
+    return [lambda: adamw_sizes(fn, torch_fn, sizes),
             lambda: _at_thread_counts(_Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7))]
+
+
+def _record(kernel: str, backend: str) -> kernels.Kernel:
+    """The record of the slot ``kernel`` names, with ``backend`` registered; ValueError if check has no suite."""
+    kernel = kernels.slot(kernel)
+    if kernel not in covered():
+        raise ValueError(f"ckparity check covers {', '.join(covered())}; {kernel!r} is not among them yet")
+    kernels.resolve(kernel, backend)
+    return kernels.KERNELS[kernel]
 
 
 def check(kernel: str, backend: str, seed: int = 0) -> dict:
     """The conformance report (schema ckparity.check/1) of one backend of one slot."""
-    kernel = slot(kernel)
-    if kernel not in COVERED:
-        raise ValueError(f"ckparity check covers {', '.join(COVERED)}; {kernel!r} is not among them yet")
-    resolve(kernel, backend)
-    fn, torch_fn = backends.BACKENDS[kernel][backend], backends.BACKENDS[kernel]["torch"]
+    record = _record(kernel, backend)
+    fn, torch_fn = record.backends[backend], record.backends["torch"]
+    kernel_slot = record.conformance
     start, not_run = time.perf_counter(), {}
-    if kernel == "adamw":
-        runs = _adamw_properties(fn, torch_fn)
+    if record.optimizer:
+        runs = _adamw_properties(kernel_slot.widths, fn, torch_fn)
     else:
-        kernel_slot, g = SLOTS[kernel], torch.Generator().manual_seed(seed)
-        runs = [lambda: _widths(kernel_slot, fn, torch_fn, g), lambda: _options(kernel, kernel_slot, fn, torch_fn, g),
+        g = torch.Generator().manual_seed(seed)
+        runs = [lambda: _widths(kernel_slot, fn, torch_fn, g), lambda: _options(kernel_slot, fn, torch_fn, g),
                 lambda: _non_contiguous(kernel_slot, fn, g), lambda: _threads(kernel_slot, fn, g),
-                lambda: _bad_input(kernel_slot, fn), lambda: _torch_inputs(kernel, fn, torch_fn, not_run)]
+                lambda: _bad_input(kernel_slot, fn), lambda: _torch_inputs(kernel_slot, fn, torch_fn, not_run)]
     rows = []
     for run in runs:  # in order: the generator's draws follow it
         prop = run()
@@ -416,12 +316,12 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
             if TRACE is not None:
                 TRACE(json.dumps({"row": rows[-1]}))
     overall = max((r["verdict"] for r in rows), key=VERDICTS.index)
-    return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
+    return {"schema": SCHEMA, "kernel": record.name, "backend": backend, "capability": cpu.capability(),
             "properties": rows, "not_run": not_run, "verdict": overall, "passed": overall not in FAILING,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
-_CHILD = ("import json, sys; from ckparity import check, plugins; plugins.load_configured(); "
+_CHILD = ("import json, sys; from ckparity import check, kernels; kernels.load_configured(); "
           "check.TRACE = lambda line: print(line, file=sys.stderr, flush=True); "
           "print(json.dumps(check.check(sys.argv[1], sys.argv[2], int(sys.argv[3]))))")
 
@@ -432,10 +332,7 @@ def isolated_check(kernel: str, backend: str, seed: int = 0) -> dict:
     the verdict "crashes", with how it ended and the property and case it
     was running (the child's TRACE lines). Bad arguments raise ValueError
     here, before the child starts."""
-    kernel = slot(kernel)
-    if kernel not in COVERED:
-        raise ValueError(f"ckparity check covers {', '.join(COVERED)}; {kernel!r} is not among them yet")
-    resolve(kernel, backend)
+    kernel = _record(kernel, backend).name
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", _CHILD, kernel, backend, str(seed)], capture_output=True, text=True,
                           env=os.environ)

@@ -24,15 +24,8 @@ import os
 import sys
 from dataclasses import replace
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RECORDED = 0, 1, 2, 3
-
-
-def exit_code(result: dict) -> int:
-    if result["status"] == "interrupted":
-        from .harness.interrupts import EXIT_CODES
-
-        return EXIT_CODES.get(result.get("stopped_by_signal"), 130)
-    return EXIT_PASS if result["status"] == "pass" else EXIT_FAIL
+from . import kernels
+from .harness.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
 
 
 def _train(argv: list[str]) -> int:
@@ -132,15 +125,14 @@ def _compare(argv: list[str]) -> int:
 
 def _backend_choices(specs: list[str]) -> dict[str, str]:
     """--backend SLOT=NAME ... -> {slot: name}, each slot and backend known."""
-    from . import plugins
 
     chosen = {}
     for spec in specs:
         kernel, sep, name = spec.partition("=")
         if not sep or not name:
             raise ValueError(f"--backend takes SLOT=NAME (e.g. swiglu=mine), got {spec!r}")
-        kernel = plugins.slot(kernel)
-        plugins.resolve(kernel, name)
+        kernel = kernels.slot(kernel)
+        kernels.resolve(kernel, name)
         if chosen.get(kernel, name) != name:
             raise ValueError(f"--backend gives {kernel} twice: {chosen[kernel]!r} and {name!r}")
         chosen[kernel] = name
@@ -264,7 +256,7 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    from .check import COVERED, isolated_check, table
+    from .check import covered, isolated_check, table
     from .harness.config import UsageError
     from .harness.report import STDOUT, check_writable, write_json
 
@@ -272,7 +264,8 @@ def _check(argv: list[str]) -> int:
                                      "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
                                      "and large odd ones against torch and float64, the slot's options, strided "
                                      "input, 1 and 2 threads, bad input. Exit 0 unless a verdict is wrong or crashes.")
-    parser.add_argument("kernel", help=f"one of {COVERED} (or the flags' spelling: rmsnorm, loss, optimizer)")
+    spellings = sorted(s for name in covered() for s in kernels.KERNELS[name].spellings)
+    parser.add_argument("kernel", help=f"one of {covered()} (or the flags' spelling: {', '.join(spellings)})")
     parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
     parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
     args = parser.parse_args(argv)
@@ -318,11 +311,10 @@ def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info",
                             description="The environment a report records, and what is bit-identical to torch "
                                         "at the CPU capability torch runs at here.").parse_args(argv)
-    from . import cpu
     from .harness.run import environment
 
-    print(json.dumps({**environment(), "bit_identical": cpu.bit_identical(),
-                      "not_bit_identical": cpu.NOT_BIT_IDENTICAL}, indent=2))
+    print(json.dumps({**environment(), "bit_identical": kernels.bit_identical(),
+                      "not_bit_identical": kernels.not_bit_identical()}, indent=2))
     return EXIT_PASS
 
 
@@ -336,7 +328,6 @@ def _load_plugins(argv: list[str]) -> list[str]:
     and passed on to every process the command starts (CKP_PLUGINS), with the
     plugins CKP_PLUGINS and installed packages' entry points name. Returns
     the other arguments."""
-    from . import plugins
     from .harness.config import UsageError
 
     specs, rest, k = [], [], 0
@@ -351,8 +342,8 @@ def _load_plugins(argv: list[str]) -> list[str]:
         rest.append(argv[k])
         k += 1
     try:
-        plugins.use_plugins(specs)
-        plugins.load_configured()
+        kernels.use_plugins(specs)
+        kernels.load_configured()
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
     return rest

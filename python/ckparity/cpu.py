@@ -52,30 +52,3 @@ def follow_torch() -> None:
     name = torch_capability()
     if _X86 and name in CAPABILITIES:
         check(lib.ckp_set_capability(CAPABILITIES.index(name)), "ckp_set_capability")
-
-
-# What is bit-identical to torch when the library follows torch's capability:
-# kernel -> quantities, named as ckparity.sweep names them. The same at
-# DEFAULT, AVX2 and AVX512; tests/test_capability.py sweeps every one at each
-# capability this CPU can run and fails on any differing case.
-BIT_IDENTICAL = {
-    "swiglu": ("out", "dx"),
-    "rms_norm": ("y", "dx", "dweight"),
-    "rope": ("out", "dx"),
-    "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param (where torch's sqrt is exact)"),
-    "cross_entropy_ptref": ("loss", "dlogits"),
-}
-
-# Not bit-identical at any capability, and why (docs/kernels.md has the figures).
-NOT_BIT_IDENTICAL = {
-    "cross_entropy (default variant)": "fused, sums in double: more accurate than torch, not its bits",
-    "adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)",
-    "clip_grad_norm_": "the norm is reduced in double",
-    "vocab-parallel cross_entropy": "the default variant's arithmetic, split by rank",
-}
-
-
-def bit_identical() -> dict:
-    """The kernels and quantities bit-identical to torch in this process: the
-    table above if the library follows torch's capability, else nothing."""
-    return {kernel: list(quantities) for kernel, quantities in BIT_IDENTICAL.items()} if matched() else {}

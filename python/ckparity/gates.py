@@ -4,7 +4,7 @@ Each gate is a function of its settings (DEFAULTS, overridden per tier and by
 --config gates.toml) that returns a result: passed, a one-line summary and the
 details. `run_gates` writes reports/gates/<gate>_latest.json for each and a
 Markdown summary. Tests plant faults through the settings (a backend name) or
-by swapping an entry of KERNELS / OPTIMIZERS, and check that the gate fails
+by swapping an entry of a kernel record's gate_cases / OPTIMIZERS, and check that the gate fails
 and says why."""
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ import copy
 import os
 import time
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 import ckparity
 
-from . import check, cpu, reference
-from .harness import backends
+from . import check, cpu, kernels, reference
 from .harness.config import RunConfig
 from .harness.interrupts import Interrupted, stop_on_signals
 from .harness.repro import PRESET
@@ -70,89 +69,10 @@ def _result(passed: bool, summary: str, **details) -> dict:
 
 # ---- kernel_parity ----------------------------------------------------------
 
-def _ce(variant):
-    return lambda x, t, **kw: ckparity.cross_entropy(x, t, variant=variant, **kw)
-
-
-def _cross_entropy_cases() -> Iterator:
-    """(label, inputs, kwargs) for each fixed shape; inputs[0] is differentiated."""
-    g = torch.Generator().manual_seed(0)
-    # (2048, 33): many rows, so many distinct sums go through the log (one libm
-    # log in place of torch's SLEEF one differs on a few of them only)
-    for N, C in ((64, 255), (8, 50257), (7, 3), (2048, 33)):
-        x = torch.randn(N, C, generator=g) * 3
-        t = torch.randint(0, C, (N,), generator=g)
-        t[::4] = -100
-        w = torch.rand(C, generator=g) + 0.1
-        yield f"N={N},C={C}", (x, t), {}
-        yield f"N={N},C={C},weight,smoothing,sum", (x, t), {"weight": w, "label_smoothing": 0.1, "reduction": "sum"}
-        yield f"N={N},C={C},weight,smoothing,mean", (x, t), {"weight": w, "label_smoothing": 0.2}
-        yield f"N={N},C={C},probs", (x, torch.softmax(torch.randn(N, C, generator=g), 1)), {}
-
-
-def _rms_norm_cases() -> Iterator:
-    g = torch.Generator().manual_seed(0)
-    # D = 1 and a small odd D take dweight's column paths (rms_norm.c), not its vector one
-    for N, D in ((1000, 64), (64, 4097), (300, 1), (257, 3)):
-        x = torch.randn(N, D, generator=g)
-        yield f"N={N},D={D}", (x, (D,), torch.randn(D, generator=g)), {"eps": 1e-5}
-
-
-def _swiglu_cases() -> Iterator:
-    g = torch.Generator().manual_seed(0)
-    for N, H in ((64, 128), (4, 11008)):
-        yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
-
-
-def _rope_cases() -> Iterator:
-    """Both layouts; a d of 2 (one pair) and a d whose half is not a vector width; the
-    (B, heads, T, d) view of a (B, T, heads, d) tensor, as the llama twin calls it."""
-    g = torch.Generator().manual_seed(4)
-    for B, heads, T, d in ((2, 4, 16, 64), (3, 2, 7, 2), (1, 3, 33, 46)):
-        angles = torch.rand(T, d // 2, generator=g) * 6.3
-        x = torch.randn(B, T, heads, d, generator=g).transpose(1, 2)
-        for layout in ("half", "interleaved"):
-            yield f"B={B},heads={heads},T={T},d={d},{layout}", (x, angles.cos(), angles.sin()), {"layout": layout}
-
-
-@dataclass(frozen=True)
-class KernelCheck:
-    ours: Callable      # the ckparity op
-    theirs: Callable    # torch's counterpart
-    cases: Callable[[], Iterator]
-    rule: str           # the key of measure.RULES it is held to
-    weight: int | None = None  # the index in a case's inputs of a second differentiated input (dweight)
-
-
-# name -> what kernel_parity checks; tests swap an entry to plant a fault
-def _z_loss_cases() -> Iterator:
-    g = torch.Generator().manual_seed(2)
-    for N, C in ((64, 255), (7, 3)):
-        t = torch.randint(0, C, (N,), generator=g)
-        t[::4] = -100
-        yield f"N={N},C={C},z_loss", (torch.randn(N, C, generator=g) * 3, t), {"z_loss": 1e-2}
-
-
-def _ce_with_z_loss(x, t, z_loss):
-    """The reference for z_loss (PaLM's; torch has none): z * logsumexp(row)^2 added to
-    each non-ignored row's loss, then the mean over the non-ignored rows."""
-    kept = t != -100
-    rows = F.cross_entropy(x, t, reduction="none") + z_loss * torch.logsumexp(x, -1) ** 2 * kept
-    return rows.sum() / kept.sum()
-
-
-def _z_loss(variant):
-    return lambda x, t, z_loss: ckparity.cross_entropy(x, t, z_loss=z_loss, variant=variant)
-
-
-KERNELS: dict[str, KernelCheck] = {
-    "cross_entropy.default": KernelCheck(_ce("default"), F.cross_entropy, _cross_entropy_cases, "default"),
-    "cross_entropy.default.z_loss": KernelCheck(_z_loss("default"), _ce_with_z_loss, _z_loss_cases, "default"),
-    "cross_entropy.ptref": KernelCheck(_ce("ptref"), F.cross_entropy, _cross_entropy_cases, "ptref"),
-    "rms_norm": KernelCheck(ckparity.rms_norm, F.rms_norm, _rms_norm_cases, "default", weight=2),
-    "swiglu": KernelCheck(ckparity.swiglu, reference.swiglu, _swiglu_cases, "default"),
-    "rope": KernelCheck(ckparity.rope, reference.rope, _rope_cases, "default"),
-}
+def gate_cases() -> dict[str, kernels.GateCase]:
+    """name -> what kernel_parity checks, from every kernel's record; tests swap an entry
+    of a record's gate_cases to plant a fault."""
+    return {name: case for k in kernels.KERNELS.values() for name, case in k.gate_cases.items()}
 
 
 def _fwd_bwd(fn, inputs, kwargs, dtype, weight_index: int | None = None):
@@ -242,8 +162,8 @@ def _vocab_parallel_failures(factor: float, floor: float) -> list[str]:
 def kernel_parity(settings: dict) -> dict:
     checks, failures = [], []
     # held to torch's bits: the bitwise kernels that are bit-identical at this capability (ckparity.cpu)
-    bitwise = [k for k in settings["bitwise_kernels"] if k.replace(".", "_") in cpu.bit_identical()]
-    for name, probe in KERNELS.items():
+    bitwise = [k for k in settings["bitwise_kernels"] if k in kernels.bit_identical()]
+    for name, probe in gate_cases().items():
         prefix = "" if probe.rule == "default" else f"{probe.rule}_"
         factor, floor = settings[f"{prefix}factor"], settings[f"{prefix}floor_ulps"]
         for label, inputs, kwargs in probe.cases():
@@ -281,7 +201,7 @@ def _user_backend_checks(ck_backends: dict[str, str]) -> list[dict]:
     kernels are held above)."""
     rows = []
     for kernel, name in ck_backends.items():
-        if kernel in check.COVERED:
+        if kernel in check.covered():
             report = check.check(kernel, name)
             rows.append({key: report[key] for key in ("kernel", "backend", "verdict", "passed", "seconds")})
     return rows
@@ -295,7 +215,7 @@ OPTIMIZERS = {"ckparity": lambda params, **kw: ckparity.optim.AdamW(params, **kw
 def _optimizer(settings: dict) -> Callable:
     """ckparity's AdamW, or the --backend adamw=NAME one."""
     name = settings.get("ck_backends", {}).get("adamw")
-    return backends.ADAMW[name] if name else OPTIMIZERS["ckparity"]
+    return kernels.backends("adamw")[name] if name else OPTIMIZERS["ckparity"]
 
 
 def _grad_norm_failures(sizes: list[int], clip: Callable, own: bool) -> list[str]:
@@ -364,7 +284,7 @@ def optimizer_parity(settings: dict) -> dict:
 
 def _clip_failures(settings: dict) -> list[str]:
     clip = settings.get("ck_backends", {}).get("clip_grad_norm", "c")
-    return _grad_norm_failures(settings["sizes"], backends.CLIP_GRAD_NORM[clip], own=clip == "c")
+    return _grad_norm_failures(settings["sizes"], kernels.backends("clip_grad_norm")[clip], own=clip == "c")
 
 
 def _user_optimizer_parity(settings: dict, name: str) -> dict:
@@ -376,7 +296,7 @@ def _user_optimizer_parity(settings: dict, name: str) -> dict:
     must meet: a plain-C one
     whose multiply-adds torch's vectorized lerp fuses differs in the last
     bits and is as accurate (the example package's, tests/test_example_package.py)."""
-    sizes = check.adamw_sizes(backends.ADAMW[name], backends.ADAMW["torch"], settings["sizes"]).report()
+    sizes = check.adamw_sizes(kernels.backends("adamw")[name], kernels.backends("adamw")["torch"], settings["sizes"]).report()
     failures = [] if sizes["verdict"] in check.GATE_PASSES else (sizes["failures"] or [sizes["verdict"]])
     failures += _clip_failures(settings)
     summary = (f"{check.ADAMW_STEPS} steps of adamw={name}: {sizes['verdict']} ({sizes['bit_identical']}/"
@@ -487,7 +407,7 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
 
 def with_backends(config: RunConfig, settings: dict) -> RunConfig:
     """config with the CK twin's backends of ``gate --backend SLOT=NAME`` (settings["ck_backends"])."""
-    flags = {kernel: flag for flag, kernel in backends.FLAGS.items()}
+    flags = {kernel: flag for flag, kernel in kernels.FLAGS.items()}
     return replace(config, **{flags[kernel]: name for kernel, name in settings.get("ck_backends", {}).items()})
 
 
@@ -557,7 +477,7 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
     if settings.get("ck_backends"):
         chosen = with_backends(RunConfig(), settings)
-        variants = {"backends": {flag: getattr(chosen, flag) for flag in backends.FLAGS}}
+        variants = {"backends": {flag: getattr(chosen, flag) for flag in kernels.FLAGS}}
     rows, _ = sweep(str(out_dir), replace(DEPTH, max_steps=settings["steps"], no_progress=True),
                     settings["depths"], variants, settings["models"])
     if any(r["status"] == "interrupted" for r in rows):

@@ -1,5 +1,5 @@
 """A C kernel as a ckparity backend in a few lines (docs/plugins.md, "A C
-kernel in a few lines"). ``ckparity.plugins`` registers backends; this module
+kernel in a few lines"). ``ckparity.kernels`` registers backends; this module
 builds them.
 
 Each helper takes the calls of your C functions, written as Python callables

@@ -22,13 +22,13 @@ import pytest
 
 
 def _check(kernel: str, backend: Callable | str, expect: str = "as accurate as torch") -> dict:
-    from . import check, plugins
+    from . import check, kernels
 
     if expect not in check.VERDICTS:
         raise ValueError(f"expect must be one of {check.VERDICTS}, got {expect!r}")
     if callable(backend):
         fn, backend = backend, f"pytest:{getattr(backend, '__module__', '?')}.{getattr(backend, '__qualname__', '?')}"
-        plugins.register_backend(kernel, backend, fn)
+        kernels.register_backend(kernel, backend, fn)
     report = check.check(kernel, backend)
     if check.VERDICTS.index(report["verdict"]) > check.VERDICTS.index(expect):
         pytest.fail(f"expected {expect!r} or better\n{check.table(report)}", pytrace=False)

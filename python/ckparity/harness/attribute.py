@@ -28,26 +28,26 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .backends import BUILTIN, FLAGS
+from .. import kernels
 from .config import RunConfig
 from .interrupts import Interrupted, stop_on_signals
 from .report import check_writable, check_writable_dir, read_report, write_json
 
 SCHEMA = "ckparity.attribution/1"
 # the seed's names of the kinds, as the flags say them (--ck-loss-backend: "loss")
-KINDS = {flag: flag.removeprefix("ck_").removesuffix("_backend") for flag in FLAGS}
+KINDS = {flag: flag.removeprefix("ck_").removesuffix("_backend") for flag in kernels.FLAGS}
 
 
 def variants(config: RunConfig) -> dict[str, dict[str, str]]:
     """name -> the backend of every kind the model uses (flag -> backend)."""
     used = {"ck_rope_backend": config.model == "llama", "ck_clip_backend": config.max_grad_norm > 0}
-    configured = {flag: getattr(config, flag) for flag in FLAGS if used.get(flag, True)}
+    configured = {flag: getattr(config, flag) for flag in kernels.FLAGS if used.get(flag, True)}
     in_c = [flag for flag, backend in configured.items() if backend != "torch"]
     out = {"as configured": configured}
     for flag in in_c:
         out[f"without {KINDS[flag]}"] = {**configured, flag: "torch"}
         out[f"only {KINDS[flag]}"] = {f: (b if f == flag else "torch") for f, b in configured.items()}
-        for backend in BUILTIN[FLAGS[flag]]:
+        for backend in kernels.KERNELS[kernels.FLAGS[flag]].builtin:
             if backend not in ("torch", configured[flag]):
                 out[f"alternative {KINDS[flag]}={backend}"] = {**configured, flag: backend}
     out["all torch"] = {flag: "torch" for flag in configured}
@@ -193,8 +193,7 @@ def table(result: dict) -> str:
 
 
 if __name__ == "__main__":  # one variant, in its own process (see _in_processes)
-    from .. import plugins
     from .run import train
 
-    plugins.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
+    kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     train(RunConfig(**json.loads(sys.argv[1])))

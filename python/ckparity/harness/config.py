@@ -12,7 +12,7 @@ import argparse
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from . import backends
+from .. import kernels
 
 
 class UsageError(ValueError):
@@ -85,7 +85,7 @@ class RunConfig:
     dp: int = _flag(1, "data parallel: the CK twin's micro-batches split over N ranks, gradients summed")
     rank_timeout: float = _flag(300.0, "with --tp/--dp: seconds a rank waits for the others before the run ends "
                                        "with an error")
-    # The CK twin's kernels, by the seed's flags; backends.FLAGS maps each
+    # The CK twin's kernels, by the seed's flags; kernels.FLAGS maps each
     # flag to its kernel and names the choices.
     ck_rmsnorm_backend: str = _flag("c", "the CK twin's rms_norm")
     ck_swiglu_backend: str = _flag("c", "the CK twin's swiglu")
@@ -133,11 +133,10 @@ def _validate(config: RunConfig) -> None:
         raise UsageError(f"--ignore-frac must be in [0, 1), got {config.ignore_frac}")
     if not 0 <= config.label_smoothing <= 1:
         raise UsageError(f"--label-smoothing must be in [0, 1], got {config.label_smoothing}")
-    from .. import plugins
 
-    for name, kernel in backends.FLAGS.items():
+    for name, kernel in kernels.FLAGS.items():
         try:
-            plugins.resolve(kernel, getattr(config, name))
+            kernels.resolve(kernel, getattr(config, name))
         except ValueError as err:
             raise UsageError(f"{_name(name)}: {err}") from None
     if config.kv_heads < 0:
@@ -208,8 +207,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Every RunConfig field as a flag; the defaults are RunConfig's."""
     for f in fields(RunConfig):
         help_text = f.metadata["help"]
-        if f.name in backends.FLAGS:
-            help_text += f"; one of {sorted(backends.BACKENDS[backends.FLAGS[f.name]])}"
+        if f.name in kernels.FLAGS:
+            help_text += f"; one of {kernels.registered(kernels.FLAGS[f.name])}"
         if f.type == "bool":
             parser.add_argument(_name(f.name), action="store_true", help=help_text)
             continue

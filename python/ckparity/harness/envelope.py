@@ -77,13 +77,12 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .. import cpu
+from .. import cpu, kernels
 from ..measure import nan_max
 from ..ops.clip_grad_norm import grad_norm
 from .diff import worst_diff
 from .models import build_model
 from .twin import Twin
-from . import backends
 from .twins import make_optimizer, ops_for
 
 # the reach of the optimizer's per-step param difference: optimizer_parity's bar for
@@ -380,7 +379,7 @@ class NoiseEnvelope:
             model.load_state_dict({name: move_ulps(t, -1, 1, gen) if t.is_floating_point() else t
                                    for name, t in state.items()})
             twin = Twin(f"null{k}", model, make_optimizer(config, "torch", model.parameters()),
-                        backends.CLIP_GRAD_NORM["torch"])
+                        kernels.backends("clip_grad_norm")["torch"])
             self.members.append((twin, signs))
             # the CK optimizer over the member's params, for its measured difference (no state of its own:
             # it is given the member's torch state before each step)

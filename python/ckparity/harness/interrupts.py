@@ -12,6 +12,15 @@ from contextlib import contextmanager
 
 # the shell's convention: 128 + the signal's number
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+# a run's exit codes (DESIGN.md): 0 pass, 1 parity fail, 2 usage or input error, 3 report not written
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RECORDED = 0, 1, 2, 3
+
+
+def exit_code(result: dict) -> int:
+    """A report's exit code: its status, or the signal that stopped it."""
+    if result["status"] == "interrupted":
+        return EXIT_CODES.get(result.get("stopped_by_signal"), 130)
+    return EXIT_PASS if result["status"] == "pass" else EXIT_FAIL
 
 
 class Interrupted(KeyboardInterrupt):

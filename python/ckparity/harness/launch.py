@@ -25,9 +25,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from .. import kernels
 from . import report
 from .config import RunConfig
-from .interrupts import EXIT_CODES, Interrupted, stop_on_signals
+from .interrupts import EXIT_CODES, Interrupted, exit_code, stop_on_signals
 
 # after rank 0 has exited, the others have nothing left to give the report
 GRACE_AFTER_RANK0_S = 5.0
@@ -164,9 +165,7 @@ def launch(config: RunConfig) -> dict:
 
 
 if __name__ == "__main__":  # one rank (see _Ranks)
-    from .. import plugins
-    from ..cli import exit_code
     from .run import train
 
-    plugins.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
+    kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     sys.exit(exit_code(train(RunConfig(**json.loads(sys.argv[1])))))

@@ -1,0 +1,48 @@
+"""The kernel spine: one record per kernel, which every suite loops over.
+
+A record (``record.Kernel``, in the spirit of torch's OpInfo) holds what the
+layers above need to know of one kernel, and nothing of how they run:
+
+- ``name``: the one key, used in every layer (``csrc/rms_norm.c``,
+  ``ckp_rms_norm_*``, ``ckparity.rms_norm``, ``tests/test_rms_norm.py``);
+  a variant is ``kernel.variant`` (``cross_entropy.ptref``);
+- ``flag``, ``spellings``: the seed's flag that picks the CK twin's backend
+  (``--ck-rmsnorm-backend``), and the other names a user may give the slot;
+- ``backends``: the slot's live registry, name -> callable; ckparity's own
+  (``c``, ``torch``, ...) and users' (``register_backend``, registry.py);
+- ``contract``: what a user's backend must do to be registered;
+- ``conformance``: ``ckparity check``'s cases (inputs, calls, bad inputs,
+  options, torch's OpInfo samples);
+- ``gate_cases``: the kernel_parity gate's fixed shapes, with their rule;
+- ``claims``: what is bit-identical to torch, per dtype and capability, each
+  with the sweep that shows it (ckparity.sweep, tests/test_capability.py);
+  ``not_claimed``: what is not, and why.
+
+The suites hold procedures only: check.py, gates.py, sweep.py, the
+harness's twins, ``ckparity info`` and the docs' tables read the records.
+
+Adding a kernel ``softcap``:
+1. ``csrc/softcap.c`` and its entry points in ``csrc/include/ckparity.h``
+   (the cffi declarations are read from the header), its line in
+   ``meson.build``'s kernel_sources;
+2. ``_bindings.softcap_*``: pointers, sizes, the status check;
+3. ``ops/softcap.py``: the autograd op (and its export in ``ckparity``);
+4. ``kernels/softcap.py``: its record, and its name in ``spine.KERNELS``;
+5. ``tests/test_softcap.py``: what its record does not already make every
+   suite check (tests/test_kernels_spine.py holds every record to the
+   spine's rules: a flag, a contract that a correct backend passes, claims
+   whose sweeps find no differing case).
+"""
+
+from __future__ import annotations
+
+from .contract import ContractError
+from .record import CAPABILITIES, WIDTHS, Claim, Conformance, GateCase, Kernel
+from .registry import (load_configured, load_plugin, register, register_backend, registered, resolve, slot,
+                       unknown_backend_message, use_plugins)
+from .spine import BACKENDS, FLAGS, HEAD_LOSS, KERNELS, backends, bit_identical, claims, not_bit_identical
+
+__all__ = ["KERNELS", "BACKENDS", "FLAGS", "HEAD_LOSS", "Kernel", "Claim", "Conformance", "GateCase", "WIDTHS",
+           "CAPABILITIES", "ContractError", "backends", "bit_identical", "claims", "load_configured", "load_plugin",
+           "not_bit_identical", "register", "register_backend", "registered", "resolve", "slot",
+           "unknown_backend_message", "use_plugins"]

@@ -1,0 +1,29 @@
+"""clip_grad_norm: torch.nn.utils.clip_grad_norm_ (the total norm, clipped
+to max_norm); the optimizer_parity gate holds it against float64."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops.clip_grad_norm import clip_grad_norm_
+from .contract import expect
+from .record import Kernel
+
+
+def _contract(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(9, generator=g))]
+    params[0].grad = torch.randn(9, generator=g) * 10
+    total = fn(params, 1.0)
+    expect(isinstance(total, torch.Tensor) and total.numel() == 1, "clip_grad_norm_ must return the total norm")
+    expect(bool(params[0].grad.norm() <= 1.0 + 1e-4), "the gradients were not clipped to max_norm")
+
+
+KERNEL = Kernel(
+    name="clip_grad_norm",
+    flag="ck_clip_backend",
+    spellings=("clip",),
+    backends={"c": clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_},
+    contract=_contract,
+    not_claimed={"clip_grad_norm_": "the norm is reduced in double"},
+)

@@ -1,0 +1,194 @@
+"""cross_entropy: F.cross_entropy, in two variants -- ``default`` (fused,
+log-sum-exp, threaded) and ``ptref`` (ATen's order of operations: the one
+claimed bit-identical) -- and fused with the lm_head (``c_fused_linear``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.cross_entropy import cross_entropy
+from ..ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from .contract import expect, grads_present, tensor_like
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .sweeping import Tally, grad_run, torch_threads
+
+
+def _variant(variant: str):
+    return lambda logits, targets, **kw: cross_entropy(logits, targets, variant=variant, **kw)
+
+
+def _contract(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 11, generator=g).requires_grad_(True)
+    targets = torch.randint(0, 11, (7,), generator=g)
+    loss = fn(logits, targets)
+    tensor_like(loss, (), "the loss of logits (7, 11), targets (7) (the mean over rows)")
+    reference = F.cross_entropy(logits.detach(), targets)
+    value = float(loss.detach())
+    expect(abs(value - float(reference)) <= 1e-3 * max(1.0, abs(float(reference))),
+           f"the loss {value:.6g} is not the mean cross-entropy {float(reference):.6g}")
+    loss.backward()
+    grads_present({"logits": logits})
+
+
+def _make(width, rows, g):
+    targets = torch.randint(0, width, (rows,), generator=g)
+    targets[1::3] = -100  # ignored rows; row 0 is always kept (a mean over no rows is NaN)
+    return {"logits": torch.randn(rows, width, generator=g) * 3, "targets": targets}
+
+
+def _bad(fn):
+    expect_raise("a target equal to V (5)", lambda: fn(torch.randn(3, 5), torch.tensor([0, 5, 1])))
+    expect_raise("a negative target other than ignore_index", lambda: fn(torch.randn(3, 5), torch.tensor([0, -2, 1])))
+    expect_raise("3 targets for 4 rows", lambda: fn(torch.randn(4, 5), torch.tensor([0, 1, 2])))
+
+
+def _opinfo_sample(s):
+    target = s.args[0]
+    extra = {k: v for k, v in s.kwargs.items() if not (k == "reduction" and v == "mean")}
+    if s.input.dim() != 2 or target.dtype != torch.int64 or extra:  # (N, V) logits, class targets, the mean
+        return None
+    return (lambda f, t: f(t["logits"], t["targets"])), {"logits": s.input, "targets": target}, ("logits",)
+
+
+# ---- kernel_parity's cases ----------------------------------------------------
+
+def _gate_cases():
+    g = torch.Generator().manual_seed(0)
+    # (2048, 33): many rows, so many distinct sums go through the log (one libm
+    # log in place of torch's SLEEF one differs on a few of them only)
+    for N, C in ((64, 255), (8, 50257), (7, 3), (2048, 33)):
+        x = torch.randn(N, C, generator=g) * 3
+        t = torch.randint(0, C, (N,), generator=g)
+        t[::4] = -100
+        w = torch.rand(C, generator=g) + 0.1
+        yield f"N={N},C={C}", (x, t), {}
+        yield f"N={N},C={C},weight,smoothing,sum", (x, t), {"weight": w, "label_smoothing": 0.1, "reduction": "sum"}
+        yield f"N={N},C={C},weight,smoothing,mean", (x, t), {"weight": w, "label_smoothing": 0.2}
+        yield f"N={N},C={C},probs", (x, torch.softmax(torch.randn(N, C, generator=g), 1)), {}
+
+
+def _z_loss_cases():
+    g = torch.Generator().manual_seed(2)
+    for N, C in ((64, 255), (7, 3)):
+        t = torch.randint(0, C, (N,), generator=g)
+        t[::4] = -100
+        yield f"N={N},C={C},z_loss", (torch.randn(N, C, generator=g) * 3, t), {"z_loss": 1e-2}
+
+
+def _with_z_loss(x, t, z_loss):
+    """The reference for z_loss (PaLM's; torch has none): z * logsumexp(row)^2 added to
+    each non-ignored row's loss, then the mean over the non-ignored rows."""
+    kept = t != -100
+    rows = F.cross_entropy(x, t, reduction="none") + z_loss * torch.logsumexp(x, -1) ** 2 * kept
+    return rows.sum() / kept.sum()
+
+
+def _z_loss(variant):
+    return lambda x, t, z_loss: cross_entropy(x, t, z_loss=z_loss, variant=variant)
+
+
+# ---- the ptref sweep ------------------------------------------------------------
+
+def _ptref_case(tally: Tally, g: torch.Generator, N: int, V: int, kwargs: dict, threads: int, targets) -> None:
+    """One case of variant="ptref" against F.cross_entropy, loss and dlogits,
+    both with torch on ``threads`` (ptref reads torch's thread count at the
+    call). kwargs may hold weighted=True; ``targets(N, V)`` draws the targets
+    (class indices or probabilities) after the logits."""
+    kwargs = dict(kwargs)
+    weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
+    logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
+    target = targets(N, V)
+    up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
+    case = (f"{'probs ' if target.is_floating_point() else ''}N={N} V={V} {kwargs}"
+            f"{' weight' if weight is not None else ''}{f' torch threads {threads}' if threads > 1 else ''}")
+    with torch_threads(threads):
+        ours = grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits], up)
+        theirs = grad_run(lambda x: F.cross_entropy(x, target, weight, **kwargs), [logits], up)
+    for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+        tally.add(q, case, a, b)
+
+
+# torch splits a sum over every element across its threads from 32768 elements on:
+# label smoothing's sum over the rows and, weighted, its kept rows' weights (many
+# rows), and a row's own sum when the input is one row (reduction none too)
+CLASS_SPLIT_SHAPES = [(1, 65537), (1, 131071), (40000, 7), (100003, 5)]
+
+# probability targets' sum over every element (N*V) split across torch's threads
+# (two_pass_reduction): one to several chunks, a chunk past the last element, and a
+# thread count above the chunks' (1031 x 64: three chunks)
+SPLIT_SHAPES = [(1, 32767), (1, 32768), (128, 256), (257, 255), (1031, 64), (65, 1009), (4097, 33)]
+
+
+def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
+    """variant="ptref" against F.cross_entropy, loss and gradient: class
+    targets over reductions, ignore_index, class weights and smoothing, with
+    torch on one thread and where its thread split matters on 2..3; then
+    probability targets, on one thread and where the split matters on 2..4."""
+    settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
+                dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
+                dict(weighted=True, label_smoothing=0.2, reduction="sum"),
+                dict(weighted=True, label_smoothing=0.05, reduction="none")]
+
+    def classes(N, V, keep_first=False):
+        target = torch.randint(0, V, (N,), generator=g)
+        target[::3] = -100  # ignored rows
+        if keep_first:
+            target[0] = 0  # a one-row input keeps its row
+        return target
+
+    def probabilities(N, V):
+        return torch.softmax(torch.randn(N, V, generator=g), dim=1)
+
+    # rows: one, fewer than a cascade level (16), and enough for nll_loss's
+    # cascade to flush levels (300) at a few widths
+    shapes = [(N, V) for N in (1, 8, 37) for V in WIDTHS + [32000]] + [(300, V) for V in (7, 64, 1000)]
+    for (N, V), kwargs in itertools.product(shapes, settings):
+        _ptref_case(tally, g, N, V, kwargs, 1, classes)
+    for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), settings):
+        _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: classes(n, v, keep_first=True))
+    # probability targets: -(logp * q * w).sum() over every element, or .sum(1) with none
+    prob_settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(weighted=True, label_smoothing=0.1),
+                     dict(weighted=True, label_smoothing=0.2, reduction="sum")]
+    prob_shapes = [(3, V, 1) for V in WIDTHS + [32000]] + [(37, V, 1) for V in (7, 64, 1000)]
+    prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
+    for (N, V, threads), kwargs in itertools.product(prob_shapes, prob_settings):
+        _ptref_case(tally, g, N, V, kwargs, threads, probabilities)
+
+
+# lm_head + loss fused, (hidden (N, D), weight (V, D), targets (N)) -> mean loss: chosen by
+# --ck-loss-backend like the losses, but it replaces the lm_head's graph too (models.Ops.head_loss)
+HEAD_LOSS = {"c_fused_linear": lambda hidden, weight, targets, **kw: fused_linear_cross_entropy(hidden, weight, targets,
+                                                                                                **kw)}
+
+KERNEL = Kernel(
+    name="cross_entropy",
+    flag="ck_loss_backend",
+    spellings=("loss",),
+    variants=("default", "ptref"),
+    # (logits (N, V), targets (N)) -> the mean loss; with --label-smoothing, label_smoothing= too.
+    # c_fused_linear is listed so that --ck-loss-backend offers it; on logits alone it is the
+    # default kernel, which the fused op runs on each chunk
+    backends={"c": _variant("default"), "c_ptref": _variant("ptref"), "torch": F.cross_entropy,
+              "c_fused_linear": _variant("default")},
+    contract=_contract,
+    conformance=Conformance(
+        make=_make, call=lambda fn, t: fn(t["logits"], t["targets"]), differentiated=("logits",), widths=WIDTHS,
+        bad=_bad,
+        options=(("label_smoothing=0.1", lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1),
+                  ("logits",)),),
+        opinfo=("nn.functional.cross_entropy", _opinfo_sample)),
+    gate_cases={
+        "cross_entropy.default": GateCase(_variant("default"), F.cross_entropy, _gate_cases, "default"),
+        "cross_entropy.default.z_loss": GateCase(_z_loss("default"), _with_z_loss, _z_loss_cases, "default"),
+        "cross_entropy.ptref": GateCase(_variant("ptref"), F.cross_entropy, _gate_cases, "ptref"),
+    },
+    claims=(Claim("cross_entropy.ptref", ("loss", "dlogits"), sweep_ptref),),
+    not_claimed={
+        "cross_entropy (default variant)": "fused, sums in double: more accurate than torch, not its bits",
+        "vocab-parallel cross_entropy": "the default variant's arithmetic, split by rank",
+    },
+)

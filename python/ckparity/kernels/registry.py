@@ -1,0 +1,160 @@
+"""Other people's kernels: backends registered by name into a kernel's record.
+
+A backend is a named implementation of one slot of the CK twin (a kernel):
+ckparity's own ("c", "c_ptref", "torch"), or one a user registers:
+
+    # my_kernels.py, loaded with `ckparity train --plugin my_kernels.py ...`
+    import ckparity
+    ckparity.register_backend("swiglu", "mine", my_swiglu)
+
+    ckparity train --plugin my_kernels.py --ck-swiglu-backend mine
+
+Ways in, all ending in ``register_backend``: a ``--plugin MODULE_OR_FILE.py``
+flag (any command, repeatable), the ``CKP_PLUGINS`` environment variable
+(paths or modules separated by ``os.pathsep``; ``--plugin`` adds to it, so
+every process ckparity starts -- attribute's jobs, --tp/--dp ranks, gate
+and mutate children -- loads the same plugins), installed packages'
+``ckparity.backends`` entry points (each names a function that registers),
+and a backend flag given as ``module:attr`` (registered under that spec on
+first use). A slot is named as ckparity names its kernel or as the flags
+spell it (a record's ``spellings``: ``rmsnorm``, ``loss``, ``optimizer``,
+``clip``).
+
+Every registration runs the slot's contract check (the record's
+``contract``; docs/plugins.md): a backend that breaks its contract is
+refused with the reason, before any run -- never compared as 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .spine import KERNELS
+from .contract import ContractError
+
+ENV = "CKP_PLUGINS"
+ENTRY_POINT_GROUP = "ckparity.backends"
+
+
+def slot(kernel: str) -> str:
+    """ckparity's name of the slot ``kernel`` names (either spelling)."""
+    for record in KERNELS.values():
+        if kernel == record.name or kernel in record.spellings:
+            return record.name
+    spellings = sorted({s for r in KERNELS.values() for s in (r.name, *r.spellings)})
+    raise ValueError(f"no kernel slot {kernel!r}; slots: {', '.join(spellings)}")
+
+
+def register(kernel: str, name: str, fn: Callable) -> None:
+    """Adds (or replaces) a backend of ``kernel`` without a contract check:
+    for planted faults in tests and gates (``register("cross_entropy",
+    "fault", f)``: ``--ck-loss-backend fault``)."""
+    KERNELS[slot(kernel)].backends[name] = fn
+
+
+def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True) -> None:
+    """Makes ``fn`` the backend ``name`` of the slot ``kernel``, after the
+    slot's contract check (``check=False`` skips it: for planted faults that
+    break the contract on purpose). ckparity's own backends cannot be
+    replaced; registering the same name again replaces the user's."""
+    record = KERNELS[slot(kernel)]
+    kernel = record.name
+    if not isinstance(name, str) or not name or name.strip() != name:
+        raise ValueError(f"a backend name must be a non-empty string without surrounding spaces, got {name!r}")
+    if name in record.builtin:
+        raise ValueError(f"{name!r} is ckparity's own {kernel} backend; give yours another name")
+    if not callable(fn):
+        raise TypeError(f"the {kernel} backend {name!r} must be callable, got {type(fn).__name__}")
+    if check:
+        try:
+            record.contract(fn)
+        except ContractError as err:
+            raise ContractError(f"the {kernel} backend {name!r} breaks its contract: {err} "
+                                "(docs/plugins.md)") from None
+        except Exception as err:  # noqa: BLE001 -- whatever the user's code raises, say where
+            raise ContractError(f"the {kernel} backend {name!r} raised in its contract check: "
+                                f"{type(err).__name__}: {err} (docs/plugins.md)") from err
+    record.backends[name] = fn
+
+
+def registered(kernel: str) -> list[str]:
+    return sorted(KERNELS[slot(kernel)].backends)
+
+
+def unknown_backend_message(kernel: str, name: str) -> str:
+    return (f"no {kernel} backend {name!r}; registered: {', '.join(registered(kernel))}. Register one with "
+            f"ckparity.register_backend({kernel!r}, NAME, fn) in a module loaded by --plugin, or name it as "
+            "module:attr")
+
+
+def resolve(kernel: str, name: str) -> None:
+    """Makes sure the backend ``name`` of ``kernel`` exists: a ``module:attr``
+    name is imported and registered on first use; an unknown name raises
+    ValueError with what is registered and how to register one."""
+    kernel = slot(kernel)
+    if name in KERNELS[kernel].backends:
+        return
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"cannot load the {kernel} backend {name!r}: {type(err).__name__}: {err}") from None
+        register_backend(kernel, name, fn)
+        return
+    raise ValueError(unknown_backend_message(kernel, name))
+
+
+# ---- loading plugins ------------------------------------------------------------
+
+_loaded: list[str] = []
+
+
+def load_plugin(spec: str) -> None:
+    """Imports a plugin: a path to a .py file, or a module name. Once per process."""
+    key = str(Path(spec).resolve()) if spec.endswith(".py") else spec
+    if key in _loaded:
+        return
+    if spec.endswith(".py"):
+        path = Path(spec)
+        if not path.is_file():
+            raise ValueError(f"--plugin {spec}: no such file")
+        module_name = f"ckparity_plugin_{len(_loaded)}_{path.stem}"
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        loader_spec.loader.exec_module(module)
+    else:
+        try:
+            importlib.import_module(spec)
+        except ImportError as err:
+            raise ValueError(f"--plugin {spec}: {err}") from None
+    _loaded.append(key)
+
+
+def use_plugins(specs: list[str]) -> None:
+    """Loads ``specs`` here and puts them in CKP_PLUGINS for every process this one starts."""
+    for spec in specs:
+        load_plugin(spec)
+    keys = [k for k in os.environ.get(ENV, "").split(os.pathsep) if k]
+    for spec in specs:
+        key = str(Path(spec).resolve()) if spec.endswith(".py") else spec
+        if key not in keys:
+            keys.append(key)
+    os.environ[ENV] = os.pathsep.join(keys)
+
+
+def load_configured() -> None:
+    """The plugins of CKP_PLUGINS and of installed packages' entry points."""
+    for spec in [k for k in os.environ.get(ENV, "").split(os.pathsep) if k]:
+        load_plugin(spec)
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.value not in _loaded:
+            entry.load()()
+            _loaded.append(entry.value)

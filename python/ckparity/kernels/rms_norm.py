@@ -1,0 +1,98 @@
+"""rms_norm: F.rms_norm(x, (D,), weight, eps) over the last dimension."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.rms_norm import rms_norm
+from .contract import grads_present, tensor_like
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .sweeping import Tally, grad_run, torch_threads
+
+
+def _contract(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 10, generator=g).requires_grad_(True)
+    w = torch.randn(10, generator=g).requires_grad_(True)
+    y = fn(x, (10,), w, 1e-5)
+    tensor_like(y, (6, 10), "rms_norm(x (6, 10), (10,), weight, eps)")
+    y.backward(torch.randn(6, 10, generator=g))
+    grads_present({"x": x, "weight": w})
+
+
+def _make(width, rows, g):
+    return {"x": torch.randn(rows, width, generator=g), "weight": torch.randn(width, generator=g)}
+
+
+def _bad(fn):
+    x, w = torch.randn(3, 8), torch.randn(8)
+    expect_raise("normalized_shape (7,) on rows of 8", lambda: fn(x, (7,), w, 1e-5))
+    expect_raise("a weight of 5 on rows of 8", lambda: fn(x, (8,), torch.randn(5), 1e-5))
+
+
+def _opinfo_sample(s):
+    shape, weight = s.args[0], (s.args[1] if len(s.args) > 1 else s.kwargs.get("weight"))
+    eps = s.kwargs.get("eps", 1e-5)
+    if len(shape) != 1 or eps is None or eps < 0:  # the slot normalizes the last dimension, eps >= 0
+        return None
+    tensors = {"x": s.input, **({"weight": weight} if weight is not None else {})}
+    return (lambda f, t: f(t["x"], tuple(shape), t.get("weight"), eps)), tensors, tuple(tensors)
+
+
+def _gate_cases():
+    g = torch.Generator().manual_seed(0)
+    # D = 1 and a small odd D take dweight's column paths (rms_norm.c), not its vector one
+    for N, D in ((1000, 64), (64, 4097), (300, 1), (257, 3)):
+        x = torch.randn(N, D, generator=g)
+        yield f"N={N},D={D}", (x, (D,), torch.randn(D, generator=g)), {"eps": 1e-5}
+
+
+# sums torch reduces to one value, split across its threads from 32768 elements on: the row of
+# a one-row input, dweight's column at D = 1
+SPLIT_SHAPES = [(1, 32768), (1, 40000), (1, 65536), (1, 131071), (32768, 1), (100003, 1)]
+
+
+def sweep(tally: Tally, g: torch.Generator) -> None:
+    for N in (1, 3, 5, 23, 70):
+        for D in WIDTHS:
+            x = (torch.randn(N, D, generator=g) * 3).requires_grad_(True)
+            w = torch.randn(D, generator=g).requires_grad_(True)
+            up = torch.randn(N, D, generator=g)
+            for weight in (w, None):
+                inputs = [x] + ([weight] if weight is not None else [])
+
+                def call(fn):
+                    return grad_run(lambda xx, *ww: fn(xx, (D,), ww[0] if ww else None, 1e-5), inputs, up)
+
+                ours, theirs = call(rms_norm), call(F.rms_norm)
+                case = f"N={N} D={D}{'' if weight is not None else ' no weight'}"
+                for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+                    tally.add(q, case, a, b)
+    for (N, D), threads in itertools.product(SPLIT_SHAPES, (2, 3)):
+        x = (torch.randn(N, D, generator=g) * 3).requires_grad_(True)
+        w = torch.randn(D, generator=g).requires_grad_(True)
+        up = torch.randn(N, D, generator=g)
+        with torch_threads(threads):  # rms_norm reads torch's thread count at the call
+            ours, theirs = (grad_run(lambda xx, ww, fn=fn: fn(xx, (D,), ww, 1e-5), [x, w], up)
+                            for fn in (rms_norm, F.rms_norm))
+        for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+            tally.add(q, f"N={N} D={D} torch threads {threads}", a, b)
+
+
+KERNEL = Kernel(
+    name="rms_norm",
+    flag="ck_rmsnorm_backend",
+    spellings=("rmsnorm",),
+    backends={"c": rms_norm, "torch": F.rms_norm},
+    contract=_contract,
+    conformance=Conformance(
+        make=_make, call=lambda fn, t: fn(t["x"], (t["x"].shape[-1],), t["weight"], 1e-5),
+        differentiated=("x", "weight"), widths=WIDTHS, bad=_bad,
+        options=(("no weight", lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5), ("x",)),),
+        opinfo=("nn.functional.rms_norm", _opinfo_sample)),
+    gate_cases={"rms_norm": GateCase(rms_norm, F.rms_norm, _gate_cases, "default", weight=2)},
+    claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),),
+)

@@ -1,0 +1,73 @@
+"""rope: rotary position embedding of (B, heads, T, d) with cos, sin (T, d/2);
+the CK twin uses the rotate-half layout (Llama's), the op both."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from ..ops.rope import rope
+from .contract import grads_present, tensor_like
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .sweeping import Tally, grad_run
+
+
+def _contract(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    leaf = torch.randn(2, 5, 3, 8, generator=g).requires_grad_(True)
+    angles = torch.rand(5, 4, generator=g)
+    # (B, heads, T, d) as a transposed view of (B, T, heads, d), not contiguous, as the harness passes it
+    y = fn(leaf.transpose(1, 2), angles.cos(), angles.sin())
+    tensor_like(y, (2, 3, 5, 8), "rope(q (2, 3, 5, 8), cos (5, 4), sin (5, 4))")
+    y.backward(torch.randn(y.shape, generator=g))
+    grads_present({"q": leaf})
+
+
+def _make(width, rows, g):
+    angles = torch.rand(3, width // 2, generator=g) * 6
+    # (B, T, heads, d) stored, passed as the transposed (B, heads, T, d) view the harness passes
+    return {"q": torch.randn(1, 3, rows + 1, width, generator=g), "cos": angles.cos(), "sin": angles.sin()}
+
+
+def _bad(fn):
+    expect_raise("cos of the wrong width", lambda: fn(torch.randn(1, 2, 3, 8), torch.randn(3, 3), torch.randn(3, 3)))
+
+
+def _gate_cases():
+    """Both layouts; a d of 2 (one pair) and a d whose half is not a vector width; the
+    (B, heads, T, d) view of a (B, T, heads, d) tensor, as the llama twin calls it."""
+    g = torch.Generator().manual_seed(4)
+    for B, heads, T, d in ((2, 4, 16, 64), (3, 2, 7, 2), (1, 3, 33, 46)):
+        angles = torch.rand(T, d // 2, generator=g) * 6.3
+        x = torch.randn(B, T, heads, d, generator=g).transpose(1, 2)
+        for layout in ("half", "interleaved"):
+            yield f"B={B},heads={heads},T={T},d={d},{layout}", (x, angles.cos(), angles.sin()), {"layout": layout}
+
+
+def sweep(tally: Tally, g: torch.Generator) -> None:
+    T = 5
+    for layout in ("half", "interleaved"):
+        for d in [d for d in WIDTHS if d % 2 == 0] + [4096]:
+            x = torch.randn(3, T, d, generator=g).requires_grad_(True)
+            angles = torch.rand(T, d // 2, generator=g) * 50
+            cos, sin = angles.cos(), angles.sin()
+            up = torch.randn(3, T, d, generator=g)
+            ours = grad_run(lambda xx: rope(xx, cos, sin, layout=layout), [x], up)
+            theirs = grad_run(lambda xx: reference.rope(xx, cos, sin, layout), [x], up)
+            for q, a, b in zip(("out", "dx"), ours, theirs):
+                tally.add(q, f"{layout} d={d}", a, b)
+
+
+KERNEL = Kernel(
+    name="rope",
+    flag="ck_rope_backend",
+    # the twins' slot: (q or k (B, heads, T, d), cos, sin (T, d/2)), rotate-half layout
+    backends={"c": lambda x, cos, sin: rope(x, cos, sin, layout="half"),
+              "torch": lambda x, cos, sin: reference.rope(x, cos, sin, "half")},
+    contract=_contract,
+    conformance=Conformance(
+        make=_make, call=lambda fn, t: fn(t["q"].transpose(1, 2), t["cos"], t["sin"]), differentiated=("q",),
+        widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_bad),
+    gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
+    claims=(Claim("rope", ("out", "dx"), sweep),),
+)

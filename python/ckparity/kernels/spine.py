@@ -1,0 +1,42 @@
+"""The records, in the order the suites run them, and the views of them
+that the layers above index (the registry of backends is registry.py)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import cpu
+from . import adamw, clip_grad_norm, cross_entropy, rms_norm, rope, swiglu
+from .record import Claim, Kernel
+
+KERNELS: dict[str, Kernel] = {k.name: k for k in (cross_entropy.KERNEL, rms_norm.KERNEL, swiglu.KERNEL, rope.KERNEL,
+                                                  adamw.KERNEL, clip_grad_norm.KERNEL)}
+
+BACKENDS: dict[str, dict[str, Callable]] = {name: k.backends for name, k in KERNELS.items()}
+FLAGS: dict[str, str] = {k.flag: name for name, k in KERNELS.items()}  # RunConfig field -> kernel
+HEAD_LOSS = cross_entropy.HEAD_LOSS  # the lm_head + loss backends (--ck-loss-backend c_fused_linear)
+
+
+def backends(kernel: str) -> dict[str, Callable]:
+    """The live registry of ``kernel``'s backends (name -> callable)."""
+    return KERNELS[kernel].backends
+
+
+def claims(dtype: str | None = None) -> list[Claim]:
+    """Every record's bit-identity claims (of ``dtype``, if given), in KERNELS' order."""
+    return [c for k in KERNELS.values() for c in k.claims if dtype is None or c.dtype == dtype]
+
+
+def bit_identical() -> dict[str, list[str]]:
+    """What is bit-identical to torch in this process: each claim key's
+    quantities, where the library follows torch's capability and the claim
+    covers it; nothing where it does not (ckparity.cpu)."""
+    if not cpu.matched():
+        return {}
+    capability = cpu.torch_capability()
+    return {c.key: list(c.quantities) for c in claims("float32") if capability in c.capabilities}
+
+
+def not_bit_identical() -> dict[str, str]:
+    """What is not bit-identical at any capability, and why."""
+    return {what: why for k in KERNELS.values() for what, why in k.not_claimed.items()}

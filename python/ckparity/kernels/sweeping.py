@@ -1,0 +1,45 @@
+"""What a record's bit-identity sweep (Claim.sweep) writes into and runs
+with: the tally of cases and differing cases, a forward+backward run, and
+torch at a given thread count. ckparity.sweep runs the sweeps."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Tally:
+    """Per quantity: cases swept, and the cases whose bits differ."""
+
+    def __init__(self):
+        self.swept: dict[str, int] = {}
+        self.differing: dict[str, list[str]] = {}
+
+    def add(self, quantity: str, case: str, ours: torch.Tensor, theirs: torch.Tensor) -> None:
+        self.swept[quantity] = self.swept.get(quantity, 0) + 1
+        same_nan = ours.isnan() & theirs.isnan()
+        if ours.shape != theirs.shape or bool(((ours != theirs) & ~same_nan).any()):
+            self.differing.setdefault(quantity, []).append(case)
+
+    def result(self) -> dict:
+        return {q: {"swept": n, "differing": len(self.differing.get(q, [])), "examples": self.differing.get(q, [])[:8]}
+                for q, n in self.swept.items()}
+
+
+def grad_run(fn, inputs, upstream):
+    """fn(*inputs) and the gradients of every input that requires one."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and t.requires_grad) for t in inputs]
+    out = fn(*leaves)
+    out.backward(upstream)
+    return [out.detach()] + [t.grad for t in leaves if t.requires_grad]

@@ -1,0 +1,69 @@
+"""swiglu: silu(gate) * up over [..., 2H] (gate = the first H columns)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from ..ops.swiglu import swiglu
+from .contract import grads_present, tensor_like
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .sweeping import Tally, grad_run, torch_threads
+
+
+def _contract(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, 12, generator=g).requires_grad_(True)
+    y = fn(x)
+    tensor_like(y, (5, 2, 6), "swiglu(x (5, 2, 12))")
+    y.backward(torch.randn(5, 2, 6, generator=g))
+    grads_present({"x": x})
+
+
+def _make(width, rows, g):
+    return {"x": torch.randn(rows, 2 * width, generator=g) * 4}
+
+
+def _bad(fn):
+    expect_raise("an odd last dimension (7)", lambda: fn(torch.randn(3, 7)))
+
+
+def _silu_sample(s):
+    """torch's silu samples as swiglu with up = 1 (silu(gate) * 1 is silu(gate))."""
+    if s.input.dim() == 0:  # swiglu needs a last dimension of 2H
+        return None
+    x = torch.cat([s.input.detach(), torch.ones_like(s.input.detach())], dim=-1)
+    return (lambda f, t: f(t["x"])), {"x": x}, ("x",)
+
+
+def _gate_cases():
+    g = torch.Generator().manual_seed(0)
+    for N, H in ((64, 128), (4, 11008)):
+        yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
+
+
+def sweep(tally: Tally, g: torch.Generator) -> None:
+    for N in (1, 3, 17):
+        for H in WIDTHS:
+            x = (torch.randn(N, 2 * H, generator=g) * 4).requires_grad_(True)
+            x.data[0, :H] = torch.linspace(-110.0, 110.0, H)  # both cut-offs of exp(-g)
+            up = torch.randn(N, H, generator=g)
+            ours = grad_run(swiglu, [x], up)
+            with torch_threads(1):
+                theirs = grad_run(reference.swiglu, [x], up)
+            for q, a, b in zip(("out", "dx"), ours, theirs):
+                tally.add(q, f"N={N} H={H}", a, b)
+
+
+KERNEL = Kernel(
+    name="swiglu",
+    flag="ck_swiglu_backend",
+    backends={"c": swiglu, "torch": reference.swiglu},
+    contract=_contract,
+    conformance=Conformance(
+        make=_make, call=lambda fn, t: fn(t["x"]), differentiated=("x",), widths=WIDTHS, bad=_bad,
+        options=(("3-D input", lambda f, t: f(t["x"].reshape(3, 1, -1)), ("x",)),),
+        opinfo=("nn.functional.silu", _silu_sample)),
+    gate_cases={"swiglu": GateCase(swiglu, reference.swiglu, _gate_cases, "default")},
+    claims=(Claim("swiglu", ("out", "dx"), sweep),),
+)
