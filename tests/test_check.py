@@ -29,7 +29,7 @@ def few_widths(monkeypatch):
 @pytest.fixture
 def planted(monkeypatch):
     def plant(kernel, name, fn):
-        monkeypatch.setitem(kernels.BACKENDS[kernel], name, fn)
+        monkeypatch.setitem(kernels.backends(kernel), name, fn)
         return name
     return plant
 
@@ -141,7 +141,8 @@ def test_adamw_is_checked_by_size_and_thread_count(monkeypatch, planted):
     """ckparity's AdamW: as accurate as torch (params an ULP off where torch's MKL sqrt
     rounds down, moments bit-identical), the same bits at 1 and 2 threads; an AdamW
     without bias correction: wrong."""
-    monkeypatch.setattr(conformance, "ADAMW_SIZES", [1, 7, 64, 301, 4097])
+    record = kernels.KERNELS["adamw"]
+    monkeypatch.setattr(record, "conformance", replace(record.conformance, widths=[1, 7, 64, 301, 4097]))
     report = conformance.check("optimizer", "c")
     assert report["kernel"] == "adamw" and report["passed"], conformance.table(report)
     assert _verdicts(report)["sizes"] in ("bitwise", "as accurate as torch") and _verdicts(report)["threads"] == "bitwise"
@@ -175,9 +176,9 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
     0 and the report on a conforming kernel, 1 on a wrong one, 1 with the
     verdict crashes when the child is killed by a segfault, 2 on bad arguments."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CKP_PLUGINS", raising=False)
+    monkeypatch.setenv("CKP_PLUGINS", "")  # what --plugin adds to it ends with the test
     for kernel in ("rope", "swiglu"):  # the plugin's registrations end with the test
-        monkeypatch.setitem(kernels.BACKENDS, kernel, dict(kernels.BACKENDS[kernel]))
+        monkeypatch.setattr(kernels.KERNELS[kernel], "backends", dict(kernels.backends(kernel)))
     monkeypatch.setattr(kernels.registry, "_loaded", [])
     (tmp_path / "planted.py").write_text(_CLI_PLUGIN)
     out = tmp_path / "check.json"
@@ -208,7 +209,7 @@ import pytest
 import torch
 
 import ckparity
-import ckparity.check
+from ckparity import kernels
 
 
 @pytest.fixture(autouse=True)

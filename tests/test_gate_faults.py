@@ -76,7 +76,7 @@ _FAULTS = {"raises": (lambda fn: _raises, _RaisingAdamW), "nan": (_nan_of, _NanA
 
 def _plant(monkeypatch, fault: str) -> None:
     broken, adamw = _FAULTS[fault]
-    for kernel, table in kernels.BACKENDS.items():
+    for kernel, table in {name: k.backends for name, k in kernels.KERNELS.items()}.items():
         for name in [n for n in table if n.startswith("c")]:
             if kernel == "adamw":
                 monkeypatch.setitem(table, name, adamw)

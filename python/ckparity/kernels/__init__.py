@@ -40,9 +40,9 @@ from .contract import ContractError
 from .record import CAPABILITIES, WIDTHS, Claim, Conformance, GateCase, Kernel
 from .registry import (load_configured, load_plugin, register, register_backend, registered, resolve, slot,
                        unknown_backend_message, use_plugins)
-from .spine import BACKENDS, FLAGS, HEAD_LOSS, KERNELS, backends, bit_identical, claims, not_bit_identical
+from .spine import FLAGS, HEAD_LOSS, KERNELS, backends, bit_identical, claims, not_bit_identical
 
-__all__ = ["KERNELS", "BACKENDS", "FLAGS", "HEAD_LOSS", "Kernel", "Claim", "Conformance", "GateCase", "WIDTHS",
+__all__ = ["KERNELS", "FLAGS", "HEAD_LOSS", "Kernel", "Claim", "Conformance", "GateCase", "WIDTHS",
            "CAPABILITIES", "ContractError", "backends", "bit_identical", "claims", "load_configured", "load_plugin",
            "not_bit_identical", "register", "register_backend", "registered", "resolve", "slot",
            "unknown_backend_message", "use_plugins"]

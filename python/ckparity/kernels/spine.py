@@ -12,7 +12,6 @@ from .record import Claim, Kernel
 KERNELS: dict[str, Kernel] = {k.name: k for k in (cross_entropy.KERNEL, rms_norm.KERNEL, swiglu.KERNEL, rope.KERNEL,
                                                   adamw.KERNEL, clip_grad_norm.KERNEL)}
 
-BACKENDS: dict[str, dict[str, Callable]] = {name: k.backends for name, k in KERNELS.items()}
 FLAGS: dict[str, str] = {k.flag: name for name, k in KERNELS.items()}  # RunConfig field -> kernel
 HEAD_LOSS = cross_entropy.HEAD_LOSS  # the lm_head + loss backends (--ck-loss-backend c_fused_linear)
 
