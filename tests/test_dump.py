@@ -1,4 +1,4 @@
-"""--dump-step N / ckparity replay / ckparity.load_dump: a step taken out of
+"""--dump-step N / ckparity replay / load_dump: a step taken out of
 a run holds both twins' state before it, its batch, activations and
 gradients; recomputed from the dump it repeats the run's bits, and a planted
 fault shows in the CK-against-float64 rows, not in torch's."""
@@ -14,7 +14,7 @@ import ckparity
 from ckparity.cli import main
 from ckparity import kernels
 from ckparity.harness.config import RunConfig, UsageError
-from ckparity.harness.dump import replay
+from ckparity.harness.dump import load_dump, replay
 from ckparity.harness.run import train
 
 
@@ -22,7 +22,7 @@ def test_a_dumped_step_loads_and_replays_to_the_runs_bits(tmp_path):
     report = train(RunConfig(model="stacked", grad_accum=2, max_steps=4, dump_step=3, dump_dir=str(tmp_path / "d"),
                              no_progress=True, json_out=str(tmp_path / "r.json")))
     assert report["dump"] == str(tmp_path / "d")
-    dump = ckparity.load_dump(str(tmp_path / "d"))
+    dump = load_dump(str(tmp_path / "d"))
     assert dump["step"] == 3 and dump["config"].model == "stacked" and len(dump["batch"]) == 2
     tokens, targets = dump["batch"][0]
     assert tokens.dtype == torch.int64 and tokens.shape == targets.shape
@@ -56,4 +56,4 @@ def test_bad_dump_requests_are_refused(tmp_path):
         train(RunConfig(max_steps=4, dump_step=9, no_progress=True, json_out=str(tmp_path / "r.json")))
     assert not (tmp_path / "r.json").exists()
     with pytest.raises(UsageError, match="no step dump there"):
-        ckparity.load_dump(str(tmp_path))
+        load_dump(str(tmp_path))

@@ -1,0 +1,163 @@
+"""The kernel spine and the package's layers.
+
+- every import in the package, lazy ones included, goes downward through
+  the layers (C bindings -> ops -> kernels -> suites and harness -> cli) and
+  closes no circle;
+- ``import ckparity`` loads no harness module;
+- every kernel record keeps the spine's rules: a flag the twins' config
+  has, torch's backend, a contract its own backends pass, claims with a
+  sweep, conformance widths that cover 1..300.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+import ckparity
+from ckparity import kernels
+from ckparity.harness.config import RunConfig
+
+PACKAGE = Path(ckparity.__file__).parent
+
+# the layers, lowest first; a module may import its own layer or a lower one
+LAYERS = [
+    {"_native", "_bindings", "_tensors", "errors", "threads", "cpu"},  # the C library and its bindings
+    {"ops", "optim", "nn", "reference", "measure", "distributed", "plugin"},  # ops on the bindings
+    {"kernels"},  # one record per kernel
+    {"__init__"},  # the package's face: the ops and register_backend
+    {"check", "gates", "sweep", "bench", "bench_memory", "bench_ranks", "builds", "mutate", "harness",
+     "pytest_plugin"},  # the suites and the harness
+    {"cli", "__main__"},
+]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """Every ckparity module ``module`` imports, at any depth of its code (lazy imports too)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target not in known and "." in target:
+                target = target.rpartition(".")[0]
+            if target in known and target != module:
+                out.add(target)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imports(m, p, set(modules)) for m, p in modules.items()}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = "__init__" if len(parts) == 1 else parts[1]
+    return next(k for k, layer in enumerate(LAYERS) if top in layer)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_lazy_imports_included():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = _graph()
+    graph["ckparity.harness.launch"].add("ckparity.cli")  # the circle this layout once had
+    assert any("ckparity.cli" in c and "ckparity.harness.launch" in c for c in _cycles(graph))
+
+
+def test_layers_import_downward_only():
+    upward = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
+              for m, targets in _graph().items() for t in targets if _layer(t) > _layer(m)]
+    assert upward == []
+
+
+def test_every_module_has_a_layer():
+    for module in _modules():
+        _layer(module)  # StopIteration: a module no layer names
+
+
+def test_import_ckparity_loads_no_harness_module():
+    code = "import sys, ckparity; print(sorted(m for m in sys.modules if m.startswith('ckparity.harness')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---- the records -------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(kernels.KERNELS))
+def test_a_record_keeps_the_spines_rules(name):
+    record = kernels.KERNELS[name]
+    assert record.name == name and "torch" in record.backends and "c" in record.backends
+    assert record.flag in {f.name for f in fields(RunConfig)}, f"{record.flag}: no such RunConfig field"
+    for backend in record.builtin:
+        record.contract(record.backends[backend])  # ContractError if ckparity's own breaks it
+    for claim in record.claims:
+        assert claim.key == name or claim.key.startswith(f"{name}."), claim.key
+        assert callable(claim.sweep) and claim.quantities and claim.capabilities
+    if record.conformance is not None and not record.optimizer:
+        covered = set(record.conformance.widths)
+        assert covered >= set(range(2, 301, 2)), "the conformance widths must cover 1..300 (even ones for rope)"
+
+
+def test_names_and_spellings_are_unique():
+    spellings = [s for k in kernels.KERNELS.values() for s in (k.name, *k.spellings)]
+    assert len(spellings) == len(set(spellings))
+    assert len({k.flag for k in kernels.KERNELS.values()}) == len(kernels.KERNELS)
+    assert len({c.key for c in kernels.claims()}) == len(kernels.claims())
