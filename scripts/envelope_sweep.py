@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import kernels
-from ckparity.harness import envelope
-from ckparity.harness.repro import STRESS
-from ckparity.harness.run import train
+from ckparity.harness.observers import envelope
+from ckparity.harness.studies.repro import STRESS
+from ckparity.harness.loop.run import train
 
 
 class _OneUlpUp(torch.autograd.Function):

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 import ckparity
 from ckparity.cli import main
 from ckparity import kernels
-from ckparity.harness.attribute import attribute, verdict
-from ckparity.harness.config import RunConfig
-from ckparity.harness.data import load_tokens
-from ckparity.harness.forecast import forecast
-from ckparity.harness.repro import HELLO_TEXT
-from ckparity.harness.run import train
+from ckparity.harness.studies.attribute import attribute, verdict
+from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.loop.data import load_tokens
+from ckparity.harness.observers.forecast import forecast
+from ckparity.harness.studies.repro import HELLO_TEXT
+from ckparity.harness.loop.run import train
 
 SHORT = RunConfig(max_steps=6, grad_accum=2, total_tokens=4096, no_progress=True)
 ALL_TORCH = dict(ck_rmsnorm_backend="torch", ck_swiglu_backend="torch", ck_loss_backend="torch",
@@ -73,9 +73,9 @@ def test_divergence_names_the_planted_stage(tmp_path):
 def test_live_first_difference_equals_the_replayed_one(tmp_path, overrides):
     """The run reads the first divergence off its own step; a replay of that
     step from the initial state (the old way) names the same stage and tensor."""
-    from ckparity.harness.data import Batches
-    from ckparity.harness.localize import first_difference
-    from ckparity.harness.twins import build_twins
+    from ckparity.harness.loop.data import Batches
+    from ckparity.harness.observers.localize import first_difference
+    from ckparity.harness.twins.build import build_twins
 
     config = replace(SHORT, **overrides)
     divergence = run(tmp_path, config)["divergence"]

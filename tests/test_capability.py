@@ -92,8 +92,8 @@ def test_sweep_finds_another_capabilitys_arithmetic(capability):
 TWINS = """
 import json, tempfile
 from dataclasses import replace
-from ckparity.harness.config import RunConfig
-from ckparity.harness.run import train
+from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.loop.run import train
 runs = {
     "stacked": RunConfig(model="stacked", num_layers=3, vocab=300, d_model=40, hidden=70, seq_len=8, grad_accum=2,
                          max_steps=60, ck_loss_backend="c_ptref", ck_optimizer_backend="torch", no_progress=True,
@@ -121,7 +121,7 @@ def test_reports_and_info_carry_the_capability():
     env = ckparity.capability()
     assert env == {"torch": torch.backends.cpu.get_cpu_capability(), "library": cpu.library_capability(),
                    "matched": cpu.matched()}
-    from ckparity.harness.run import environment
+    from ckparity.harness.loop.run import environment
 
     recorded = environment()
     assert recorded["torch_cpu_capability"] == env["torch"]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ckparity.harness import checkpoint
-from ckparity.harness.config import RunConfig, UsageError
-from ckparity.harness.run import train
+from ckparity.harness.longrun import checkpoint
+from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.loop.run import train
 
 SKIP = {"timing", "env", "config"}  # timings, and the flags a resume may change
 

@@ -20,8 +20,8 @@ import torch
 
 from ckparity import _bindings
 from ckparity import kernels
-from ckparity.harness.config import RunConfig
-from ckparity.harness.run import train
+from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.loop.run import train
 
 BITWISE = RunConfig(model="stacked", max_steps=20, grad_accum=4, total_tokens=4096, no_progress=True,
                     ck_rmsnorm_backend="c", ck_swiglu_backend="c", ck_loss_backend="torch",

@@ -13,9 +13,9 @@ import torch
 import ckparity
 from ckparity.cli import main
 from ckparity import kernels
-from ckparity.harness.config import RunConfig, UsageError
-from ckparity.harness.dump import load_dump, replay
-from ckparity.harness.run import train
+from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.longrun.dump import load_dump, replay
+from ckparity.harness.loop.run import train
 
 
 def test_a_dumped_step_loads_and_replays_to_the_runs_bits(tmp_path):

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import kernels
-from ckparity.harness.config import RunConfig
-from ckparity.harness.envelope import LEAN_MARGIN, Measured, Signs, mirror, move_ulps, null_ops, window_ratio
-from ckparity.harness.run import train
+from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.observers.envelope import LEAN_MARGIN, Measured, Signs, mirror, move_ulps, null_ops, window_ratio
+from ckparity.harness.loop.run import train
 
 
 def test_move_ulps_steps_the_bits_and_leaves_zero_inf_nan():

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from ckparity.cli import main
 from ckparity import kernels
-from ckparity.harness.config import parse_train_args
-from ckparity.harness.run import train
+from ckparity.harness.loop.config import parse_train_args
+from ckparity.harness.loop.run import train
 
 SHORT = ["--max-steps", "12", "--grad-accum", "2", "--total-tokens", "4096", "--no-progress"]
 
@@ -163,7 +163,7 @@ def test_a_signal_in_a_step_stops_the_run_after_it(tmp_path, monkeypatch, signum
     outside."""
     import os
 
-    from ckparity.harness import measures
+    from ckparity.harness.observers import drift as measures
 
     real_after_step = measures.DivergenceTracer.after_step
 
@@ -208,7 +208,7 @@ def test_signal_after_the_loop_still_interrupts(tmp_path, monkeypatch, during_wr
     signal's exit code, and the report on disk says so."""
     import os
 
-    from ckparity.harness import run as run_module
+    from ckparity.harness.loop import run as run_module
 
     if during_write:
         real_write = run_module.report.write_json
@@ -277,7 +277,7 @@ def test_compare_table_and_plot(tmp_path, capsys):
 
 
 def test_nonfinite_float_written_as_string(tmp_path):
-    from ckparity.harness.report import read_report, write_json
+    from ckparity.harness.loop.report import read_report, write_json
 
     path = write_json(tmp_path / "x.json", {"schema": "ckparity.drift/1", "a": math.nan, "b": [math.inf, -math.inf]})
     assert strict_load(path) == {"schema": "ckparity.drift/1", "a": "nan", "b": ["inf", "-inf"]}
@@ -289,7 +289,7 @@ def test_tensor_diff_in_c_matches_the_float64_expression(n):
     """harness/diff.py compares float32 pairs in one C pass (ckp_compare); its figures equal the float64
     torch expression's, NaN and infinities included, for any thread count."""
     from ckparity import get_num_threads, set_num_threads
-    from ckparity.harness.diff import tensor_diff
+    from ckparity.harness.loop.diff import tensor_diff
     from ckparity.measure import abs_diff64
 
     def float64_figures(a, b):

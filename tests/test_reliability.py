@@ -18,7 +18,7 @@ import torch
 
 import ckparity
 from ckparity.cli import main
-from ckparity.harness import report
+from ckparity.harness.loop import report
 
 QUICK = ["--max-steps", "2", "--total-tokens", "4096", "--no-progress"]
 
@@ -105,8 +105,8 @@ def test_full_disk_falls_back_and_says_where(tmp_path, monkeypatch, capsys):
 def test_train_text_shorter_than_a_step_is_repeated(tmp_path):
     text = tmp_path / "hello.txt"
     text.write_bytes(b"Hello!")
-    result = ckparity.harness.run.train(
-        ckparity.harness.config.RunConfig(train_text=str(text), total_tokens=4097, seq_len=8, grad_accum=8,
+    result = ckparity.harness.loop.run.train(
+        ckparity.harness.loop.config.RunConfig(train_text=str(text), total_tokens=4097, seq_len=8, grad_accum=8,
                                           max_steps=3, no_progress=True, json_out=str(tmp_path / "r.json")))
     assert result["status"] == "pass" and result["steps"] == 3
 

@@ -13,10 +13,10 @@ import torch
 
 import ckparity
 from ckparity import reference
-from ckparity.harness import schedule
-from ckparity.harness.config import RunConfig, UsageError
-from ckparity.harness.run import train
-from ckparity.harness.twin import Twin
+from ckparity.harness.longrun import schedule
+from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.loop.run import train
+from ckparity.harness.twins.stepper import Twin
 
 
 def _lrs(make, config: RunConfig, steps: int) -> list[float]:

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import reference
 from ckparity import kernels
-from ckparity.harness.config import UsageError
-from ckparity.harness.repro import STRESS
-from ckparity.harness.run import train
-from ckparity.harness.spikes import classify, is_spike
+from ckparity.harness.loop.config import UsageError
+from ckparity.harness.studies.repro import STRESS
+from ckparity.harness.loop.run import train
+from ckparity.harness.observers.spikes import classify, is_spike
 
 
 def test_spike_rule():

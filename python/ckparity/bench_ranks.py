@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from .harness.launch import free_port
+from .harness.ranks.launch import free_port
 
 N, V, WORLD = 2048, 32000, 2
 

@@ -25,19 +25,19 @@ import sys
 from dataclasses import replace
 
 from . import kernels
-from .harness.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
+from .harness.longrun.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
 
 
 def _train(argv: list[str]) -> int:
-    from .harness.config import parse_train_args
-    from .harness.report import STDOUT
-    from .harness.launch import launch
-    from .harness.ranks import RANK_ENV
-    from .harness.run import DEFAULT_JSON_OUT, train
+    from .harness.loop.config import parse_train_args
+    from .harness.loop.report import STDOUT
+    from .harness.ranks.launch import launch
+    from .harness.ranks.group import RANK_ENV
+    from .harness.loop.run import DEFAULT_JSON_OUT, train
 
     config = parse_train_args(argv)
     if config.resume:  # the checkpoint's config says whether the run has ranks
-        from .harness.checkpoint import resume_config
+        from .harness.longrun.checkpoint import resume_config
 
         config = resume_config(config)
     # --tp/--dp: start the ranks here, unless torchrun already did
@@ -65,7 +65,7 @@ def _train(argv: list[str]) -> int:
 
 
 def _repro(argv: list[str]) -> int:
-    from .harness.repro import DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
+    from .harness.studies.repro import DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
     parser = argparse.ArgumentParser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
                                      f"{', '.join(LOSS_BACKENDS)}, then an A/B table. 850: the seed's 850-step repro; "
@@ -93,8 +93,8 @@ def _repro(argv: list[str]) -> int:
 def _attribute(argv: list[str]) -> int:
     import os
 
-    from .harness.attribute import attribute, table
-    from .harness.config import UsageError, parse_train_args
+    from .harness.studies.attribute import attribute, table
+    from .harness.loop.config import UsageError, parse_train_args
 
     config, own = parse_train_args(argv, prog="ckparity attribute", extra={
         "--jobs": {"type": int, "default": os.cpu_count() or 1, "help": "variants run at once (default: cores)"}})
@@ -107,8 +107,8 @@ def _attribute(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from .harness.config import UsageError
-    from .harness.repro import compare
+    from .harness.loop.config import UsageError
+    from .harness.studies.repro import compare
 
     parser = argparse.ArgumentParser(prog="ckparity compare")
     parser.add_argument("reports", nargs="+")
@@ -143,8 +143,8 @@ def _gate(argv: list[str]) -> int:
     from pathlib import Path
 
     from .gates import GATE_NAMES, run_gates, settings_for
-    from .harness.config import UsageError
-    from .harness.report import check_writable_dir
+    from .harness.loop.config import UsageError
+    from .harness.loop.report import check_writable_dir
 
     parser = argparse.ArgumentParser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
@@ -170,7 +170,7 @@ def _gate(argv: list[str]) -> int:
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {args.out_dir}/summary.md)")
     stopped = [r["details"]["interrupted"] for r in results if r["details"].get("interrupted")]
     if stopped:
-        from .harness.interrupts import EXIT_CODES
+        from .harness.longrun.interrupts import EXIT_CODES
 
         return EXIT_CODES.get(stopped[0], 130)
     return EXIT_FAIL if failed else EXIT_PASS
@@ -178,8 +178,8 @@ def _gate(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     from .bench import bench, table
-    from .harness.config import UsageError
-    from .harness.report import check_writable, write_json
+    from .harness.loop.config import UsageError
+    from .harness.loop.report import check_writable, write_json
 
     parser = argparse.ArgumentParser(prog="ckparity bench")
     parser.add_argument("--json-out", default="reports/bench_latest.json")
@@ -204,8 +204,8 @@ def _mutate(argv: list[str]) -> int:
     from pathlib import Path
 
     from .gates import GATE_NAMES
-    from .harness.config import UsageError
-    from .harness.report import check_writable, check_writable_dir, write_json
+    from .harness.loop.config import UsageError
+    from .harness.loop.report import check_writable, check_writable_dir, write_json
     from .mutate import check_tools, find_source, mutate, table
 
     parser = argparse.ArgumentParser(prog="ckparity mutate", description="Builds the C library with each planted "
@@ -235,7 +235,7 @@ def _mutate(argv: list[str]) -> int:
     check_writable(args.json_out, "--json-out")
     check_writable_dir(args.out_dir, "--out-dir")
     build_root = Path(args.build_dir) if args.build_dir else source / "build" / "mutants"
-    from .harness.interrupts import EXIT_CODES, stop_on_signals
+    from .harness.longrun.interrupts import EXIT_CODES, stop_on_signals
 
     # SIGTERM and SIGHUP end the run as Ctrl-C does: with the report of what
     # was measured (a signal while it is written is held, then acted on)
@@ -257,8 +257,8 @@ def _mutate(argv: list[str]) -> int:
 
 def _check(argv: list[str]) -> int:
     from .check import covered, isolated_check, table
-    from .harness.config import UsageError
-    from .harness.report import STDOUT, check_writable, write_json
+    from .harness.loop.config import UsageError
+    from .harness.loop.report import STDOUT, check_writable, write_json
 
     parser = argparse.ArgumentParser(prog="ckparity check", description="The conformance suite ckparity runs on its "
                                      "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
@@ -282,8 +282,8 @@ def _check(argv: list[str]) -> int:
 
 
 def _replay(argv: list[str]) -> int:
-    from .harness.dump import replay
-    from .harness.report import STDOUT, check_writable, write_json
+    from .harness.longrun.dump import replay
+    from .harness.loop.report import STDOUT, check_writable, write_json
 
     parser = argparse.ArgumentParser(prog="ckparity replay", description="Recomputes a step dumped by ckparity train "
                                      "--dump-step N: CK and torch each from its own state, and each in float64; "
@@ -311,7 +311,7 @@ def _info(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ckparity info",
                             description="The environment a report records, and what is bit-identical to torch "
                                         "at the CPU capability torch runs at here.").parse_args(argv)
-    from .harness.run import environment
+    from .harness.loop.run import environment
 
     print(json.dumps({**environment(), "bit_identical": kernels.bit_identical(),
                       "not_bit_identical": kernels.not_bit_identical()}, indent=2))
@@ -328,7 +328,7 @@ def _load_plugins(argv: list[str]) -> list[str]:
     and passed on to every process the command starts (CKP_PLUGINS), with the
     plugins CKP_PLUGINS and installed packages' entry points name. Returns
     the other arguments."""
-    from .harness.config import UsageError
+    from .harness.loop.config import UsageError
 
     specs, rest, k = [], [], 0
     while k < len(argv):
@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return EXIT_USAGE if not argv or argv[0] not in ("-h", "--help") else EXIT_PASS
-    from .harness.config import UsageError
-    from .harness.report import ReportNotWritten
+    from .harness.loop.config import UsageError
+    from .harness.loop.report import ReportNotWritten
 
     try:
         return COMMANDS[argv[0]](_load_plugins(argv[1:]))

@@ -23,12 +23,12 @@ import torch.nn.functional as F
 import ckparity
 
 from . import check, cpu, kernels, reference
-from .harness.config import RunConfig
-from .harness.interrupts import Interrupted, stop_on_signals
-from .harness.repro import PRESET
-from .harness.report import write_json, write_text
-from .harness.run import train
-from .harness.twins import build_twins
+from .harness.loop.config import RunConfig
+from .harness.longrun.interrupts import Interrupted, stop_on_signals
+from .harness.studies.repro import PRESET
+from .harness.loop.report import write_json, write_text
+from .harness.loop.run import train
+from .harness.twins.build import build_twins
 from .measure import RULES, differing_elements, max_ulp, nan_max, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
@@ -296,7 +296,8 @@ def _user_optimizer_parity(settings: dict, name: str) -> dict:
     must meet: a plain-C one
     whose multiply-adds torch's vectorized lerp fuses differs in the last
     bits and is as accurate (the example package's, tests/test_example_package.py)."""
-    sizes = check.adamw_sizes(kernels.backends("adamw")[name], kernels.backends("adamw")["torch"], settings["sizes"]).report()
+    adamw = kernels.backends("adamw")
+    sizes = check.adamw_sizes(adamw[name], adamw["torch"], settings["sizes"]).report()
     failures = [] if sizes["verdict"] in check.GATE_PASSES else (sizes["failures"] or [sizes["verdict"]])
     failures += _clip_failures(settings)
     summary = (f"{check.ADAMW_STEPS} steps of adamw={name}: {sizes['verdict']} ({sizes['bit_identical']}/"
@@ -414,7 +415,7 @@ def with_backends(config: RunConfig, settings: dict) -> RunConfig:
 def _train_in_gate(config: RunConfig, settings: dict) -> dict:
     """train() (or, for --tp/--dp, the launcher) with the gate's backends, and
     a signal that stopped it stopping the gates too."""
-    from .harness.launch import launch
+    from .harness.ranks.launch import launch
 
     config = with_backends(config, settings)
     report = launch(config) if config.tp * config.dp > 1 else train(config)
@@ -471,8 +472,8 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
     must pass parity. Under ``gate --backend``, one variant instead: the CK
     twin with those backends (ckparity's own elsewhere), held to parity at
     every depth -- a user's kernels are not claimed bit-identical."""
-    from .harness.repro import DEPTH, DEPTH_VARIANTS
-    from .harness.repro import depth_sweep as sweep
+    from .harness.studies.repro import DEPTH, DEPTH_VARIANTS
+    from .harness.studies.repro import depth_sweep as sweep
 
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
     if settings.get("ck_backends"):
@@ -500,7 +501,7 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
     most ``factor`` times the torch twin's plus a floor. A kernel more accurate
     than torch's passes; one that is merely different from torch does too,
     as long as it is not less accurate."""
-    from .harness.repro import STRESS
+    from .harness.studies.repro import STRESS
 
     failures, rows = [], []
     for backend in settings["loss_backends"]:

@@ -25,10 +25,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import kernels
-from . import report
-from .config import RunConfig
-from .interrupts import EXIT_CODES, Interrupted, exit_code, stop_on_signals
+from ... import kernels
+from ..loop import report
+from ..loop.config import RunConfig
+from ..longrun.interrupts import EXIT_CODES, Interrupted, exit_code, stop_on_signals
 
 # after rank 0 has exited, the others have nothing left to give the report
 GRACE_AFTER_RANK0_S = 5.0
@@ -62,7 +62,7 @@ class _Ranks:
         world = config.tp * config.dp
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
-        command = [sys.executable, "-m", "ckparity.harness.launch", json.dumps(worker.to_dict())]
+        command = [sys.executable, "-m", "ckparity.harness.ranks.launch", json.dumps(worker.to_dict())]
         self.stderr_paths = [scratch / f"rank{r}.stderr" for r in range(world)]
         self.procs = []
         for r, path in enumerate(self.stderr_paths):
@@ -127,7 +127,7 @@ class _Ranks:
 def launch(config: RunConfig) -> dict:
     """Runs the --tp/--dp config on this machine; returns the report (also
     written to config.json_out)."""
-    from .run import DEFAULT_JSON_OUT, lost_report
+    from ..loop.run import DEFAULT_JSON_OUT, lost_report
 
     json_out = config.json_out or DEFAULT_JSON_OUT
     report.check_writable(json_out, "--json-out")
@@ -165,7 +165,7 @@ def launch(config: RunConfig) -> dict:
 
 
 if __name__ == "__main__":  # one rank (see _Ranks)
-    from .run import train
+    from ..loop.run import train
 
     kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     sys.exit(exit_code(train(RunConfig(**json.loads(sys.argv[1])))))

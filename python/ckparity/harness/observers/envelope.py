@@ -77,13 +77,13 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .. import cpu, kernels
-from ..measure import nan_max
-from ..ops.clip_grad_norm import grad_norm
-from .diff import worst_diff
-from .models import build_model
-from .twin import Twin
-from .twins import make_optimizer, ops_for
+from ... import cpu, kernels
+from ...measure import nan_max
+from ...ops.clip_grad_norm import grad_norm
+from ..loop.diff import worst_diff
+from ..twins.models import build_model
+from ..twins.stepper import Twin
+from ..twins.build import make_optimizer, ops_for
 
 # the reach of the optimizer's per-step param difference: optimizer_parity's bar for
 # ckparity's AdamW (params within 8 ULPs of torch's)

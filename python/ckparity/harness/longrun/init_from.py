@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from .config import UsageError
+from ..loop.config import UsageError
 
 _HF_LLAMA = [
     (r"model\.embed_tokens\.weight", "embedding.weight"),

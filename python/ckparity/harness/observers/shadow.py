@@ -32,11 +32,9 @@ import time
 
 import torch
 
-from .. import reference
-from ..measure import nan_max
-from .models import build_model
-from .twin import Twin
-from .twins import build_twin, ops_for
+from ...measure import nan_max
+from ..twins.stepper import Twin
+from ..twins.build import build_twin
 
 TIE = 0.10
 
@@ -51,26 +49,12 @@ def _closer(ck: float, ref: float) -> str:
     return "ck" if ck < ref else "torch"
 
 
-def _float64_twin(config, snapshot: dict) -> Twin:
-    """torch's model, loss and optimizer in float64 (reference.adamw, not the
-    backend table's "torch" entry: a test may plant a fault in the torch twin)."""
-    model = build_model(config, ops_for(config, "torch")).double()
-    if config.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    else:
-        optimizer = reference.adamw(model.parameters(), lr=config.lr, betas=(config.adamw_beta1, config.adamw_beta2),
-                                    eps=config.adamw_eps, weight_decay=config.adamw_weight_decay)
-    twin = Twin("f64", model, optimizer, torch.nn.utils.clip_grad_norm_)
-    twin.restore(snapshot)  # load_state_dict casts the float32 weights and moments to float64
-    return twin
-
-
 class Float64Shadow:
     STATE = ("twin", "series", "probes", "seconds")
 
     def __init__(self, config, ref: Twin) -> None:
         self.config = config
-        self.twin = _float64_twin(config, ref.snapshot())
+        self.twin = build_twin(config, "f64", snapshot=ref.snapshot())
         self.series: dict[str, list] = {k: [] for k in ("step", "ck_param_diff", "torch_param_diff",
                                                           "ck_loss_diff", "torch_loss_diff")}
         self.probes: dict[str, list] = {k: [] for k in ("step", "ck_local_grad_error", "torch_local_grad_error",
@@ -97,7 +81,7 @@ class Float64Shadow:
         twins = [build_twin(self.config, side) for side in ("ck", "torch")]
         for twin in twins:
             twin.restore(copy.deepcopy(state))
-        twins.append(_float64_twin(self.config, state))
+        twins.append(build_twin(self.config, "f64", snapshot=state))
         grads = []
         for twin in twins:
             twin.zero_grad()

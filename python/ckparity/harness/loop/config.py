@@ -12,7 +12,7 @@ import argparse
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from .. import kernels
+from ... import kernels
 
 
 class UsageError(ValueError):

@@ -7,9 +7,9 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from .config import RunConfig
-from .report import check_writable_dir, read_report
-from .run import train
+from ..loop.config import RunConfig
+from ..loop.report import check_writable_dir, read_report
+from ..loop.run import train
 
 # The seed's 850-step drift repro: AdamW at lr 1e-3, seq-len 8, grad-accum 8.
 PRESET = RunConfig(epochs=8, seq_len=8, total_tokens=131072, grad_accum=8, optimizer="adamw", lr=1e-3, seed=42,

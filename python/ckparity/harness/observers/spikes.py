@@ -44,10 +44,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .diff import tensor_diff
-from .models import model_loss
-from .shadow import _float64_twin
-from .twins import build_twin
+from ..loop.diff import tensor_diff
+from ..twins.models import model_loss
+from ..twins.build import build_twin
 
 SPIKE_FACTOR = 1.5
 MIN_JUMP = 0.05
@@ -138,7 +137,7 @@ class SpikeTriage:
         twins = {side: build_twin(self.config, side) for side in ("ck", "torch")}
         for twin in twins.values():
             twin.restore(self.snapshot)
-        twins["f64"] = _float64_twin(self.config, self.snapshot)
+        twins["f64"] = build_twin(self.config, "f64", snapshot=self.snapshot)
         replays = {side: _replay(twin, windows) for side, twin in twins.items()}
         history = self.history["torch"][:-1]  # before this step
         replayed = {side: statistics.fmean(replays[side].losses) for side in ("ck", "f64")}

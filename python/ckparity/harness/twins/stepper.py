@@ -81,7 +81,7 @@ class Twin:
         and fresh buffers each time cost more (allocation, first touch) than
         the copy."""
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        return _refresh(reuse, state)
+        return refresh(reuse, state)
 
     def restore(self, snapshot: dict) -> None:
         self.model.load_state_dict(snapshot["model"])
@@ -90,7 +90,7 @@ class Twin:
         self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
 
 
-def _refresh(old, new):
+def refresh(old, new):
     """new, copied into old's tensors where shapes and dtypes match, else freshly copied."""
     if isinstance(new, torch.Tensor):
         if isinstance(old, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype:
@@ -98,8 +98,8 @@ def _refresh(old, new):
         return new.detach().clone()
     if isinstance(new, dict):
         old = old if isinstance(old, dict) else {}
-        return {k: _refresh(old.get(k), v) for k, v in new.items()}
+        return {k: refresh(old.get(k), v) for k, v in new.items()}
     if isinstance(new, (list, tuple)):
         old = old if isinstance(old, (list, tuple)) and len(old) == len(new) else [None] * len(new)
-        return type(new)(_refresh(o, v) for o, v in zip(old, new))
+        return type(new)(refresh(o, v) for o, v in zip(old, new))
     return copy.deepcopy(new)

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from .. import _bindings
-from ..measure import abs_diff64
+from ... import _bindings
+from ...measure import abs_diff64
 
 
 def _figures(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from .diff import tensor_diff
-from .twins import build_twin
+from ..loop.diff import tensor_diff
+from ..twins.build import build_twin
 
 
 def _row(stage: str, a: torch.Tensor, b: torch.Tensor, tol: float) -> dict:

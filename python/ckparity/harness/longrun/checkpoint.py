@@ -49,9 +49,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import RunConfig, UsageError
-from .ranks import SINGLE, Ranks, agreed_min, barrier
-from .twin import Twin
+from ..loop.config import RunConfig, UsageError
+from ..ranks.group import SINGLE, Ranks, agreed_min, barrier
+from ..twins.stepper import Twin
 
 SCHEMA = "ckparity.checkpoint/1"
 RESUME_MAY_CHANGE = ("max_steps", "json_out", "no_progress", "checkpoint_every", "checkpoint_dir", "resume")
@@ -99,7 +99,7 @@ def load_state(obj, state):
 
 # ---- how it is written: JSON with tensors by key --------------------------------
 
-def _pack(value, key: str, tensors: dict):
+def pack(value, key: str, tensors: dict):
     if isinstance(value, torch.Tensor):
         tensors[key] = value.detach().clone().contiguous()  # a copy: tied weights share storage
         return {"__tensor__": key}
@@ -108,25 +108,25 @@ def _pack(value, key: str, tensors: dict):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        items = [_pack(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
+        items = [pack(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
         return items if isinstance(value, list) else {"__tuple__": items}
     if isinstance(value, dict):
-        return {"__dict__": [[_pack(k, f"{key}.k{i}", tensors), _pack(v, f"{key}.{k}", tensors)]
+        return {"__dict__": [[pack(k, f"{key}.k{i}", tensors), pack(v, f"{key}.{k}", tensors)]
                              for i, (k, v) in enumerate(value.items())]}
     raise TypeError(f"cannot checkpoint {key}: a {type(value).__name__}")
 
 
-def _unpack(value, tensors: dict):
+def unpack(value, tensors: dict):
     if isinstance(value, list):
-        return [_unpack(v, tensors) for v in value]
+        return [unpack(v, tensors) for v in value]
     if isinstance(value, dict):
         if "__tensor__" in value:
             return tensors[value["__tensor__"]]
         if "__float__" in value:
             return float(value["__float__"])
         if "__tuple__" in value:
-            return tuple(_unpack(v, tensors) for v in value["__tuple__"])
-        return {_unpack(k, tensors): _unpack(v, tensors) for k, v in value["__dict__"]}
+            return tuple(unpack(v, tensors) for v in value["__tuple__"])
+        return {unpack(k, tensors): unpack(v, tensors) for k, v in value["__dict__"]}
     return value
 
 
@@ -156,7 +156,7 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
     root = _root(directory, ranks)
     root.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    state = _pack({"components": {name: state_of(c) for name, c in components.items()}, "rng": _rng_state()},
+    state = pack({"components": {name: state_of(c) for name, c in components.items()}, "rng": _rng_state()},
                   "state", tensors)
     manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "state": state}
     staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
@@ -206,7 +206,7 @@ def _manifest(path: Path, what: str) -> dict:
 def _state(path: Path, manifest: dict) -> dict:
     from safetensors.torch import load_file
 
-    return _unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+    return unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
 
 
 def resume_config(given: RunConfig) -> RunConfig:

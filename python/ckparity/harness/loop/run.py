@@ -13,19 +13,20 @@ import torch
 
 import ckparity
 
-from . import checkpoint, init_from, report, schedule
+from ..longrun import checkpoint, init_from, schedule
+from . import report
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
-from .interrupts import Interrupted, stop_on_signals
-from .ranks import SINGLE, RankAgreement, RanksDisagree, agreed_signal, join, leave
-from .dump import StepDump
-from .envelope import NoiseEnvelope
-from .forecast import forecast
-from .measures import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
+from ..longrun.interrupts import Interrupted, stop_on_signals
+from ..ranks.group import SINGLE, RankAgreement, RanksDisagree, agreed_signal, join, leave
+from ..longrun.dump import StepDump
+from ..observers.envelope import NoiseEnvelope
+from ..observers.forecast import forecast
+from ..observers.drift import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from .resources import check_memory
-from .shadow import Float64Shadow
-from .spikes import SpikeTriage
-from .twins import build_twins
+from ..observers.shadow import Float64Shadow
+from ..observers.spikes import SpikeTriage
+from ..twins.build import build_twins
 
 DEFAULT_JSON_OUT = "reports/train_latest.json"
 

@@ -37,11 +37,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import shard_range, vocab_parallel_cross_entropy
-from ..ops._function import CFunction
-from .config import UsageError
-from .models import head_name
-from .twin import Twin, _refresh
+from ...distributed import shard_range, vocab_parallel_cross_entropy
+from ...ops._function import CFunction
+from ..loop.config import UsageError
+from ..twins.models import head_name
+from ..twins.stepper import Twin, refresh
 
 # the environment torchrun (and ckparity's own launcher) gives each rank
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -219,7 +219,7 @@ class TensorParallelTwin(Twin):
         if self.index in state:
             state = {**state, self.index: {k: self._gather(v) if v.dim() else v
                                            for k, v in state[self.index].items()}}
-        return _refresh(reuse, {"model": model_state, "optimizer": {**optimizer_state, "state": state}})
+        return refresh(reuse, {"model": model_state, "optimizer": {**optimizer_state, "state": state}})
 
     def restore(self, snapshot: dict) -> None:
         model_state = dict(snapshot["model"])

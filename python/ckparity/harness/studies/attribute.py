@@ -28,10 +28,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import kernels
-from .config import RunConfig
-from .interrupts import Interrupted, stop_on_signals
-from .report import check_writable, check_writable_dir, read_report, write_json
+from ... import kernels
+from ..loop.config import RunConfig
+from ..longrun.interrupts import Interrupted, stop_on_signals
+from ..loop.report import check_writable, check_writable_dir, read_report, write_json
 
 SCHEMA = "ckparity.attribution/1"
 # the seed's names of the kinds, as the flags say them (--ck-loss-backend: "loss")
@@ -73,7 +73,7 @@ def _finished(config: RunConfig, returncode: int) -> dict:
 
 def _in_process(configs: dict[str, RunConfig]) -> dict[str, dict]:
     """One variant after another in this process (planted backends of tests stay visible)."""
-    from .run import train
+    from ..loop.run import train
 
     rows = {}
     for name, config in configs.items():
@@ -85,7 +85,7 @@ def _in_process(configs: dict[str, RunConfig]) -> dict[str, dict]:
 
 
 def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
-    """Each variant a `python -m ckparity.harness.attribute CONFIG_JSON` child, at most ``jobs`` at once.
+    """Each variant a `python -m ckparity.harness.studies.attribute CONFIG_JSON` child, at most ``jobs`` at once.
     A signal that stops this process is passed on to the running children, whose reports then say
     "interrupted"; they are waited for, so none is left behind."""
     waiting, running, rows = list(configs.items()), {}, {}
@@ -93,7 +93,7 @@ def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
         while waiting or running:
             while waiting and len(running) < jobs:
                 name, config = waiting.pop(0)
-                running[name] = subprocess.Popen([sys.executable, "-m", "ckparity.harness.attribute",
+                running[name] = subprocess.Popen([sys.executable, "-m", "ckparity.harness.studies.attribute",
                                                   json.dumps(config.to_dict())], stdout=subprocess.DEVNULL)
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
@@ -193,7 +193,7 @@ def table(result: dict) -> str:
 
 
 if __name__ == "__main__":  # one variant, in its own process (see _in_processes)
-    from .run import train
+    from ..loop.run import train
 
     kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     train(RunConfig(**json.loads(sys.argv[1])))

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import _pack, _unpack, state_of
-from .config import RunConfig, UsageError
-from .localize import stage_rows
-from .shadow import _float64_twin
-from .twins import build_twin
+from .checkpoint import pack, unpack, state_of
+from ..loop.config import RunConfig, UsageError
+from ..observers.localize import stage_rows
+from ..twins.build import build_twin
 
 SCHEMA = "ckparity.dump/1"
 
@@ -42,13 +41,13 @@ class StepDump:
 
     def __init__(self, config, step: int, ck, ref, windows) -> None:
         self.config, self.step, self.tensors = config, step, {}
-        self.state = {"before": _pack({"ck": state_of(ck), "torch": state_of(ref)}, "before", self.tensors),
-                      "batch": _pack([list(w) for w in windows], "batch", self.tensors)}
+        self.state = {"before": pack({"ck": state_of(ck), "torch": state_of(ref)}, "before", self.tensors),
+                      "batch": pack([list(w) for w in windows], "batch", self.tensors)}
 
     def record(self, outputs: dict, ck, ref) -> None:
         for side, twin in (("ck", ck), ("torch", ref)):
             acts, act_grads = _acts(outputs[side])
-            self.state[side] = _pack({"acts": acts, "act_grads": act_grads, "grads": twin.grads()}, side, self.tensors)
+            self.state[side] = pack({"acts": acts, "act_grads": act_grads, "grads": twin.grads()}, side, self.tensors)
 
     def write(self, directory: str) -> Path:
         from safetensors.torch import save_file
@@ -73,7 +72,7 @@ def load_dump(directory: str) -> dict:
     if manifest.get("schema") != SCHEMA:
         raise UsageError(f"{directory}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
     tensors = load_file(str(root / "tensors.safetensors"))
-    state = {part: _unpack(packed, tensors) for part, packed in manifest["state"].items()}  # packed part by part
+    state = {part: unpack(packed, tensors) for part, packed in manifest["state"].items()}  # packed part by part
     return {"step": manifest["step"], "config": RunConfig(**manifest["config"]),
             "batch": [tuple(w) for w in state["batch"]], **{k: state[k] for k in ("before", "ck", "torch")}}
 
@@ -94,7 +93,7 @@ def replay(directory: str) -> dict:
         twin = build_twin(config, side)
         twin.restore(dump["before"][side])
         runs[side] = _step(twin, windows)
-        runs[f"{side}_f64"] = _step(_float64_twin(config, dump["before"][side]), windows)
+        runs[f"{side}_f64"] = _step(build_twin(config, "f64", snapshot=dump["before"][side]), windows)
     faithful = all(torch.equal(a[stage], b[stage])
                    for side in ("ck", "torch") for a, b in zip(runs[side][0], dump[side]["acts"]) for stage in b)
 

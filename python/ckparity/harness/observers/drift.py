@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..ops.clip_grad_norm import grad_norm
-from .diff import tensor_diff, worst_diff
+from ...ops.clip_grad_norm import grad_norm
+from ..loop.diff import tensor_diff, worst_diff
 from .localize import first_difference, first_difference_in, localize, param_rows, stage_rows
 
 # (series key, report key, tolerance field): the quantities with a first-fail step.
