@@ -286,7 +286,7 @@ def test_nonfinite_float_written_as_string(tmp_path):
 
 @pytest.mark.parametrize("n", [*range(1, 18), 31, 33, 4095, 4096, 4097, 100003])  # every 8-lane tail
 def test_tensor_diff_in_c_matches_the_float64_expression(n):
-    """harness/diff.py compares float32 pairs in one C pass (ckp_compare); its figures equal the float64
+    """harness/loop/diff.py compares float32 pairs in one C pass (ckp_compare); its figures equal the float64
     torch expression's, NaN and infinities included, for any thread count."""
     from ckparity import get_num_threads, set_num_threads
     from ckparity.harness.loop.diff import tensor_diff

@@ -533,11 +533,11 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
 
 
 def noise_envelope(settings: dict, out_dir: Path) -> dict:
-    """Float noise or a bug: the 850-step repro with --envelope (harness/envelope.py);
+    """Float noise or a bug: the 850-step repro with --envelope (harness/observers/envelope.py);
     each loss backend's drift must stay within ``ratio`` times the envelope of
     null twins that carry the CK kernels' own differences with random,
     fixed signs, and no kernel's error may lean one way more than torch's
-    (harness/envelope.py; README "Noise or bug" for what it detects and what
+    (harness/observers/envelope.py; README "Noise or bug" for what it detects and what
     it does not)."""
     rows, failures = [], []
     for backend in settings["loss_backends"]:

@@ -1,8 +1,8 @@
-"""--dump-step N [--dump-dir D], ``ckparity replay D`` and ``ckparity.load_dump(D)``:
+"""--dump-step N [--dump-dir D], ``ckparity replay D`` and ``ckparity.harness.longrun.dump.load_dump(D)``:
 one step taken out of a run, to be recomputed and studied on its own.
 
 The dump holds both twins' state before step N (weights, optimizer state, lr
-scheduler: harness/checkpoint.py's state_of), the step's micro-batches, and
+scheduler: harness/longrun/checkpoint.py's state_of), the step's micro-batches, and
 each twin's activations, their gradients and the parameter gradients of that
 step (before the update), as ``D/tensors.safetensors`` plus ``D/dump.json``
 (schema ckparity.dump/1: the step, the config, the state with each tensor

@@ -27,7 +27,7 @@ SCHEDULES = ("constant", "linear", "cosine")
 def attach(twin, config, total_steps: int) -> None:
     """Gives ``twin`` the run's schedule over ``total_steps`` optimizer steps --
     the whole run's (every epoch), not --max-steps': a run cut short and
-    resumed (harness/checkpoint.py) follows the one schedule. Nothing for a
+    resumed (harness/longrun/checkpoint.py) follows the one schedule. Nothing for a
     constant lr without warmup: the twin keeps its lr."""
     if config.lr_schedule == "constant" and config.warmup_steps == 0:
         return

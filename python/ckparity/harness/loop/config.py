@@ -43,10 +43,10 @@ class RunConfig:
     optimizer: str = _flag("adamw", "both twins' optimizer (sgd: torch's SGD on both)", choices=["adamw", "sgd"])
     lr: float = _flag(1e-3, "learning rate (the peak, with --lr-schedule or --warmup-steps)")
     lr_schedule: str = _flag("constant", "both twins' lr per step after the warmup, by torch's scheduler classes "
-                                         "(harness/schedule.py)", choices=["constant", "linear", "cosine"])
+                                         "(harness/longrun/schedule.py)", choices=["constant", "linear", "cosine"])
     warmup_steps: int = _flag(0, "steps of linear warmup from lr/W to lr")
     checkpoint_every: int = _flag(0, "write a checkpoint every N steps, and after the step a SIGTERM/SIGINT/SIGHUP "
-                                     "arrives in (0: none; harness/checkpoint.py)")
+                                     "arrives in (0: none; harness/longrun/checkpoint.py)")
     checkpoint_dir: str | None = _flag(None, "where checkpoints go (default reports/checkpoint)")
     resume: str | None = _flag(None, "go on from the latest checkpoint in this directory, with its config (only "
                                      "--max-steps, --json-out, --no-progress and the checkpoint flags may differ)")

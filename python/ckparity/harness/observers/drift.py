@@ -1,5 +1,5 @@
 """The per-step measures of a run: small objects that observe a step of the
-training loop (harness/run.py) and keep what the report needs.
+training loop (harness/loop/run.py) and keep what the report needs.
 
 - StepComparison: what one step's twins differ by, filled in as the step runs
   (losses and logits per micro-step, grads before the update, params and
@@ -111,7 +111,7 @@ class StepComparison:
 class DriftSeries:
     """The per-step rows, column by column (the report's "series")."""
 
-    STATE = ("columns",)  # what a checkpoint carries (harness/checkpoint.py)
+    STATE = ("columns",)  # what a checkpoint carries (harness/longrun/checkpoint.py)
 
     def __init__(self) -> None:
         self.columns: dict[str, list] = {key: [] for key in SERIES_KEYS}

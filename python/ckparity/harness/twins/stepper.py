@@ -21,7 +21,7 @@ class Twin:
     optimizer: torch.optim.Optimizer
     clip: Callable
     seconds: float = 0.0  # time spent in this twin's forward, backward and step
-    scheduler: object = None  # its lr schedule (harness/schedule.py), stepped after each update
+    scheduler: object = None  # its lr schedule (harness/longrun/schedule.py), stepped after each update
 
     def micro_step(self, tokens, targets, scale: float, keep_activations: bool = False):
         """Forward and backward of one micro-batch with the loss scaled by
