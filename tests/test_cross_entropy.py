@@ -137,7 +137,8 @@ def test_ptref_probability_targets_split_their_sum_as_torch_does_on_its_threads(
     threads (ATen's two_pass_reduction), and its bits change with the thread
     count; ptref follows the split for the count torch has at the call. The
     case would pass without the split at 1 thread and fail at the others."""
-    from ckparity.sweep import SPLIT_SHAPES, torch_threads
+    from ckparity.kernels.cross_entropy import SPLIT_SHAPES
+    from ckparity.kernels.sweeping import torch_threads
 
     g = torch.Generator().manual_seed(3)
     torch_changed = 0
@@ -161,7 +162,7 @@ def test_ptref_label_smoothing_splits_its_sums_as_torch_does_on_its_threads():
     rows' weights (weighted mean; the gradient divides by it too), and the one
     row's own sum of a (1, V) input. ptref follows; both cases differ from a
     sum in one piece."""
-    from ckparity.sweep import torch_threads
+    from ckparity.kernels.sweeping import torch_threads
 
     cases = []
     g = torch.Generator().manual_seed(100003)

@@ -163,15 +163,15 @@ def test_a_signal_in_a_step_stops_the_run_after_it(tmp_path, monkeypatch, signum
     outside."""
     import os
 
-    from ckparity.harness.observers import drift as measures
+    from ckparity.harness.observers import drift
 
-    real_after_step = measures.DivergenceTracer.after_step
+    real_after_step = drift.DivergenceTracer.after_step
 
-    def after_step_then_signal(self, step, *args):
-        real_after_step(self, step, *args)
-        if step == 3:
+    def after_step_then_signal(self, record):
+        real_after_step(self, record)
+        if record.step == 3:
             os.kill(os.getpid(), signum)
-    monkeypatch.setattr(measures.DivergenceTracer, "after_step", after_step_then_signal)
+    monkeypatch.setattr(drift.DivergenceTracer, "after_step", after_step_then_signal)
     # a signal the run does not handle lands here, not in pytest's default action: the assertions fail
     previous = signal.signal(signum, lambda *args: None)
     out = tmp_path / "int.json"

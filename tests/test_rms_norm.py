@@ -117,7 +117,8 @@ def test_sums_to_one_value_split_as_torch_splits_them_on_its_threads():
     value, split across its threads (the two-pass reduction); rms_norm reads
     torch's thread count and splits them the same way. Without the split
     these differ (the sweep's figures: docs/kernels.md)."""
-    from ckparity.sweep import RMS_SPLIT_SHAPES, torch_threads
+    from ckparity.kernels.rms_norm import SPLIT_SHAPES as RMS_SPLIT_SHAPES
+    from ckparity.kernels.sweeping import torch_threads
 
     g = torch.Generator().manual_seed(11)
     torch_changed = 0

@@ -24,6 +24,7 @@ import torch
 from .checkpoint import pack, unpack, state_of
 from ..loop.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
+from ..observers.protocol import Observer
 from ..twins.build import build_twin
 
 SCHEMA = "ckparity.dump/1"
@@ -36,18 +37,38 @@ def _acts(outputs: list) -> tuple[list[dict], list[dict]]:
     return values, grads
 
 
-class StepDump:
-    """Filled by the run: begin() before step N, record() after its backward."""
+class StepDump(Observer):
+    """The observer of --dump-step N: both twins' state before step N and its
+    batch (before_step), the step's activations and gradients (before_update),
+    written to --dump-dir (default reports/dump-step-N); the report's "dump"
+    names the directory."""
 
-    def __init__(self, config, step: int, ck, ref, windows) -> None:
-        self.config, self.step, self.tensors = config, step, {}
-        self.state = {"before": pack({"ck": state_of(ck), "torch": state_of(ref)}, "before", self.tensors),
-                      "batch": pack([list(w) for w in windows], "batch", self.tensors)}
+    STATE = ("path",)
 
-    def record(self, outputs: dict, ck, ref) -> None:
+    def __init__(self, config) -> None:
+        self.config, self.step, self.path = config, config.dump_step, None
+        self.tensors: dict = {}
+        self.state: dict = {}
+
+    def keeps_activations(self, step: int) -> bool:
+        return step == self.step
+
+    def before_step(self, step: int, windows, ck, ref) -> None:
+        if step == self.step:
+            self.state = {"before": pack({"ck": state_of(ck), "torch": state_of(ref)}, "before", self.tensors),
+                          "batch": pack([list(w) for w in windows], "batch", self.tensors)}
+
+    def before_update(self, step: int, outputs: dict, ck, ref, identical) -> None:
+        if step != self.step:
+            return
         for side, twin in (("ck", ck), ("torch", ref)):
             acts, act_grads = _acts(outputs[side])
             self.state[side] = pack({"acts": acts, "act_grads": act_grads, "grads": twin.grads()}, side, self.tensors)
+        self.path = str(self.write(self.config.dump_dir or f"reports/dump-step-{step}"))
+        self.tensors, self.state = {}, {}
+
+    def report_into(self, result: dict) -> None:
+        result["dump"] = self.path
 
     def write(self, directory: str) -> Path:
         from safetensors.torch import save_file

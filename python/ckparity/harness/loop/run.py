@@ -17,15 +17,17 @@ from ..longrun import checkpoint, init_from, schedule
 from . import report
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
-from ..longrun.interrupts import Interrupted, stop_on_signals
-from ..ranks.group import SINGLE, RankAgreement, RanksDisagree, agreed_signal, join, leave
+from .resources import check_memory
 from ..longrun.dump import StepDump
+from ..longrun.interrupts import Interrupted, stop_on_signals
+from ..observers.agreement import RankAgreement
+from ..observers.drift import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from ..observers.envelope import NoiseEnvelope
 from ..observers.forecast import forecast
-from ..observers.drift import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
-from .resources import check_memory
+from ..observers.protocol import Observer, StepRecord
 from ..observers.shadow import Float64Shadow
 from ..observers.spikes import SpikeTriage
+from ..ranks.group import SINGLE, RanksDisagree, agreed_signal, join, leave
 from ..twins.build import build_twins
 
 DEFAULT_JSON_OUT = "reports/train_latest.json"
@@ -100,78 +102,96 @@ def train(config: RunConfig) -> dict:
         leave(ranks)
 
 
+def observers_for(config: RunConfig, ck, ref, ranks) -> dict[str, Observer]:
+    """The run's observers, by name (a checkpoint stores each under it), in
+    the order they see a step: the one list (observers/protocol.py)."""
+    first_fail = FirstFail(config)
+    observers = {"series": DriftSeries(), "first_fail": first_fail, "nonfinite": NonFinite(),
+                 "agreement": RankAgreement(config, ranks), "divergence": DivergenceTracer(config),
+                 "localizer": Localizer(config, first_fail)}
+    optional = {"shadow": (config.f64_shadow, lambda: Float64Shadow(config, ref)),
+                "envelope": (config.envelope, lambda: NoiseEnvelope(config, ref)),
+                "spikes": (config.spike_triage, lambda: SpikeTriage(config)),
+                "dump": (config.dump_step, lambda: StepDump(config))}
+    observers.update({name: make() for name, (wanted, make) in optional.items() if wanted})
+    return observers
+
+
+class _Stepper:
+    """One step of both twins, shown to every observer."""
+
+    def __init__(self, config: RunConfig, ck, ref, observers: dict[str, Observer]) -> None:
+        self.ck, self.ref, self.observers = ck, ref, list(observers.values())
+        self.max_grad_norm = config.max_grad_norm
+        self.snapshot = None  # the CK twin's state at a step's start, reused step to step
+
+    def __call__(self, step: int, windows) -> None:
+        ck, ref, observers = self.ck, self.ref, self.observers
+        if any(o.wants_snapshot(step) for o in observers):
+            self.snapshot = ck.snapshot(reuse=self.snapshot)
+        for o in observers:
+            o.before_step(step, windows, ck, ref)
+        comparison = StepComparison(step, ck, ref)
+        for twin in (ck, ref):
+            twin.zero_grad()
+        keep = any(o.keeps_activations(step) for o in observers)
+        outputs = {twin.name: twin.micro_steps(windows, keep) for twin in (ck, ref)}
+        for pair in zip(outputs["ck"], outputs["torch"]):
+            comparison.micro_step(*pair)
+        comparison.backward_done()
+        for o in observers:
+            o.before_update(step, outputs, ck, ref, comparison.identical)
+        del outputs  # the kept activations
+        for twin in (ck, ref):
+            twin.update(self.max_grad_norm)
+        record = StepRecord(step, windows, ck, ref, comparison.finish(), comparison.losses, comparison.identical,
+                            comparison.finite, self.snapshot)
+        for o in observers:
+            o.after_step(record)
+
+
+class _Checkpoints:
+    """--checkpoint-every: after every Nth step, and after the step a signal arrives in (every rank alike)."""
+
+    def __init__(self, config: RunConfig, components: dict, ranks) -> None:
+        self.config, self.components, self.ranks = config, components, ranks
+        self.written = {"checkpoints": 0, "checkpoint_s": 0.0, "checkpoint_bytes": None}
+
+    def after_step(self, step: int, stop) -> None:
+        if not self.config.checkpoint_every:
+            return
+        stop.signum = agreed_signal(self.ranks, stop.signum)  # every rank stops after the same step
+        if step % self.config.checkpoint_every == 0 or stop.signum is not None:
+            start = time.perf_counter()
+            path = checkpoint.save(self.config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, self.config,
+                                   self.components, self.ranks)
+            self.written.update(checkpoints=self.written["checkpoints"] + 1,
+                                checkpoint_s=self.written["checkpoint_s"] + time.perf_counter() - start,
+                                checkpoint_bytes=sum(f.stat().st_size for f in path.iterdir()))
+
+
 def _train(config: RunConfig, batches: Batches, ranks) -> dict:
     if config.threads:
         ckparity.set_num_threads(config.threads)
         torch.set_num_threads(config.threads)
     ck, ref = build_twins(config)
-    twins = (ck, ref)
-    series, first_fail, nonfinite = DriftSeries(), FirstFail(config), NonFinite()
-    localizer, divergence = Localizer(config), DivergenceTracer(config)
-    agreement = RankAgreement(ranks)
-    shadow = Float64Shadow(config, ref) if config.f64_shadow else None
-    envelope = NoiseEnvelope(config, ref) if config.envelope else None
-    spikes = SpikeTriage(config) if config.spike_triage else None
-    for twin in (ck, ref, *([shadow.twin] if shadow else []), *(m for m, _ in (envelope.members if envelope else []))):
+    observers = observers_for(config, ck, ref, ranks)
+    for twin in (ck, ref, *(t for o in observers.values() for t in o.twins())):
         schedule.attach(twin, config, batches.total_steps)
-    components = {"ck": ck, "torch": ref, "series": series, "first_fail": first_fail, "nonfinite": nonfinite,
-                  "localizer": localizer, "divergence": divergence, "agreement": agreement, "shadow": shadow,
-                  "envelope": envelope, "spikes": spikes}
+    components = {"ck": ck, "torch": ref, **observers}
     done = checkpoint.restore(config.resume, components, ranks) if config.resume else 0
-    written = {"checkpoints": 0, "checkpoint_s": 0.0, "checkpoint_bytes": None}
-    dumped = None
+    stepper, checkpoints = _Stepper(config, ck, ref, observers), _Checkpoints(config, components, ranks)
     progress = _Progress(batches.num_steps, not config.no_progress and ranks.is_writer)
     status, error, stopped_by = "pass", None, None
-    started, snapshot = time.perf_counter(), None
+    started = time.perf_counter()
     with stop_on_signals() as stop:
         if config.checkpoint_every:
             stop.hold()  # a signal is acted on at the end of its step, after that step's checkpoint
         try:
             for step, windows in batches.after(done):
-                # the CK twin's state at the start of the step, while a replay may need it
-                if localizer.wants_snapshot(step) or divergence.wants_snapshot:
-                    snapshot = ck.snapshot(reuse=snapshot)
-                if spikes is not None:
-                    spikes.before_step(ref)
-                comparison = StepComparison(step, ck, ref)
-                for twin in twins:
-                    twin.zero_grad()
-                dump = StepDump(config, step, ck, ref, windows) if step == config.dump_step else None
-                keep = divergence.keeps_activations or dump is not None
-                outputs = {twin.name: twin.micro_steps(windows, keep) for twin in twins}
-                for pair in zip(outputs["ck"], outputs["torch"]):
-                    comparison.micro_step(*pair)
-                comparison.backward_done()
-                if dump is not None:
-                    dump.record(outputs, ck, ref)
-                    dumped = str(dump.write(config.dump_dir or f"reports/dump-step-{step}"))
-                divergence.before_update(outputs, ck, ref, comparison.identical)
-                del outputs  # the kept activations
-                for twin in twins:
-                    twin.update(config.max_grad_norm)
-                row = comparison.finish()
-                series.append(row)
-                failed_now = first_fail.observe(row)
-                nonfinite.observe(step, comparison.finite)
-                agreement.after_step(step, ck)
-                divergence.after_step(step, snapshot, windows, comparison.identical, ck, ref)
-                localizer.after_step(step, snapshot, windows, failed_now)
-                if shadow is not None:
-                    shadow.after_step(step, windows, ck, ref, comparison.losses)
-                if envelope is not None:
-                    envelope.after_step(step, windows, ref, row, comparison.losses["torch"])
-                if spikes is not None:
-                    spikes.after_step(step, windows, comparison.losses)
+                stepper(step, windows)
                 progress.update()
-                if config.checkpoint_every:  # every rank stops after the same step
-                    stop.signum = agreed_signal(ranks, stop.signum)
-                if config.checkpoint_every and (step % config.checkpoint_every == 0 or stop.signum is not None):
-                    start = time.perf_counter()
-                    path = checkpoint.save(config.checkpoint_dir or checkpoint.DEFAULT_DIR, step, config, components,
-                                           ranks)
-                    written.update(checkpoints=written["checkpoints"] + 1,
-                                   checkpoint_s=written["checkpoint_s"] + time.perf_counter() - start,
-                                   checkpoint_bytes=sum(f.stat().st_size for f in path.iterdir()))
+                checkpoints.after_step(step, stop)
                 if stop.signum is not None:
                     raise Interrupted(stop.signum)
         except RanksDisagree:  # the report says so (ranks.first_rank_mismatch_step) and fails the run
@@ -183,33 +203,20 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
         finally:
             stop.hold()
             progress.close()
-        result = _report(config, batches, series, first_fail, nonfinite, localizer, (ck, ref), status, error,
-                         time.perf_counter() - started)
+        result = _report(config, batches, observers, (ck, ref), status, error, time.perf_counter() - started)
         result["stopped_by_signal"] = stopped_by
-        result["timing"].update(written)
-        result["dump"] = dumped  # what the checkpoints cost (timings: not compared on resume)
-        result["divergence"] = divergence.report()
-        result["forecast"] = forecast(series.columns["step"], series.columns["param_abs_diff"], config.param_tol,
-                                      batches.num_steps, divergence.first_step)
-        result["forecast_param_fail_step"] = result["forecast"]["param_fail_step"]
-        result["shadow"] = shadow.report(len(series)) if shadow is not None else None
-        result["envelope"] = envelope.report() if envelope is not None else None
-        result["noise_verdict"] = result["envelope"]["verdict"] if envelope is not None else None
-        result["spikes"] = spikes.report() if spikes is not None else None
-        result["ranks"] = agreement.report(config)
-        if result["ranks"]["replicated_params_identical"] is False and result["status"] == "pass":
-            result.update(status="fail", pass_parity=False)
-        result["env"]["world_size"] = ranks.world_size
-        if result["localization"] is not None:
-            result["localization"]["first_divergence_step"] = divergence.first_step
-        if ranks.is_writer:
-            _mark_late_signal(result, stop)
-            report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
-            if _mark_late_signal(result, stop):  # it came while the report was being written
-                report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
-        else:
-            _mark_late_signal(result, stop)
+        result["timing"].update(checkpoints.written)  # what the checkpoints cost (timings: not compared on resume)
+        _write(config, result, ranks, stop)
     return result
+
+
+def _write(config: RunConfig, result: dict, ranks, stop) -> None:
+    """The report, by the writer rank; again if a signal came while it was written."""
+    _mark_late_signal(result, stop)
+    if ranks.is_writer:
+        report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
+        if _mark_late_signal(result, stop):  # it came while the report was being written
+            report.write_json(config.json_out or DEFAULT_JSON_OUT, result)
 
 
 def _mark_late_signal(result: dict, stop) -> bool:
@@ -226,23 +233,28 @@ def lost_report(config: RunConfig, error: str) -> dict:
     """The report of a run whose measurements were lost with the process
     that held them (a --tp/--dp rank 0 that died): status "error", no steps."""
     batches = Batches(load_tokens(config), config)
-    result = _report(config, batches, DriftSeries(), FirstFail(config), NonFinite(), Localizer(config), None,
-                     "error", error, None)
-    result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None, shadow=None,
-                  envelope=None, noise_verdict=None, spikes=None, dump=None,
-                  ranks=RankAgreement(SINGLE).report(config))
+    first_fail = FirstFail(config)
+    observers = {"series": DriftSeries(), "first_fail": first_fail, "nonfinite": NonFinite(),
+                 "agreement": RankAgreement(config, SINGLE), "localizer": Localizer(config, first_fail)}
+    result = _report(config, batches, observers, None, "error", error, None)
+    result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None)
     result["env"]["world_size"] = config.tp * config.dp
     return result
 
 
-def _report(config, batches, series, first_fail, nonfinite, localizer, twins, status, error, wall) -> dict:
+# report keys of observers a run may not have: null unless one reports them
+OPTIONAL_KEYS = ("divergence", "shadow", "envelope", "noise_verdict", "spikes", "dump")
+
+
+def _report(config, batches, observers: dict[str, Observer], twins, status, error, wall) -> dict:
+    series, first_fail, nonfinite = observers["series"], observers["first_fail"], observers["nonfinite"]
     # an interrupted or broken run proves nothing about the steps it did not reach
     pass_parity = (status == "pass" and not first_fail.parity_failed and not nonfinite.one_sided
                    and len(series) == batches.num_steps)
     if status == "pass" and not pass_parity:
         status = "fail"
     columns = series.columns
-    return {
+    result = {
         "schema": report.SCHEMA,
         "status": status,
         "pass_parity": pass_parity,
@@ -263,7 +275,7 @@ def _report(config, batches, series, first_fail, nonfinite, localizer, twins, st
         "final_ck_loss": columns["ck_loss"][-1] if len(series) else None,
         "final_torch_loss": columns["torch_loss"][-1] if len(series) else None,
         "series": columns,
-        "localization": localizer.result,
+        "localization": observers["localizer"].result,
         "timing": {
             "wall_s": wall,
             "ck_total_s": twins[0].seconds if twins else None, "torch_total_s": twins[1].seconds if twins else None,
@@ -271,3 +283,11 @@ def _report(config, batches, series, first_fail, nonfinite, localizer, twins, st
             "torch_step_ms_median": statistics.median(columns["torch_step_ms"]) if len(series) else None,
         },
     }
+    result.update({key: None for key in OPTIONAL_KEYS})
+    for observer in observers.values():
+        observer.report_into(result)
+    if "divergence" in observers:  # the forecast's start: the first step whose bits differ
+        result["forecast"] = forecast(columns["step"], columns["param_abs_diff"], config.param_tol, batches.num_steps,
+                                      observers["divergence"].first_step)
+        result["forecast_param_fail_step"] = result["forecast"]["param_fail_step"]
+    return result

@@ -23,6 +23,7 @@ import statistics
 from ...ops.clip_grad_norm import grad_norm
 from ..loop.diff import tensor_diff, worst_diff
 from .localize import first_difference, first_difference_in, localize, param_rows, stage_rows
+from .protocol import Observer, StepRecord
 
 # (series key, report key, tolerance field): the quantities with a first-fail step.
 CHECKS = [
@@ -108,7 +109,7 @@ class StepComparison:
         }
 
 
-class DriftSeries:
+class DriftSeries(Observer):
     """The per-step rows, column by column (the report's "series")."""
 
     STATE = ("columns",)  # what a checkpoint carries (harness/longrun/checkpoint.py)
@@ -116,8 +117,8 @@ class DriftSeries:
     def __init__(self) -> None:
         self.columns: dict[str, list] = {key: [] for key in SERIES_KEYS}
 
-    def append(self, row: dict) -> None:
-        for key, value in row.items():
+    def after_step(self, record: StepRecord) -> None:
+        for key, value in record.row.items():
             self.columns[key].append(value)
 
     def __len__(self) -> int:
@@ -129,60 +130,62 @@ class DriftSeries:
         return max(values) if values else None
 
 
-class FirstFail:
+class FirstFail(Observer):
     STATE = ("steps",)
 
     def __init__(self, config) -> None:
         self.tolerances = {report_key: getattr(config, tol) for _, report_key, tol in CHECKS}
         self.steps: dict[str, int | None] = {report_key: None for _, report_key, _ in CHECKS}
 
-    def observe(self, row: dict) -> bool:
-        """Records the step's new failures; True when loss or params fail first here."""
-        failed_now = False
+    def after_step(self, record: StepRecord) -> None:
+        """Records the step's new failures."""
         for series_key, report_key, _ in CHECKS:
-            if self.steps[report_key] is None and not row[series_key] <= self.tolerances[report_key]:
-                self.steps[report_key] = row["step"]
-                failed_now = failed_now or report_key in PARITY_KEYS
-        return failed_now
+            if self.steps[report_key] is None and not record.row[series_key] <= self.tolerances[report_key]:
+                self.steps[report_key] = record.step
+
+    def parity_failed_at(self, step: int) -> bool:
+        """True when loss or params failed first at ``step``."""
+        return any(self.steps[key] == step for key in PARITY_KEYS)
 
     @property
     def parity_failed(self) -> bool:
         return any(self.steps[key] is not None for key in PARITY_KEYS)
 
 
-class NonFinite:
+class NonFinite(Observer):
     STATE = ("first_step", "one_sided")
 
     def __init__(self) -> None:
         self.first_step: int | None = None
         self.one_sided = False
 
-    def observe(self, step: int, finite: dict[str, bool]) -> None:
-        if self.first_step is None and not all(finite.values()):
-            self.first_step = step
-        self.one_sided = self.one_sided or finite["ck"] != finite["torch"]
+    def after_step(self, record: StepRecord) -> None:
+        if self.first_step is None and not all(record.finite.values()):
+            self.first_step = record.step
+        self.one_sided = self.one_sided or record.finite["ck"] != record.finite["torch"]
 
 
-class Localizer:
+class Localizer(Observer):
     """Replays the first step whose loss or params fail (or --localize-step)
-    from the CK twin's state at its start."""
+    from the CK twin's state at its start (after ``first_fail`` has seen the step)."""
 
     STATE = ("result",)
 
-    def __init__(self, config) -> None:
-        self.config = config
+    def __init__(self, config, first_fail: FirstFail) -> None:
+        self.config, self.first_fail = config, first_fail
         self.at = config.localize_step or None
         self.result: dict | None = None
 
     def wants_snapshot(self, step: int) -> bool:
         return self.result is None and (self.at is None or self.at == step)
 
-    def after_step(self, step: int, snapshot, windows, failed_now: bool) -> None:
-        if self.result is None and (self.at == step or (self.at is None and failed_now)):
-            self.result = localize(self.config, step, snapshot, windows)
+    def after_step(self, record: StepRecord) -> None:
+        step = record.step
+        if self.result is None and (self.at == step or (self.at is None and self.first_fail.parity_failed_at(step))):
+            self.result = localize(self.config, step, record.snapshot, record.windows)
 
 
-class DivergenceTracer:
+class DivergenceTracer(Observer):
     """The first step at which the twins differ at all, per quantity, and at
     the first such step the stage and tensor whose bits differ first. Until
     then the twins are bit-identical, so that step ran from one shared state:
@@ -202,22 +205,21 @@ class DivergenceTracer:
         self.where = {"stage": None, "tensor": None}
         self._rows: dict | None = None
 
-    @property
-    def wants_snapshot(self) -> bool:
+    def wants_snapshot(self, step: int) -> bool:
         return self.first_step is None and not self.live
 
-    @property
-    def keeps_activations(self) -> bool:
+    def keeps_activations(self, step: int) -> bool:
         return self.first_step is None and self.live
 
-    def before_update(self, outputs: dict[str, list], ck, ref, identical: dict[str, bool]) -> None:
+    def before_update(self, step: int, outputs: dict[str, list], ck, ref, identical: dict[str, bool]) -> None:
         """The live step's forward and backward rows, taken before the update
         (a clip rescales the grads in place) and only when they differ."""
-        if self.keeps_activations and not (identical["logits"] and identical["loss"] and identical["grads"]):
+        if self.keeps_activations(step) and not (identical["logits"] and identical["loss"] and identical["grads"]):
             self._rows = stage_rows(self.config, [a for _, a in outputs["ck"]], [a for _, a in outputs["torch"]],
                                     ck.grads(), ref.grads())
 
-    def after_step(self, step: int, snapshot, windows, identical: dict[str, bool], ck, ref) -> None:
+    def after_step(self, record: StepRecord) -> None:
+        step, identical, ck, ref = record.step, record.identical, record.ck, record.ref
         for quantity in self.QUANTITIES:
             if self.per_quantity[quantity] is None and not identical[quantity]:
                 self.per_quantity[quantity] = step
@@ -228,8 +230,10 @@ class DivergenceTracer:
                 self.where = first_difference_in({**rows, "params": param_rows(self.config, ck.params(),
                                                                                 ref.params())})
             else:
-                self.where = first_difference(self.config, snapshot, windows)
+                self.where = first_difference(self.config, record.snapshot, record.windows)
         self._rows = None
 
-    def report(self) -> dict:
-        return {"first_step": self.first_step, **self.where, "per_quantity": self.per_quantity}
+    def report_into(self, result: dict) -> None:
+        result["divergence"] = {"first_step": self.first_step, **self.where, "per_quantity": self.per_quantity}
+        if result["localization"] is not None:
+            result["localization"]["first_divergence_step"] = self.first_step

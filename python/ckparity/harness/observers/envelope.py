@@ -84,6 +84,7 @@ from ..loop.diff import worst_diff
 from ..twins.models import build_model
 from ..twins.stepper import Twin
 from ..twins.build import make_optimizer, ops_for
+from .protocol import Observer, StepRecord
 
 # the reach of the optimizer's per-step param difference: optimizer_parity's bar for
 # ckparity's AdamW (params within 8 ULPs of torch's)
@@ -363,7 +364,7 @@ def window_ratio(ck: list[float], envelope: list[float], floor: float, window: i
     return ck_max / max(env_max, floor)
 
 
-class NoiseEnvelope:
+class NoiseEnvelope(Observer):
     STATE = ("members", "series", "first_beyond", "measured")  # a member: its twin and its signs
 
     def __init__(self, config, ref: Twin) -> None:
@@ -391,7 +392,8 @@ class NoiseEnvelope:
             "loss_ck", "param_ck", "loss_floor", "param_floor")}
         self.first_beyond: dict[str, int | None] = {q: None for q in QUANTITIES}
 
-    def after_step(self, step: int, windows, ref: Twin, row: dict, ref_losses: list[float]) -> None:
+    def after_step(self, record: StepRecord) -> None:
+        step, windows, ref, row, ref_losses = record.step, record.windows, record.ref, record.row, record.losses["torch"]
         ref_params = ref.params()
         figures = {q: [] for q in QUANTITIES}
         for k, ((twin, signs), ck_optimizer) in enumerate(zip(self.members, self.ck_optimizers)):
@@ -452,6 +454,13 @@ class NoiseEnvelope:
         optimizer.load_state_dict(copy.deepcopy(state))  # a copy: the step counts would be advanced in place
         optimizer.step()
         return [p.detach() for p in params]
+
+    def twins(self) -> list[Twin]:
+        return [twin for twin, _ in self.members]
+
+    def report_into(self, result: dict) -> None:
+        result["envelope"] = self.report()
+        result["noise_verdict"] = result["envelope"]["verdict"]
 
     def report(self) -> dict:
         beyond = [s for s in self.first_beyond.values() if s is not None]

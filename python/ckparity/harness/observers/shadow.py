@@ -35,6 +35,7 @@ import torch
 from ...measure import nan_max
 from ..twins.stepper import Twin
 from ..twins.build import build_twin
+from .protocol import Observer, StepRecord
 
 TIE = 0.10
 
@@ -49,7 +50,7 @@ def _closer(ck: float, ref: float) -> str:
     return "ck" if ck < ref else "torch"
 
 
-class Float64Shadow:
+class Float64Shadow(Observer):
     STATE = ("twin", "series", "probes", "seconds")
 
     def __init__(self, config, ref: Twin) -> None:
@@ -61,7 +62,8 @@ class Float64Shadow:
                                                           "ck_local_param_error", "torch_local_param_error")}
         self.seconds = 0.0
 
-    def after_step(self, step: int, windows, ck: Twin, ref: Twin, losses: dict[str, list[float]]) -> None:
+    def after_step(self, record: StepRecord) -> None:
+        step, windows, ck, ref, losses = record.step, record.windows, record.ck, record.ref, record.losses
         start = time.perf_counter()
         self.twin.zero_grad()
         shadow_losses = [float(loss) for loss, _ in self.twin.micro_steps(windows)]
@@ -93,6 +95,12 @@ class Float64Shadow:
         for twin, twin_grads in zip(twins[:2], grads):
             self.probes[f"{twin.name}_local_grad_error"].append(_max_abs(twin_grads, grads[2]))
             self.probes[f"{twin.name}_local_param_error"].append(_max_abs(twin.params(), exact))
+
+    def report_into(self, result: dict) -> None:
+        result["shadow"] = self.report(result["steps"])
+
+    def twins(self) -> list[Twin]:
+        return [self.twin]
 
     def report(self, steps: int) -> dict:
         s, p = self.series, self.probes

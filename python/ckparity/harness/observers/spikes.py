@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from ..loop.diff import tensor_diff
 from ..twins.models import model_loss
 from ..twins.build import build_twin
+from .protocol import Observer, StepRecord
 
 SPIKE_FACTOR = 1.5
 MIN_JUMP = 0.05
@@ -107,7 +108,7 @@ def classify(ck: bool, ref: bool, f64: bool) -> str:
     return "torch_only" if ref else "not_reproduced"
 
 
-class SpikeTriage:
+class SpikeTriage(Observer):
     STATE = ("history", "triages", "spike_steps")  # not the snapshot: it is taken at each step's start
 
     def __init__(self, config) -> None:
@@ -117,11 +118,12 @@ class SpikeTriage:
         self.triages: list[dict] = []
         self.spike_steps: list[int] = []
 
-    def before_step(self, ref) -> None:
+    def before_step(self, step: int, windows, ck, ref) -> None:
         """The torch twin's state at the start of the step, for a replay."""
         self.snapshot = ref.snapshot(reuse=self.snapshot)
 
-    def after_step(self, step: int, windows, losses: dict[str, list[float]]) -> None:
+    def after_step(self, record: StepRecord) -> None:
+        step, windows, losses = record.step, record.windows, record.losses
         spiked, medians = {}, {}
         for side in ("ck", "torch"):
             loss = statistics.fmean(losses[side])
@@ -157,9 +159,9 @@ class SpikeTriage:
                          for i in top],
         }
 
-    def report(self) -> dict:
+    def report_into(self, result: dict) -> None:
         classes = [t["class"] for t in self.triages]
-        return {"rule": {"factor": SPIKE_FACTOR, "min_jump_nats": MIN_JUMP, "window": WINDOW,
+        result["spikes"] = {"rule": {"factor": SPIKE_FACTOR, "min_jump_nats": MIN_JUMP, "window": WINDOW,
                          "min_history": MIN_HISTORY},
                 "spike_steps": self.spike_steps, "triaged": len(self.triages),
                 "classes": {c: classes.count(c) for c in sorted(set(classes))}, "triages": self.triages}

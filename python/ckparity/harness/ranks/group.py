@@ -320,36 +320,3 @@ def parallel_twin(twin: Twin, config) -> Twin:
 
 class RanksDisagree(Exception):
     """The ranks' replicated parameters differ: the run ends at this step."""
-
-
-class RankAgreement:
-    """Observer: whether the ranks' copies of the replicated CK parameters
-    are still bit-identical after each step (they should be: the same
-    gradients, the same optimizer, the same bits).
-
-    The first mismatch ends the run (RanksDisagree, on every rank: each saw
-    every rank's digest): past it the ranks' own comparisons with the torch
-    twin differ, and a data-dependent choice -- the localizer's replay of a
-    failing step, say -- would send one rank into collectives the others never
-    join, a hang until --rank-timeout."""
-
-    STATE = ("first_mismatch_step", "checked_steps")
-
-    def __init__(self, ranks: Ranks) -> None:
-        self.ranks = ranks
-        self.first_mismatch_step: int | None = None
-        self.checked_steps = 0
-
-    def after_step(self, step: int, ck: Twin) -> None:
-        if self.ranks.world_size == 1:
-            return
-        digests = fingerprints(ck.replicated_params())
-        self.checked_steps += 1
-        if len(set(digests)) > 1:
-            self.first_mismatch_step = step
-            raise RanksDisagree(step)
-
-    def report(self, config) -> dict:
-        return {"world_size": self.ranks.world_size, "tp": config.tp, "dp": config.dp,
-                "replicated_params_identical": self.first_mismatch_step is None if self.checked_steps else None,
-                "first_rank_mismatch_step": self.first_mismatch_step, "checked_steps": self.checked_steps}

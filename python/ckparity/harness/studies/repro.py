@@ -17,7 +17,7 @@ PRESET = RunConfig(epochs=8, seq_len=8, total_tokens=131072, grad_accum=8, optim
 # The CK v7 status notes' stress profile: the 6-byte text "Hello!" repeated to
 # 4097 tokens, 16 epochs, lr 1e-3, 1000 steps: the same few windows again and
 # again, so a kernel's systematic rounding bias accumulates instead of averaging out.
-HELLO_TEXT = str(Path(__file__).resolve().parent.parent / "data" / "hello.txt")
+HELLO_TEXT = str(Path(__file__).resolve().parents[2] / "data" / "hello.txt")  # ckparity/data
 STRESS = RunConfig(train_text=HELLO_TEXT, total_tokens=4097, epochs=16, seq_len=8, grad_accum=8, lr=1e-3,
                    max_steps=1000)
 # The seed harness's larger "production-safe" profile (CK v7's gates).
