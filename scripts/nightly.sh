@@ -2,6 +2,30 @@
 # The nightly tier: the test command with the tests marked nightly (longer
 # cases of properties CI checks faster; CKP_NIGHTLY=1), then the full tier of
 # the parity gates. Extra arguments go to pytest, as for scripts/test.sh.
+#
+# The tests only this tier runs, each with the CI test that covers its
+# property faster (tests/conftest.py refuses a nightly test not named here):
+#   test_cross_entropy.py  test_grid_with_ignored_rows at 1000 x 50257
+#                          (CI: the same grid up to 10**7 elements)
+#   test_checkpoint.py     test_a_resumed_run_is_the_uninterrupted_run on the llama
+#                          model (CI: the other models)
+#                          test_a_ranked_run_resumes_to_the_uninterrupted_report,
+#                          dp 2 (CI: tp 2; test_a_resume_takes_the_newest_step_every_rank_holds
+#                          resumes a dp run)
+#                          test_a_signalled_ranked_run_stops_every_rank_after_one_step_and_resumes
+#                          (CI: SIGTERM and resume in one process)
+#   test_harness.py        test_signal_writes_interrupted_report from outside, for
+#                          SIGINT and SIGHUP (CI: SIGTERM from outside, all three in process)
+#   test_ranks.py          test_a_killed_rank_ends_the_run_with_an_error_report
+#                          (CI: test_a_rank_that_aborts_is_named_with_its_last_words)
+#   test_mutate.py         test_one_mutant_end_to_end (CI: mutants built and run by the
+#                          equivalence, SIGTERM and failed-build tests)
+#                          test_the_probe_tells_every_mutant_but_the_equivalent_one_from_the_control
+#                          (CI: the probe on chosen mutants)
+#   test_plugins.py        test_attribute_jobs_load_the_plugin (CI: plugins reach gate
+#                          and train children)
+#   test_capability.py     test_sweep_finds_another_capabilitys_arithmetic below the CPU's
+#                          highest capability (CI: at the highest)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CKP_NIGHTLY=1 ./scripts/test.sh "$@"

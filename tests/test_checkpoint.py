@@ -145,7 +145,9 @@ RANKED = {"dp 2, 2 micro-batches per rank, envelope": ["--dp", "2", "--grad-accu
                                                     "--f64-shadow"]}
 
 
-@pytest.mark.parametrize("name", list(RANKED))
+# the dp case is nightly: test_a_resume_takes_the_newest_step_every_rank_holds resumes a dp run in CI
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.nightly) if n.startswith("dp") else n
+                                  for n in RANKED])
 def test_a_ranked_run_resumes_to_the_uninterrupted_report(tmp_path, name):
     """Each rank checkpoints its own shards and RNGs (D/rank-<r>/); `train
     --resume D` alone knows from the checkpoint that the run has ranks."""
@@ -161,7 +163,10 @@ def test_a_ranked_run_resumes_to_the_uninterrupted_report(tmp_path, name):
     assert whole["max_grad_abs_diff"] > 0  # the ranks' drift itself is compared, not only zeros
 
 
-@pytest.mark.parametrize("whom", [pytest.param("the launcher", marks=pytest.mark.nightly), "rank 1 alone"])
+# nightly: a signal's resume is test_a_killed_run_resumes_to_the_uninterrupted_report's in CI (one process),
+# a ranked resume test_a_resume_takes_the_newest_step_every_rank_holds's
+@pytest.mark.nightly
+@pytest.mark.parametrize("whom", ["the launcher", "rank 1 alone"])
 def test_a_signalled_ranked_run_stops_every_rank_after_one_step_and_resumes(tmp_path, whom):
     """A SIGTERM to the launcher (which passes it on) or to one rank (a
     scheduler's, under torchrun): the ranks agree on the step to stop after,

@@ -190,9 +190,13 @@ def test_a_signal_in_a_step_stops_the_run_after_it(tmp_path, monkeypatch, signum
                                           pytest.param(signal.SIGHUP, 129, marks=pytest.mark.nightly)])
 def test_signal_writes_interrupted_report(tmp_path, signum, code):
     out = tmp_path / "int.json"
+    dump = tmp_path / "dump" / "dump.json"  # written during step 2: the signal lands with a step done
     proc = subprocess.Popen([sys.executable, "-m", "ckparity", "train", "--max-steps", "100000", "--epochs", "50",
-                             "--json-out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(12)  # past torch's import and some steps
+                             "--dump-step", "2", "--dump-dir", str(dump.parent), "--json-out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not dump.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signum)
     proc.communicate(timeout=60)
     assert proc.returncode == code

@@ -38,6 +38,7 @@ def _mutate(tmp_path, build_dir, *args):
                           capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.nightly  # CI builds and runs mutants in the tests below (equivalence, SIGTERM, a failed build)
 def test_one_mutant_end_to_end(tmp_path, build_dir):
     """Two gates, of which kernel_parity kills ce_cheap_exp: without --matrix they
     run in the order of the control's times (kernel_parity first, unless the

@@ -108,6 +108,7 @@ def _run_and_disturb(tmp_path, rank: int, sig: int, *flags) -> tuple[int, float,
     return launcher.returncode, time.monotonic() - start, json.loads(out.read_text())
 
 
+@pytest.mark.nightly  # CI: a rank that aborts (below) ends the run with an error naming it
 def test_a_killed_rank_ends_the_run_with_an_error_report(tmp_path):
     code, seconds, report = _run_and_disturb(tmp_path, 1, signal.SIGKILL)
     assert code == 1 and seconds < 30
