@@ -6,14 +6,23 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# Ends the running section with its time and starts the next: what to look
+# at when CI gets slow.
+section() {
+  if [ -n "${SECTION:-}" ]; then echo "   ($SECTION: $((SECONDS - SECTION_START)) s)"; fi
+  SECTION="$1"
+  SECTION_START=$SECONDS
+  if [ -n "$1" ]; then echo "== $1"; fi
+}
+section "set-up"
 bash scripts/setup.sh
 export PATH="$ROOT/.venv/bin:$PATH"
 
-echo "== C tests"
+section "C tests"
 [ -f build/ctest/build.ninja ] || meson setup build/ctest --buildtype=release >/dev/null
 meson test -C build/ctest --print-errorlogs
 
-echo "== C tests under ASan+UBSan"
+section "C tests under ASan+UBSan"
 # float-cast-overflow is not part of -fsanitize=undefined: a NaN or an
 # out-of-range float converted to an integer is undefined behaviour too.
 [ -f build/asan/build.ninja ] || meson setup build/asan --buildtype=debug \
@@ -23,7 +32,7 @@ echo "== C tests under ASan+UBSan"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   meson test -C build/asan --print-errorlogs
 
-echo "== single-ISA builds (tests/test_clones.py compares their bits with the installed library's)"
+section "single-ISA builds (tests/test_clones.py compares their bits with the installed library's)"
 # The installed library runs the one clone this CPU picks; these run the
 # others' code: baseline, x86-64-v3 (AVX2+FMA) and x86-64-v4 (AVX-512, run
 # only where the CPU has it).
@@ -34,14 +43,16 @@ for isa in baseline x86-64-v3 x86-64-v4; do
 done
 export CKP_ISA_LIBS="baseline=$ROOT/build/baseline/libckparity.so,x86-64-v3=$ROOT/build/x86-64-v3/libckparity.so,x86-64-v4=$ROOT/build/x86-64-v4/libckparity.so"
 
-echo "== pytest"
+section "pytest"
 cd "$ROOT/tests"
 # --durations: the slowest tests, for keeping CI well under 15 minutes
 python -m pytest -q --durations=25 "$@"
 
-echo "== C API fuzz and overlap matrix against the ASan+UBSan build"
+section "C API fuzz and overlap matrix against the ASan+UBSan build"
 # The sanitized library loads into an unsanitized Python with libasan
 # preloaded; leak checking is off (Python and torch keep memory until exit).
 LD_PRELOAD="$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 CKP_LIB="$ROOT/build/asan/libckparity.so" \
   python -m pytest -q -p no:cacheprovider test_fuzz_c_api.py test_overlaps.py
+section ""
+echo "== test.sh: ${SECONDS} s"
