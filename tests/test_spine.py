@@ -161,3 +161,10 @@ def test_names_and_spellings_are_unique():
     assert len(spellings) == len(set(spellings))
     assert len({k.flag for k in kernels.KERNELS.values()}) == len(kernels.KERNELS)
     assert len({c.key for c in kernels.claims()}) == len(kernels.claims())
+
+
+def test_the_docs_table_is_the_records():
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "kernels.md").read_text()
+    start = docs.index("<!-- kernel records: python -m ckparity.kernels -->\n")
+    end = docs.index("\n<!-- end of kernel records -->")
+    assert docs[start:end].split("\n", 1)[1] == kernels.spine.table()

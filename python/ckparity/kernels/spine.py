@@ -39,3 +39,16 @@ def bit_identical() -> dict[str, list[str]]:
 def not_bit_identical() -> dict[str, str]:
     """What is not bit-identical at any capability, and why."""
     return {what: why for k in KERNELS.values() for what, why in k.not_claimed.items()}
+
+
+def table() -> str:
+    """The records as a Markdown table: one row a kernel (docs/kernels.md)."""
+    rows = ["| kernel | flag | ckparity's backends | bit-identical to torch (dtype: capabilities) | not bit-identical |",
+            "|---|---|---|---|---|"]
+    for k in KERNELS.values():
+        flag = "--" + k.flag.replace("_", "-")
+        claims = "; ".join(f"`{c.key}`: {', '.join(c.quantities)} ({c.dtype}: {', '.join(c.capabilities)})"
+                           for c in k.claims) or "-"
+        not_claimed = "; ".join(f"{what}: {why}" for what, why in k.not_claimed.items()) or "-"
+        rows.append(f"| `{k.name}` | `{flag}` | {', '.join(k.builtin)} | {claims} | {not_claimed} |")
+    return "\n".join(rows)
