@@ -38,7 +38,9 @@ GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_deter
 DEFAULTS: dict[str, dict] = {
     "kernel_parity": {"factor": RULES["default"][0], "floor_ulps": RULES["default"][1],
                       "ptref_factor": RULES["ptref"][0], "ptref_floor_ulps": RULES["ptref"][1],
-                      "bitwise_kernels": ["rms_norm", "swiglu", "rope", "cross_entropy.ptref"]},
+                      # the records' claims that kernel_parity has cases of: held to torch's bits
+                      "bitwise_kernels": [c.key for c in kernels.claims("float32")
+                                          if any(c.key in k.gate_cases for k in kernels.KERNELS.values())]},
     "optimizer_parity": {"steps": 100, "sizes": [1, 17, 1000, 65537], "max_param_ulp": 8},
     "fd_gradients": {"coordinates": 16, "step": 1e-6, "rtol": 1e-3, "atol": 2e-6, "models": ["tiny", "stacked"],
                      "ck_swiglu_backend": "c", "ck_rmsnorm_backend": "c", "ck_loss_backend": "c"},
