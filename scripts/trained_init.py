@@ -31,7 +31,7 @@ from ckparity.harness.longrun import init_from
 from ckparity.harness.loop.config import RunConfig
 from ckparity.harness.studies.repro import STRESS
 from ckparity.harness.loop.run import train
-from ckparity.harness.twins.build import build_twins
+from ckparity.harness.twins.factory import build_twins
 
 MODEL = dict(model="llama", num_layers=2, heads=4)
 FIELDS = ["status", "steps", "first_loss_fail_step", "first_param_fail_step", "first_grad_fail_step",

@@ -75,7 +75,7 @@ def test_live_first_difference_equals_the_replayed_one(tmp_path, overrides):
     step from the initial state (the old way) names the same stage and tensor."""
     from ckparity.harness.loop.data import Batches
     from ckparity.harness.observers.localize import first_difference
-    from ckparity.harness.twins.build import build_twins
+    from ckparity.harness.twins.factory import build_twins
 
     config = replace(SHORT, **overrides)
     divergence = run(tmp_path, config)["divergence"]

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from ckparity.harness.longrun import checkpoint, init_from
 from ckparity.harness.loop.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
-from ckparity.harness.twins.build import build_twins
+from ckparity.harness.twins.factory import build_twins
 
 DIMS = dict(vocab=61, d_model=32, hidden=40, num_layers=2, heads=4, kv_heads=2)
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ckparity.harness.loop.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
-from ckparity.harness.twins.build import build_twins
+from ckparity.harness.twins.factory import build_twins
 
 LLAMA = RunConfig(model="llama", num_layers=2, heads=4, kv_heads=2, d_model=32, hidden=48, vocab=64, seq_len=8,
                   batch_size=2, grad_accum=2, total_tokens=2048, max_steps=20, no_progress=True,

@@ -168,3 +168,32 @@ def test_the_docs_table_is_the_records():
     start = docs.index("<!-- kernel records: python -m ckparity.kernels -->\n")
     end = docs.index("\n<!-- end of kernel records -->")
     assert docs[start:end].split("\n", 1)[1] == kernels.spine.table()
+
+
+def _one_letter_apart(a: str, b: str) -> bool:
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long = sorted((a, b), key=len)
+    return len(long) - len(short) == 1 and any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def test_no_two_module_names_one_letter_apart():
+    names = sorted({m.rpartition(".")[2] for m in _modules()})
+    close = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _one_letter_apart(a, b)]
+    assert close == []
+    assert _one_letter_apart("twin", "twins") and _one_letter_apart("build", "builds")  # what it is for
+
+
+def test_no_private_name_imported_across_modules():
+    imported = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("ckparity")):
+                imported += [f"{module}: {a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")
+                             and f"{node.module}.{a.name}".rpartition(".")[2] not in _PRIVATE_MODULES]
+    assert imported == []
+
+
+# modules whose names start with "_" (imported by name, as modules)
+_PRIVATE_MODULES = {p.stem for p in PACKAGE.rglob("_*.py") if p.stem != "__init__"}

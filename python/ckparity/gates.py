@@ -28,7 +28,7 @@ from .harness.longrun.interrupts import Interrupted, stop_on_signals
 from .harness.studies.repro import PRESET
 from .harness.loop.report import write_json, write_text
 from .harness.loop.run import train
-from .harness.twins.build import build_twins
+from .harness.twins.factory import build_twins
 from .measure import RULES, differing_elements, max_ulp, nan_max, parity
 
 GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_determinism", "drift_smoke",
@@ -163,7 +163,7 @@ def _vocab_parallel_failures(factor: float, floor: float) -> list[str]:
 
 def kernel_parity(settings: dict) -> dict:
     checks, failures = [], []
-    # held to torch's bits: the bitwise kernels that are bit-identical at this capability (ckparity.cpu)
+    # held to torch's bits: the bitwise kernels whose claims hold at this capability (kernels.bit_identical)
     bitwise = [k for k in settings["bitwise_kernels"] if k in kernels.bit_identical()]
     for name, probe in gate_cases().items():
         prefix = "" if probe.rule == "default" else f"{probe.rule}_"

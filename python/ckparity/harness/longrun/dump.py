@@ -25,7 +25,7 @@ from .checkpoint import pack, unpack, state_of
 from ..loop.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
 from ..observers.protocol import Observer
-from ..twins.build import build_twin
+from ..twins.factory import build_twin
 
 SCHEMA = "ckparity.dump/1"
 

@@ -28,7 +28,7 @@ from ..observers.protocol import Observer, StepRecord
 from ..observers.shadow import Float64Shadow
 from ..observers.spikes import SpikeTriage
 from ..ranks.group import SINGLE, RanksDisagree, agreed_signal, join, leave
-from ..twins.build import build_twins
+from ..twins.factory import build_twins
 
 DEFAULT_JSON_OUT = "reports/train_latest.json"
 

@@ -83,7 +83,7 @@ from ...ops.clip_grad_norm import grad_norm
 from ..loop.diff import worst_diff
 from ..twins.models import build_model
 from ..twins.stepper import Twin
-from ..twins.build import make_optimizer, ops_for
+from ..twins.factory import make_optimizer, ops_for
 from .protocol import Observer, StepRecord
 
 # the reach of the optimizer's per-step param difference: optimizer_parity's bar for

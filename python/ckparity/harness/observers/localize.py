@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..loop.diff import tensor_diff
-from ..twins.build import build_twin
+from ..twins.factory import build_twin
 
 
 def _row(stage: str, a: torch.Tensor, b: torch.Tensor, tol: float) -> dict:

@@ -34,7 +34,7 @@ import torch
 
 from ...measure import nan_max
 from ..twins.stepper import Twin
-from ..twins.build import build_twin
+from ..twins.factory import build_twin
 from .protocol import Observer, StepRecord
 
 TIE = 0.10

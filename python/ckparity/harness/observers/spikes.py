@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from ..loop.diff import tensor_diff
 from ..twins.models import model_loss
-from ..twins.build import build_twin
+from ..twins.factory import build_twin
 from .protocol import Observer, StepRecord
 
 SPIKE_FACTOR = 1.5

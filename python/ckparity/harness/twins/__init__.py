@@ -1,2 +1,2 @@
 """The twins: the models (``models``), the Twin that runs micro-steps and
-steps (``stepper``), and ``build.build_twin(config, kind)`` for every kind."""
+steps (``stepper``), and ``factory.build_twin(config, kind)`` for every kind."""

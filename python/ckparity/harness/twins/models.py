@@ -1,5 +1,5 @@
 """The twin models. Both twins are instances of the same class built with
-different ops (twins.build_twins copies the weights). Tokens are (B, T):
+different ops (factory.build_twins copies the weights). Tokens are (B, T):
 B windows of T tokens.
 
 Every forward returns the activations of each stage by name, so that
