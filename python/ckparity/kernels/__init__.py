@@ -29,9 +29,13 @@ Adding a kernel ``softcap``:
 3. ``ops/softcap.py``: the autograd op (and its export in ``ckparity``);
 4. ``kernels/softcap.py``: its record, and its name in ``spine.KERNELS``;
 5. ``tests/test_softcap.py``: what its record does not already make every
-   suite check (tests/test_kernels_spine.py holds every record to the
-   spine's rules: a flag, a contract that a correct backend passes, claims
-   whose sweeps find no differing case).
+   suite check (tests/test_spine.py holds every record to the spine's
+   rules: a flag, a contract its own backends pass, claims with sweeps;
+   tests/test_capability.py runs the sweeps at every capability).
+Only if the twins' models call it: its flag's field in
+``harness/loop/config.py`` and its slot in ``harness/twins/models.py``'s
+``Ops``. Only if it should be timed or probed: a row in ``bench.py``, a case
+in ``builds.py`` (these two still hold per-kernel code).
 """
 
 from __future__ import annotations
