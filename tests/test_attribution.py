@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity.cli import main
 from ckparity import kernels
+from ckparity.cli import main
 from ckparity.harness.studies.attribute import attribute, verdict
 from ckparity.harness.loop.config import RunConfig
 from ckparity.harness.loop.data import load_tokens
@@ -252,9 +253,15 @@ def test_attribute_in_processes_and_sigterm(tmp_path):
     import time
 
     out = tmp_path / "attr.json"
+    from test_ranks import _wait_for_cpu_seconds
+
     proc = subprocess.Popen([sys.executable, "-m", "ckparity", "attribute", "--max-steps", "100000", "--epochs", "50",
                              "--jobs", "2", "--json-out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(15)  # torch imported, two variants training
+    jobs, deadline = [], time.monotonic() + 120
+    while len(jobs) < 2 and time.monotonic() < deadline:  # the two variants' processes
+        jobs = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        time.sleep(0.05)
+    _wait_for_cpu_seconds(jobs, 4.0)  # torch imported, both variants training
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=120)
     assert proc.returncode == 143

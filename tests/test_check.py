@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import check as conformance
 from ckparity import kernels, reference
-from ckparity.cli import main
 from ckparity import kernels
+from ckparity.cli import main
 
 
 @pytest.fixture

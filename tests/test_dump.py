@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ckparity
-from ckparity.cli import main
 from ckparity import kernels
+from ckparity.cli import main
 from ckparity.harness.loop.config import RunConfig, UsageError
 from ckparity.harness.longrun.dump import load_dump, replay
 from ckparity.harness.loop.run import train

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ckparity.cli import main
 from ckparity import kernels
+from ckparity.cli import main
 from ckparity.harness.loop.config import parse_train_args
 from ckparity.harness.loop.run import train
 

@@ -88,11 +88,15 @@ def _wait_for_cpu_seconds(pids, seconds: float, deadline: float = 120.0) -> None
 
 
 def _run_and_disturb(tmp_path, rank: int, sig: int, *flags) -> tuple[int, float, dict]:
-    out = tmp_path / "report.json"
-    launcher = subprocess.Popen([*CKPARITY, "train", "--tp", "2", *flags, "--json-out", str(out)],
+    out, ck = tmp_path / "report.json", tmp_path / "ck"
+    # a checkpoint every step: its "latest" on both ranks says steps are running (the group joined)
+    launcher = subprocess.Popen([*CKPARITY, "train", "--tp", "2", *flags, "--checkpoint-every", "1",
+                                 "--checkpoint-dir", str(ck), "--json-out", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = _ranks_of(launcher, 2)
-    _wait_for_cpu_seconds(pids.values(), 8.0)  # well into the run (torch imported, the group joined, steps running)
+    deadline = time.monotonic() + 120
+    while not all((ck / f"rank-{r}" / "latest").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(pids[rank], sig)
     start = time.monotonic()
     try:
