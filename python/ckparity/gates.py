@@ -131,7 +131,7 @@ def _vocab_parallel_failures(factor: float, floor: float) -> list[str]:
     process, against torch's cross-entropy with smoothing and z-loss: loss rows
     and dlogits held to the default rule, like the single-process kernel."""
     from . import _native
-    from .builds import vocab_parallel_ce
+    from .kernels.cross_entropy import vocab_parallel_ce
 
     g = torch.Generator().manual_seed(4)
     failures = []

@@ -16,10 +16,14 @@ layers above need to know of one kernel, and nothing of how they run:
 - ``gate_cases``: the kernel_parity gate's fixed shapes, with their rule;
 - ``claims``: what is bit-identical to torch, per dtype and capability, each
   with the sweep that shows it (ckparity.sweep, tests/test_capability.py);
-  ``not_claimed``: what is not, and why.
+  ``not_claimed``: what is not, and why;
+- ``probe``: every C entry point of the kernel through a given build of the
+  library (ckparity.builds: the single-ISA builds' test, mutate's
+  equivalence probe).
 
-The suites hold procedures only: check.py, gates.py, sweep.py, the
-harness's twins, ``ckparity info`` and the docs' tables read the records.
+The suites hold procedures only: check.py, gates.py, sweep.py, builds.py
+(and so mutate's probe), the harness's twins, ``ckparity info`` and the
+docs' table read the records.
 
 Adding a kernel ``softcap``:
 1. ``csrc/softcap.c`` and its entry points in ``csrc/include/ckparity.h``
@@ -34,8 +38,8 @@ Adding a kernel ``softcap``:
    tests/test_capability.py runs the sweeps at every capability).
 Only if the twins' models call it: its flag's field in
 ``harness/loop/config.py`` and its slot in ``harness/twins/models.py``'s
-``Ops``. Only if it should be timed or probed: a row in ``bench.py``, a case
-in ``builds.py`` (these two still hold per-kernel code).
+``Ops``. Only if it should be timed: a row in ``bench.py`` (which still
+holds per-kernel code).
 """
 
 from __future__ import annotations

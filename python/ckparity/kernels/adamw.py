@@ -8,6 +8,7 @@ import torch
 
 from .. import reference
 from ..optim import AdamW
+from .. import _bindings as C
 from .contract import expect, tensor_like
 from .record import WIDTHS, Claim, Conformance, Kernel
 from .sweeping import Tally
@@ -62,6 +63,23 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
                 torch_p.data.copy_(ck_p.data)  # each step from one shared state
 
 
+def probe_call(L, fill, p, g, m, v, amsgrad):
+    p, m, v = p.clone(), m.clone(), v.clone()  # the step writes over its inputs: no fill to show
+    vmax = v.clone() if amsgrad else None
+    options = C.adamw_options(1e-2, 0.9, 0.999, 1e-8, 0.1, amsgrad)
+    for step in range(1, 4):
+        C.adamw_step(p, g, m, v, vmax, float(step), options, library=L)
+    return (p, m, v) + ((vmax,) if amsgrad else ())
+
+
+def _probe(gen: torch.Generator):
+    for n in (1003, 200003):  # one chunk, and several (threaded)
+        pa, ga, ma = (torch.randn(n, generator=gen) for _ in range(3))
+        va = torch.rand(n, generator=gen)
+        for amsgrad in (False, True):
+            yield f"adamw n={n} amsgrad={amsgrad}", lambda L, f, a=amsgrad, t=(pa, ga, ma, va): probe_call(L, f, *t, a)
+
+
 KERNEL = Kernel(
     name="adamw",
     flag="ck_optimizer_backend",
@@ -75,4 +93,5 @@ KERNEL = Kernel(
     claims=(Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param (where torch's sqrt is exact)"),
                   sweep),),
     not_claimed={"adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)"},
+    probe=_probe,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.clip_grad_norm import clip_grad_norm_
+from .. import _bindings as C
 from .contract import expect
 from .record import Kernel
 
@@ -19,6 +20,12 @@ def _contract(fn) -> None:
     expect(bool(params[0].grad.norm() <= 1.0 + 1e-4), "the gradients were not clipped to max_norm")
 
 
+def _probe(g: torch.Generator):
+    grads = [torch.randn(100003, generator=g), torch.randn(7, generator=g)]
+    for p in (1.0, 2.0, 3.0, float("inf")):
+        yield f"grad_norm p={p}", lambda L, f, p=p: torch.tensor(C.grad_norm(grads, p, library=L), dtype=torch.float64)
+
+
 KERNEL = Kernel(
     name="clip_grad_norm",
     flag="ck_clip_backend",
@@ -26,4 +33,5 @@ KERNEL = Kernel(
     backends={"c": clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_},
     contract=_contract,
     not_claimed={"clip_grad_norm_": "the norm is reduced in double"},
+    probe=_probe,
 )

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 
 from ..ops.cross_entropy import cross_entropy
 from ..ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from .. import _bindings as C
 from .contract import expect, grads_present, tensor_like
+from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run, torch_threads
 
@@ -159,6 +161,81 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
         _ptref_case(tally, g, N, V, kwargs, threads, probabilities)
 
 
+# ---- the probe: every C entry point through a given library -----------------------
+
+def probe_call(L, fill, x, target, weight, reduction, variant, row_grad=None, inplace=False, torch_threads=1):
+    loss = out((x.shape[0],) if reduction == "none" else (), fill)
+    d = x.clone() if inplace else out(x, fill)
+    options = C.cross_entropy_options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad, torch_threads)
+    C.cross_entropy(d if inplace else x, target, options, loss, d, library=L)
+    return loss, d
+
+
+def vocab_parallel_ce(L, fill, x, target, shards):
+    """Every vocab-parallel pass over shards of the vocabulary, the all-reduces done in between (max, then sum)."""
+    N, V = x.shape
+    bounds = [round(V * k / shards) for k in range(shards + 1)]
+    pieces = [x[:, a:b].contiguous() for a, b in zip(bounds, bounds[1:])]
+    maxes = []
+    for piece in pieces:
+        maxes.append(out((N,), fill))
+        C.vocab_parallel_ce_max(piece, maxes[-1], library=L)
+    global_max = torch.stack(maxes).amax(0)
+    sums = []
+    for piece, start in zip(pieces, bounds):
+        sums.append(out((N, 3), fill, torch.float64))
+        C.vocab_parallel_ce_sums(piece, target, start, V, -100, global_max, sums[-1], library=L)
+    global_sums = torch.stack(sums).sum(0)
+    loss_rows = out((N,), fill)
+    C.vocab_parallel_ce_loss(target, V, -100, 0.1, 1e-4, global_max, global_sums, loss_rows, library=L)
+    row_grad = torch.full((N,), 1.0 / N)
+    grads = []
+    for piece, start in zip(pieces, bounds):
+        grads.append(out(piece, fill))
+        C.vocab_parallel_ce_backward(piece, target, start, V, -100, 0.1, 1e-4, global_max, global_sums, row_grad,
+                                     grads[-1], library=L)
+    return (global_max, global_sums, loss_rows, *grads)
+
+
+def _probe(g: torch.Generator):
+    x = torch.randn(37, 1003, generator=g) * 4
+    x[3, :] = -1e4  # a row far from its max
+    t = torch.randint(0, 1003, (37,), generator=g)
+    t[5] = -100
+    probs = torch.softmax(torch.randn(37, 1003, generator=g), -1)
+    w = torch.rand(1003, generator=g) + 0.5
+    row_grad = torch.randn(37, generator=g)
+    for variant in ("default", "ptref"):
+        for reduction in ("mean", "sum", "none"):
+            yield f"ce {variant} {reduction}", lambda L, f, v=variant, r=reduction: probe_call(L, f, x, t, w, r, v)
+        yield f"ce {variant} probs", lambda L, f, v=variant: probe_call(L, f, x, probs, None, "mean", v)
+        yield f"ce {variant} in place", lambda L, f, v=variant: probe_call(L, f, x, t, w, "mean", v, inplace=True)
+        yield f"ce {variant} row_grad", lambda L, f, v=variant: probe_call(L, f, x, t, None, "none", v, row_grad)
+    # 64 x 4097 elements, 8 of ATen's grains: ptref splits the probability targets' sum in 2, 3, 4 chunks as
+    # torch does on that many threads (one scalar per case: several, so a split that happens to round alike
+    # in one does not hide a build that does not split)
+    xs, ps = torch.randn(64, 4097, generator=g) * 4, torch.softmax(torch.randn(64, 4097, generator=g), -1)
+    for threads in (2, 3, 4):
+        for reduction in ("mean", "sum"):
+            yield (f"ce ptref probs {reduction} torch_threads={threads}",
+                   lambda L, f, r=reduction, k=threads: probe_call(L, f, xs, ps, None, r, "ptref", torch_threads=k))
+    # widths around the vector and block boundaries, and enough rows for several reduction blocks
+    for V in (1, 7, 8, 9, 15, 16, 17, 31, 33, 255, 257, 4097):
+        xv, tv = torch.randn(64, V, generator=g) * 3, torch.randint(0, V, (64,), generator=g)
+        for variant in ("default", "ptref"):
+            yield f"ce {variant} V={V}", lambda L, f, xv=xv, tv=tv, v=variant: probe_call(L, f, xv, tv, None,
+                                                                                           "mean", v)
+    xb, tb = torch.randn(4096, 67, generator=g) * 3, torch.randint(0, 67, (4096,), generator=g)
+    tb[::7] = -100
+    for reduction in ("mean", "sum"):
+        yield f"ce default N=4096 {reduction}", lambda L, f, r=reduction: probe_call(L, f, xb, tb, None, r, "default")
+    xp, tp = torch.randn(40, 1001, generator=g) * 3, torch.randint(0, 1001, (40,), generator=g)
+    tp[::5] = -100
+    tp[1:7] = torch.tensor([0, 333, 334, 666, 667, 1000])  # each of 3 shards' first and last column
+    for shards in (1, 3):
+        yield f"vocab_parallel_ce shards={shards}", lambda L, f, k=shards: vocab_parallel_ce(L, f, xp, tp, k)
+
+
 # lm_head + loss fused, (hidden (N, D), weight (V, D), targets (N)) -> mean loss: chosen by
 # --ck-loss-backend like the losses, but it replaces the lm_head's graph too (models.Ops.head_loss)
 HEAD_LOSS = {"c_fused_linear": lambda hidden, weight, targets, **kw: fused_linear_cross_entropy(hidden, weight, targets,
@@ -191,4 +268,5 @@ KERNEL = Kernel(
         "cross_entropy (default variant)": "fused, sums in double: more accurate than torch, not its bits",
         "vocab-parallel cross_entropy": "the default variant's arithmetic, split by rank",
     },
+    probe=_probe,
 )

@@ -89,6 +89,9 @@ class Kernel:
     gate_cases: dict[str, GateCase] = field(default_factory=dict)
     claims: tuple[Claim, ...] = ()
     not_claimed: dict[str, str] = field(default_factory=dict)  # what is not bit-identical, and why
+    # (gen) -> (name, run(library, fill) -> outputs): every C entry point of the kernel through a given
+    # build, for tests/test_clones.py and mutate's equivalence probe (ckparity.builds)
+    probe: Callable[[torch.Generator], Iterator[tuple[str, Callable]]] | None = None
     builtin: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.rms_norm import rms_norm
+from .. import _bindings as C
 from .contract import grads_present, tensor_like
+from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run, torch_threads
 
@@ -82,6 +84,30 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
             tally.add(q, f"N={N} D={D} torch threads {threads}", a, b)
 
 
+def probe_call(L, fill, x, w, dy, torch_threads=1):
+    y, rstd, dx, dw = out(x, fill), out((x.shape[0],), fill), out(x, fill), out(w, fill)
+    C.rms_norm_forward(x, w, 1e-6, y, rstd, torch_threads=torch_threads, library=L)
+    C.rms_norm_backward(dy, x, w, rstd, dx, dw, torch_threads=torch_threads, library=L)
+    dx_normalized, dx_rstd, dw_terms = out(x, fill), out(x, fill), out(w, fill)
+    C.rms_norm_backward_terms(dy, x, w, rstd, dx_normalized, dx_rstd, dw_terms, torch_threads=torch_threads,
+                              library=L)
+    return y, rstd, dx, dw, dx_normalized, dx_rstd, dw_terms
+
+
+def _probe(g: torch.Generator):
+    xr, wr, dyr = (torch.randn(33, 4099, generator=g), torch.randn(4099, generator=g),
+                   torch.randn(33, 4099, generator=g))
+    yield "rms_norm", lambda L, f: probe_call(L, f, xr, wr, dyr)
+    for D in (1, 7, 8, 9, 63, 65, 257):
+        xd, wd, dyd = torch.randn(17, D, generator=g), torch.randn(D, generator=g), torch.randn(17, D, generator=g)
+        yield f"rms_norm D={D}", lambda L, f, a=xd, b=wd, c=dyd: probe_call(L, f, a, b, c)
+    # sums reduced to one value, split as torch splits them on 3 threads: one row's, dweight's at D = 1
+    for N, D in ((1, 40000), (40000, 1)):
+        xs, ws, dys = torch.randn(N, D, generator=g), torch.randn(D, generator=g), torch.randn(N, D, generator=g)
+        yield (f"rms_norm N={N} D={D} torch_threads=3",
+               lambda L, f, a=xs, b=ws, c=dys: probe_call(L, f, a, b, c, torch_threads=3))
+
+
 KERNEL = Kernel(
     name="rms_norm",
     flag="ck_rmsnorm_backend",
@@ -95,4 +121,5 @@ KERNEL = Kernel(
         opinfo=("nn.functional.rms_norm", _opinfo_sample)),
     gate_cases={"rms_norm": GateCase(rms_norm, F.rms_norm, _gate_cases, "default", weight=2)},
     claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),),
+    probe=_probe,
 )

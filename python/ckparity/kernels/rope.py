@@ -7,7 +7,9 @@ import torch
 
 from .. import reference
 from ..ops.rope import rope
+from .. import _bindings as C
 from .contract import grads_present, tensor_like
+from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run
 
@@ -58,6 +60,21 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
                 tally.add(q, f"{layout} d={d}", a, b)
 
 
+def probe_call(L, fill, x, cos, sin, layout):
+    y, dx = out(x, fill), out(x, fill)
+    C.rope_forward(x, cos, sin, layout, y, library=L)
+    C.rope_backward(y, cos, sin, layout, dx, library=L)
+    return y, dx
+
+
+def _probe(g: torch.Generator):
+    xq, angles = torch.randn(6, 11, 74, generator=g) * 3, torch.rand(11, 37, generator=g) * 6
+    for layout in ("half", "interleaved"):
+        yield f"rope {layout}", lambda L, f, lay=layout: probe_call(L, f, xq, angles.cos(), angles.sin(), lay)
+    xqt, anglest = torch.randn(16, 64, 66, generator=g), torch.rand(64, 33, generator=g) * 6
+    yield "rope threaded", lambda L, f: probe_call(L, f, xqt, anglest.cos(), anglest.sin(), "half")
+
+
 KERNEL = Kernel(
     name="rope",
     flag="ck_rope_backend",
@@ -70,4 +87,5 @@ KERNEL = Kernel(
         widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_bad),
     gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
     claims=(Claim("rope", ("out", "dx"), sweep),),
+    probe=_probe,
 )

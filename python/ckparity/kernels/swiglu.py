@@ -6,7 +6,9 @@ import torch
 
 from .. import reference
 from ..ops.swiglu import swiglu
+from .. import _bindings as C
 from .contract import grads_present, tensor_like
+from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run, torch_threads
 
@@ -55,6 +57,23 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
                 tally.add(q, f"N={N} H={H}", a, b)
 
 
+def probe_call(L, fill, x, dout):
+    y, dx = out(dout, fill), out(x, fill)
+    C.swiglu_forward(x, y, library=L)
+    C.swiglu_backward(dout, x, dx, library=L)
+    return y, dx
+
+
+def _probe(g: torch.Generator):
+    xs, ds = torch.randn(9, 200, generator=g) * 30, torch.randn(9, 100, generator=g)
+    yield "swiglu", lambda L, f: probe_call(L, f, xs, ds)
+    for H in (1, 15, 16, 17, 31, 32, 33, 100):
+        xh, dh = torch.randn(5, 2 * H, generator=g) * 8, torch.randn(5, H, generator=g)
+        yield f"swiglu H={H}", lambda L, f, a=xh, b=dh: probe_call(L, f, a, b)
+    xt, dt = torch.randn(64, 2 * 1025, generator=g) * 4, torch.randn(64, 1025, generator=g)
+    yield "swiglu threaded", lambda L, f: probe_call(L, f, xt, dt)
+
+
 KERNEL = Kernel(
     name="swiglu",
     flag="ck_swiglu_backend",
@@ -66,4 +85,5 @@ KERNEL = Kernel(
         opinfo=("nn.functional.silu", _silu_sample)),
     gate_cases={"swiglu": GateCase(swiglu, reference.swiglu, _gate_cases, "default")},
     claims=(Claim("swiglu", ("out", "dx"), sweep),),
+    probe=_probe,
 )
