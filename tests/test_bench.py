@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity import bench
+from ckparity import bench, reference
 from ckparity.cli import main
+from ckparity.kernels import benching
+from ckparity.kernels import cross_entropy as ce_record
 
 
 def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
@@ -16,8 +18,8 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
     t = torch.randint(0, 256, (8,))
 
     def one_case(select=None):
-        yield bench.Case("cross_entropy", "N=8,V=256", bench._fwd_bwd(ckparity.cross_entropy, x, t),
-                         bench._fwd_bwd(F.cross_entropy, x, t), 8 * 8 * 256, bench._ce_kernel(x.detach(), t))
+        yield benching.Case("cross_entropy", "N=8,V=256", benching.fwd_bwd(ckparity.cross_entropy, x, t),
+                            benching.fwd_bwd(F.cross_entropy, x, t), 8 * 8 * 256, ce_record.c_calls(x.detach(), t))
 
     monkeypatch.setattr(bench, "cases", one_case)
     out = tmp_path / "bench.json"
@@ -43,7 +45,7 @@ def test_a_failing_kernel_closure_is_an_error(monkeypatch):
     t[0] = 999  # out of range: the kernel returns a status, the bench raises
 
     def bad_case(select=None):
-        yield bench.Case("cross_entropy", "bad", lambda: None, lambda: None, 1, bench._ce_kernel(x.detach(), t))
+        yield benching.Case("cross_entropy", "bad", lambda: None, lambda: None, 1, ce_record.c_calls(x.detach(), t))
 
     monkeypatch.setattr(bench, "cases", bad_case)
     with pytest.raises(IndexError, match="out of bounds"):
@@ -54,12 +56,12 @@ def test_torch_compile_column(monkeypatch):
     """The compiled counterpart is timed beside eager, or its row says why not."""
     x = torch.randn(8, 64).requires_grad_(True)
 
-    ours, theirs = bench._fwd_bwd(ckparity.swiglu, x), bench._fwd_bwd(bench.reference.swiglu, x)
+    ours, theirs = benching.fwd_bwd(ckparity.swiglu, x), benching.fwd_bwd(reference.swiglu, x)
 
     def one_case(select=None):
-        yield bench.Case("swiglu", "N=8,H=32", ours, theirs, 1,
-                         compiled=bench._compiled_fwd_bwd(bench.reference.swiglu, x))
-        yield bench.Case("swiglu", "broken", ours, theirs, 1, compiled=lambda: 1 / 0)
+        yield benching.Case("swiglu", "N=8,H=32", ours, theirs, 1,
+                            compiled=benching.compiled_fwd_bwd(reference.swiglu, x))
+        yield benching.Case("swiglu", "broken", ours, theirs, 1, compiled=lambda: 1 / 0)
 
     monkeypatch.setattr(bench, "cases", one_case)
     ok, broken = bench.bench(1, distributed=False, memory=False)["results"]

@@ -38,15 +38,13 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-import ckparity
-
-from . import _bindings, reference
+from . import kernels
+from .kernels.benching import Case
+from .threads import get_num_threads
 
 
 def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -81,177 +79,13 @@ def copy_gbps(repeats: int, nbytes: int = 1 << 28) -> float:
     return 2 * nbytes / (min(_times_ms(lambda: dst.copy_(src), repeats)) * 1e6)
 
 
-@dataclass
-class Case:
-    kernel: str
-    shape: str
-    ours: Callable[[], object]    # the user-facing ckparity call
-    theirs: Callable[[], object]  # torch's counterpart
-    nbytes: int                   # bytes the operation must move at minimum
-    c_kernel: Callable[[], None] | None = None  # the C calls alone (through _bindings), preallocated outputs
-    c_calls: int = 1
-    compiled: Callable[[], Callable[[], object]] | None = None  # makes torch's counterpart under torch.compile
-    once: bool = False  # too large to repeat: one call per side, timed in its own process with its memory
-
-
-# the fused linear + cross-entropy row: N, D, V (a Llama-3 vocabulary)
-FUSED = (4096, 2048, 128256)
-
-
-def _fwd_bwd(fn, x, *args, **kwargs):
-    def run():
-        x.grad = None
-        out = fn(x, *args, **kwargs)
-        out.backward(torch.ones_like(out) if out.dim() else None)
-    return run
-
-
-def _fresh_fwd_bwd(fn, src, *args, **kwargs):
-    """fwd+bwd on src's values copied into one buffer each call, as a model's
-    lm_head hands the loss new logits every step (the copy costs every side
-    the same; the in-place loss overwrites the buffer, so it is refilled).
-    The gradient is taken by autograd.grad, as the lm_head's matmul backward
-    takes it: a leaf's .grad would have to copy dlogits away from the leaf's
-    own storage (where the in-place loss wrote it), a cost no model pays."""
-    x = src.clone().requires_grad_(True)
-
-    def run():
-        with torch.no_grad():
-            x.copy_(src)
-        torch.autograd.grad(fn(x, *args, **kwargs), x)
-    return run
-
-
-def _compiled_fwd_bwd(fn, x, *args, **kwargs):
-    """A maker of the fwd+bwd closure of torch.compile(fn), for Case.compiled."""
-    return lambda: _fwd_bwd(torch.compile(fn), x, *args, **kwargs)
-
-
-def _compiled_step(optimizer):
-    return lambda: torch.compile(optimizer.step)
-
-
-def _ce_kernel(x, t, in_place: bool = False):
-    loss, d = torch.empty(()), torch.empty_like(x)
-    options = _bindings.cross_entropy_options()
-    if in_place:  # on a scratch copy made once: the kernel's time alone, dlogits over the logits
-        scratch = x.clone()
-        return lambda: _bindings.cross_entropy(scratch, t, options, loss, scratch)
-    return lambda: _bindings.cross_entropy(x, t, options, loss, d)
-
-
-def _rms_kernel(x, w):
-    y, rstd, dx, dw = torch.empty_like(x), torch.empty(x.shape[0]), torch.empty_like(x), torch.empty_like(w)
-    dy = torch.ones_like(x)
-
-    def run():
-        _bindings.rms_norm_forward(x, w, 1e-6, y, rstd)
-        _bindings.rms_norm_backward(dy, x, w, rstd, dx, dw)
-    return run
-
-
-def _swiglu_kernel(x):
-    N, H = x.shape[0], x.shape[1] // 2
-    out, dout, dx = torch.empty(N, H), torch.ones(N, H), torch.empty_like(x)
-
-    def run():
-        _bindings.swiglu_forward(x, out)
-        _bindings.swiglu_backward(dout, x, dx)
-    return run
-
-
-def _rope_kernel(x, cos, sin):
-    out, dx = torch.empty_like(x), torch.empty_like(x)
-
-    def run():
-        _bindings.rope_forward(x, cos, sin, "half", out)
-        _bindings.rope_backward(out, cos, sin, "half", dx)
-    return run
-
-
-def _adamw_kernel(n, g):
-    p, grad, m, v = (torch.randn(n, generator=g) for _ in range(4))
-    v.abs_()
-    options = _bindings.adamw_options(1e-3, 0.9, 0.999, 1e-8, 1e-2)
-    return lambda: _bindings.adamw_step(p, grad, m, v, None, 10.0, options)
-
-
-def _fused_linear_case(N: int, D: int, V: int, g) -> Case:
-    hidden = torch.randn(N, D, generator=g).requires_grad_(True)
-    weight = (torch.randn(V, D, generator=g) * D**-0.5).requires_grad_(True)
-    t = torch.randint(0, V, (N,), generator=g)
-
-    def run(fn):
-        def call():
-            hidden.grad = weight.grad = None
-            fn(hidden, weight, t).backward()
-        return call
-
-    # at least: read hidden and weight, write grad_hidden and grad_weight (the logits never leave the chunk)
-    return Case("fused_linear_cross_entropy", f"N={N},D={D},V={V}",
-                run(ckparity.fused_linear_cross_entropy), run(lambda h, w, t: F.cross_entropy(F.linear(h, w), t)),
-                8 * (N * D + V * D), once=True)
-
-
 def cases(select: Callable[[str, str], bool] = lambda kernel, shape: True):
-    """The bench's rows; only those ``select(kernel, shape)`` accepts are built."""
-    g = torch.Generator().manual_seed(0)
-    for N, V in ((2048, 32000), (8192, 256), (8, 256)):
-        if select("cross_entropy", f"N={N},V={V}"):
-            x = torch.randn(N, V, generator=g).requires_grad_(True)
-            t = torch.randint(0, V, (N,), generator=g)
-            yield Case("cross_entropy", f"N={N},V={V}", _fwd_bwd(ckparity.cross_entropy, x, t),
-                       _fwd_bwd(F.cross_entropy, x, t), 8 * N * V, _ce_kernel(x.detach(), t),
-                       compiled=_compiled_fwd_bwd(F.cross_entropy, x, t))
-    N, V = 2048, 32000
-    if select("cross_entropy", f"N={N},V={V},inplace_backward"):
-        src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
-        # in place: fresh logits each call (on every side), dlogits written over them
-        yield Case("cross_entropy", f"N={N},V={V},inplace_backward",
-                   _fresh_fwd_bwd(ckparity.cross_entropy, src, t, inplace_backward=True),
-                   _fresh_fwd_bwd(F.cross_entropy, src, t), 8 * N * V, _ce_kernel(src, t, in_place=True),
-                   compiled=lambda: _fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
-    for N, D in ((8192, 4096), (8, 64)):
-        if select("rms_norm", f"N={N},D={D}"):
-            x = torch.randn(N, D, generator=g).requires_grad_(True)
-            w = torch.randn(D, generator=g)
-            # forward reads x, writes y; backward reads dy and x, writes dx
-            yield Case("rms_norm", f"N={N},D={D}", _fwd_bwd(ckparity.rms_norm, x, (D,), w),
-                       _fwd_bwd(F.rms_norm, x, (D,), w), 20 * N * D, _rms_kernel(x.detach(), w), 2,
-                       compiled=_compiled_fwd_bwd(F.rms_norm, x, (D,), w))
-    for N, H in ((2048, 8192), (8, 128)):
-        if select("swiglu", f"N={N},H={H}"):
-            x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
-            # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
-            yield Case("swiglu", f"N={N},H={H}", _fwd_bwd(ckparity.swiglu, x), _fwd_bwd(reference.swiglu, x),
-                       32 * N * H, _swiglu_kernel(x.detach()), 2, compiled=_compiled_fwd_bwd(reference.swiglu, x))
-    for N, T, d in ((64, 512, 128), (4, 8, 16)):
-        if select("rope", f"N={N},T={T},d={d}"):
-            x = torch.randn(N, T, d, generator=g).requires_grad_(True)
-            angles = torch.rand(T, d // 2, generator=g) * 6
-            cos, sin = angles.cos(), angles.sin()
-            # forward reads x, writes out; backward reads dout, writes dx (the tables stay in cache)
-            yield Case("rope", f"N={N},T={T},d={d}", _fwd_bwd(ckparity.rope, x, cos, sin),
-                       _fwd_bwd(reference.rope, x, cos, sin), 16 * N * T * d, _rope_kernel(x.detach(), cos, sin), 2,
-                       compiled=_compiled_fwd_bwd(reference.rope, x, cos, sin))
-    for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
-        if not (select("adamw", f"n={label} vs default") or select("adamw", f"n={label} vs fused")):
-            continue
-        params = {name: torch.nn.Parameter(torch.randn(n, generator=g)) for name in ("ck", "torch", "fused", "compiled")}
-        grad = torch.randn(n, generator=g)
-        for p in params.values():
-            p.grad = grad.clone()
-        ck = ckparity.optim.AdamW([params["ck"]])
-        ref = reference.adamw([params["torch"]])
-        fused = torch.optim.AdamW([params["fused"]], fused=True)
-        compiled = _compiled_step(reference.adamw([params["compiled"]]))
-        kernel = _adamw_kernel(n, g)
-        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
-        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel, compiled=compiled)
-        yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
-    # lm_head + loss at a 128k vocabulary: timed once per side, in its fresh process (bench_memory.py)
-    if select("fused_linear_cross_entropy", f"N={FUSED[0]},D={FUSED[1]},V={FUSED[2]}"):
-        yield _fused_linear_case(*FUSED, g)
+    """The bench's rows, every kernel record's (kernels/<kernel>.py); only
+    those ``select(kernel, shape)`` accepts are built, each record's from
+    its own generator."""
+    for record in kernels.KERNELS.values():
+        if record.bench is not None:
+            yield from record.bench(torch.Generator().manual_seed(0), select)
 
 
 def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
@@ -330,7 +164,7 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
 
         row = vocab_parallel_row(repeats)
         results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
-    return {"schema": "ckparity.bench/4", "copy_gbps": copy, "threads": ckparity.get_num_threads(),
+    return {"schema": "ckparity.bench/4", "copy_gbps": copy, "threads": get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 

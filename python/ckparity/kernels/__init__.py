@@ -19,11 +19,11 @@ layers above need to know of one kernel, and nothing of how they run:
   ``not_claimed``: what is not, and why;
 - ``probe``: every C entry point of the kernel through a given build of the
   library (ckparity.builds: the single-ISA builds' test, mutate's
-  equivalence probe).
+  equivalence probe); ``bench``: its rows in ``ckparity bench``.
 
 The suites hold procedures only: check.py, gates.py, sweep.py, builds.py
-(and so mutate's probe), the harness's twins, ``ckparity info`` and the
-docs' table read the records.
+(and so mutate's probe), bench.py, the harness's twins, ``ckparity info``
+and the docs' table read the records.
 
 Adding a kernel ``softcap``:
 1. ``csrc/softcap.c`` and its entry points in ``csrc/include/ckparity.h``
@@ -38,8 +38,7 @@ Adding a kernel ``softcap``:
    tests/test_capability.py runs the sweeps at every capability).
 Only if the twins' models call it: its flag's field in
 ``harness/loop/config.py`` and its slot in ``harness/twins/models.py``'s
-``Ops``. Only if it should be timed: a row in ``bench.py`` (which still
-holds per-kernel code).
+``Ops``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import torch
 from .. import reference
 from ..optim import AdamW
 from .. import _bindings as C
+from .benching import Case, compiled_step
 from .contract import expect, tensor_like
 from .record import WIDTHS, Claim, Conformance, Kernel
 from .sweeping import Tally
@@ -80,6 +81,33 @@ def _probe(gen: torch.Generator):
             yield f"adamw n={n} amsgrad={amsgrad}", lambda L, f, a=amsgrad, t=(pa, ga, ma, va): probe_call(L, f, *t, a)
 
 
+def c_calls(n, gen):
+    """One C step alone, on tensors made once."""
+    p, grad, m, v = (torch.randn(n, generator=gen) for _ in range(4))
+    v.abs_()
+    options = C.adamw_options(1e-3, 0.9, 0.999, 1e-8, 1e-2)
+    return lambda: C.adamw_step(p, grad, m, v, None, 10.0, options)
+
+
+def _bench(gen: torch.Generator, select):
+    for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
+        if not (select("adamw", f"n={label} vs default") or select("adamw", f"n={label} vs fused")):
+            continue
+        params = {name: torch.nn.Parameter(torch.randn(n, generator=gen)) for name in ("ck", "torch", "fused",
+                                                                                        "compiled")}
+        grad = torch.randn(n, generator=gen)
+        for p in params.values():
+            p.grad = grad.clone()
+        ck = AdamW([params["ck"]])
+        ref = reference.adamw([params["torch"]])
+        fused = torch.optim.AdamW([params["fused"]], fused=True)
+        compiled = compiled_step(reference.adamw([params["compiled"]]))
+        kernel = c_calls(n, gen)
+        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
+        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel, compiled=compiled)
+        yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
+
+
 KERNEL = Kernel(
     name="adamw",
     flag="ck_optimizer_backend",
@@ -94,4 +122,5 @@ KERNEL = Kernel(
                   sweep),),
     not_claimed={"adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)"},
     probe=_probe,
+    bench=_bench,
 )

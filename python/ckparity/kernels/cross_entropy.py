@@ -13,6 +13,7 @@ from ..ops.cross_entropy import cross_entropy
 from ..ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .. import _bindings as C
 from .contract import expect, grads_present, tensor_like
+from .benching import Case, compiled_fwd_bwd, fresh_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run, torch_threads
@@ -236,6 +237,59 @@ def _probe(g: torch.Generator):
         yield f"vocab_parallel_ce shards={shards}", lambda L, f, k=shards: vocab_parallel_ce(L, f, xp, tp, k)
 
 
+# ---- ckparity bench's rows ---------------------------------------------------------
+
+def c_calls(x, t, in_place: bool = False):
+    """The C kernel alone on preallocated outputs (in place: on a scratch copy made once)."""
+    loss, d = torch.empty(()), torch.empty_like(x)
+    options = C.cross_entropy_options()
+    if in_place:
+        scratch = x.clone()
+        return lambda: C.cross_entropy(scratch, t, options, loss, scratch)
+    return lambda: C.cross_entropy(x, t, options, loss, d)
+
+
+# the fused linear + cross-entropy row: N, D, V (a Llama-3 vocabulary)
+FUSED = (4096, 2048, 128256)
+
+
+def _fused_linear_case(N: int, D: int, V: int, g) -> Case:
+    hidden = torch.randn(N, D, generator=g).requires_grad_(True)
+    weight = (torch.randn(V, D, generator=g) * D**-0.5).requires_grad_(True)
+    t = torch.randint(0, V, (N,), generator=g)
+
+    def run(fn):
+        def call():
+            hidden.grad = weight.grad = None
+            fn(hidden, weight, t).backward()
+        return call
+
+    # at least: read hidden and weight, write grad_hidden and grad_weight (the logits never leave the chunk)
+    return Case("fused_linear_cross_entropy", f"N={N},D={D},V={V}",
+                run(fused_linear_cross_entropy), run(lambda h, w, t: F.cross_entropy(F.linear(h, w), t)),
+                8 * (N * D + V * D), once=True)
+
+
+def _bench(g: torch.Generator, select):
+    for N, V in ((2048, 32000), (8192, 256), (8, 256)):
+        if select("cross_entropy", f"N={N},V={V}"):
+            x = torch.randn(N, V, generator=g).requires_grad_(True)
+            t = torch.randint(0, V, (N,), generator=g)
+            yield Case("cross_entropy", f"N={N},V={V}", fwd_bwd(cross_entropy, x, t), fwd_bwd(F.cross_entropy, x, t),
+                       8 * N * V, c_calls(x.detach(), t), compiled=compiled_fwd_bwd(F.cross_entropy, x, t))
+    N, V = 2048, 32000
+    if select("cross_entropy", f"N={N},V={V},inplace_backward"):
+        src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
+        # in place: fresh logits each call (on every side), dlogits written over them
+        yield Case("cross_entropy", f"N={N},V={V},inplace_backward",
+                   fresh_fwd_bwd(cross_entropy, src, t, inplace_backward=True),
+                   fresh_fwd_bwd(F.cross_entropy, src, t), 8 * N * V, c_calls(src, t, in_place=True),
+                   compiled=lambda: fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
+    # lm_head + loss at a 128k vocabulary: timed once per side, in its fresh process (bench_memory.py)
+    if select("fused_linear_cross_entropy", f"N={FUSED[0]},D={FUSED[1]},V={FUSED[2]}"):
+        yield _fused_linear_case(*FUSED, g)
+
+
 # lm_head + loss fused, (hidden (N, D), weight (V, D), targets (N)) -> mean loss: chosen by
 # --ck-loss-backend like the losses, but it replaces the lm_head's graph too (models.Ops.head_loss)
 HEAD_LOSS = {"c_fused_linear": lambda hidden, weight, targets, **kw: fused_linear_cross_entropy(hidden, weight, targets,
@@ -269,4 +323,5 @@ KERNEL = Kernel(
         "vocab-parallel cross_entropy": "the default variant's arithmetic, split by rank",
     },
     probe=_probe,
+    bench=_bench,
 )

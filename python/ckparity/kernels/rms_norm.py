@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ..ops.rms_norm import rms_norm
 from .. import _bindings as C
 from .contract import grads_present, tensor_like
+from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run, torch_threads
@@ -108,6 +109,27 @@ def _probe(g: torch.Generator):
                lambda L, f, a=xs, b=ws, c=dys: probe_call(L, f, a, b, c, torch_threads=3))
 
 
+def c_calls(x, w):
+    """The C forward and backward alone on preallocated outputs."""
+    y, rstd, dx, dw = torch.empty_like(x), torch.empty(x.shape[0]), torch.empty_like(x), torch.empty_like(w)
+    dy = torch.ones_like(x)
+
+    def run():
+        C.rms_norm_forward(x, w, 1e-6, y, rstd)
+        C.rms_norm_backward(dy, x, w, rstd, dx, dw)
+    return run
+
+
+def _bench(g: torch.Generator, select):
+    for N, D in ((8192, 4096), (8, 64)):
+        if select("rms_norm", f"N={N},D={D}"):
+            x = torch.randn(N, D, generator=g).requires_grad_(True)
+            w = torch.randn(D, generator=g)
+            # forward reads x, writes y; backward reads dy and x, writes dx
+            yield Case("rms_norm", f"N={N},D={D}", fwd_bwd(rms_norm, x, (D,), w), fwd_bwd(F.rms_norm, x, (D,), w),
+                       20 * N * D, c_calls(x.detach(), w), 2, compiled=compiled_fwd_bwd(F.rms_norm, x, (D,), w))
+
+
 KERNEL = Kernel(
     name="rms_norm",
     flag="ck_rmsnorm_backend",
@@ -122,4 +144,5 @@ KERNEL = Kernel(
     gate_cases={"rms_norm": GateCase(rms_norm, F.rms_norm, _gate_cases, "default", weight=2)},
     claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),),
     probe=_probe,
+    bench=_bench,
 )

@@ -9,6 +9,7 @@ from .. import reference
 from ..ops.rope import rope
 from .. import _bindings as C
 from .contract import grads_present, tensor_like
+from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run
@@ -75,6 +76,28 @@ def _probe(g: torch.Generator):
     yield "rope threaded", lambda L, f: probe_call(L, f, xqt, anglest.cos(), anglest.sin(), "half")
 
 
+def c_calls(x, cos, sin):
+    """The C forward and backward alone on preallocated outputs."""
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+
+    def run():
+        C.rope_forward(x, cos, sin, "half", y)
+        C.rope_backward(y, cos, sin, "half", dx)
+    return run
+
+
+def _bench(g: torch.Generator, select):
+    for N, T, d in ((64, 512, 128), (4, 8, 16)):
+        if select("rope", f"N={N},T={T},d={d}"):
+            x = torch.randn(N, T, d, generator=g).requires_grad_(True)
+            angles = torch.rand(T, d // 2, generator=g) * 6
+            cos, sin = angles.cos(), angles.sin()
+            # forward reads x, writes out; backward reads dout, writes dx (the tables stay in cache)
+            yield Case("rope", f"N={N},T={T},d={d}", fwd_bwd(rope, x, cos, sin), fwd_bwd(reference.rope, x, cos, sin),
+                       16 * N * T * d, c_calls(x.detach(), cos, sin), 2,
+                       compiled=compiled_fwd_bwd(reference.rope, x, cos, sin))
+
+
 KERNEL = Kernel(
     name="rope",
     flag="ck_rope_backend",
@@ -88,4 +111,5 @@ KERNEL = Kernel(
     gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
     claims=(Claim("rope", ("out", "dx"), sweep),),
     probe=_probe,
+    bench=_bench,
 )

@@ -8,6 +8,7 @@ from .. import reference
 from ..ops.swiglu import swiglu
 from .. import _bindings as C
 from .contract import grads_present, tensor_like
+from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
 from .sweeping import Tally, grad_run, torch_threads
@@ -74,6 +75,26 @@ def _probe(g: torch.Generator):
     yield "swiglu threaded", lambda L, f: probe_call(L, f, xt, dt)
 
 
+def c_calls(x):
+    """The C forward and backward alone on preallocated outputs."""
+    N, H = x.shape[0], x.shape[1] // 2
+    y, dout, dx = torch.empty(N, H), torch.ones(N, H), torch.empty_like(x)
+
+    def run():
+        C.swiglu_forward(x, y)
+        C.swiglu_backward(dout, x, dx)
+    return run
+
+
+def _bench(g: torch.Generator, select):
+    for N, H in ((2048, 8192), (8, 128)):
+        if select("swiglu", f"N={N},H={H}"):
+            x = torch.randn(N, 2 * H, generator=g).requires_grad_(True)
+            # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
+            yield Case("swiglu", f"N={N},H={H}", fwd_bwd(swiglu, x), fwd_bwd(reference.swiglu, x),
+                       32 * N * H, c_calls(x.detach()), 2, compiled=compiled_fwd_bwd(reference.swiglu, x))
+
+
 KERNEL = Kernel(
     name="swiglu",
     flag="ck_swiglu_backend",
@@ -86,4 +107,5 @@ KERNEL = Kernel(
     gate_cases={"swiglu": GateCase(swiglu, reference.swiglu, _gate_cases, "default")},
     claims=(Claim("swiglu", ("out", "dx"), sweep),),
     probe=_probe,
+    bench=_bench,
 )
