@@ -74,7 +74,7 @@ def test_a_checkpoint_holds_every_component_and_only_the_latest_stays(tmp_path):
     assert timing["checkpoints"] == 3 and timing["checkpoint_s"] > 0
     assert timing["checkpoint_bytes"] == sum(f.stat().st_size for f in (root / "step-000000006").iterdir())
     assert (root / "latest").read_text() == "step-000000006"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000000006"]  # older ones removed
+    assert sorted(p.name for p in root.iterdir()) == ["ckparity-run.json", "latest", "step-000000006"]  # older ones removed
     manifest = json.loads((root / "step-000000006" / "checkpoint.json").read_text())
     assert manifest["schema"] == checkpoint.SCHEMA and manifest["step"] == 6
     components = manifest["state"]["__dict__"][0][1]["__dict__"]
@@ -156,7 +156,7 @@ def test_a_ranked_run_resumes_to_the_uninterrupted_report(tmp_path, name):
     ck = tmp_path / "ck"
     cut = _cli_report(tmp_path, "cut", *RANKED[name], "--max-steps", "5", "--checkpoint-every", "5",
                       "--checkpoint-dir", str(ck))
-    assert cut["steps"] == 5 and sorted(p.name for p in ck.iterdir()) == ["rank-0", "rank-1"]
+    assert cut["steps"] == 5 and sorted(p.name for p in ck.iterdir()) == ["ckparity-run.json", "rank-0", "rank-1"]
     resumed = _cli_report(tmp_path, "resumed", "--resume", str(ck), "--max-steps", "8")
     assert resumed["env"]["world_size"] == 2 and resumed["steps"] == 8
     assert _comparable(resumed) == _comparable(whole)

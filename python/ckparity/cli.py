@@ -29,7 +29,7 @@ from .harness.longrun.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS,
 
 
 def _train(argv: list[str]) -> int:
-    from .harness.loop.config import parse_train_args
+    from .harness.loop.config import given_fields, parse_train_args
     from .harness.loop.report import STDOUT
     from .harness.ranks.launch import launch
     from .harness.ranks.group import RANK_ENV
@@ -39,7 +39,7 @@ def _train(argv: list[str]) -> int:
     if config.resume:  # the checkpoint's config says whether the run has ranks
         from .harness.longrun.checkpoint import resume_config
 
-        config = resume_config(config)
+        config = resume_config(config, given_fields(argv))
     # --tp/--dp: start the ranks here, unless torchrun already did
     distributed = config.tp * config.dp > 1 and not any(name in os.environ for name in RANK_ENV)
     result = launch(config) if distributed else train(config)

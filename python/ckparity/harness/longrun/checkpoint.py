@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import fields, replace
@@ -52,6 +53,7 @@ import torch
 from ..loop.config import RunConfig, UsageError
 from ..ranks.group import SINGLE, Ranks, agreed_min, barrier
 from ..twins.stepper import Twin
+from .directory import TEMP_PREFIX, fsync_dir, fsync_tree, sha256, write_new
 
 SCHEMA = "ckparity.checkpoint/1"
 RESUME_MAY_CHANGE = ("max_steps", "json_out", "no_progress", "checkpoint_every", "checkpoint_dir", "resume")
@@ -149,34 +151,49 @@ def _root(directory: str, ranks: Ranks) -> Path:
     return Path(directory) / f"rank-{ranks.rank}" if ranks.world_size > 1 else Path(directory)
 
 
+def environment() -> dict:
+    """What a bit-for-bit resume needs unchanged: the versions and the CPU capability."""
+    import ckparity
+
+    return {"ckparity": ckparity.__version__, "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _is_step(name: str) -> bool:
+    return bool(re.fullmatch(r"step-\d{9}", name))
+
+
 def save(directory: str, step: int, config: RunConfig, components: dict, ranks: Ranks = SINGLE) -> Path:
-    """Writes the checkpoint of the end of ``step`` (atomically) and returns its directory."""
+    """Writes the checkpoint of the end of ``step`` (atomically, fsynced) and returns its directory."""
     from safetensors.torch import save_file
 
     root = _root(directory, ranks)
     root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(TEMP_PREFIX + "*"):  # a killed write's: only this rank writes here
+        shutil.rmtree(leftover) if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
     tensors: dict[str, torch.Tensor] = {}
     state = pack({"components": {name: state_of(c) for name, c in components.items()}, "rng": _rng_state()},
                   "state", tensors)
-    manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "state": state}
-    staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
     try:
         save_file(tensors, str(staging / "tensors.safetensors"))
+        manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "environment": environment(),
+                    "tensors_sha256": sha256(staging / "tensors.safetensors"), "state": state}
         (staging / "checkpoint.json").write_text(json.dumps(manifest))
+        fsync_tree(staging)  # the data on disk before any name points at it
         final = root / f"step-{step:09d}"
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     barrier(ranks)  # every rank holds step N before any names it latest
-    pointer = root / ".latest.writing"
-    pointer.write_text(final.name)
-    os.replace(pointer, root / "latest")
+    write_new(root / "latest", final.name)
     barrier(ranks)  # every rank names step N before any removes the step before
-    for old in root.glob("step-*"):
-        if old != final:
+    for old in root.iterdir():
+        if _is_step(old.name) and old != final and old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -190,38 +207,90 @@ def _latest(directory: str, ranks: Ranks | None = None) -> Path:
         root = root / "rank-0"
     if not (root / "latest").is_file():
         raise UsageError(f"--resume {directory}: no checkpoint there (no 'latest' file)")
-    path = root / (root / "latest").read_text().strip()
+    name = (root / "latest").read_text(errors="replace").strip()
+    if not _is_step(name):  # never a path out of the directory
+        raise UsageError(f"--resume {directory}: 'latest' names {name[:80]!r}, not a step of this directory")
+    path = root / name
     if not (path / "checkpoint.json").is_file():
         raise UsageError(f"--resume {directory}: 'latest' names {path.name}, which is not a checkpoint")
     return path
 
 
 def _manifest(path: Path, what: str) -> dict:
-    manifest = json.loads((path / "checkpoint.json").read_text())
-    if manifest.get("schema") != SCHEMA:
-        raise UsageError(f"{what}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    """The checkpoint's manifest, checked: JSON, schema, its step that of its directory, a known config."""
+    file = path / "checkpoint.json"
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"{what}: {file} is not a readable checkpoint manifest ({type(err).__name__}: "
+                         f"{str(err)[:120]})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        schema = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise UsageError(f"{what}: {file}: schema {schema!r}, expected {SCHEMA}")
+    missing = [k for k in ("step", "config", "state") if k not in manifest]
+    if missing:
+        raise UsageError(f"{what}: {file} lacks {', '.join(missing)}")
+    step = manifest["step"]
+    if not isinstance(step, int) or f"step-{step:09d}" != path.name:
+        raise UsageError(f"{what}: {file} says step {manifest['step']!r}, its directory is {path.name}")
+    unknown = sorted(set(manifest["config"]) - {f.name for f in fields(RunConfig)}) \
+        if isinstance(manifest["config"], dict) else ["(not a mapping)"]
+    if unknown:
+        raise UsageError(f"{what}: {file}: config keys this ckparity does not know: {', '.join(unknown)}")
     return manifest
 
 
 def _state(path: Path, manifest: dict) -> dict:
+    """The checkpoint's state, its tensors checked against the manifest's checksum first: a flipped
+    byte is an input error naming the file, never a parity failure blamed on a kernel."""
     from safetensors.torch import load_file
 
-    return unpack(manifest["state"], load_file(str(path / "tensors.safetensors")))
+    file = path / "tensors.safetensors"
+    if not file.is_file():
+        raise UsageError(f"{path}: no tensors.safetensors")
+    expected = manifest.get("tensors_sha256")
+    if expected is not None and sha256(file) != expected:
+        raise UsageError(f"{file}: its SHA-256 is not the one its checkpoint.json recorded (the file changed "
+                         "after it was written: bit rot, a partial copy, an edit)")
+    try:
+        tensors = load_file(str(file))
+        return unpack(manifest["state"], tensors)
+    except Exception as err:  # noqa: BLE001 -- safetensors' errors, a missing key: the file, not the run
+        raise UsageError(f"{file}: not the tensors of {path / 'checkpoint.json'} ({type(err).__name__}: "
+                         f"{str(err)[:120]})") from None
 
 
-def resume_config(given: RunConfig) -> RunConfig:
-    """The checkpoint's config, with the flags that may change taken from ``given``;
-    another flag given with a value other than the checkpoint's is refused by name."""
-    manifest = _manifest(_latest(given.resume), f"--resume {given.resume}")
+def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunConfig:
+    """The checkpoint's config, with the flags that may change taken from ``given``
+    where they were given; another flag given with a value other than the
+    checkpoint's is refused by name. ``flags``: the RunConfig fields given on
+    the command line (whatever their values; loop.config.given_fields); None
+    where only the values are known (a rank re-reading its launcher's config):
+    a value other than the default counts as given. A checkpoint written by
+    another ckparity or torch, or at another CPU capability, is refused: a
+    resume could not repeat the uninterrupted run's bits."""
+    path = _latest(given.resume)
+    manifest = _manifest(path, f"--resume {given.resume}")
     saved = manifest["config"]
+
+    def was_given(f) -> bool:
+        return f.name in flags if flags is not None else getattr(given, f.name) != f.default
+
+    may_change = ", ".join("--" + n.replace("_", "-") for n in RESUME_MAY_CHANGE)
     for f in fields(RunConfig):
-        value, default = getattr(given, f.name), f.default
-        if f.name not in RESUME_MAY_CHANGE and value != default and value != saved[f.name]:
+        value = getattr(given, f.name)
+        if f.name not in RESUME_MAY_CHANGE and was_given(f) and value != saved[f.name]:
             raise UsageError(f"--resume: --{f.name.replace('_', '-')} {value!r} differs from the checkpoint's "
-                             f"{saved[f.name]!r}; only {', '.join('--' + n.replace('_', '-') for n in RESUME_MAY_CHANGE)} "
-                             "may change")
-    config = replace(RunConfig(**{k: v for k, v in saved.items() if k in {f.name for f in fields(RunConfig)}}),
-                     **{name: getattr(given, name) for name in RESUME_MAY_CHANGE})
+                             f"{saved[f.name]!r}; only {may_change} may change")
+    now, then = environment(), manifest.get("environment")
+    if then is not None and now != then:
+        changed = ", ".join(f"{k} {then.get(k)!r} then, {now[k]!r} now" for k in now if then.get(k) != now[k])
+        raise UsageError(f"--resume {given.resume}: {path} was written by another environment ({changed}); a resume "
+                         "there would not repeat the uninterrupted run's bits")
+    # what may change changes only where given: checkpointing goes on with the checkpoint's own settings
+    kept = {name: getattr(given, name) for name in RESUME_MAY_CHANGE
+            if name == "resume" or was_given(RunConfig.__dataclass_fields__[name])}
+    config = replace(RunConfig(**{**saved, "overwrite_checkpoints": False}), **kept)
     if config.max_steps and config.max_steps < manifest["step"]:
         raise UsageError(f"--resume: --max-steps {config.max_steps} is before the checkpoint's step {manifest['step']}")
     return config

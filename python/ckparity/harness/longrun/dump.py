@@ -17,6 +17,8 @@ activations have the dumped bits (the step replays exactly)."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ from .checkpoint import pack, unpack, state_of
 from ..loop.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
 from ..observers.protocol import Observer
+from .directory import TEMP_PREFIX, fsync_file, sha256, write_new
 from ..twins.factory import build_twin
 
 SCHEMA = "ckparity.dump/1"
@@ -71,31 +74,60 @@ class StepDump(Observer):
         result["dump"] = self.path
 
     def write(self, directory: str) -> Path:
+        """The dump into ``directory`` (checked before the run: longrun/directory.py), each file
+        written anew beside its name and renamed over it, fsynced; the json last, so a dump.json
+        always has its tensors."""
         from safetensors.torch import save_file
 
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
-        save_file(self.tensors, str(root / "tensors.safetensors"))
-        (root / "dump.json").write_text(json.dumps({"schema": SCHEMA, "step": self.step,
-                                                    "config": self.config.to_dict(), "state": self.state}))
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=root)
+        os.close(fd)
+        try:
+            save_file(self.tensors, tmp)
+            fsync_file(Path(tmp))
+            os.replace(tmp, root / "tensors.safetensors")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        write_new(root / "dump.json", json.dumps({"schema": SCHEMA, "step": self.step, "config": self.config.to_dict(),
+                                                  "tensors_sha256": sha256(root / "tensors.safetensors"),
+                                                  "state": self.state}))
         return root
 
 
 def load_dump(directory: str) -> dict:
     """A dump as Python objects: {"step", "config" (a RunConfig), "batch" [(tokens, targets)],
-    "before" {"ck", "torch": each twin's state}, "ck"/"torch" {"acts", "act_grads", "grads"}}."""
+    "before" {"ck", "torch": each twin's state}, "ck"/"torch" {"acts", "act_grads", "grads"}}.
+    Every way it can be broken is a UsageError naming the file: not JSON, another schema, tensors
+    that are not the ones its json recorded (checksum), a config this ckparity does not know."""
     from safetensors.torch import load_file
 
     root = Path(directory)
     if not (root / "dump.json").is_file():
         raise UsageError(f"{directory}: no step dump there (no dump.json)")
-    manifest = json.loads((root / "dump.json").read_text())
-    if manifest.get("schema") != SCHEMA:
-        raise UsageError(f"{directory}: schema {manifest.get('schema')!r}, expected {SCHEMA}")
-    tensors = load_file(str(root / "tensors.safetensors"))
-    state = {part: unpack(packed, tensors) for part, packed in manifest["state"].items()}  # packed part by part
-    return {"step": manifest["step"], "config": RunConfig(**manifest["config"]),
-            "batch": [tuple(w) for w in state["batch"]], **{k: state[k] for k in ("before", "ck", "torch")}}
+    try:
+        manifest = json.loads((root / "dump.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"{root / 'dump.json'}: not readable JSON ({type(err).__name__})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        schema = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise UsageError(f"{directory}: schema {schema!r}, expected {SCHEMA}")
+    tensors_file = root / "tensors.safetensors"
+    if not tensors_file.is_file():
+        raise UsageError(f"{directory}: dump.json without its tensors.safetensors")
+    if manifest.get("tensors_sha256") not in (None, sha256(tensors_file)):
+        raise UsageError(f"{tensors_file}: not the tensors its dump.json recorded (its SHA-256 differs)")
+    try:
+        tensors = load_file(str(tensors_file))
+        state = {part: unpack(packed, tensors) for part, packed in manifest["state"].items()}  # part by part
+        config = RunConfig(**manifest["config"])
+        return {"step": manifest["step"], "config": config, "batch": [tuple(w) for w in state["batch"]],
+                **{k: state[k] for k in ("before", "ck", "torch")}}
+    except UsageError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- a broken file is the user's input, said so, not a traceback
+        raise UsageError(f"{directory}: not a whole step dump ({type(err).__name__}: {str(err)[:120]})") from None
 
 
 def _step(twin, windows) -> tuple[list[dict], dict]:

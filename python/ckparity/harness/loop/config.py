@@ -47,7 +47,10 @@ class RunConfig:
     warmup_steps: int = _flag(0, "steps of linear warmup from lr/W to lr")
     checkpoint_every: int = _flag(0, "write a checkpoint every N steps, and after the step a SIGTERM/SIGINT/SIGHUP "
                                      "arrives in (0: none; harness/longrun/checkpoint.py)")
-    checkpoint_dir: str | None = _flag(None, "where checkpoints go (default reports/checkpoint)")
+    checkpoint_dir: str | None = _flag(None, "where checkpoints go (default reports/checkpoint); a directory that holds "
+                                             "anything else, or another run's checkpoints, is refused")
+    overwrite_checkpoints: bool = _flag(False, "a fresh run may start over in a --checkpoint-dir that holds another "
+                                               "run's checkpoints (only ckparity's own entries are removed)")
     resume: str | None = _flag(None, "go on from the latest checkpoint in this directory, with its config (only "
                                      "--max-steps, --json-out, --no-progress and the checkpoint flags may differ)")
     dump_step: int = _flag(0, "dump both twins' state before this step, its batch, activations and gradients "
@@ -163,9 +166,13 @@ def _validate(config: RunConfig) -> None:
         unused.append("envelope_ratio")
     if config.max_grad_norm == 0 and config.ck_clip_backend != defaults["ck_clip_backend"].default:
         unused.append("ck_clip_backend")
+    if config.overwrite_checkpoints and (not config.checkpoint_every or config.resume):
+        unused.append("overwrite_checkpoints")
     if unused:
         why = {"shadow_every": "without --f64-shadow", "envelope_ratio": "without --envelope", "num_layers": "with --model tiny",
-               "ck_clip_backend": "without --max-grad-norm"}
+               "ck_clip_backend": "without --max-grad-norm",
+               "overwrite_checkpoints": "without --checkpoint-every, or with --resume (a resume goes on in its own "
+                                        "directory)"}
         name = unused[0]
         raise UsageError(f"{_name(name)} takes no effect {why.get(name, f'with --model {config.model}')}")
     _validate_ranks(config)
@@ -203,19 +210,32 @@ def _validate_ranks(config: RunConfig) -> None:
         raise UsageError(f"--dp {config.dp} needs --grad-accum >= {config.dp}: each rank runs whole micro-batches")
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every RunConfig field as a flag; the defaults are RunConfig's."""
+def add_train_arguments(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """Every RunConfig field as a flag; the defaults are RunConfig's (with
+    ``suppress``, none: the parsed values are the flags given)."""
     for f in fields(RunConfig):
         help_text = f.metadata["help"]
         if f.name in kernels.FLAGS:
             help_text += f"; one of {kernels.registered(kernels.FLAGS[f.name])}"
         if f.type == "bool":
-            parser.add_argument(_name(f.name), action="store_true", help=help_text)
+            parser.add_argument(_name(f.name), action="store_true", help=help_text,
+                                **({"default": argparse.SUPPRESS} if suppress else {}))
             continue
         kind = {"int": int, "float": float}.get(f.type, str)
         default = f.default if f.default is not MISSING else None
-        parser.add_argument(_name(f.name), type=kind, default=default, choices=f.metadata.get("choices"),
-                            help=f"{help_text} (default {default})")
+        parser.add_argument(_name(f.name), type=kind, default=argparse.SUPPRESS if suppress else default,
+                            choices=f.metadata.get("choices"), help=f"{help_text} (default {default})")
+
+
+def given_fields(argv: list[str], extra: dict[str, dict] | None = None) -> frozenset[str]:
+    """The RunConfig fields given on the command line ``argv``, whatever their
+    values (a flag given with its default value is given: a resume compares it)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(parser, suppress=True)
+    for flag, kwargs in (extra or {}).items():
+        parser.add_argument(flag, **{k: v for k, v in kwargs.items() if k != "default"}, default=argparse.SUPPRESS)
+    given = vars(parser.parse_known_args(argv)[0])
+    return frozenset(given) & {f.name for f in fields(RunConfig)}
 
 
 def parse_train_args(argv: list[str], prog: str = "ckparity train",

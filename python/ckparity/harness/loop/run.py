@@ -8,12 +8,13 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import ckparity
 
-from ..longrun import checkpoint, init_from, schedule
+from ..longrun import checkpoint, directory, init_from, schedule
 from . import report
 from .config import RunConfig, UsageError
 from .data import Batches, load_tokens
@@ -73,8 +74,15 @@ class _Progress:
 
 def prepare(config: RunConfig) -> Batches:
     """Everything that can refuse the run, before any of it runs: the
-    report path, the data, flags that could not take effect, memory."""
+    report path, the directories it writes (longrun/directory.py), the data,
+    flags that could not take effect, memory."""
     report.check_writable(config.json_out or DEFAULT_JSON_OUT, "--json-out")
+    if config.checkpoint_every:
+        checkpoints = config.checkpoint_dir or checkpoint.DEFAULT_DIR
+        resuming = config.resume is not None and Path(checkpoints).resolve() == Path(config.resume).resolve()
+        directory.claim_checkpoint_dir(checkpoints, resuming=resuming, overwrite=config.overwrite_checkpoints)
+    if config.dump_step:
+        directory.check_dump_dir(config.dump_dir or f"reports/dump-step-{config.dump_step}")
     batches = Batches(load_tokens(config), config)
     if config.dump_step > batches.num_steps:
         raise UsageError(f"--dump-step {config.dump_step} is beyond the run's {batches.num_steps} steps")
@@ -90,6 +98,7 @@ def prepare(config: RunConfig) -> Batches:
 def train(config: RunConfig) -> dict:
     """Runs both twins; returns the report (also written to config.json_out,
     by rank 0 of a --tp/--dp run)."""
+    directory.new_run()
     if config.resume:  # the checkpoint's config (its dims already from any --init-from)
         config = checkpoint.resume_config(config)
     else:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,8 +61,9 @@ class _Ranks:
 
     def __init__(self, config: RunConfig, worker: RunConfig, scratch: Path) -> None:
         world = config.tp * config.dp
+        # CKP_RUN_ID: the launch's one name, which the ranks' checkpoint directory marker carries
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-               "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
+               "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "CKP_RUN_ID": uuid.uuid4().hex}
         command = [sys.executable, "-m", "ckparity.harness.ranks.launch", json.dumps(worker.to_dict())]
         self.stderr_paths = [scratch / f"rank{r}.stderr" for r in range(world)]
         self.procs = []

@@ -1,0 +1,184 @@
+"""Long runs and the user's data: a directory ckparity writes is its own or
+refused, a resume honours every flag given or refuses, and a broken or
+foreign file is an input error that names it (exit 2) -- never data lost,
+never a silently other run, never a parity verdict on bit rot.
+
+Each test is one bad input a user met (issue 35's list), in process through
+``ckparity.cli.main`` (its exit codes), on the tiny model's few steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckparity.cli import main
+from ckparity.harness.longrun import checkpoint
+
+RUN = ["train", "--max-steps", "4", "--no-progress"]
+
+
+def _run(tmp_path, *flags) -> int:
+    return main([*RUN, "--json-out", str(tmp_path / "r.json"), *flags])
+
+
+def _checkpointed(tmp_path, name="ck", *flags) -> Path:
+    ck = tmp_path / name
+    assert _run(tmp_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ck), *flags) == 0
+    return ck
+
+
+# ---- a directory is ckparity's or refused ------------------------------------
+
+def test_a_directory_of_the_users_files_is_refused_and_kept(tmp_path, capsys):
+    notes = tmp_path / "mydata" / "step-by-step-notes"
+    notes.mkdir(parents=True)
+    (notes / "day1.txt").write_text("mine")
+    assert _run(tmp_path, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "mydata")) == 2
+    assert "not ckparity's checkpoints" in capsys.readouterr().err
+    assert (notes / "day1.txt").read_text() == "mine"
+    # nor with the flag that lets a run start over in a checkpoint directory of another run
+    assert _run(tmp_path, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "mydata"),
+                "--overwrite-checkpoints") == 2
+    assert (notes / "day1.txt").read_text() == "mine"
+
+
+def test_another_runs_checkpoints_are_refused_then_replaced_only_when_asked(tmp_path, capsys):
+    ck = _checkpointed(tmp_path)
+    before = (ck / "latest").read_text()
+    assert _run(tmp_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ck), "--seed", "7") == 2
+    assert "holds the checkpoints of another run" in capsys.readouterr().err
+    assert (ck / "latest").read_text() == before
+    assert _run(tmp_path, "--checkpoint-every", "3", "--checkpoint-dir", str(ck), "--seed", "7",
+                "--overwrite-checkpoints") == 0
+    assert (ck / "latest").read_text() == "step-000000003"  # the new run's, the old steps gone
+    assert sorted(p.name for p in ck.iterdir()) == ["ckparity-run.json", "latest", "step-000000003"]
+
+
+def test_a_dump_never_goes_into_a_checkpoint(tmp_path, capsys):
+    ck = _checkpointed(tmp_path)
+    step = ck / "step-000000004"
+    tensors = (step / "tensors.safetensors").read_bytes()
+    for target in (step, ck):
+        assert _run(tmp_path, "--dump-step", "2", "--dump-dir", str(target)) == 2
+        assert "holds other files than a step dump's" in capsys.readouterr().err
+    assert (step / "tensors.safetensors").read_bytes() == tensors
+
+
+def test_a_checkpoint_never_goes_into_a_dump(tmp_path, capsys):
+    assert _run(tmp_path, "--dump-step", "2", "--dump-dir", str(tmp_path / "d")) == 0
+    assert _run(tmp_path, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "d")) == 2
+    assert "not ckparity's checkpoints" in capsys.readouterr().err
+
+
+def test_links_planted_at_the_names_ckparity_writes_are_replaced_not_followed(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    ck = _checkpointed(tmp_path)
+    (ck / "latest").unlink()
+    (ck / "latest").symlink_to(victim)
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck), "--json-out", str(tmp_path / "r2.json")]) == 2
+    (ck / "latest").unlink()
+    (ck / "latest").write_text("step-000000004")
+    d = tmp_path / "d"
+    assert _run(tmp_path, "--dump-step", "2", "--dump-dir", str(d)) == 0
+    (d / "dump.json").unlink()
+    (d / "dump.json").symlink_to(victim)
+    assert _run(tmp_path, "--dump-step", "2", "--dump-dir", str(d)) == 0
+    assert victim.read_text() == "precious" and not (d / "dump.json").is_symlink()
+
+
+def test_a_killed_writes_leftovers_are_cleaned_by_the_next_save(tmp_path):
+    ck = _checkpointed(tmp_path)
+    leftover = ck / ".ckparity-halfway"
+    leftover.mkdir()
+    (leftover / "tensors.safetensors").write_bytes(b"partial")
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck), "--json-out", str(tmp_path / "r2.json")]) == 0
+    assert not leftover.exists() and (ck / "latest").read_text() == "step-000000006"
+
+
+# ---- a resume honours or refuses ------------------------------------------------
+
+def test_a_flag_given_with_its_default_value_is_compared_on_resume(tmp_path, capsys):
+    ck = _checkpointed(tmp_path, "ck", "--model", "stacked", "--seed", "7")
+    for flag, value in (("--model", "tiny"), ("--seed", "42"), ("--lr", "0.001")):
+        code = main([*RUN, "--max-steps", "6", "--resume", str(ck), flag, value])
+        err = capsys.readouterr().err
+        if flag == "--lr":  # the checkpoint's lr is 0.001 too: the same value is no conflict
+            assert code == 0
+        else:
+            assert code == 2 and f"{flag} " in err and "differs from the checkpoint's" in err
+
+
+def test_a_resume_goes_on_checkpointing_with_the_checkpoints_settings(tmp_path):
+    ck = _checkpointed(tmp_path)
+    assert main([*RUN, "--max-steps", "8", "--resume", str(ck), "--json-out", str(tmp_path / "r2.json")]) == 0
+    assert (ck / "latest").read_text() == "step-000000008"
+
+
+def test_a_resume_in_another_environment_is_refused(tmp_path, capsys):
+    ck = _checkpointed(tmp_path)
+    manifest_path = ck / "step-000000004" / "checkpoint.json"
+    manifest = json.loads(manifest_path.read_text())
+    other = {"DEFAULT": "AVX2"}.get(torch.backends.cpu.get_cpu_capability(), "DEFAULT")
+    manifest["environment"]["cpu_capability"] = other
+    manifest_path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    err = capsys.readouterr().err
+    assert "another environment" in err and other in err
+
+
+# ---- every file read is validated before the work --------------------------------
+
+def _corrupt_tensors(ck: Path) -> None:
+    data = bytearray((ck / "step-000000004" / "tensors.safetensors").read_bytes())
+    for k in range(len(data) - 400, len(data)):
+        data[k] ^= 0xFF
+    (ck / "step-000000004" / "tensors.safetensors").write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (_corrupt_tensors, "SHA-256 is not the one"),
+    (lambda ck: (ck / "step-000000004" / "checkpoint.json").write_text(""), "not a readable checkpoint manifest"),
+    (lambda ck: (ck / "step-000000004" / "checkpoint.json").write_text('{"schema": "ckparity.checkpoint/1", "st'),
+     "not a readable checkpoint manifest"),
+    (lambda ck: (ck / "step-000000004" / "tensors.safetensors").unlink(), "no tensors.safetensors"),
+    (lambda ck: (ck / "latest").write_text("../elsewhere/step-000000004"), "not a step of this directory"),
+    (lambda ck: [(ck / "step-000000004").rename(ck / "step-000000003"), (ck / "latest").write_text("step-000000003")],
+     "says step 4, its directory is step-000000003"),
+])
+def test_a_broken_checkpoint_is_an_input_error_naming_the_file(tmp_path, capsys, damage, says):
+    ck = _checkpointed(tmp_path)
+    damage(ck)
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_config_key_this_ckparity_does_not_know_is_refused(tmp_path, capsys):
+    ck = _checkpointed(tmp_path)
+    path = ck / "step-000000004" / "checkpoint.json"
+    manifest = json.loads(path.read_text())
+    manifest["config"]["warp_factor"] = 9
+    path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    assert "warp_factor" in capsys.readouterr().err
+
+
+def test_a_dump_with_another_dumps_tensors_is_refused(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _run(tmp_path, "--dump-step", "2", "--dump-dir", str(a)) == 0
+    assert _run(tmp_path, "--dump-step", "3", "--dump-dir", str(b)) == 0
+    (a / "tensors.safetensors").write_bytes((b / "tensors.safetensors").read_bytes())
+    assert main(["replay", str(a)]) == 2
+    assert "not the tensors its dump.json recorded" in capsys.readouterr().err
+
+
+def test_the_checkpoint_records_what_a_resume_verifies(tmp_path):
+    ck = _checkpointed(tmp_path)
+    manifest = json.loads((ck / "step-000000004" / "checkpoint.json").read_text())
+    assert manifest["environment"] == checkpoint.environment()
+    assert len(manifest["tensors_sha256"]) == 64
+    marker = json.loads((ck / "ckparity-run.json").read_text())
+    assert marker["schema"] == "ckparity.checkpoint-dir/1" and marker["run"]
