@@ -182,3 +182,21 @@ def test_the_checkpoint_records_what_a_resume_verifies(tmp_path):
     assert len(manifest["tensors_sha256"]) == 64
     marker = json.loads((ck / "ckparity-run.json").read_text())
     assert marker["schema"] == "ckparity.checkpoint-dir/1" and marker["run"]
+
+
+# ---- --init-from: refused by name, before any conversion ------------------------------
+
+@pytest.mark.parametrize("tensor, says", [
+    (torch.full((256, 64), float("nan")), "non-finite"),
+    (torch.ones(256, 64).index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(float("inf"))), "non-finite"),
+    (torch.ones(256, 64, dtype=torch.int64), "torch.int64, not a floating-point weight"),
+    (torch.ones(256, 64, dtype=torch.bool), "torch.bool, not a floating-point weight"),
+    (torch.ones(256), "not (vocab, d-model)"),
+])
+def test_init_from_weights_that_cannot_start_a_run_are_refused(tmp_path, capsys, tensor, says):
+    from safetensors.torch import save_file
+
+    save_file({"embedding.weight": tensor}, str(tmp_path / "w.safetensors"))
+    assert _run(tmp_path, "--init-from", str(tmp_path / "w.safetensors")) == 2
+    err = capsys.readouterr().err
+    assert says in err and "embedding.weight" in err

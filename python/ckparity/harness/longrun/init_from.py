@@ -92,6 +92,12 @@ def _weights(path: str, model: str, stamp: float) -> dict[str, torch.Tensor]:
         if model != "llama":
             raise UsageError(f"--init-from {path}: Hugging Face Llama weights need --model llama, not {model}")
         state = _from_hugging_face(state)
+    for name, t in state.items():  # checked as given, before any conversion
+        if not t.is_floating_point():
+            raise UsageError(f"--init-from {path}: {name} is {t.dtype}, not a floating-point weight")
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise UsageError(f"--init-from {path}: {name} has {bad} non-finite value(s) (NaN or inf)")
     return {name: t.float().contiguous() for name, t in state.items()}
 
 
@@ -122,6 +128,9 @@ def configure(config):
     state = weights(config)
     if "embedding.weight" not in state:
         raise UsageError(f"--init-from {config.init_from}: no embedding.weight (model.embed_tokens.weight)")
+    if state["embedding.weight"].dim() != 2:
+        raise UsageError(f"--init-from {config.init_from}: embedding.weight is {tuple(state['embedding.weight'].shape)}"
+                         ", not (vocab, d-model)")
     vocab, d_model = state["embedding.weight"].shape
     changes = {"vocab": vocab, "d_model": d_model}
     fc1 = _first(state, r"(^|\.)fc1\.weight$")
