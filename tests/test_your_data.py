@@ -200,3 +200,12 @@ def test_init_from_weights_that_cannot_start_a_run_are_refused(tmp_path, capsys,
     assert _run(tmp_path, "--init-from", str(tmp_path / "w.safetensors")) == 2
     err = capsys.readouterr().err
     assert says in err and "embedding.weight" in err
+
+
+def test_a_resume_on_a_changed_train_text_is_refused(tmp_path, capsys):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 20)
+    ck = _checkpointed(tmp_path, "ck", "--train-text", str(text))
+    text.write_text("a different corpus altogether, of about the same size " * 16)
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    assert "is not the file the run trained on" in capsys.readouterr().err

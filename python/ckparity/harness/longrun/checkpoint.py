@@ -37,6 +37,7 @@ a Twin, a torch.Generator and a list of them are restored in place.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -151,6 +152,17 @@ def _root(directory: str, ranks: Ranks) -> Path:
     return Path(directory) / f"rank-{ranks.rank}" if ranks.world_size > 1 else Path(directory)
 
 
+def inputs(config: RunConfig) -> dict:
+    """The files a run draws from, by their SHA-256: a resume on changed data is refused."""
+    return {"train_text": _file_digest(config.train_text, os.stat(config.train_text).st_mtime_ns)} \
+        if config.train_text else {}
+
+
+@functools.lru_cache(maxsize=4)
+def _file_digest(path: str, mtime_ns: int) -> str:
+    return sha256(Path(path))
+
+
 def environment() -> dict:
     """What a bit-for-bit resume needs unchanged: the versions and the CPU capability."""
     import ckparity
@@ -178,7 +190,7 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
     try:
         save_file(tensors, str(staging / "tensors.safetensors"))
         manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "environment": environment(),
-                    "tensors_sha256": sha256(staging / "tensors.safetensors"), "state": state}
+                    "inputs": inputs(config), "tensors_sha256": sha256(staging / "tensors.safetensors"), "state": state}
         (staging / "checkpoint.json").write_text(json.dumps(manifest))
         fsync_tree(staging)  # the data on disk before any name points at it
         final = root / f"step-{step:09d}"
@@ -287,6 +299,13 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
         changed = ", ".join(f"{k} {then.get(k)!r} then, {now[k]!r} now" for k in now if then.get(k) != now[k])
         raise UsageError(f"--resume {given.resume}: {path} was written by another environment ({changed}); a resume "
                          "there would not repeat the uninterrupted run's bits")
+    try:
+        now_inputs = inputs(RunConfig(**saved))
+    except OSError as err:
+        raise UsageError(f"--resume {given.resume}: cannot read the run's --train-text: {err}") from None
+    if "inputs" in manifest and now_inputs != manifest["inputs"]:
+        raise UsageError(f"--resume {given.resume}: --train-text {saved['train_text']} is not the file the run "
+                         "trained on (its SHA-256 changed since the checkpoint)")
     # what may change changes only where given: checkpointing goes on with the checkpoint's own settings
     kept = {name: getattr(given, name) for name in RESUME_MAY_CHANGE
             if name == "resume" or was_given(RunConfig.__dataclass_fields__[name])}
