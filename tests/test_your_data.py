@@ -209,3 +209,13 @@ def test_a_resume_on_a_changed_train_text_is_refused(tmp_path, capsys):
     text.write_text("a different corpus altogether, of about the same size " * 16)
     assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
     assert "is not the file the run trained on" in capsys.readouterr().err
+
+
+def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_refused(tmp_path, capsys):
+    ck = _checkpointed(tmp_path)
+    path = ck / "step-000000004" / "checkpoint.json"
+    manifest = json.loads(path.read_text())
+    manifest["config"]["d_model"] = 32  # another model's dims, the tensors unchanged
+    path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    assert "does not fit the run its config describes" in capsys.readouterr().err

@@ -336,8 +336,12 @@ def restore(directory: str, components: dict, ranks: Ranks = SINGLE) -> int:
                          "every rank's latest reaches")
     manifest = _manifest(path, f"--resume {directory}")
     state = _state(path, manifest)
-    for name, component in components.items():
-        if component is not None:
-            load_state(component, state["components"][name])
-    _set_rng_state(state["rng"])
+    try:
+        for name, component in components.items():
+            if component is not None:
+                load_state(component, state["components"][name])
+        _set_rng_state(state["rng"])
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:  # a manifest whose tensors do not fit this run
+        raise UsageError(f"--resume {directory}: {path} does not fit the run its config describes "
+                         f"({type(err).__name__}: {str(err)[:160]})") from None
     return manifest["step"]
