@@ -54,7 +54,8 @@ import torch
 from ..loop.config import RunConfig, UsageError
 from ..ranks.group import SINGLE, Ranks, agreed_min, barrier
 from ..twins.stepper import Twin
-from .directory import TEMP_PREFIX, fsync_dir, fsync_tree, sha256, write_new
+from ..loop.report import TEMP_PREFIX, fsync, write_new
+from .directory import fsync_tree, sha256
 
 SCHEMA = "ckparity.checkpoint/1"
 RESUME_MAY_CHANGE = ("max_steps", "json_out", "no_progress", "checkpoint_every", "checkpoint_dir", "resume")
@@ -197,7 +198,7 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
-        fsync_dir(root)
+        fsync(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

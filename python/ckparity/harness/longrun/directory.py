@@ -22,16 +22,15 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from ..loop.config import UsageError
+from ..loop.report import TEMP_PREFIX, fsync, write_new
 
 MARKER = "ckparity-run.json"
 MARKER_SCHEMA = "ckparity.checkpoint-dir/1"
-TEMP_PREFIX = ".ckparity-"  # in-flight writes: ours, never a user's, cleaned by the next save
 STEP_PREFIX = "step-"
 
 
@@ -112,24 +111,6 @@ def check_dump_dir(directory: str) -> None:
                          f"({', '.join(entries)[:200]}); choose an empty or new directory")
 
 
-def write_new(path: Path, data: str | bytes) -> None:
-    """``data`` into ``path`` by a new file created exclusively next to it (a
-    file or link already at the temporary name is never followed), fsynced,
-    renamed over ``path`` (a link there is replaced, not followed), and the
-    directory fsynced."""
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -138,25 +119,9 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(directory: Path) -> None:
     """Every file of ``directory`` and the directory itself on disk."""
     for path in directory.iterdir():
         if path.is_file() and not path.is_symlink():
-            fsync_file(path)
-    fsync_dir(directory)
+            fsync(path)
+    fsync(directory)

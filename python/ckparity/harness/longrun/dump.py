@@ -27,7 +27,8 @@ from .checkpoint import pack, unpack, state_of
 from ..loop.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
 from ..observers.protocol import Observer
-from .directory import TEMP_PREFIX, fsync_file, sha256, write_new
+from ..loop.report import TEMP_PREFIX, fsync, write_new
+from .directory import sha256
 from ..twins.factory import build_twin
 
 SCHEMA = "ckparity.dump/1"
@@ -85,7 +86,7 @@ class StepDump(Observer):
         os.close(fd)
         try:
             save_file(self.tensors, tmp)
-            fsync_file(Path(tmp))
+            fsync(Path(tmp))
             os.replace(tmp, root / "tensors.safetensors")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

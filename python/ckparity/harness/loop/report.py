@@ -78,22 +78,36 @@ def check_writable_dir(directory: str | Path, what: str) -> None:
         raise UsageError(f"cannot write {what} in {directory}: permission denied")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+# the prefix of ckparity's in-flight writes: never a user's name; a killed
+# write's leftovers are ckparity's to remove (longrun/checkpoint.py does)
+TEMP_PREFIX = ".ckparity-"
+
+
+def write_new(path: Path, data: str | bytes) -> None:
+    """``data`` into ``path`` by a new file created exclusively next to it (a
+    file or link already at the temporary name is never followed), fsynced,
+    renamed over ``path`` (a link there is replaced, not followed), and the
+    directory fsynced."""
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync(path.parent)
+
+
+def fsync(path: Path) -> None:
+    """A file's or a directory's entries on disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def write_text(path: str | Path, text: str) -> Path | None:
@@ -109,12 +123,12 @@ def write_text(path: str | Path, text: str) -> Path | None:
                 f.write(text)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(path, text)
+            write_new(path, text)
         return path
     except OSError as err:
         fallback = Path(tempfile.gettempdir()) / f"ckparity-{os.getpid()}-{path.name or 'report'}"
         try:
-            _atomic_write(fallback, text)
+            write_new(fallback, text)
         except OSError:
             fallback = None
         where = f"; written to {fallback} instead" if fallback else "; no fallback could be written either"
