@@ -219,3 +219,71 @@ def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_refused(tmp_path, c
     path.write_text(json.dumps(manifest))
     assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
     assert "does not fit the run its config describes" in capsys.readouterr().err
+
+
+# ---- plugins and check: a user's code fails as an input error, and its prints are its own -------
+
+@pytest.mark.parametrize("body, says", [
+    ("import sys\nsys.exit(3)\n", "failed to load: sys.exit(3)"),
+    ("raise RuntimeError('boom at import')\n", "failed to load: RuntimeError: boom at import"),
+    ("import no_such_module_anywhere\n", "failed to load: ModuleNotFoundError"),
+])
+def test_a_plugin_that_fails_at_import_is_exit_2_naming_it(tmp_path, capsys, monkeypatch, body, says):
+    monkeypatch.setenv("CKP_PLUGINS", "")
+    (tmp_path / "bad_plugin.py").write_text(body)
+    assert main(["info", "--plugin", str(tmp_path / "bad_plugin.py")]) == 2
+    err = capsys.readouterr().err
+    assert "bad_plugin.py" in err and says in err
+
+
+_PRINTING_PLUGIN = '''
+import ckparity, torch.nn.functional as F
+def loud(x):
+    h = x.shape[-1] // 2
+    print('{"verdict": "bitwise"} from the backend')
+    return F.silu(x[..., :h]) * x[..., h:]
+ckparity.register_backend("swiglu", "loud", loud)
+'''
+
+_HANGING_PLUGIN = '''
+import time, ckparity, torch.nn.functional as F
+def slow(x):
+    h = x.shape[-1] // 2
+    if x.shape[-1] > 100:  # past the contract check's call: the suite's widths
+        time.sleep(3600)
+    return F.silu(x[..., :h]) * x[..., h:]
+ckparity.register_backend("swiglu", "slow", slow)
+'''
+
+
+def test_check_reads_its_report_whatever_the_backend_prints(tmp_path, monkeypatch):
+    from ckparity import check, kernels
+
+    monkeypatch.setenv("CKP_PLUGINS", str(tmp_path / "loud.py"))
+    (tmp_path / "loud.py").write_text(_PRINTING_PLUGIN)
+    monkeypatch.setattr(kernels.KERNELS["swiglu"], "backends", dict(kernels.backends("swiglu")))
+    kernels.load_plugin(str(tmp_path / "loud.py"))
+    report = check.isolated_check("swiglu", "loud", timeout=600)
+    assert report["verdict"] in ("bitwise", "as accurate as torch") and "crash" not in report
+
+
+def test_a_check_past_its_timeout_is_crashes_naming_the_case(tmp_path, monkeypatch):
+    from ckparity import check, kernels
+
+    monkeypatch.setenv("CKP_PLUGINS", str(tmp_path / "slow.py"))
+    (tmp_path / "slow.py").write_text(_HANGING_PLUGIN)
+    monkeypatch.setattr(kernels.KERNELS["swiglu"], "backends", dict(kernels.backends("swiglu")))
+    kernels.load_plugin(str(tmp_path / "slow.py"))
+    report = check.isolated_check("swiglu", "slow", timeout=12)
+    assert report["verdict"] == "crashes" and "--timeout of 12 s" in report["crash"]["ending"]
+    assert report["crash"]["property"] == "widths" and report["crash"]["case"].startswith("width=")
+
+
+def test_a_gates_config_value_of_the_wrong_kind_is_refused(tmp_path):
+    from ckparity import gates
+
+    (tmp_path / "g.toml").write_text('[long_horizon]\nsteps = "ten"\n')
+    with pytest.raises(ValueError, match=r"steps = 'ten' is a str, the setting takes a int"):
+        gates.settings_for("quick", str(tmp_path / "g.toml"))
+    (tmp_path / "g.toml").write_text('[accuracy_parity]\nfactor = 3\n')  # an int where a float is: fine
+    assert gates.settings_for("quick", str(tmp_path / "g.toml"))["accuracy_parity"]["factor"] == 3

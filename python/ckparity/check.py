@@ -37,8 +37,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -321,27 +323,46 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+# the child writes its report to a file of the parent's choosing: a backend that prints cannot corrupt it
 _CHILD = ("import json, sys; from ckparity import check, kernels; kernels.load_configured(); "
           "check.TRACE = lambda line: print(line, file=sys.stderr, flush=True); "
-          "print(json.dumps(check.check(sys.argv[1], sys.argv[2], int(sys.argv[3]))))")
+          "report = check.check(sys.argv[1], sys.argv[2], int(sys.argv[3])); "
+          "open(sys.argv[4], 'w').write(json.dumps(report))")
+DEFAULT_TIMEOUT = 1800.0  # seconds: ckparity's own kernels take seconds; a hang is a verdict, not a wait
 
 
-def isolated_check(kernel: str, backend: str, seed: int = 0) -> dict:
+def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT) -> dict:
     """check() in a child process (the same plugins, through CKP_PLUGINS):
-    a child that dies -- a segfault or an abort in the backend's C -- gives
-    the verdict "crashes", with how it ended and the property and case it
-    was running (the child's TRACE lines). Bad arguments raise ValueError
-    here, before the child starts."""
+    a child that dies -- a segfault or an abort in the backend's C -- or
+    runs past ``timeout`` seconds gives the verdict "crashes", with how it
+    ended and the property and case it was running (the child's TRACE lines).
+    The report comes back through a file, not the child's stdout (which a
+    backend may print to). Bad arguments raise ValueError here, before the
+    child starts; a signal to this process kills the child."""
     kernel = _record(kernel, backend).name
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _CHILD, kernel, backend, str(seed)], capture_output=True, text=True,
-                          env=os.environ)
-    if done.returncode == 0:
-        return json.loads(done.stdout)
-    ending = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
-              else f"exit {done.returncode}")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "report.json"
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, kernel, backend, str(seed), str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+        timed_out = False
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+            timed_out = True
+        except BaseException:  # a signal to check (Interrupted) ends its child too
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.returncode == 0 and out.is_file():
+            return json.loads(out.read_text())
+    ending = (f"still running after the --timeout of {timeout:g} s (killed)" if timed_out
+              else f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+              else f"exit {proc.returncode}")
     rows, cases, other = [], [], []
-    for line in done.stderr.splitlines():
+    for line in stderr.splitlines():
         traced = json.loads(line) if line.startswith(('{"property"', '{"row"')) else None
         if traced is None:
             other.append(line)

@@ -256,7 +256,10 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    from .check import covered, isolated_check, table
+    import signal
+
+    from .check import DEFAULT_TIMEOUT, covered, isolated_check, table
+    from .harness.longrun.interrupts import EXIT_CODES, Interrupted, stop_on_signals
     from .harness.loop.config import UsageError
     from .harness.loop.report import STDOUT, check_writable, write_json
 
@@ -268,13 +271,23 @@ def _check(argv: list[str]) -> int:
     parser.add_argument("kernel", help=f"one of {covered()} (or the flags' spelling: {', '.join(spellings)})")
     parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
     parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds the suite may run before its process is killed and the verdict is crashes "
+                             f"(default {DEFAULT_TIMEOUT:g})")
     args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout}")
     if args.json_out:
         check_writable(args.json_out, "--json-out")
     try:
-        report = isolated_check(args.kernel, args.backend)
+        with stop_on_signals():  # SIGTERM/SIGHUP end the child too (isolated_check kills it)
+            report = isolated_check(args.kernel, args.backend, timeout=args.timeout)
     except (ValueError, KeyError) as err:
         raise UsageError(str(err).strip("'\"")) from None
+    except Interrupted as stopped:
+        print(f"ckparity check: stopped by {signal.Signals(stopped.signum).name}; the check's process was killed",
+              file=sys.stderr)
+        return EXIT_CODES[stopped.signum]
     if args.json_out:
         write_json(args.json_out, report)
     print(table(report), file=sys.stderr if args.json_out == STDOUT else sys.stdout)

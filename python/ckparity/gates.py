@@ -613,6 +613,13 @@ def settings_for(tier: str, config_path: str | None = None) -> dict[str, dict]:
             if unknown:
                 raise ValueError(f"--config {config_path}: [{gate}] has unknown keys {sorted(unknown)} "
                                  f"(known: {sorted(settings[gate])})")
+            for key, value in values.items():  # a value of the setting's own kind (an int where a float is, too)
+                default = settings[gate][key]
+                kinds = (int, float) if isinstance(default, float) else (type(default),)
+                if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, kinds):
+                    raise ValueError(f"--config {config_path}: [{gate}] {key} = {value!r} is a "
+                                     f"{type(value).__name__}, the setting takes a {type(default).__name__} "
+                                     f"(default {default!r})")
             settings[gate].update(values)
     return settings
 

@@ -121,21 +121,36 @@ def load_plugin(spec: str) -> None:
     key = str(Path(spec).resolve()) if spec.endswith(".py") else spec
     if key in _loaded:
         return
+    if spec.endswith(".py") and not Path(spec).is_file():
+        raise ValueError(f"--plugin {spec}: no such file")
+    _importing(f"--plugin {spec}", lambda: _import(spec))
+    _loaded.append(key)
+
+
+def _import(spec: str) -> None:
     if spec.endswith(".py"):
         path = Path(spec)
-        if not path.is_file():
-            raise ValueError(f"--plugin {spec}: no such file")
         module_name = f"ckparity_plugin_{len(_loaded)}_{path.stem}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
         loader_spec.loader.exec_module(module)
     else:
-        try:
-            importlib.import_module(spec)
-        except ImportError as err:
-            raise ValueError(f"--plugin {spec}: {err}") from None
-    _loaded.append(key)
+        importlib.import_module(spec)
+
+
+def _importing(what: str, load) -> None:
+    """load() -- a user's code at import -- with whatever it raises, sys.exit
+    included, said as a ValueError naming ``what`` (the command's exit 2)."""
+    try:
+        load()
+    except KeyboardInterrupt:
+        raise
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001 -- a plugin's failure is an input error, named
+        detail = f"sys.exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{what} failed to load: {detail}") from None
 
 
 def use_plugins(specs: list[str]) -> None:
@@ -156,5 +171,5 @@ def load_configured() -> None:
         load_plugin(spec)
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry.value not in _loaded:
-            entry.load()()
+            _importing(f"the {ENTRY_POINT_GROUP} entry point {entry.name} ({entry.value})", lambda e=entry: e.load()())
             _loaded.append(entry.value)
