@@ -23,7 +23,7 @@ from ckparity.harness.longrun import checkpoint
 from ckparity.harness.loop.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 
-SKIP = {"timing", "env", "config"}  # timings, and the flags a resume may change
+SKIP = {"timing", "env", "config", "resume"}  # timings, the flags a resume may change, and what it changed
 
 
 def _comparable(report: dict) -> dict:

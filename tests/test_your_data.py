@@ -287,3 +287,13 @@ def test_a_gates_config_value_of_the_wrong_kind_is_refused(tmp_path):
         gates.settings_for("quick", str(tmp_path / "g.toml"))
     (tmp_path / "g.toml").write_text('[accuracy_parity]\nfactor = 3\n')  # an int where a float is: fine
     assert gates.settings_for("quick", str(tmp_path / "g.toml"))["accuracy_parity"]["factor"] == 3
+
+
+def test_the_report_says_what_a_resume_changed(tmp_path):
+    ck = _checkpointed(tmp_path)
+    out = tmp_path / "resumed.json"
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck), "--json-out", str(out)]) == 0
+    resumed = json.loads(out.read_text())["resume"]
+    assert resumed["directory"] == str(ck) and resumed["step"] == 4
+    assert resumed["changed"] == {"max_steps": [4, 6], "json_out": [str(tmp_path / "r.json"), str(out)]}
+    assert json.loads((tmp_path / "r.json").read_text())["resume"] is None

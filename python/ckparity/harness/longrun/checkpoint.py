@@ -316,6 +316,17 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
     return config
 
 
+def resumed_from(config: RunConfig) -> dict:
+    """What the report says of a resume: the checkpoint it went on from, and
+    the flags that may change that did (the checkpoint's value, this run's)."""
+    path = _latest(config.resume)
+    manifest = _manifest(path, f"--resume {config.resume}")
+    saved = manifest["config"]
+    return {"directory": config.resume, "step": manifest["step"],
+            "changed": {name: [saved.get(name), getattr(config, name)] for name in RESUME_MAY_CHANGE
+                        if name != "resume" and saved.get(name) != getattr(config, name)}}
+
+
 def twin_weights(directory: str, twin: str = "torch") -> dict[str, torch.Tensor]:
     """A twin's model weights at the latest checkpoint of ``directory`` (rank
     0's in a --tp/--dp one, whose torch twin is whole): what --init-from takes

@@ -99,14 +99,16 @@ def train(config: RunConfig) -> dict:
     """Runs both twins; returns the report (also written to config.json_out,
     by rank 0 of a --tp/--dp run)."""
     directory.new_run()
+    resumed = None
     if config.resume:  # the checkpoint's config (its dims already from any --init-from)
         config = checkpoint.resume_config(config)
+        resumed = checkpoint.resumed_from(config)
     else:
         config = init_from.configure(config)  # the dims of --init-from's weights, before the data needs the vocab
     batches = prepare(config)
     ranks = join(config)
     try:
-        return _train(config, batches, ranks)
+        return _train(config, batches, ranks, resumed)
     finally:
         leave(ranks)
 
@@ -179,7 +181,7 @@ class _Checkpoints:
                                 checkpoint_bytes=sum(f.stat().st_size for f in path.iterdir()))
 
 
-def _train(config: RunConfig, batches: Batches, ranks) -> dict:
+def _train(config: RunConfig, batches: Batches, ranks, resumed: dict | None) -> dict:
     if config.threads:
         ckparity.set_num_threads(config.threads)
         torch.set_num_threads(config.threads)
@@ -213,6 +215,7 @@ def _train(config: RunConfig, batches: Batches, ranks) -> dict:
             stop.hold()
             progress.close()
         result = _report(config, batches, observers, (ck, ref), status, error, time.perf_counter() - started)
+        result["resume"] = resumed  # where it went on from, and what the resume changed
         result["stopped_by_signal"] = stopped_by
         result["timing"].update(checkpoints.written)  # what the checkpoints cost (timings: not compared on resume)
         _write(config, result, ranks, stop)
@@ -246,7 +249,7 @@ def lost_report(config: RunConfig, error: str) -> dict:
     observers = {"series": DriftSeries(), "first_fail": first_fail, "nonfinite": NonFinite(),
                  "agreement": RankAgreement(config, SINGLE), "localizer": Localizer(config, first_fail)}
     result = _report(config, batches, observers, None, "error", error, None)
-    result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None)
+    result.update(stopped_by_signal=None, divergence=None, forecast=None, forecast_param_fail_step=None, resume=None)
     result["env"]["world_size"] = config.tp * config.dp
     return result
 
