@@ -250,6 +250,11 @@ def _manifest(path: Path, what: str) -> dict:
         if isinstance(manifest["config"], dict) else ["(not a mapping)"]
     if unknown:
         raise UsageError(f"{what}: {file}: config keys this ckparity does not know: {', '.join(unknown)}")
+    kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "str | None": (str, type(None))}
+    for f in fields(RunConfig):
+        value = manifest["config"].get(f.name, f.default)
+        if not isinstance(value, kinds[f.type]) or (isinstance(value, bool) and f.type != "bool"):
+            raise UsageError(f"{what}: {file}: config {f.name} = {value!r} is not a {f.type}")
     return manifest
 
 
@@ -310,7 +315,10 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
     # what may change changes only where given: checkpointing goes on with the checkpoint's own settings
     kept = {name: getattr(given, name) for name in RESUME_MAY_CHANGE
             if name == "resume" or was_given(RunConfig.__dataclass_fields__[name])}
-    config = replace(RunConfig(**{**saved, "overwrite_checkpoints": False}), **kept)
+    try:
+        config = replace(RunConfig(**{**saved, "overwrite_checkpoints": False}), **kept)
+    except UsageError as err:
+        raise UsageError(f"--resume {given.resume}: {path / 'checkpoint.json'}: its config: {err}") from None
     if config.max_steps and config.max_steps < manifest["step"]:
         raise UsageError(f"--resume: --max-steps {config.max_steps} is before the checkpoint's step {manifest['step']}")
     return config
