@@ -306,7 +306,11 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
         raise UsageError(f"--resume {given.resume}: {path} was written by another environment ({changed}); a resume "
                          "there would not repeat the uninterrupted run's bits")
     try:
-        now_inputs = inputs(RunConfig(**saved))
+        checkpointed = RunConfig(**{**saved, "overwrite_checkpoints": False})
+    except UsageError as err:
+        raise UsageError(f"--resume {given.resume}: {path / 'checkpoint.json'}: its config: {err}") from None
+    try:
+        now_inputs = inputs(checkpointed)
     except OSError as err:
         raise UsageError(f"--resume {given.resume}: cannot read the run's --train-text: {err}") from None
     if "inputs" in manifest and now_inputs != manifest["inputs"]:
@@ -315,10 +319,7 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
     # what may change changes only where given: checkpointing goes on with the checkpoint's own settings
     kept = {name: getattr(given, name) for name in RESUME_MAY_CHANGE
             if name == "resume" or was_given(RunConfig.__dataclass_fields__[name])}
-    try:
-        config = replace(RunConfig(**{**saved, "overwrite_checkpoints": False}), **kept)
-    except UsageError as err:
-        raise UsageError(f"--resume {given.resume}: {path / 'checkpoint.json'}: its config: {err}") from None
+    config = replace(checkpointed, **kept)
     if config.max_steps and config.max_steps < manifest["step"]:
         raise UsageError(f"--resume: --max-steps {config.max_steps} is before the checkpoint's step {manifest['step']}")
     return config
