@@ -16,6 +16,7 @@ import torch
 
 from ckparity.cli import main
 from ckparity.harness.longrun import checkpoint
+from ckparity.harness.loop.config import RunConfig
 
 RUN = ["train", "--max-steps", "4", "--no-progress"]
 
@@ -181,7 +182,7 @@ def test_a_dump_with_another_dumps_tensors_is_refused(tmp_path, capsys):
 def test_the_checkpoint_records_what_a_resume_verifies(tmp_path):
     ck = _checkpointed(tmp_path)
     manifest = json.loads((ck / "step-000000004" / "checkpoint.json").read_text())
-    assert manifest["environment"] == checkpoint.environment()
+    assert manifest["environment"] == checkpoint.environment(RunConfig())  # the run set no --threads
     assert len(manifest["tensors_sha256"]) == 64
     marker = json.loads((ck / "ckparity-run.json").read_text())
     assert marker["schema"] == "ckparity.checkpoint-dir/1" and marker["run"]
@@ -300,3 +301,14 @@ def test_the_report_says_what_a_resume_changed(tmp_path):
     assert resumed["directory"] == str(ck) and resumed["step"] == 4
     assert resumed["changed"] == {"max_steps": [4, 6], "json_out": [str(tmp_path / "r.json"), str(out)]}
     assert json.loads((tmp_path / "r.json").read_text())["resume"] is None
+
+
+def test_a_resume_at_another_torch_thread_count_is_refused(tmp_path, capsys):
+    ck = _checkpointed(tmp_path, "ck", "--threads", "1")
+    path = ck / "step-000000004" / "checkpoint.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["environment"]["torch_threads"] == 1
+    manifest["environment"]["torch_threads"] = 3  # as if written with torch on 3 threads
+    path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    assert "torch_threads 3 then, 1 now" in capsys.readouterr().err

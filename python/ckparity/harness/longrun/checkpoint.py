@@ -164,12 +164,15 @@ def _file_digest(path: str, mtime_ns: int) -> str:
     return sha256(Path(path))
 
 
-def environment() -> dict:
-    """What a bit-for-bit resume needs unchanged: the versions and the CPU capability."""
+def environment(config: RunConfig) -> dict:
+    """What a bit-for-bit resume needs unchanged: the versions, the CPU
+    capability, and torch's thread count (its sums of 32768 elements or more
+    are split by it, and ptref and rms_norm follow the split)."""
     import ckparity
 
     return {"ckparity": ckparity.__version__, "torch": torch.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": config.threads or torch.get_num_threads()}
 
 
 def _is_step(name: str) -> bool:
@@ -190,7 +193,7 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
     staging = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
     try:
         save_file(tensors, str(staging / "tensors.safetensors"))
-        manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "environment": environment(),
+        manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "environment": environment(config),
                     "inputs": inputs(config), "tensors_sha256": sha256(staging / "tensors.safetensors"), "state": state}
         (staging / "checkpoint.json").write_text(json.dumps(manifest))
         fsync_tree(staging)  # the data on disk before any name points at it
@@ -300,15 +303,15 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
         if f.name not in RESUME_MAY_CHANGE and was_given(f) and value != saved[f.name]:
             raise UsageError(f"--resume: --{f.name.replace('_', '-')} {value!r} differs from the checkpoint's "
                              f"{saved[f.name]!r}; only {may_change} may change")
-    now, then = environment(), manifest.get("environment")
-    if then is not None and now != then:
-        changed = ", ".join(f"{k} {then.get(k)!r} then, {now[k]!r} now" for k in now if then.get(k) != now[k])
-        raise UsageError(f"--resume {given.resume}: {path} was written by another environment ({changed}); a resume "
-                         "there would not repeat the uninterrupted run's bits")
     try:
         checkpointed = RunConfig(**{**saved, "overwrite_checkpoints": False})
     except UsageError as err:
         raise UsageError(f"--resume {given.resume}: {path / 'checkpoint.json'}: its config: {err}") from None
+    now, then = environment(checkpointed), manifest.get("environment")
+    if then is not None and now != then:
+        changed = ", ".join(f"{k} {then.get(k)!r} then, {now[k]!r} now" for k in now if then.get(k) != now[k])
+        raise UsageError(f"--resume {given.resume}: {path} was written by another environment ({changed}); a resume "
+                         "there would not repeat the uninterrupted run's bits")
     try:
         now_inputs = inputs(checkpointed)
     except OSError as err:
