@@ -105,7 +105,7 @@ def load_state(obj, state):
 
 def pack(value, key: str, tensors: dict):
     if isinstance(value, torch.Tensor):
-        tensors[key] = value.detach().clone().contiguous()  # a copy: tied weights share storage
+        tensors[key] = value.detach()  # as it is: unshare() copies what safetensors cannot write so
         return {"__tensor__": key}
     if isinstance(value, float) and not math.isfinite(value):
         return {"__float__": repr(value)}
@@ -118,6 +118,23 @@ def pack(value, key: str, tensors: dict):
         return {"__dict__": [[pack(k, f"{key}.k{i}", tensors), pack(v, f"{key}.{k}", tensors)]
                              for i, (k, v) in enumerate(value.items())]}
     raise TypeError(f"cannot checkpoint {key}: a {type(value).__name__}")
+
+
+def unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors as safetensors writes them: a copy of each that shares its
+    storage with one before it (tied weights) or is not contiguous; the others
+    as they are (a copy of every tensor cost a checkpoint as much as its write)."""
+    seen: set[int] = set()
+    out = {}
+    for key, t in tensors.items():
+        storage = t.untyped_storage()
+        whole = t.is_contiguous() and not t.storage_offset() and t.numel() * t.element_size() == storage.nbytes()
+        if storage.data_ptr() in seen or not whole:
+            out[key] = t.clone().contiguous()
+        else:
+            out[key] = t
+            seen.add(storage.data_ptr())
+    return out
 
 
 def unpack(value, tensors: dict):
@@ -192,7 +209,7 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
                   "state", tensors)
     staging = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
     try:
-        save_file(tensors, str(staging / "tensors.safetensors"))
+        save_file(unshare(tensors), str(staging / "tensors.safetensors"))
         manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "environment": environment(config),
                     "inputs": inputs(config), "tensors_sha256": sha256(staging / "tensors.safetensors"), "state": state}
         (staging / "checkpoint.json").write_text(json.dumps(manifest))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import pack, unpack, state_of
+from .checkpoint import pack, state_of, unpack, unshare
 from ..loop.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
 from ..observers.protocol import Observer
@@ -85,7 +85,7 @@ class StepDump(Observer):
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=root)
         os.close(fd)
         try:
-            save_file(self.tensors, tmp)
+            save_file(unshare(self.tensors), tmp)
             fsync(Path(tmp))
             os.replace(tmp, root / "tensors.safetensors")
         except BaseException:
