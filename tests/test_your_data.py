@@ -193,8 +193,8 @@ def test_the_checkpoint_records_what_a_resume_verifies(tmp_path):
 @pytest.mark.parametrize("tensor, says", [
     (torch.full((256, 64), float("nan")), "non-finite"),
     (torch.ones(256, 64).index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(float("inf"))), "non-finite"),
-    (torch.ones(256, 64, dtype=torch.int64), "torch.int64, not a floating-point weight"),
-    (torch.ones(256, 64, dtype=torch.bool), "torch.bool, not a floating-point weight"),
+    (torch.ones(256, 64, dtype=torch.int64), "I64, not a floating-point weight"),
+    (torch.ones(256, 64, dtype=torch.bool), "BOOL, not a floating-point weight"),
     (torch.ones(256), "not (vocab, d-model)"),
 ])
 def test_init_from_weights_that_cannot_start_a_run_are_refused(tmp_path, capsys, tensor, says):

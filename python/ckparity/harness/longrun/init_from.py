@@ -41,6 +41,8 @@ _HF_LLAMA = [
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blocks.\1.mlp.fc2.weight"),
 ]
 _HF_MLP = re.compile(r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj\.weight")
+# safetensors' names of the floating-point dtypes a weight may have
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
 
 def _read(path: str) -> dict[str, torch.Tensor]:
@@ -50,10 +52,18 @@ def _read(path: str) -> dict[str, torch.Tensor]:
         return twin_weights(path)
     try:
         if path.endswith(".safetensors"):
+            from safetensors import safe_open
             from safetensors.torch import load_file
 
+            with safe_open(path, "pt") as f:  # the header first: names and dtypes, before any tensor is read
+                for name in f.keys():
+                    dtype = f.get_slice(name).get_dtype()
+                    if dtype not in _FLOAT_DTYPES:
+                        raise UsageError(f"--init-from {path}: {name} is {dtype}, not a floating-point weight")
             return load_file(path)
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except UsageError:
+        raise
     except Exception as err:  # noqa: BLE001 -- any unreadable file is the user's input, said as such
         raise UsageError(f"--init-from {path}: cannot read it: {type(err).__name__}: {err}") from None
     state = state.get("state_dict", state) if isinstance(state, dict) else state
