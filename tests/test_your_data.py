@@ -250,10 +250,12 @@ ckparity.register_backend("swiglu", "loud", loud)
 '''
 
 _HANGING_PLUGIN = '''
-import time, ckparity, torch.nn.functional as F
+import os, pathlib, time, ckparity, torch.nn.functional as F
 def slow(x):
     h = x.shape[-1] // 2
     if x.shape[-1] > 100:  # past the contract check's call: the suite's widths
+        if os.environ.get("HANG_MARK"):
+            pathlib.Path(os.environ["HANG_MARK"]).touch()  # says the hang began
         time.sleep(3600)
     return F.silu(x[..., :h]) * x[..., h:]
 ckparity.register_backend("swiglu", "slow", slow)
@@ -312,3 +314,28 @@ def test_a_resume_at_another_torch_thread_count_is_refused(tmp_path, capsys):
     path.write_text(json.dumps(manifest))
     assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
     assert "torch_threads 3 then, 1 now" in capsys.readouterr().err
+
+
+def test_a_sigterm_to_check_ends_its_child_and_leaves_the_report_of_what_ran(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "slow.py").write_text(_HANGING_PLUGIN)
+    out, mark = tmp_path / "check.json", tmp_path / "hanging"
+    proc = subprocess.Popen([sys.executable, "-m", "ckparity", "check", "swiglu", "--plugin", "slow.py", "--backend",
+                             "slow", "--json-out", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "CKP_PLUGINS": "", "HANG_MARK": str(mark)})
+    deadline = time.monotonic() + 120
+    while not mark.exists() and time.monotonic() < deadline:  # the suite running, into the widths that hang
+        time.sleep(0.05)
+    children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "interrupted" and not report["passed"]
+    assert report["crash"]["ending"] == "stopped by SIGTERM (killed)" and report["crash"]["property"] == "widths"
+    assert not Path(f"/proc/{children[0]}").exists() or "Z" in Path(f"/proc/{children[0]}/stat").read_text().split()[2]

@@ -352,15 +352,24 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
             proc.kill()
             _, stderr = proc.communicate()
             timed_out = True
-        except BaseException:  # a signal to check (Interrupted) ends its child too
+        except BaseException as stopped:  # a signal to check (Interrupted) ends its child too
             proc.kill()
-            proc.wait()
+            _, stderr = proc.communicate()
+            if hasattr(stopped, "signum"):  # the report of what ran, for the command to write
+                stopped.report = _ended_report(kernel, backend, stderr, start, "interrupted",
+                                               f"stopped by {signal.Signals(stopped.signum).name} (killed)")
             raise
         if proc.returncode == 0 and out.is_file():
             return json.loads(out.read_text())
     ending = (f"still running after the --timeout of {timeout:g} s (killed)" if timed_out
               else f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
               else f"exit {proc.returncode}")
+    return _ended_report(kernel, backend, stderr, start, "crashes", ending)
+
+
+def _ended_report(kernel: str, backend: str, stderr: str, start: float, verdict: str, ending: str) -> dict:
+    """The report of a child that did not finish: the properties it finished
+    (its TRACE rows), the one it was in with ``verdict``, and how it ended."""
     rows, cases, other = [], [], []
     for line in stderr.splitlines():
         traced = json.loads(line) if line.startswith(('{"property"', '{"row"')) else None
@@ -373,10 +382,10 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
     last = cases[-1] if cases else {"property": None, "case": None}
     if last["property"] is not None and last["property"] not in {r["property"] for r in rows}:
         rows.append({"property": last["property"], "cases": sum(c["property"] == last["property"] for c in cases),
-                     "bit_identical": None, "max_ulp": None, "verdict": "crashes",
+                     "bit_identical": None, "max_ulp": None, "verdict": verdict,
                      "failures": [f"{last['case']}: the check's process was {ending}"]})
     return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
-            "properties": rows, "verdict": "crashes", "passed": False,
+            "properties": rows, "verdict": verdict, "passed": False,
             "crash": {"ending": ending, "property": last["property"], "case": last["case"],
                       "stderr": " ".join(other[-3:])[-500:]},
             "seconds": round(time.perf_counter() - start, 1)}

@@ -284,9 +284,11 @@ def _check(argv: list[str]) -> int:
             report = isolated_check(args.kernel, args.backend, timeout=args.timeout)
     except (ValueError, KeyError) as err:
         raise UsageError(str(err).strip("'\"")) from None
-    except Interrupted as stopped:
-        print(f"ckparity check: stopped by {signal.Signals(stopped.signum).name}; the check's process was killed",
-              file=sys.stderr)
+    except Interrupted as stopped:  # the report of what ran, its last property "interrupted"
+        report = stopped.report
+        if args.json_out:
+            write_json(args.json_out, report)
+        print(table(report), file=sys.stderr)
         return EXIT_CODES[stopped.signum]
     if args.json_out:
         write_json(args.json_out, report)
