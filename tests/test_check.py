@@ -10,10 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ckparity
 from ckparity import check as conformance
 from ckparity import kernels, reference
-from ckparity import kernels
 from ckparity.cli import main
 
 

@@ -10,7 +10,6 @@ import json
 import pytest
 import torch
 
-import ckparity
 from ckparity import kernels
 from ckparity.cli import main
 from ckparity.harness.loop.config import RunConfig, UsageError

@@ -262,24 +262,29 @@ ckparity.register_backend("swiglu", "slow", slow)
 '''
 
 
-def test_check_reads_its_report_whatever_the_backend_prints(tmp_path, monkeypatch):
-    from ckparity import check, kernels
+def _load_plugin(tmp_path, monkeypatch, body: str) -> None:
+    """A plugin file loaded here and named to check's child (CKP_PLUGINS); its swiglu registrations end with the test."""
+    from ckparity import kernels
 
-    monkeypatch.setenv("CKP_PLUGINS", str(tmp_path / "loud.py"))
-    (tmp_path / "loud.py").write_text(_PRINTING_PLUGIN)
+    path = tmp_path / "plugin.py"
+    path.write_text(body)
+    monkeypatch.setenv("CKP_PLUGINS", str(path))
     monkeypatch.setattr(kernels.KERNELS["swiglu"], "backends", dict(kernels.backends("swiglu")))
-    kernels.load_plugin(str(tmp_path / "loud.py"))
+    kernels.load_plugin(str(path))
+
+
+def test_check_reads_its_report_whatever_the_backend_prints(tmp_path, monkeypatch):
+    from ckparity import check
+
+    _load_plugin(tmp_path, monkeypatch, _PRINTING_PLUGIN)
     report = check.isolated_check("swiglu", "loud", timeout=600)
     assert report["verdict"] in ("bitwise", "as accurate as torch") and "crash" not in report
 
 
 def test_a_check_past_its_timeout_is_crashes_naming_the_case(tmp_path, monkeypatch):
-    from ckparity import check, kernels
+    from ckparity import check
 
-    monkeypatch.setenv("CKP_PLUGINS", str(tmp_path / "slow.py"))
-    (tmp_path / "slow.py").write_text(_HANGING_PLUGIN)
-    monkeypatch.setattr(kernels.KERNELS["swiglu"], "backends", dict(kernels.backends("swiglu")))
-    kernels.load_plugin(str(tmp_path / "slow.py"))
+    _load_plugin(tmp_path, monkeypatch, _HANGING_PLUGIN)
     report = check.isolated_check("swiglu", "slow", timeout=12)
     assert report["verdict"] == "crashes" and "--timeout of 12 s" in report["crash"]["ending"]
     assert report["crash"]["property"] == "widths" and report["crash"]["case"].startswith("width=")

@@ -256,8 +256,6 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    import signal
-
     from .check import DEFAULT_TIMEOUT, covered, isolated_check, table
     from .harness.longrun.interrupts import EXIT_CODES, Interrupted, stop_on_signals
     from .harness.loop.config import UsageError

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..ops.cross_entropy import cross_entropy
 from ..ops.fused_linear_cross_entropy import fused_linear_cross_entropy
-from .. import _bindings as C
+from .. import _bindings
 from .contract import expect, grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fresh_fwd_bwd, fwd_bwd
 from .probing import out
@@ -167,8 +167,8 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
 def probe_call(L, fill, x, target, weight, reduction, variant, row_grad=None, inplace=False, torch_threads=1):
     loss = out((x.shape[0],) if reduction == "none" else (), fill)
     d = x.clone() if inplace else out(x, fill)
-    options = C.cross_entropy_options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad, torch_threads)
-    C.cross_entropy(d if inplace else x, target, options, loss, d, library=L)
+    options = _bindings.cross_entropy_options(weight, -100, reduction, 0.1, 1e-4, variant, row_grad, torch_threads)
+    _bindings.cross_entropy(d if inplace else x, target, options, loss, d, library=L)
     return loss, d
 
 
@@ -180,21 +180,21 @@ def vocab_parallel_ce(L, fill, x, target, shards):
     maxes = []
     for piece in pieces:
         maxes.append(out((N,), fill))
-        C.vocab_parallel_ce_max(piece, maxes[-1], library=L)
+        _bindings.vocab_parallel_ce_max(piece, maxes[-1], library=L)
     global_max = torch.stack(maxes).amax(0)
     sums = []
     for piece, start in zip(pieces, bounds):
         sums.append(out((N, 3), fill, torch.float64))
-        C.vocab_parallel_ce_sums(piece, target, start, V, -100, global_max, sums[-1], library=L)
+        _bindings.vocab_parallel_ce_sums(piece, target, start, V, -100, global_max, sums[-1], library=L)
     global_sums = torch.stack(sums).sum(0)
     loss_rows = out((N,), fill)
-    C.vocab_parallel_ce_loss(target, V, -100, 0.1, 1e-4, global_max, global_sums, loss_rows, library=L)
+    _bindings.vocab_parallel_ce_loss(target, V, -100, 0.1, 1e-4, global_max, global_sums, loss_rows, library=L)
     row_grad = torch.full((N,), 1.0 / N)
     grads = []
     for piece, start in zip(pieces, bounds):
         grads.append(out(piece, fill))
-        C.vocab_parallel_ce_backward(piece, target, start, V, -100, 0.1, 1e-4, global_max, global_sums, row_grad,
-                                     grads[-1], library=L)
+        _bindings.vocab_parallel_ce_backward(piece, target, start, V, -100, 0.1, 1e-4, global_max, global_sums,
+                                             row_grad, grads[-1], library=L)
     return (global_max, global_sums, loss_rows, *grads)
 
 
@@ -242,11 +242,11 @@ def _probe(g: torch.Generator):
 def c_calls(x, t, in_place: bool = False):
     """The C kernel alone on preallocated outputs (in place: on a scratch copy made once)."""
     loss, d = torch.empty(()), torch.empty_like(x)
-    options = C.cross_entropy_options()
+    options = _bindings.cross_entropy_options()
     if in_place:
         scratch = x.clone()
-        return lambda: C.cross_entropy(scratch, t, options, loss, scratch)
-    return lambda: C.cross_entropy(x, t, options, loss, d)
+        return lambda: _bindings.cross_entropy(scratch, t, options, loss, scratch)
+    return lambda: _bindings.cross_entropy(x, t, options, loss, d)
 
 
 # the fused linear + cross-entropy row: N, D, V (a Llama-3 vocabulary)

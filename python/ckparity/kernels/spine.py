@@ -43,7 +43,8 @@ def not_bit_identical() -> dict[str, str]:
 
 def table() -> str:
     """The records as a Markdown table: one row a kernel (docs/kernels.md)."""
-    rows = ["| kernel | flag | ckparity's backends | bit-identical to torch (dtype: capabilities) | not bit-identical |",
+    rows = ["| kernel | flag | ckparity's backends | bit-identical to torch (dtype: capabilities) "
+            "| not bit-identical |",
             "|---|---|---|---|---|"]
     for k in KERNELS.values():
         flag = "--" + k.flag.replace("_", "-")
