@@ -191,6 +191,7 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
     assert crashed["verdict"] == "crashes" and crashed["crash"]["ending"] == "killed by SIGSEGV", crashed
     # the properties before the crash keep their rows; the crash names its property and case
     assert [(r["property"], r["verdict"]) for r in crashed["properties"]] == [
+        ("contract", "bitwise"),  # a registered backend's contract check is the child's first property
         ("widths", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
         ("options", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
         ("non_contiguous", "crashes")]

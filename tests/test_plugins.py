@@ -190,7 +190,7 @@ def test_gate_runs_on_a_users_backend(tmp_path, backend, passes):
     if backend.startswith("swiglu"):
         (row,) = result["details"]["user_backends"]
         assert row["backend"] == name and row["verdict"] == ("bitwise" if passes else "wrong")
-        smoke = json.loads((tmp_path / "gates" / "drift_smoke_tiny.json").read_text())
+        smoke = json.loads((tmp_path / "gates" / f"drift_smoke_tiny+swiglu={name}.json").read_text())  # its backends
         assert smoke["config"]["ck_swiglu_backend"] == name  # the harness gates train with it
     else:  # held to check's bar: its moments 2^-20 off per step are less accurate than torch's
         assert result["details"]["sizes"]["verdict"] == "less accurate" and "less accurate" in result["summary"]

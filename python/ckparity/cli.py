@@ -256,7 +256,7 @@ def _mutate(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    from .check import DEFAULT_TIMEOUT, covered, isolated_check, table
+    from .check import DEFAULT_TIMEOUT, CheckSetupError, covered, isolated_check, table
     from .harness.longrun.interrupts import EXIT_CODES, Interrupted, stop_on_signals
     from .harness.loop.config import UsageError
     from .harness.loop.report import STDOUT, check_writable, write_json
@@ -278,8 +278,12 @@ def _check(argv: list[str]) -> int:
     if args.json_out:
         check_writable(args.json_out, "--json-out")
     try:
+        # the plugins load in the child only (_load_plugins): a backend that crashes at registration or in
+        # its contract check is a verdict there, not a dead command here
         with stop_on_signals():  # SIGTERM/SIGHUP end the child too (isolated_check kills it)
             report = isolated_check(args.kernel, args.backend, timeout=args.timeout)
+    except CheckSetupError as err:
+        raise UsageError(str(err)) from None
     except (ValueError, KeyError) as err:
         raise UsageError(str(err).strip("'\"")) from None
     except Interrupted as stopped:  # the report of what ran, its last property "interrupted"
@@ -336,11 +340,16 @@ COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare"
             "info": _info}
 
 
-def _load_plugins(argv: list[str]) -> list[str]:
-    """Every command takes --plugin MODULE_OR_FILE.py (repeatable): loaded here,
-    and passed on to every process the command starts (CKP_PLUGINS), with the
-    plugins CKP_PLUGINS and installed packages' entry points name. Returns
-    the other arguments."""
+# the commands whose plugins load in a child process only (ckparity check's)
+LOADED_IN_CHILD = {"check"}
+
+
+def _load_plugins(command: str, argv: list[str]) -> list[str]:
+    """Every command takes --plugin MODULE_OR_FILE.py (repeatable): loaded here
+    (unless the command loads them in its child: LOADED_IN_CHILD), and passed
+    on to every process the command starts (CKP_PLUGINS), with the plugins
+    CKP_PLUGINS and installed packages' entry points name. Returns the other
+    arguments."""
     from .harness.loop.config import UsageError
 
     specs, rest, k = [], [], 0
@@ -355,8 +364,9 @@ def _load_plugins(argv: list[str]) -> list[str]:
         rest.append(argv[k])
         k += 1
     try:
-        kernels.use_plugins(specs)
-        kernels.load_configured()
+        kernels.use_plugins(specs, load=command not in LOADED_IN_CHILD)
+        if command not in LOADED_IN_CHILD:
+            kernels.load_configured()
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
     return rest
@@ -371,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     from .harness.loop.report import ReportNotWritten
 
     try:
-        return COMMANDS[argv[0]](_load_plugins(argv[1:]))
+        return COMMANDS[argv[0]](_load_plugins(argv[0], argv[1:]))
     except UsageError as err:
         print(f"ckparity {argv[0]}: {err}", file=sys.stderr)
         return EXIT_USAGE

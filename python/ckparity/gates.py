@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import ckparity
 
 from . import check, cpu, kernels, reference
-from .harness.loop.config import RunConfig
+from .harness.loop.config import RunConfig, UsageError, kernels_used
 from .harness.longrun.interrupts import Interrupted, stop_on_signals
 from .harness.studies.repro import PRESET
 from .harness.loop.report import write_json, write_text
@@ -189,23 +189,28 @@ def kernel_parity(settings: dict) -> dict:
     failures += _compare_self_check()
     conformance = _user_backend_checks(settings.get("ck_backends", {}))
     failures += [f"{r['kernel']} backend {r['backend']!r}: check says {r['verdict']}" for r in conformance
-                 if r["verdict"] not in check.GATE_PASSES]
+                 if not r["passed"]]
     worst = max(checks, key=lambda f: f["max_ulp"])
     summary = (f"{len(checks)} checks, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
                f"; max {worst['max_ulp']} ULP from torch ({worst['name']})"))
     return _result(not failures, summary, checks=checks, failures=failures, capability=cpu.capability(),
-                   held_bitwise=bitwise, user_backends=conformance)
+                   held_bitwise=bitwise, user_backends=conformance,
+                   exercised=[r["kernel"] for r in conformance])
 
 
 def _user_backend_checks(ck_backends: dict[str, str]) -> list[dict]:
-    """``ckparity check`` on each --backend of a slot it covers: a verdict
-    other than bitwise or as accurate as torch fails the gate (ckparity's own
-    kernels are held above)."""
+    """``ckparity check`` on each --backend of a slot it covers (in its child
+    process where the backend can be carried there), held to the pass rule's
+    gate column (check/rule.py: ``passed`` is the gate's verdict on it, not
+    check's exit code); ckparity's own kernels are held above."""
     rows = []
     for kernel, name in ck_backends.items():
-        if kernel in check.covered():
-            report = check.check(kernel, name)
-            rows.append({key: report[key] for key in ("kernel", "backend", "verdict", "passed", "seconds")})
+        if kernel in check.covered() and not kernels.KERNELS[kernel].optimizer:  # adamw: optimizer_parity's
+            report = check.run(kernel, name)
+            rows.append({"kernel": report["kernel"], "backend": name, "verdict": report["verdict"],
+                         "passed": check.gate_passes(report["verdict"]), "seconds": report["seconds"],
+                         "failing": {r["property"]: r["failing"] for r in report["properties"] if r["failing"]},
+                         "worst": next((r["failures"][0] for r in report["properties"] if r["failures"]), None)})
     return rows
 
 
@@ -251,6 +256,7 @@ def optimizer_parity(settings: dict) -> dict:
         return _user_optimizer_parity(settings, settings["ck_backends"]["adamw"])
     rows, failures = [], []
     g = torch.Generator().manual_seed(0)
+    exercised = [k for k in ("adamw", "clip_grad_norm") if k in settings.get("ck_backends", {})]
     for size in settings["sizes"]:
         for amsgrad in (False, True):
             start = torch.randn(size, generator=g)
@@ -281,7 +287,7 @@ def optimizer_parity(settings: dict) -> dict:
                f"{'bit-identical' if not any('moments' in f for f in failures) else 'DIFFER'}")
     if failures:
         summary += f"; {failures[0]}"
-    return _result(not failures, summary, rows=rows, failures=failures)
+    return _result(not failures, summary, rows=rows, failures=failures, exercised=exercised)
 
 
 def _clip_failures(settings: dict) -> list[str]:
@@ -292,21 +298,23 @@ def _clip_failures(settings: dict) -> list[str]:
 def _user_optimizer_parity(settings: dict, name: str) -> dict:
     """A user's AdamW, called as the harness calls it (docs/plugins.md: no
     amsgrad), against torch's AdamW and float64 at the gate's sizes, held to
-    the bar kernel_parity holds a user's kernel to (check.GATE_PASSES: less
-    accurate than torch, wrong or crashing fails). Bit-identical moments and
+    the bar kernel_parity holds a user's kernel to (check/rule.py's gate
+    column: less accurate than torch, nondeterministic, wrong or crashing
+    fails), over the gate's ``steps``. Bit-identical moments and
     8 ULPs are ckparity's own kernel's claims, not a contract a correct AdamW
     must meet: a plain-C one
     whose multiply-adds torch's vectorized lerp fuses differs in the last
     bits and is as accurate (the example package's, tests/test_example_package.py)."""
     adamw = kernels.backends("adamw")
-    sizes = check.adamw_sizes(adamw[name], adamw["torch"], settings["sizes"]).report()
-    failures = [] if sizes["verdict"] in check.GATE_PASSES else (sizes["failures"] or [sizes["verdict"]])
+    sizes = check.adamw_sizes(adamw[name], adamw["torch"], settings["sizes"], settings["steps"]).report()
+    failures = [] if check.gate_passes(sizes["verdict"]) else (sizes["failures"] or [sizes["verdict"]])
     failures += _clip_failures(settings)
-    summary = (f"{check.ADAMW_STEPS} steps of adamw={name}: {sizes['verdict']} ({sizes['bit_identical']}/"
+    summary = (f"{settings['steps']} steps of adamw={name}: {sizes['verdict']} ({sizes['bit_identical']}/"
                f"{sizes['cases']} sizes bit-identical, max {sizes['max_ulp']} ULP from torch)")
     if failures:
         summary += f"; {failures[0]}"
-    return _result(not failures, summary, backend=name, sizes=sizes, failures=failures)
+    exercised = ["adamw"] + (["clip_grad_norm"] if "clip_grad_norm" in settings["ck_backends"] else [])
+    return _result(not failures, summary, backend=name, sizes=sizes, failures=failures, exercised=exercised)
 
 
 # ---- fd_gradients -----------------------------------------------------------
@@ -319,12 +327,15 @@ def fd_gradients(settings: dict) -> dict:
     """The CK twin's float32 gradients against float64 central differences of
     the same loss (the model in float64 with torch ops), on random coordinates
     of every parameter tensor."""
-    failures, rows = [], []
+    failures, rows, exercised = [], [], set()
     g = torch.Generator().manual_seed(0)
-    for model in settings["models"]:
+    chosen = settings.get("ck_backends", {})
+    # a chosen rope needs the model that calls it; the optimizer and the clip take no part in gradients
+    for model in settings["models"] + (["llama"] if "rope" in chosen and "llama" not in settings["models"] else []):
         config = with_backends(replace(SHORT_RUN, model=model, ck_swiglu_backend=settings["ck_swiglu_backend"],
                                        ck_rmsnorm_backend=settings["ck_rmsnorm_backend"],
                                        ck_loss_backend=settings["ck_loss_backend"]), settings)
+        exercised |= kernels_used(config) - {"adamw", "clip_grad_norm"}
         ck, ref = build_twins(config)
         tokens = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
         targets = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
@@ -360,7 +371,8 @@ def fd_gradients(settings: dict) -> dict:
             rows.append({"model": model, "tensor": name, "coordinates": len(picks), "worst_error_over_tol": worst})
     summary = (f"{sum(r['coordinates'] for r in rows)} coordinates over {len(rows)} tensors, "
                f"{len(failures)} over tolerance" + (f"; first: {failures[0]}" if failures else ""))
-    return _result(not failures, summary, rows=rows, failures=failures[:50])
+    return _result(not failures, summary, rows=rows, failures=failures[:50],
+                   exercised=sorted(exercised & set(chosen)))
 
 
 # ---- replay_determinism, drift_smoke, long_horizon --------------------------
@@ -381,7 +393,7 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
     """The same run twice, and at each thread count: identical series, bit for
     bit; a run that errors fails the gate (three runs that fail alike are not
     "identical")."""
-    runs, threads_used, failures = {}, {}, []
+    runs, threads_used, failures, exercised = {}, {}, [], set()
     saved = (ckparity.get_num_threads(), torch.get_num_threads())
     try:
         for label, threads in [("first", settings["threads"][0]), ("again", settings["threads"][0])] + \
@@ -389,6 +401,7 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
             config = replace(REPLAY_RUN, max_steps=settings["steps"], threads=threads,
                              ck_loss_backend=settings["ck_loss_backend"],
                              json_out=str(out_dir / f"replay_determinism_{label.replace('=', '')}.json"))
+            exercised |= kernels_used(config)
             report = _train_in_gate(config, settings)
             if report["status"] not in ("pass", "fail"):
                 failures.append(f"{label}: {report['status']}: {report.get('error')}")
@@ -405,13 +418,51 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
     summary = (f"{len(runs)} runs of {settings['steps']} steps (C threads {sorted(set(threads_used.values()))}): "
                + ("identical" if not failures else "; ".join(failures)))
     return _result(not failures, summary, runs=list(runs), differing=differing, threads_used=threads_used,
-                   failures=failures)
+                   failures=failures, exercised=sorted(exercised & set(settings.get("ck_backends", {}))))
 
 
 def with_backends(config: RunConfig, settings: dict) -> RunConfig:
-    """config with the CK twin's backends of ``gate --backend SLOT=NAME`` (settings["ck_backends"])."""
+    """config with those of ``gate --backend SLOT=NAME``'s backends
+    (settings["ck_backends"]) that its CK twin calls (kernels_used): a
+    backend of a kernel the run does not call is not forced on it."""
     flags = {kernel: flag for flag, kernel in kernels.FLAGS.items()}
-    return replace(config, **{flags[kernel]: name for kernel, name in settings.get("ck_backends", {}).items()})
+    used = kernels_used(config)
+    return replace(config, **{flags[kernel]: name for kernel, name in settings.get("ck_backends", {}).items()
+                              if kernel in used})
+
+
+# how a gate's first run is changed to call a chosen kernel none of its runs call
+TO_EXERCISE = {"rope": ("llama", {"model": "llama"}), "clip_grad_norm": ("clipped", {"max_grad_norm": 1.0}),
+               "cross_entropy": ("one_rank", {"tp": 1}), "adamw": ("adamw", {"optimizer": "adamw"})}
+
+
+def gate_runs(runs: dict[str, RunConfig], settings: dict) -> dict[str, RunConfig]:
+    """A harness gate's runs with gate --backend's backends: each run with the
+    ones it calls, labelled with them (``tiny+swiglu=mine``; a run that
+    would repeat another is run once), and for a chosen kernel no run calls,
+    the first run changed to call it (TO_EXERCISE: ``+llama`` for rope, one
+    rank for the loss under --tp) -- or, where that is not a valid run,
+    nothing: the gate's ``exercised`` then lacks it and its summary says so."""
+    chosen = settings.get("ck_backends", {})
+    if not chosen:
+        return runs
+    out: dict[str, RunConfig] = {}
+    for label, config in runs.items():
+        config = with_backends(config, settings)
+        applied = [f"{k}={n}" for k, n in chosen.items() if k in kernels_used(config) and n != label]
+        out["+".join([label, *applied])] = config
+    first_label, first = next(iter(runs.items()))
+    for kernel in chosen:
+        if any(kernel in kernels_used(c) for c in out.values()):
+            continue
+        name, change = TO_EXERCISE[kernel]
+        try:
+            config = with_backends(replace(first, **change), settings)
+        except UsageError:  # not a valid run of this gate: reported as not exercised
+            continue
+        applied = [f"{k}={n}" for k, n in chosen.items() if k in kernels_used(config)]
+        out["+".join([first_label, name, *applied])] = config
+    return out
 
 
 def _train_in_gate(config: RunConfig, settings: dict) -> dict:
@@ -428,6 +479,7 @@ def _train_in_gate(config: RunConfig, settings: dict) -> dict:
 
 def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str, settings: dict) -> dict:
     rows, failures = [], []
+    runs = gate_runs(runs, settings)
     for label, config in runs.items():
         path = out_dir / f"{gate}_{label}.json"
         report = _train_in_gate(replace(config, no_progress=True, json_out=str(path)), settings)
@@ -450,7 +502,13 @@ def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str, settings
     summary = failures[0] if failures else "; ".join(
         f"{r['run']}: {r['status']}, max |loss diff| {r['max_loss_abs_diff']:.2g}, "
         f"max |param diff| {r['max_param_abs_diff']:.2g}" for r in rows)
-    return _result(not failures, summary, runs=rows, failures=failures)
+    return _result(not failures, summary, runs=rows, failures=failures, exercised=_exercised(runs, settings))
+
+
+def _exercised(runs: dict[str, RunConfig], settings: dict) -> list[str]:
+    """The chosen kernels (gate --backend) that a run of the gate called."""
+    used = set().union(*(kernels_used(c) for c in runs.values()))
+    return sorted(used & set(settings.get("ck_backends", {})))
 
 
 def drift_smoke(settings: dict, out_dir: Path) -> dict:
@@ -478,11 +536,15 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
     from .harness.studies.repro import depth_sweep as sweep
 
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
-    if settings.get("ck_backends"):
-        chosen = with_backends(RunConfig(), settings)
-        variants = {"backends": {flag: getattr(chosen, flag) for flag in kernels.FLAGS}}
-    rows, _ = sweep(str(out_dir), replace(DEPTH, max_steps=settings["steps"], no_progress=True),
-                    settings["depths"], variants, settings["models"])
+    preset = replace(DEPTH, max_steps=settings["steps"], no_progress=True)
+    rows, exercised = [], set()
+    for model in settings["models"]:
+        if settings.get("ck_backends"):  # the backends each model calls (rope: llama's only)
+            chosen = with_backends(replace(preset, model=model), settings)
+            exercised |= kernels_used(chosen)
+            variants = {"backends": {flag: getattr(chosen, flag) for flag in kernels.FLAGS
+                                     if getattr(chosen, flag) != getattr(preset, flag)}}
+        rows += sweep(str(out_dir), preset, settings["depths"], variants, [model])[0]
     if any(r["status"] == "interrupted" for r in rows):
         raise Interrupted(2)
     # the bitwise variant is held to bits where its kernels are bit-identical at this capability
@@ -491,9 +553,18 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
                 for r in rows if held and r["variant"] == "bitwise" and not r["bitwise"]]
     failures += [f"L={r['layers']} {r['variant']}: {r['status']} (params fail at {r['first_param_fail_step']})"
                  for r in rows if r["status"] != "pass"]
-    summary = failures[0] if failures else (f"{len(rows)} runs at L={settings['depths']}: all pass, "
-                                            f"bitwise variant bit-identical at every depth")
-    return _result(not failures, summary, rows=rows, failures=failures)
+    if failures:
+        summary = failures[0]
+    elif any(r["variant"] == "bitwise" for r in rows):
+        summary = (f"{len(rows)} runs at L={settings['depths']}: all pass, bitwise variant "
+                   + ("bit-identical at every depth" if held else "not held to bits (the library and torch run at "
+                      "other CPU capabilities)"))
+    else:  # gate --backend: the user's kernels are held to parity, not claimed bit-identical
+        summary = (f"{len(rows)} runs at L={settings['depths']} with "
+                   f"{', '.join(f'{k}={n}' for k, n in settings['ck_backends'].items())}: all pass parity "
+                   "(not held to bits)")
+    return _result(not failures, summary, rows=rows, failures=failures,
+                   exercised=sorted(exercised & set(settings.get("ck_backends", {}))))
 
 
 def accuracy_parity(settings: dict, out_dir: Path) -> dict:
@@ -506,10 +577,12 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
     from .harness.studies.repro import STRESS
 
     failures, rows = [], []
-    for backend in settings["loss_backends"]:
-        config = replace(STRESS, max_steps=settings["steps"], f64_shadow=True, shadow_every=settings["shadow_every"],
-                         ck_loss_backend=backend, ck_optimizer_backend=settings["ck_optimizer_backend"],
-                         no_progress=True, json_out=str(out_dir / f"accuracy_parity_{backend}.json"))
+    runs = gate_runs({b: replace(STRESS, max_steps=settings["steps"], f64_shadow=True,
+                                 shadow_every=settings["shadow_every"], ck_loss_backend=b,
+                                 ck_optimizer_backend=settings["ck_optimizer_backend"], no_progress=True)
+                      for b in settings["loss_backends"]}, settings)
+    for backend, config in runs.items():
+        config = replace(config, json_out=str(out_dir / f"accuracy_parity_{backend}.json"))
         report = _train_in_gate(config, settings)
         if report["status"] == "error" or not report.get("shadow"):
             failures.append(f"loss {backend}: the run {report['status']}: {report.get('error')}")
@@ -531,7 +604,7 @@ def accuracy_parity(settings: dict, out_dir: Path) -> dict:
     summary = failures[0] if failures else "; ".join(
         f"{r['loss_backend']} {r['quantity']}: CK {r['max_ck_error']:.2g} vs torch {r['max_torch_error']:.2g}"
         for r in rows)
-    return _result(not failures, summary, rows=rows, failures=failures)
+    return _result(not failures, summary, rows=rows, failures=failures, exercised=_exercised(runs, settings))
 
 
 def noise_envelope(settings: dict, out_dir: Path) -> dict:
@@ -542,10 +615,11 @@ def noise_envelope(settings: dict, out_dir: Path) -> dict:
     (harness/observers/envelope.py; README "Noise or bug" for what it detects and what
     it does not)."""
     rows, failures = [], []
-    for backend in settings["loss_backends"]:
-        config = replace(PRESET, ck_loss_backend=backend, max_steps=settings["steps"], envelope=settings["members"],
-                         envelope_ratio=settings["ratio"], ck_optimizer_backend=settings["ck_optimizer_backend"],
-                         no_progress=True, json_out=str(out_dir / f"noise_envelope_{backend}.json"))
+    runs = gate_runs({b: replace(PRESET, ck_loss_backend=b, max_steps=settings["steps"], envelope=settings["members"],
+                                 envelope_ratio=settings["ratio"], ck_optimizer_backend=settings["ck_optimizer_backend"],
+                                 no_progress=True) for b in settings["loss_backends"]}, settings)
+    for backend, config in runs.items():
+        config = replace(config, json_out=str(out_dir / f"noise_envelope_{backend}.json"))
         report = _train_in_gate(config, settings)
         if report.get("error"):
             failures.append(f"{backend}: {report['status']}: {report['error']}")
@@ -566,7 +640,7 @@ def noise_envelope(settings: dict, out_dir: Path) -> dict:
     summary = failures[0] if failures else "; ".join(
         f"{r['loss_backend']}: within noise (max ratio loss {r['max_noise_ratio']['loss']:.2f}, "
         f"param {r['max_noise_ratio']['param']:.2f})" for r in rows)
-    return _result(not failures, summary, rows=rows, failures=failures)
+    return _result(not failures, summary, rows=rows, failures=failures, exercised=_exercised(runs, settings))
 
 
 def distributed_parity(settings: dict, out_dir: Path) -> dict:
@@ -624,6 +698,22 @@ def settings_for(tier: str, config_path: str | None = None) -> dict[str, dict]:
     return settings
 
 
+def settings_with_backends(settings: dict, ck_backends: dict[str, str]) -> dict:
+    """A gate's settings with gate --backend's backends in them, as they run:
+    ``ck_backends``, each backend flag the settings name set to the chosen
+    one, and ``loss_backends`` the chosen loss alone (the gate's runs of
+    ckparity's own loss variants would all be the user's loss: one run, not
+    three copies)."""
+    settings = dict(settings, ck_backends=dict(ck_backends))
+    flags = {kernel: flag for flag, kernel in kernels.FLAGS.items()}
+    for kernel, name in ck_backends.items():
+        if flags[kernel] in settings:
+            settings[flags[kernel]] = name
+        if kernel == "cross_entropy" and "loss_backends" in settings:
+            settings["loss_backends"] = [name]
+    return settings
+
+
 def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: str,
               echo: Callable[[str], None] = print, ck_backends: dict[str, str] | None = None,
               fail_fast: bool = False) -> list[dict]:
@@ -633,7 +723,7 @@ def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         if ck_backends:
-            settings[name]["ck_backends"] = dict(ck_backends)  # in each gate's report, with its settings
+            settings[name] = settings_with_backends(settings[name], ck_backends)
     results = []
     with stop_on_signals() as stop:
         _run_each(names, settings, out_dir, tier, echo, results, fail_fast)
@@ -656,6 +746,12 @@ def _run_each(names, settings, out_dir, tier, echo, results, fail_fast) -> None:
             result = _result(False, "interrupted", interrupted=signum)
         except Exception as err:  # a gate that crashes fails, and says why
             result = _result(False, f"error: {type(err).__name__}: {err}")
+        chosen = settings[name].get("ck_backends", {})
+        if chosen and "exercised" in result["details"]:  # said plainly: a backend this gate did not call
+            missed = [f"{k}={n}" for k, n in chosen.items() if k not in result["details"]["exercised"]]
+            result["details"]["not_exercised"] = missed
+            if missed:
+                result["summary"] += f"; does not exercise {', '.join(missed)}"
         result.update(gate=name, tier=tier, settings=settings[name], seconds=time.perf_counter() - start,
                       schema="ckparity.gate/1", torch=torch.__version__, ckparity=ckparity.__version__)
         write_json(out_dir / f"{name}_latest.json", result)

@@ -71,13 +71,18 @@ def parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, reference: torch
     bit, rounding the exact answer once is still allowed). Returns the figures with
     ``ok`` and, when not ok, ``reason``."""
     ours_error, torch_error = error64(ours, reference), error64(theirs, reference)
-    figures = {"name": name, "max_ulp": max_ulp(ours, theirs), "ckparity_error64": ours_error,
-               "torch_error64": torch_error, "ok": True, "reason": None}
+    figures = {"name": name, "max_ulp": max_ulp(ours, theirs), "max_abs": error64(ours, theirs),
+               "ckparity_error64": ours_error, "torch_error64": torch_error, "ok": True, "reason": None}
+    allowed = max(atol, 2 * torch_error)
     try:
-        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=rtol, atol=max(atol, 2 * torch_error),
-                                   equal_nan=True)
+        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=rtol, atol=allowed, equal_nan=True)
     except AssertionError as err:
-        figures.update(ok=False, reason=f"not close to torch: {str(err).splitlines()[0]}")
+        # assert_close's first line is "Tensor-likes are not close!": the figures say how far, and who is nearer
+        beyond = next((line.strip() for line in str(err).splitlines() if line.strip().startswith("Mismatched")),
+                      str(err).splitlines()[0])
+        figures.update(ok=False, reason=f"not close to torch: {beyond}; max |diff| {figures['max_abs']:.3g} "
+                                        f"(rtol {rtol:g}, atol {allowed:.3g}); float64 error {ours_error:.3g}, "
+                                        f"torch's {torch_error:.3g}")
         return figures
     finite = reference[torch.isfinite(reference)].double()
     floor = float(finite.abs().max()) * 2.0**-23 * floor_ulps if finite.numel() else 0.0

@@ -44,12 +44,12 @@ Only if the twins' models call it: its flag's field in
 from __future__ import annotations
 
 from .contract import ContractError
-from .record import CAPABILITIES, WIDTHS, Claim, Conformance, GateCase, Kernel
-from .registry import (load_configured, load_plugin, register, register_backend, registered, resolve, slot,
-                       unknown_backend_message, use_plugins)
+from .record import CAPABILITIES, WIDTHS, BadInput, Claim, Conformance, GateCase, Kernel, Registration
+from .registry import (deferred_contracts, load_configured, load_plugin, register, register_backend, registered,
+                       resolve, slot, unknown_backend_message, use_plugins)
 from .spine import FLAGS, HEAD_LOSS, KERNELS, backends, bit_identical, claims, not_bit_identical
 
 __all__ = ["KERNELS", "FLAGS", "HEAD_LOSS", "Kernel", "Claim", "Conformance", "GateCase", "WIDTHS",
-           "CAPABILITIES", "ContractError", "backends", "bit_identical", "claims", "load_configured", "load_plugin",
+           "BadInput", "Registration", "deferred_contracts", "CAPABILITIES", "ContractError", "backends", "bit_identical", "claims", "load_configured", "load_plugin",
            "not_bit_identical", "register", "register_backend", "registered", "resolve", "slot",
            "unknown_backend_message", "use_plugins"]

@@ -117,7 +117,7 @@ KERNEL = Kernel(
     contract=_contract,
     # check's sizes: every tensor size 1..300 and large ones, and several of the C AdamW's
     # 65536-float chunks (65537)
-    conformance=Conformance(make=None, call=None, differentiated=(), widths=WIDTHS + [65537], bad=None),
+    conformance=Conformance(make=None, call=None, differentiated=(), widths=WIDTHS + [65537]),
     claims=(Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param (where torch's sqrt is exact)"),
                   sweep),),
     not_claimed={"adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)"},

@@ -15,7 +15,7 @@ from .. import _bindings
 from .contract import expect, grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fresh_fwd_bwd, fwd_bwd
 from .probing import out
-from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import Tally, grad_run, torch_threads
 
 
@@ -43,10 +43,10 @@ def _make(width, rows, g):
     return {"logits": torch.randn(rows, width, generator=g) * 3, "targets": targets}
 
 
-def _bad(fn):
-    expect_raise("a target equal to V (5)", lambda: fn(torch.randn(3, 5), torch.tensor([0, 5, 1])))
-    expect_raise("a negative target other than ignore_index", lambda: fn(torch.randn(3, 5), torch.tensor([0, -2, 1])))
-    expect_raise("3 targets for 4 rows", lambda: fn(torch.randn(4, 5), torch.tensor([0, 1, 2])))
+_BAD = (BadInput("a target equal to V (5)", "value", lambda fn: fn(torch.randn(3, 5), torch.tensor([0, 5, 1]))),
+        BadInput("a negative target other than ignore_index", "value",
+                 lambda fn: fn(torch.randn(3, 5), torch.tensor([0, -2, 1]))),
+        BadInput("3 targets for 4 rows", "shape", lambda fn: fn(torch.randn(4, 5), torch.tensor([0, 1, 2]))))
 
 
 def _opinfo_sample(s):
@@ -308,8 +308,8 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["logits"], t["targets"]), differentiated=("logits",), widths=WIDTHS,
-        bad=_bad,
-        options=(("label_smoothing=0.1", lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1),
+        bad=_BAD,
+        options=(("label_smoothing", lambda f, t: f(t["logits"], t["targets"], label_smoothing=0.1),
                   ("logits",)),),
         opinfo=("nn.functional.cross_entropy", _opinfo_sample)),
     gate_cases={

@@ -30,19 +30,30 @@ class Conformance:
     ``make(width, rows, gen)`` draws one case's tensors (float32);
     ``call(fn, tensors)`` calls a backend as the harness does; the gradients
     of ``differentiated`` are compared; ``bad(fn)`` calls fn with inputs it
-    must refuse (raising ``Accepted`` via ``expect_raise`` when it does not);
+    must refuse, as ``BadInput`` rows (a shape the slot cannot take, or a
+    value out of its domain: the ckparity.plugin helpers check shapes
+    themselves, so a helper-built backend's C sees only the value rows);
     an optimizer slot uses ``widths`` alone (its tensor sizes);
     ``options`` are the contract's other calls, as (name, call,
-    differentiated); ``opinfo`` names torch's OpInfo whose samples stand for
+    differentiated), the name the one a backend declares ``unsupported``
+    (``register_backend(..., unsupported=[name])``); ``opinfo`` names torch's OpInfo whose samples stand for
     the slot and adapts one sample to (call, tensors, differentiated), or
     None where the sample is outside the slot's contract."""
     make: Callable[[int, int, torch.Generator], dict] | None
     call: Callable[[Callable, dict], torch.Tensor] | None
     differentiated: tuple[str, ...]
     widths: list[int]
-    bad: Callable[[Callable], None] | None
+    bad: tuple[BadInput, ...] = ()
     options: tuple[tuple[str, Callable, tuple[str, ...]], ...] = ()
     opinfo: tuple[str, Callable] | None = None
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """An input a backend must refuse (raise on): ``call(fn)`` passes it."""
+    what: str
+    kind: str  # "shape" or "value"
+    call: Callable[[Callable], object]
 
 
 @dataclass(frozen=True)
@@ -95,19 +106,25 @@ class Kernel:
     # (gen, select) -> the rows of ckparity bench (kernels.benching.Case) whose (kernel, shape) select accepts
     bench: Callable[[torch.Generator, Callable[[str, str], bool]], Iterator] | None = None
     builtin: tuple[str, ...] = ()
+    # what register_backend knows of a user's backend (name -> Registration)
+    registrations: dict[str, "Registration"] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.builtin = tuple(self.backends)
 
+    def options(self) -> tuple[str, ...]:
+        """The names of the slot's options a backend may declare unsupported."""
+        return tuple(name for name, _, _ in self.conformance.options) if self.conformance else ()
 
-class Accepted(Exception):
-    """A bad input was accepted (returned a value)."""
 
-
-def expect_raise(what: str, call: Callable[[], object]) -> None:
-    """For Conformance.bad: ``call`` must raise; returning is the failure."""
-    try:
-        call()
-    except Exception:  # noqa: BLE001 -- any clear refusal will do; returning is the failure
-        return
-    raise Accepted(what)
+@dataclass(frozen=True)
+class Registration:
+    """A user's backend as registered: ``unsupported`` options (the record's
+    Conformance.options names) it refuses by design; ``origin`` what makes a
+    fresh process register it again (a plugin spec, or ``module:attr``; None
+    where nothing does: a backend defined in a function or in __main__);
+    ``contract_checked`` False where the contract check was deferred to the
+    process that checks it (ckparity check's child)."""
+    unsupported: frozenset[str] = frozenset()
+    origin: str | None = None
+    contract_checked: bool = True

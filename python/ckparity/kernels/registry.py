@@ -22,7 +22,15 @@ spell it (a record's ``spellings``: ``rmsnorm``, ``loss``, ``optimizer``,
 
 Every registration runs the slot's contract check (the record's
 ``contract``; docs/plugins.md): a backend that breaks its contract is
-refused with the reason, before any run -- never compared as 0.
+refused with the reason, before any run -- never compared as 0. In
+``ckparity check``'s child the check is deferred (``deferred_contracts``):
+there it is the suite's first property, so a backend that crashes in it is
+a verdict with a report, not a dead command.
+
+A registration remembers where it came from (``Registration.origin``): the
+plugin being loaded, the module whose import registered it, or a module
+attribute that holds the callable -- what a fresh process needs to register
+it again (check's child does; kernels.carried).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from typing import Callable
 
 from .spine import KERNELS
 from .contract import ContractError
+from .record import Registration
 
 ENV = "CKP_PLUGINS"
 ENTRY_POINT_GROUP = "ckparity.backends"
@@ -58,11 +67,26 @@ def register(kernel: str, name: str, fn: Callable) -> None:
     KERNELS[slot(kernel)].backends[name] = fn
 
 
-def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True) -> None:
+_deferred = False  # True in check's child: contracts run as the suite's first property
+
+
+def deferred_contracts() -> None:
+    """From now on in this process, registrations skip the contract check
+    (``ckparity check``'s child: the check runs it as a property)."""
+    global _deferred
+    _deferred = True
+
+
+def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True,
+                     unsupported: tuple[str, ...] | list[str] = ()) -> None:
     """Makes ``fn`` the backend ``name`` of the slot ``kernel``, after the
     slot's contract check (``check=False`` skips it: for planted faults that
-    break the contract on purpose). ckparity's own backends cannot be
-    replaced; registering the same name again replaces the user's."""
+    break the contract on purpose). ``unsupported`` names the slot's options
+    (its record's ``options()``, e.g. ``label_smoothing``) the backend
+    refuses by design: ``ckparity check`` reports them ``not supported``
+    instead of running them, and a run that needs one is refused before it
+    starts. ckparity's own backends cannot be replaced; registering the
+    same name again replaces the user's."""
     record = KERNELS[slot(kernel)]
     kernel = record.name
     if not isinstance(name, str) or not name or name.strip() != name:
@@ -71,7 +95,11 @@ def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True
         raise ValueError(f"{name!r} is ckparity's own {kernel} backend; give yours another name")
     if not callable(fn):
         raise TypeError(f"the {kernel} backend {name!r} must be callable, got {type(fn).__name__}")
-    if check:
+    if isinstance(unsupported, str) or not set(unsupported) <= set(record.options()):
+        raise ValueError(f"unsupported={unsupported!r}: the {kernel} slot's options are "
+                         f"{list(record.options()) or 'none'}")
+    checked = check and not _deferred
+    if checked:
         try:
             record.contract(fn)
         except ContractError as err:
@@ -81,6 +109,31 @@ def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True
             raise ContractError(f"the {kernel} backend {name!r} raised in its contract check: "
                                 f"{type(err).__name__}: {err} (docs/plugins.md)") from err
     record.backends[name] = fn
+    record.registrations[name] = Registration(frozenset(unsupported), _origin(fn), checked or not check)
+
+
+def _origin(fn: Callable) -> str | None:
+    """What registers ``fn`` again in a fresh process: the plugin being
+    loaded; else the module whose import is registering it; else a module
+    attribute holding ``fn`` (in its own module or a caller's). None for a
+    callable only this process can reach (made in a function, or in
+    __main__)."""
+    if _loading:
+        return _loading[-1]
+    callers, frame = [], sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("ckparity.") and module != "ckparity":
+            if frame.f_code.co_name == "<module>" and module in sys.modules and module != "__main__":
+                return module  # its import registers fn
+            callers.append(module)
+        frame = frame.f_back
+    for module in dict.fromkeys([getattr(fn, "__module__", None), *callers]):
+        if module and module != "__main__" and module in sys.modules:
+            attr = next((a for a, v in vars(sys.modules[module]).items() if v is fn), None)
+            if attr is not None:
+                return f"{module}:{attr}"
+    return None
 
 
 def registered(kernel: str) -> list[str]:
@@ -114,6 +167,7 @@ def resolve(kernel: str, name: str) -> None:
 # ---- loading plugins ------------------------------------------------------------
 
 _loaded: list[str] = []
+_loading: list[str] = []  # the plugins being imported, innermost last: the origin of what they register
 
 
 def load_plugin(spec: str) -> None:
@@ -123,7 +177,11 @@ def load_plugin(spec: str) -> None:
         return
     if spec.endswith(".py") and not Path(spec).is_file():
         raise ValueError(f"--plugin {spec}: no such file")
-    _importing(f"--plugin {spec}", lambda: _import(spec))
+    _loading.append(key)
+    try:
+        _importing(f"--plugin {spec}", lambda: _import(spec))
+    finally:
+        _loading.pop()
     _loaded.append(key)
 
 
@@ -153,10 +211,15 @@ def _importing(what: str, load) -> None:
         raise ValueError(f"{what} failed to load: {detail}") from None
 
 
-def use_plugins(specs: list[str]) -> None:
-    """Loads ``specs`` here and puts them in CKP_PLUGINS for every process this one starts."""
-    for spec in specs:
+def use_plugins(specs: list[str], load: bool = True) -> None:
+    """Loads ``specs`` here (unless not ``load``: ckparity check loads them
+    in its child only) and puts them in CKP_PLUGINS for every process this
+    one starts."""
+    for spec in specs if load else ():
         load_plugin(spec)
+    for spec in specs:
+        if spec.endswith(".py") and not Path(spec).is_file():
+            raise ValueError(f"--plugin {spec}: no such file")
     keys = [k for k in os.environ.get(ENV, "").split(os.pathsep) if k]
     for spec in specs:
         key = str(Path(spec).resolve()) if spec.endswith(".py") else spec
@@ -171,5 +234,10 @@ def load_configured() -> None:
         load_plugin(spec)
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry.value not in _loaded:
-            _importing(f"the {ENTRY_POINT_GROUP} entry point {entry.name} ({entry.value})", lambda e=entry: e.load()())
+            _loading.append(f"entry point {entry.value}")  # a fresh process loads entry points itself
+            try:
+                _importing(f"the {ENTRY_POINT_GROUP} entry point {entry.name} ({entry.value})",
+                           lambda e=entry: e.load()())
+            finally:
+                _loading.pop()
             _loaded.append(entry.value)

@@ -12,7 +12,7 @@ from .. import _bindings as C
 from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
-from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import Tally, grad_run, torch_threads
 
 
@@ -30,10 +30,9 @@ def _make(width, rows, g):
     return {"x": torch.randn(rows, width, generator=g), "weight": torch.randn(width, generator=g)}
 
 
-def _bad(fn):
-    x, w = torch.randn(3, 8), torch.randn(8)
-    expect_raise("normalized_shape (7,) on rows of 8", lambda: fn(x, (7,), w, 1e-5))
-    expect_raise("a weight of 5 on rows of 8", lambda: fn(x, (8,), torch.randn(5), 1e-5))
+_BAD = (BadInput("normalized_shape (7,) on rows of 8", "shape",
+                 lambda fn: fn(torch.randn(3, 8), (7,), torch.randn(8), 1e-5)),
+        BadInput("a weight of 5 on rows of 8", "shape", lambda fn: fn(torch.randn(3, 8), (8,), torch.randn(5), 1e-5)))
 
 
 def _opinfo_sample(s):
@@ -138,8 +137,8 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["x"], (t["x"].shape[-1],), t["weight"], 1e-5),
-        differentiated=("x", "weight"), widths=WIDTHS, bad=_bad,
-        options=(("no weight", lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5), ("x",)),),
+        differentiated=("x", "weight"), widths=WIDTHS, bad=_BAD,
+        options=(("no_weight", lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5), ("x",)),),
         opinfo=("nn.functional.rms_norm", _opinfo_sample)),
     gate_cases={"rms_norm": GateCase(rms_norm, F.rms_norm, _gate_cases, "default", weight=2)},
     claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),),

@@ -11,7 +11,7 @@ from .. import _bindings as C
 from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
-from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import Tally, grad_run
 
 
@@ -32,8 +32,8 @@ def _make(width, rows, g):
     return {"q": torch.randn(1, 3, rows + 1, width, generator=g), "cos": angles.cos(), "sin": angles.sin()}
 
 
-def _bad(fn):
-    expect_raise("cos of the wrong width", lambda: fn(torch.randn(1, 2, 3, 8), torch.randn(3, 3), torch.randn(3, 3)))
+_BAD = (BadInput("cos of the wrong width", "shape",
+                 lambda fn: fn(torch.randn(1, 2, 3, 8), torch.randn(3, 3), torch.randn(3, 3))),)
 
 
 def _gate_cases():
@@ -107,7 +107,7 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["q"].transpose(1, 2), t["cos"], t["sin"]), differentiated=("q",),
-        widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_bad),
+        widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_BAD),
     gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
     claims=(Claim("rope", ("out", "dx"), sweep),),
     probe=_probe,

@@ -10,7 +10,7 @@ from .. import _bindings as C
 from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
-from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, expect_raise
+from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import Tally, grad_run, torch_threads
 
 
@@ -27,8 +27,7 @@ def _make(width, rows, g):
     return {"x": torch.randn(rows, 2 * width, generator=g) * 4}
 
 
-def _bad(fn):
-    expect_raise("an odd last dimension (7)", lambda: fn(torch.randn(3, 7)))
+_BAD = (BadInput("an odd last dimension (7)", "shape", lambda fn: fn(torch.randn(3, 7))),)
 
 
 def _silu_sample(s):
@@ -101,8 +100,8 @@ KERNEL = Kernel(
     backends={"c": swiglu, "torch": reference.swiglu},
     contract=_contract,
     conformance=Conformance(
-        make=_make, call=lambda fn, t: fn(t["x"]), differentiated=("x",), widths=WIDTHS, bad=_bad,
-        options=(("3-D input", lambda f, t: f(t["x"].reshape(3, 1, -1)), ("x",)),),
+        make=_make, call=lambda fn, t: fn(t["x"]), differentiated=("x",), widths=WIDTHS, bad=_BAD,
+        options=(("3d_input", lambda f, t: f(t["x"].reshape(3, 1, -1)), ("x",)),),
         opinfo=("nn.functional.silu", _silu_sample)),
     gate_cases={"swiglu": GateCase(swiglu, reference.swiglu, _gate_cases, "default")},
     claims=(Claim("swiglu", ("out", "dx"), sweep),),

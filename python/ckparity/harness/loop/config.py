@@ -156,28 +156,48 @@ def _validate(config: RunConfig) -> None:
     defaults = RunConfig.__dataclass_fields__
     unused = []
     if config.model != "llama":
-        unused += [n for n in ("heads", "kv_heads", "rope_theta", "tie_embeddings", "ck_rope_backend")
+        unused += [n for n in ("heads", "kv_heads", "rope_theta", "tie_embeddings")
                    if getattr(config, n) != defaults[n].default]
+    used = kernels_used(config)
+    unused += [flag for flag, kernel in kernels.FLAGS.items()
+               if kernel not in used and getattr(config, flag) != defaults[flag].default]
     if config.model == "tiny" and config.num_layers != defaults["num_layers"].default:
         unused.append("num_layers")
     if not config.f64_shadow and config.shadow_every != defaults["shadow_every"].default:
         unused.append("shadow_every")
     if not config.envelope and config.envelope_ratio != defaults["envelope_ratio"].default:
         unused.append("envelope_ratio")
-    if config.max_grad_norm == 0 and config.ck_clip_backend != defaults["ck_clip_backend"].default:
-        unused.append("ck_clip_backend")
     if config.overwrite_checkpoints and (not config.checkpoint_every or config.resume):
         unused.append("overwrite_checkpoints")
     if unused:
         why = {"shadow_every": "without --f64-shadow", "envelope_ratio": "without --envelope", "num_layers": "with --model tiny",
                "ck_clip_backend": "without --max-grad-norm",
+               "ck_loss_backend": "with --tp (the CK loss is the vocab-parallel cross-entropy)",
+               "ck_optimizer_backend": "with --optimizer sgd (both twins run torch's SGD)",
                "overwrite_checkpoints": "without --checkpoint-every, or with --resume (a resume goes on in its own "
                                         "directory)"}
         name = unused[0]
         raise UsageError(f"{_name(name)} takes no effect {why.get(name, f'with --model {config.model}')}")
     _validate_ranks(config)
-    if config.optimizer == "sgd" and config.ck_optimizer_backend != "c":
-        raise UsageError("--ck-optimizer-backend takes no effect with --optimizer sgd (both twins run torch's SGD)")
+    loss = kernels.KERNELS["cross_entropy"].registrations.get(config.ck_loss_backend)
+    if config.label_smoothing and loss is not None and "label_smoothing" in loss.unsupported:
+        raise UsageError(f"--label-smoothing: the loss backend {config.ck_loss_backend!r} declares it unsupported")
+
+
+def kernels_used(config: RunConfig) -> set[str]:
+    """The kernels the CK twin calls in this configuration: a backend flag of
+    any other takes no effect (refused by validate; gate --backend runs
+    another configuration that uses it, or says it does not exercise it)."""
+    used = {"cross_entropy", "rms_norm", "swiglu", "adamw"}
+    if config.model == "llama":
+        used.add("rope")
+    if config.max_grad_norm > 0:
+        used.add("clip_grad_norm")
+    if config.tp > 1:  # the CK loss is the vocab-parallel cross-entropy
+        used.discard("cross_entropy")
+    if config.optimizer == "sgd":  # both twins run torch's SGD
+        used.discard("adamw")
+    return used
 
 
 def _validate_ranks(config: RunConfig) -> None:
@@ -197,10 +217,9 @@ def _validate_ranks(config: RunConfig) -> None:
         if config.tp > config.vocab:
             raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")
         # the loss is the C vocab-parallel cross-entropy; the lm_head is sharded
-        refused = {"ck_loss_backend": config.ck_loss_backend != "c", "tie_embeddings": config.tie_embeddings,
+        refused = {"tie_embeddings": config.tie_embeddings,
                    "max_grad_norm": config.max_grad_norm > 0, "label_smoothing": config.label_smoothing > 0}
-        why = {"ck_loss_backend": "takes no effect with --tp (the CK loss is the vocab-parallel cross-entropy)",
-               "tie_embeddings": "is not supported with --tp (the sharded lm_head cannot share the embedding)",
+        why = {"tie_embeddings": "is not supported with --tp (the sharded lm_head cannot share the embedding)",
                "max_grad_norm": "is not supported with --tp (the norm would need the shards' sum)",
                "label_smoothing": "is not supported with --tp (the sharded twin's loss takes none)"}
         for name, bad in refused.items():

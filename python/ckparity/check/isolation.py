@@ -1,0 +1,179 @@
+"""ckparity check in a child process: a crash in a backend's C -- a
+segfault, an abort -- or a hang ends the child, not the command, and is the
+verdict ``crashes`` naming the property and case it was in.
+
+The child registers the backend as this process did: it loads the same
+plugins (CKP_PLUGINS, entry points) and whatever registered the backend
+here (its Registration.origin: a plugin, the module whose import registered
+it, or a module attribute holding it), with the parent's sys.path. It runs
+the contract check as the suite's first property. A child that cannot set
+up (a plugin that fails to load, no such backend) is CheckSetupError -- an
+error of the check, never a verdict on the kernel. A backend only this
+process can reach (a callable made in a function, or in __main__) is
+checked here by ``run``, and its report says so (``isolated: false``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .. import cpu, kernels
+from . import SCHEMA, check, record_of
+
+DEFAULT_TIMEOUT = 1800.0  # seconds: ckparity's own kernels take seconds; a hang is a verdict, not a wait
+EXIT_SETUP = 3  # the child's exit code when it could not set up the check
+
+
+class CheckSetupError(ValueError):
+    """The check could not start (in its child): a plugin failed to load, or no such backend."""
+
+
+def carried(kernel: str, backend: str) -> tuple[dict | None, str | None]:
+    """What check's child must load to have ``backend`` as this process has
+    it: ({"plugins": [...], "attrs": [...]}, None), or (None, why) when no
+    fresh process can register it."""
+    record = record_of(kernel)
+    registration = record.registrations.get(backend)
+    if backend in record.builtin or registration is None:  # the child's own plugins have it, or say they do not
+        return {"plugins": [], "attrs": []}, None
+    origin = registration.origin
+    if origin is None:
+        return None, (f"the {record.name} backend {backend!r} is a callable only this process can reach (made in "
+                      "a function or in __main__); register it when a module is imported, or bind it to a "
+                      "module's name, for a child process to check it")
+    if origin.startswith("entry point "):  # every process loads the entry points
+        return {"plugins": [], "attrs": []}, None
+    if ":" in origin and not origin.endswith(".py"):
+        return {"plugins": [], "attrs": [[record.name, backend, origin, sorted(registration.unsupported)]]}, None
+    return {"plugins": [origin], "attrs": []}, None
+
+
+def run(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """The check of ``backend``: in a child process when one can register it
+    (isolated_check), else in this one (the report's ``isolated`` is False,
+    ``in_process_because`` says why)."""
+    carry, why = carried(kernel, backend)
+    if carry is None:
+        report = check(kernel, backend, seed)
+        report.update(isolated=False, in_process_because=why)
+        return report
+    return isolated_check(kernel, backend, seed, timeout, carry)
+
+
+def _child_env(carry: dict) -> dict:
+    env = dict(os.environ)
+    if carry["plugins"] or carry["attrs"]:  # the modules that registered it, found where this process finds them
+        path = [p for p in sys.path if p and os.path.isdir(p)]
+        env["PYTHONPATH"] = os.pathsep.join(path + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT,
+                   carry: dict | None = None) -> dict:
+    """check() in a child process (see the module's docstring). The report
+    comes back through a file, not the child's stdout (which a backend may
+    print to). A bad kernel name raises ValueError here, before the child
+    starts; a child that cannot set up raises CheckSetupError; a signal to
+    this process kills the child."""
+    kernel = record_of(kernel).name
+    if carry is None:
+        carry, why = carried(kernel, backend)
+        if carry is None:
+            raise CheckSetupError(why)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "report.json"
+        request = json.dumps({"kernel": kernel, "backend": backend, "seed": seed, "out": str(out), **carry})
+        proc = subprocess.Popen([sys.executable, "-m", "ckparity.check.child", request], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_child_env(carry))
+        timed_out = False
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+            timed_out = True
+        except BaseException as stopped:  # a signal to check (Interrupted) ends its child too
+            proc.kill()
+            _, stderr = proc.communicate()
+            if hasattr(stopped, "signum"):  # the report of what ran, for the command to write
+                stopped.report = _ended_report(kernel, backend, stderr, start, "interrupted",
+                                               f"stopped by {signal.Signals(stopped.signum).name} (killed)")
+            raise
+        if proc.returncode == EXIT_SETUP and out.is_file():
+            raise CheckSetupError(f"the check of the {kernel} backend {backend!r} could not start: "
+                                  f"{json.loads(out.read_text())['setup_error']}")
+        if proc.returncode == 0 and out.is_file():
+            return {**json.loads(out.read_text()), "isolated": True}
+    ending = (f"still running after the --timeout of {timeout:g} s (killed)" if timed_out
+              else f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+              else f"exit {proc.returncode}")
+    return _ended_report(kernel, backend, stderr, start, "crashes", ending)
+
+
+def _ended_report(kernel: str, backend: str, stderr: str, start: float, verdict: str, ending: str) -> dict:
+    """The report of a child that did not finish: the properties it finished
+    (its TRACE rows), the one it was in with ``verdict``, and how it ended."""
+    rows, cases, other = [], [], []
+    for line in stderr.splitlines():
+        traced = json.loads(line) if line.startswith(('{"property"', '{"row"')) else None
+        if traced is None:
+            other.append(line)
+        elif "row" in traced:
+            rows.append(traced["row"])  # a property that finished before the crash
+        else:
+            cases.append(traced)
+    last = cases[-1] if cases else {"property": None, "case": None}
+    if last["property"] is not None and last["property"] not in {r["property"] for r in rows}:
+        why = f"{last['case']}: the check's process was {ending}"
+        rows.append({"property": last["property"], "cases": sum(c["property"] == last["property"] for c in cases),
+                     "bit_identical": None, "failing": 1, "max_ulp": None, "verdict": verdict, "groups": {},
+                     "worst": [{"case": last["case"], "verdict": verdict, "why": why}], "failures": [why]})
+    return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
+            "properties": rows, "not_run": {}, "verdict": verdict, "passed": False, "passes_gates": False,
+            "isolated": True,
+            "crash": {"ending": ending, "property": last["property"], "case": last["case"],
+                      "stderr": " ".join(other[-3:])[-500:]},
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def child(request: dict) -> int:
+    """The child's side: set up (plugins, the carried registration; contracts
+    deferred to the suite), run the suite, write the report to the file the
+    parent named. Exit EXIT_SETUP with {"setup_error": why} when set-up fails."""
+    from . import properties
+
+    out = Path(request["out"])
+    properties.TRACE = lambda line: print(line, file=sys.stderr, flush=True)
+    kernels.deferred_contracts()
+    try:
+        kernels.load_configured()
+        for spec in request["plugins"]:
+            kernels.load_plugin(spec)
+        for kernel, name, origin, unsupported in request["attrs"]:
+            if name not in kernels.KERNELS[kernel].backends:
+                module, _, attr = origin.partition(":")
+                kernels.register_backend(kernel, name, _attribute(module, attr), unsupported=unsupported)
+        kernels.resolve(request["kernel"], request["backend"])
+    except (ValueError, TypeError) as err:
+        out.write_text(json.dumps({"setup_error": str(err)}))
+        return EXIT_SETUP
+    out.write_text(json.dumps(check(request["kernel"], request["backend"], request["seed"])))
+    return 0
+
+
+def _attribute(module: str, attr: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception as err:  # noqa: BLE001 -- whatever importing the user's module raises, named
+        raise ValueError(f"cannot load {module}:{attr} (where the backend was registered): "
+                         f"{type(err).__name__}: {err}") from None

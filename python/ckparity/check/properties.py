@@ -1,0 +1,284 @@
+"""The properties ``ckparity check`` runs on a backend, each a set of cases
+against torch (and torch in float64, the exact answer's stand-in), filled
+into a ``Property``: its cases, how many failed, grouped by what the cases
+vary besides the width, and the worst failures with their figures."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from ..kernels.record import Conformance
+from ..measure import RULES, differing_elements, max_ulp, parity
+from .rule import VERDICTS
+
+ROWS = (1, 3)
+WORST_KEPT = 5  # failures a property's report lists in full, worst first
+
+# where a case is about to run: check's child says so on stderr, so a crash
+# that ends it names its property and case
+TRACE: Callable[[str], None] | None = None
+
+
+def at(prop: "Property", label: str) -> None:
+    if TRACE is not None:
+        TRACE(json.dumps({"property": prop.name, "case": label}))
+
+
+def _group(label: str) -> str:
+    """What a case varies besides its width or size: the key failures are counted by."""
+    rest = re.sub(r"(^|,)(width|size)=\d+", "", label).strip(",")
+    return rest or "all"
+
+
+class Property:
+    """Figures and the verdict of one property, filled case by case."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.cases, self.bit_identical, self.max_ulp = name, 0, 0, 0
+        self.worst = "bitwise"
+        self.findings: list[dict] = []  # one per failing case: its worst quantity, with figures
+        self.groups: dict[str, dict] = {}
+
+    def case(self, label: str, verdict: str, why: str | None = None, figures: dict | None = None) -> None:
+        """One case's verdict (``why`` and ``figures`` for a failing one)."""
+        self.cases += 1
+        group = self.groups.setdefault(_group(label), {"cases": 0, "failing": 0})
+        group["cases"] += 1
+        self.bit_identical += verdict == "bitwise"
+        if VERDICTS.index(verdict) > VERDICTS.index(self.worst):
+            self.worst = verdict
+        if why is not None:
+            group["failing"] += 1
+            self.findings.append({"case": label, "verdict": verdict, "why": why, **(figures or {})})
+
+    def compare(self, label: str, ours: dict, theirs: dict, exact: dict) -> None:
+        worst, why, figures = "bitwise", None, None
+        for k in theirs:
+            if ours[k] is None or ours[k].shape != theirs[k].shape:
+                worst, why = "wrong", (f"{k}: shape {None if ours[k] is None else tuple(ours[k].shape)}, "
+                                       f"torch's {tuple(theirs[k].shape)}")
+                break
+            self.max_ulp = max(self.max_ulp, max_ulp(ours[k], theirs[k]))
+            fig = parity(k, ours[k], theirs[k], exact[k], *RULES["default"])
+            if fig["ok"]:
+                verdict = "bitwise" if differing_elements(ours[k], theirs[k]) == 0 else "as accurate as torch"
+            else:
+                verdict = "wrong" if fig["reason"].startswith("not close") else "less accurate"
+            if VERDICTS.index(verdict) > VERDICTS.index(worst):
+                worst = verdict
+                if not fig["ok"]:
+                    why, figures = f"{k}: {fig['reason']}", {key: fig[key] for key in (
+                        "max_abs", "max_ulp", "ckparity_error64", "torch_error64")}
+        self.case(label, worst, why, figures)
+
+    def report(self) -> dict:
+        worst = sorted(self.findings, key=lambda f: (-VERDICTS.index(f["verdict"]), -f.get("max_ulp", 0)))
+        return {"property": self.name, "cases": self.cases, "bit_identical": self.bit_identical,
+                "failing": len(self.findings), "max_ulp": self.max_ulp, "verdict": self.worst,
+                "groups": self.groups, "worst": worst[:WORST_KEPT],
+                "failures": [f"{f['case']}: {f['why']}" for f in worst[:WORST_KEPT]]}
+
+
+def _floating(t: dict, dtype) -> dict:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in t.items()}
+
+
+def evaluate(kernel_slot: Conformance, fn: Callable, tensors: dict, dtype=torch.float32,
+             strided: str | None = None) -> dict:
+    """The output and the gradients of a fixed random weighting of it; with
+    ``strided``, that input reaches fn as a column slice of a wider tensor
+    (the same values, other strides; its gradient flows back through the copy)."""
+    leaves = {k: v.detach().clone().requires_grad_(k in kernel_slot.differentiated)
+              for k, v in _floating(tensors, dtype).items()}
+    given = dict(leaves)
+    if strided is not None:
+        width = leaves[strided].shape[-1]
+        wide = torch.zeros(*leaves[strided].shape[:-1], 2 * width + 1, dtype=dtype)
+        given[strided] = wide[..., 1 : 1 + width]
+        given[strided].copy_(leaves[strided])
+    out = kernel_slot.call(fn, given)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out.backward(upstream)
+    return {"out": out.detach(), **{f"d{k}": leaves[k].grad for k in kernel_slot.differentiated}}
+
+
+def run_case(prop: Property, label: str, evaluate_with: Callable[[Callable, torch.dtype], dict], fn,
+             torch_fn) -> None:
+    """evaluate_with(f, dtype) -> the outputs: the backend's against torch's and torch's in float64."""
+    at(prop, label)
+    try:
+        ours = evaluate_with(fn, torch.float32)
+    except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
+        prop.case(label, "crashes", f"{type(err).__name__}: {err}")
+        return
+    prop.compare(label, ours, evaluate_with(torch_fn, torch.float32), evaluate_with(torch_fn, torch.float64))
+
+
+def _slot_case(kernel_slot: Conformance, tensors: dict) -> Callable[[Callable, torch.dtype], dict]:
+    return lambda f, dtype: evaluate(kernel_slot, f, tensors, dtype)
+
+
+def contract(record, fn) -> Property:
+    """The slot's contract check, run here rather than at registration
+    (deferred in check's child, so a crash in it is a verdict)."""
+    from ..kernels.contract import ContractError
+
+    prop = Property("contract")
+    at(prop, "the contract's small call")
+    try:
+        record.contract(fn)
+        prop.case("the contract's small call", "bitwise")
+    except ContractError as err:
+        prop.case("the contract's small call", "wrong", f"breaks its contract: {err}")
+    except Exception as err:  # noqa: BLE001
+        prop.case("the contract's small call", "crashes", f"{type(err).__name__}: {err}")
+    return prop
+
+
+def widths(kernel_slot, fn, torch_fn, g) -> Property:
+    prop = Property("widths")
+    for width in kernel_slot.widths:
+        for rows in ROWS:
+            run_case(prop, f"width={width},rows={rows}", _slot_case(kernel_slot, kernel_slot.make(width, rows, g)),
+                     fn, torch_fn)
+    return prop
+
+
+def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset) -> Property:
+    """What the slot's contract passes besides the plain call, each as the slot
+    with another call; an option the backend declares unsupported is drawn
+    (the generator's sequence stays that of a backend that supports it) but not run."""
+    prop = Property("options")
+    for width in (7, 64, 257, 1000):
+        tensors = kernel_slot.make(width, 3, g)
+        for name, call, differentiated in kernel_slot.options:
+            if name not in unsupported:
+                variant = replace(kernel_slot, call=call, differentiated=differentiated)
+                run_case(prop, f"width={width},{name}", _slot_case(variant, tensors), fn, torch_fn)
+    return prop
+
+
+def non_contiguous(kernel_slot, fn, g) -> Property:
+    """The first differentiated input as a column slice of a wider tensor: the same bits as contiguous."""
+    prop = Property("non_contiguous")
+    first = kernel_slot.differentiated[0]
+    for width in (8, 34, 1000):  # even: rope's head dim is
+        tensors = kernel_slot.make(width, 3, g)
+        label = f"width={width}"
+        at(prop, label)
+        try:
+            plain = evaluate(kernel_slot, fn, tensors)
+            view = evaluate(kernel_slot, fn, tensors, strided=first)
+        except Exception as err:  # noqa: BLE001
+            prop.case(label, "crashes", f"{type(err).__name__}: {err}")
+            continue
+        differ = {k: differing_elements(view[k], plain[k]) for k in plain}
+        if not any(differ.values()):
+            prop.case(label, "bitwise")
+        else:
+            worst = max(differ, key=differ.get)
+            prop.case(label, "wrong", f"a strided {first} gives other values than a contiguous one ({worst}: "
+                                      f"{differ[worst]} of {plain[worst].numel()} elements differ)")
+    return prop
+
+
+def at_thread_counts(prop: Property, what: str, run: Callable[[], dict]) -> Property:
+    """run() at 1 and 2 torch threads: one case, bit-identical or nondeterministic."""
+    before = torch.get_num_threads()
+    results = []
+    at(prop, what)
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(run())
+    except Exception as err:  # noqa: BLE001
+        prop.case(what, "crashes", f"{type(err).__name__}: {err}")
+        return prop
+    finally:
+        torch.set_num_threads(before)
+    if all(differing_elements(results[0][k], results[1][k]) == 0 for k in results[0]):
+        prop.case(what, "bitwise")
+    else:
+        prop.case(what, "nondeterministic", "1 and 2 torch threads give different bits")
+    return prop
+
+
+def threads(kernel_slot, fn, g) -> Property:
+    tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
+    return at_thread_counts(Property("threads"), "64 rows of 4096", lambda: evaluate(kernel_slot, fn, tensors))
+
+
+def bad_input(kernel_slot, fn, kinds: set[str]) -> Property:
+    """Each of the slot's bad inputs of ``kinds`` must raise; returning is wrong."""
+    prop = Property("bad_input")
+    for bad in kernel_slot.bad:
+        if bad.kind in kinds:
+            at(prop, bad.what)
+            try:
+                bad.call(fn)
+            except Exception:  # noqa: BLE001 -- any clear refusal will do
+                prop.case(bad.what, "bitwise")
+            else:
+                prop.case(bad.what, "wrong", "accepted without an error")
+    return prop
+
+
+def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> Property:
+    """torch's own OpInfo samples of the op the slot stands for, those within the slot's contract."""
+    prop = Property("torch_inputs")
+    if kernel_slot.opinfo is None:
+        return prop
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ImportError as err:  # torch's test inputs need expecttest
+        not_run["torch_inputs"] = f"torch's OpInfo samples need expecttest ({err}); pip install expecttest"
+        return prop
+    name, adapt = kernel_slot.opinfo
+    op = next(o for o in op_db if o.name == name and o.variant_test_name == "")
+    for k, sample in enumerate(op.sample_inputs("cpu", torch.float32, requires_grad=True)):
+        case = adapt(sample)
+        if case is None:
+            continue
+        call, tensors, differentiated = case
+        tensors = {key: t.detach() for key, t in tensors.items()}
+        sample_slot = Conformance(None, call, differentiated, [])
+        run_case(prop, f"{name} sample {k} {tuple(tensors[differentiated[0]].shape)}",
+                 _slot_case(sample_slot, tensors), fn, torch_fn)
+    return prop
+
+
+# ---- adamw: the optimizer slot, stepped rather than differentiated ------------
+
+ADAMW_STEPS = 20
+
+
+def _adamw_run(make: Callable, size: int, seed: int, steps: int, dtype=torch.float32) -> dict:
+    """``steps`` steps of the optimizer ``make`` builds, as the harness calls it, on one
+    tensor of ``size`` with seeded gradients: the param and the moments under torch's names."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.nn.Parameter(torch.randn(size, generator=g).to(dtype))
+    optimizer = make([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    for _ in range(steps):
+        p.grad = torch.randn(size, generator=g).to(dtype)
+        optimizer.step()
+    state = optimizer.state[p]
+    return {"param": p.detach(), "exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
+
+
+def adamw_sizes(fn: Callable, torch_fn: Callable, sizes: list[int], steps: int = ADAMW_STEPS) -> Property:
+    """The optimizer ``fn`` makes against torch's AdamW and float64, one case per size."""
+    prop = Property("sizes")
+    for size in sizes:
+        run_case(prop, f"size={size}", lambda f, dtype, size=size: _adamw_run(f, size, size, steps, dtype),
+                 fn, torch_fn)
+    return prop
+
+
+def adamw_threads(fn: Callable) -> Property:
+    # 200003 params: several of the C AdamW's 65536-float chunks
+    return at_thread_counts(Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7, ADAMW_STEPS))
