@@ -28,6 +28,15 @@ from . import kernels
 from .harness.longrun.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
 
 
+def _parser(**kwargs) -> argparse.ArgumentParser:
+    """A command's parser, with --plugin in its --help."""
+    from .harness.loop.config import add_plugin_argument
+
+    parser = argparse.ArgumentParser(**kwargs)
+    add_plugin_argument(parser)
+    return parser
+
+
 def _train(argv: list[str]) -> int:
     from .harness.loop.config import given_fields, parse_train_args
     from .harness.loop.report import STDOUT
@@ -65,9 +74,10 @@ def _train(argv: list[str]) -> int:
 
 
 def _repro(argv: list[str]) -> int:
+    from .harness.loop.config import UsageError
     from .harness.studies.repro import DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
-    parser = argparse.ArgumentParser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
+    parser = _parser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
                                      f"{', '.join(LOSS_BACKENDS)}, then an A/B table. 850: the seed's 850-step repro; "
                                      "stress: the text 'Hello!' repeated, lr 1e-3, 1000 steps; ckv7-gates: the "
                                      "seed's larger profile; depth: residual models of 1..24 layers, 100 steps.")
@@ -75,17 +85,24 @@ def _repro(argv: list[str]) -> int:
     parser.add_argument("--out-dir", default="reports")
     parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset")
     parser.add_argument("--f64-shadow", action="store_true", help="add the float64 shadow to each run")
+    parser.add_argument("--loss-backends", nargs="+", metavar="NAME", default=None,
+                        help=f"the loss backends to run (default {' '.join(LOSS_BACKENDS)}; yours with --plugin)")
+    flags = {flag: kernel for flag, kernel in kernels.FLAGS.items() if kernel != "cross_entropy"}
+    for flag, kernel in flags.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", default=None, metavar="NAME",
+                            help=f"the CK twin's {kernel} in every run (one of {kernels.registered(kernel)})")
     args = parser.parse_args(argv)
     preset = DEPTH if args.preset == "depth" else PRESETS[args.preset]
-    if args.max_steps is not None:
-        preset = replace(preset, max_steps=args.max_steps)
-    if args.f64_shadow:
-        preset = replace(preset, f64_shadow=True)
+    chosen = {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
+    if args.preset == "depth" and args.loss_backends:
+        raise UsageError("--loss-backends takes no effect with --preset depth (its variants choose the loss)")
+    preset = replace(preset, **chosen, **({"max_steps": args.max_steps} if args.max_steps is not None else {}),
+                     **({"f64_shadow": True} if args.f64_shadow else {}))
     if args.preset == "depth":
         rows, text = depth_sweep(args.out_dir, preset)
         print(text)
         return max(exit_code(r) for r in rows)
-    reports, text = repro(args.out_dir, preset, args.preset)
+    reports, text = repro(args.out_dir, preset, args.preset, args.loss_backends or LOSS_BACKENDS)
     print(text)
     return max(exit_code(r) for r in reports.values())
 
@@ -103,14 +120,18 @@ def _attribute(argv: list[str]) -> int:
     json_out = config.json_out or "reports/attribute_latest.json"
     result = attribute(config, json_out, own["jobs"])
     print(table(result), file=sys.stderr if json_out == "-" else sys.stdout)
-    return exit_code({"status": "interrupted", **result}) if result["status"] == "interrupted" else EXIT_PASS
+    if result["status"] == "interrupted":
+        return exit_code({"status": "interrupted", **result})
+    # as train would for the configured run: 0 only where it passes (the ablation is the explanation)
+    configured = next((v for v in result["variants"] if v["name"] == "as configured"), {"status": "error"})
+    return exit_code({"status": configured["status"], "error": None})
 
 
 def _compare(argv: list[str]) -> int:
     from .harness.loop.config import UsageError
     from .harness.studies.repro import compare
 
-    parser = argparse.ArgumentParser(prog="ckparity compare")
+    parser = _parser(prog="ckparity compare")
     parser.add_argument("reports", nargs="+")
     parser.add_argument("--plot", default=None, help="write a PNG of the drift per step")
     args = parser.parse_args(argv)
@@ -146,7 +167,7 @@ def _gate(argv: list[str]) -> int:
     from .harness.loop.config import UsageError
     from .harness.loop.report import check_writable_dir
 
-    parser = argparse.ArgumentParser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
+    parser = _parser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
     parser.add_argument("--only", nargs="+", choices=GATE_NAMES, metavar="GATE", help=f"among {GATE_NAMES}")
     parser.add_argument("--config", default=None, help="TOML file overriding gate settings")
@@ -181,7 +202,7 @@ def _bench(argv: list[str]) -> int:
     from .harness.loop.config import UsageError
     from .harness.loop.report import check_writable, write_json
 
-    parser = argparse.ArgumentParser(prog="ckparity bench")
+    parser = _parser(prog="ckparity bench")
     parser.add_argument("--json-out", default="reports/bench_latest.json")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (compiling takes "
@@ -208,7 +229,7 @@ def _mutate(argv: list[str]) -> int:
     from .harness.loop.report import check_writable, check_writable_dir, write_json
     from .mutate import check_tools, find_source, mutate, table
 
-    parser = argparse.ArgumentParser(prog="ckparity mutate", description="Builds the C library with each planted "
+    parser = _parser(prog="ckparity mutate", description="Builds the C library with each planted "
                                      "numerics bug (csrc/mutants.h), runs the gates against each, writes the kill "
                                      "matrix; exits 1 if the score is below --min-score or the control build fails.")
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
@@ -261,7 +282,7 @@ def _check(argv: list[str]) -> int:
     from .harness.loop.config import UsageError
     from .harness.loop.report import STDOUT, check_writable, write_json
 
-    parser = argparse.ArgumentParser(prog="ckparity check", description="The conformance suite ckparity runs on its "
+    parser = _parser(prog="ckparity check", description="The conformance suite ckparity runs on its "
                                      "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
                                      "and large odd ones against torch and float64, the slot's options, strided "
                                      "input, 1 and 2 threads, bad input. Exit 0 unless a verdict is wrong or crashes.")
@@ -302,7 +323,7 @@ def _replay(argv: list[str]) -> int:
     from .harness.longrun.dump import replay
     from .harness.loop.report import STDOUT, check_writable, write_json
 
-    parser = argparse.ArgumentParser(prog="ckparity replay", description="Recomputes a step dumped by ckparity train "
+    parser = _parser(prog="ckparity replay", description="Recomputes a step dumped by ckparity train "
                                      "--dump-step N: CK and torch each from its own state, and each in float64; "
                                      "prints the per-stage differences (the divergence tracer's rows).")
     parser.add_argument("dump_dir")
@@ -325,7 +346,7 @@ def _replay(argv: list[str]) -> int:
 
 
 def _info(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="ckparity info",
+    _parser(prog="ckparity info",
                             description="The environment a report records, and what is bit-identical to torch "
                                         "at the CPU capability torch runs at here.").parse_args(argv)
     from .harness.loop.run import environment

@@ -4,27 +4,43 @@ builds them.
 
 Each helper takes the calls of your C functions, written as Python callables
 that receive tensors -- contiguous, float32 (targets int64), outputs already
-allocated -- and pass their pointers on (``pointer(t)`` for ctypes,
-``ffi.cast("float *", t.data_ptr())`` for cffi). The helper returns the
-slot's backend: argument checks, contiguity, output allocation, the
-autograd.Function and, for the optimizer, a torch Optimizer keeping its state
-under torch's names. The forms:
+allocated -- and pass their pointers on (``pointer(t)`` for ctypes: it keeps
+``t`` alive for the call, so ``pointer(x.contiguous())`` is safe;
+``ffi.cast("float *", t.data_ptr())`` for cffi, where the tensor must be held
+by a name). The helper returns the slot's backend: argument checks,
+contiguity, output allocation, the autograd.Function and, for the optimizer,
+a torch Optimizer keeping its state under torch's names. The forms
+(docs/plugins.md has them with an example each):
 
-- ``rms_norm(forward, backward)``: forward(x, w, y, eps) with x, y (rows, D)
-  and w (D); backward(dy, x, w, dx, dw, eps) writes dx (rows, D) and dw (D).
-  A missing weight is passed as ones (and its gradient dropped).
-- ``swiglu(forward, backward)``: forward(x, out) with x (rows, 2H), the gate
-  the first H columns, out (rows, H); backward(dout, x, dx).
-- ``rope(forward, backward)``: forward(x, cos, sin, out) with x, out
+- ``rms_norm(forward, backward, saves=False)``: forward(x, w, y, eps) with x, y (rows, D)
+  and w (D); backward(dy, x, w, dx, dw, eps, *saved) writes dx (rows, D)
+  and dw (D). A missing weight is passed as ones (and its gradient dropped).
+- ``swiglu(forward, backward, saves=False)``: forward(x, out) with x (rows, 2H), the gate
+  the first H columns, out (rows, H); backward(dout, x, dx, *saved).
+- ``rope(forward, backward, saves=False)``: forward(x, cos, sin, out) with x, out
   (N, T, d) and cos, sin (T, d/2), rotate-half layout; backward(dout, cos,
-  sin, dx).
-- ``cross_entropy(forward)``: forward(logits, targets, dlogits,
-  label_smoothing) -> the mean loss over the rows whose target is not -100
-  (a float), writing the gradient of that mean into dlogits (N, V); backward
-  scales it by the upstream gradient.
+  sin, dx, *saved).
+- ``cross_entropy(forward, label_smoothing=True)``: forward(logits, targets,
+  dlogits, label_smoothing) -> the mean loss over the rows whose target is
+  not -100 (a float), writing the gradient of that mean into dlogits (N, V);
+  backward scales it by the upstream gradient. ``label_smoothing=False``
+  for a kernel without it: forward(logits, targets, dlogits), a smoothing
+  other than 0 refused, and the backend registers with the option
+  ``unsupported`` (check says "not supported", a run that needs it is refused).
 - ``adamw(c_step)``: c_step(param, grad, exp_avg, exp_avg_sq, step, lr,
   beta1, beta2, eps, weight_decay) updates one parameter tensor in place
   (torch's AdamW arithmetic is yours to match); returns the optimizer class.
+
+``*saved``: with ``saves=True`` (rms_norm, swiglu, rope), what forward
+returns -- a tensor or a tuple of tensors you allocated (rms_norm's per-row
+rstd, say) -- is kept for backward and passed after its other arguments, so
+backward need not recompute it. Without it, forward's return is ignored (a
+ctypes call returns an int).
+
+A backend a helper builds is marked (``ckparity_helper``): ``ckparity
+check`` does not run the properties the helper itself decides (strided
+input, threads, bad shapes) on it, and says so; it is named after your
+forward (``__qualname__``), so two of them are told apart in reports.
 """
 
 from __future__ import annotations
@@ -37,9 +53,44 @@ import torch
 from .errors import InvalidArgument
 
 
+class _Pointer(ctypes.c_void_p):
+    """A c_void_p that holds its tensor: a temporary given to pointer() lives as long as the pointer does."""
+
+
 def pointer(t: torch.Tensor) -> ctypes.c_void_p:
-    """t's data for a ctypes call (declare the argument c_void_p or a pointer type)."""
-    return ctypes.c_void_p(t.data_ptr())
+    """t's data for a ctypes call (declare the argument c_void_p or a pointer
+    type); the pointer keeps ``t`` alive for as long as it is used. A
+    non-contiguous tensor is refused: its data is not the rows C reads."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"pointer() takes a tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise InvalidArgument(f"pointer() of a non-contiguous tensor {tuple(t.shape)} (strides {t.stride()}): "
+                              "C would read other elements; pass t.contiguous()")
+    p = _Pointer(t.data_ptr())
+    p.tensor = t
+    return p
+
+
+def _saved(result, form: str, saves: bool) -> tuple:
+    """What a forward returned, as the tensors backward receives after its own arguments (with ``saves``)."""
+    if not saves:
+        return ()
+    saved = (result,) if isinstance(result, torch.Tensor) else result
+    if not isinstance(saved, tuple) or not all(isinstance(t, torch.Tensor) for t in saved):
+        raise InvalidArgument(f"the {form} forward returned {type(result).__name__}; with saves=True it returns a "
+                              "tensor or a tuple of tensors (kept for backward)")
+    return saved
+
+
+def _named(backend: Callable, forward: Callable, form: str, **marks) -> Callable:
+    """The backend marked as helper-built and named after the user's forward."""
+    name = getattr(forward, "__qualname__", None) or getattr(forward, "__name__", None) or form
+    backend.__name__ = backend.__qualname__ = f"{form}({name})"
+    backend.__module__ = getattr(forward, "__module__", None) or backend.__module__
+    backend.ckparity_helper = form
+    for key, value in marks.items():
+        setattr(backend, key, value)
+    return backend
 
 
 def _float32(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -54,22 +105,21 @@ def _rows(x: torch.Tensor, last: int) -> torch.Tensor:
     return x.contiguous().view(-1, last)
 
 
-def rms_norm(forward: Callable, backward: Callable) -> Callable:
+def rms_norm(forward: Callable, backward: Callable, saves: bool = False) -> Callable:
     class RMSNorm(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, weight, eps):
             D = x.shape[-1]
             x2, y = _rows(x, D), torch.empty(x.shape, dtype=torch.float32).view(-1, D)
-            forward(x2, weight, y, eps)
-            ctx.save_for_backward(x2, weight)
+            ctx.save_for_backward(x2, weight, *_saved(forward(x2, weight, y, eps), "rms_norm", saves))
             ctx.eps, ctx.shape = eps, x.shape
             return y.view(x.shape)
 
         @staticmethod
         def backward(ctx, dy):
-            x2, weight = ctx.saved_tensors
+            x2, weight, *saved = ctx.saved_tensors
             dx, dw = torch.empty_like(x2), torch.empty_like(weight)
-            backward(_rows(dy, x2.shape[1]), x2, weight, dx, dw, ctx.eps)
+            backward(_rows(dy, x2.shape[1]), x2, weight, dx, dw, ctx.eps, *saved)
             return dx.view(ctx.shape), dw, None
 
     def rms_norm_backend(x, normalized_shape, weight=None, eps=None):
@@ -84,25 +134,24 @@ def rms_norm(forward: Callable, backward: Callable) -> Callable:
             raise InvalidArgument(f"weight must be ({D},), got "
                                   f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
         return RMSNorm.apply(x, _float32(weight, "weight"), eps)
-    return rms_norm_backend
+    return _named(rms_norm_backend, forward, "rms_norm")
 
 
-def swiglu(forward: Callable, backward: Callable) -> Callable:
+def swiglu(forward: Callable, backward: Callable, saves: bool = False) -> Callable:
     class SwiGLU(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
             x2 = _rows(x, x.shape[-1])
             out = torch.empty(x2.shape[0], x2.shape[1] // 2)
-            forward(x2, out)
-            ctx.save_for_backward(x2)
+            ctx.save_for_backward(x2, *_saved(forward(x2, out), "swiglu", saves))
             ctx.shape = x.shape
             return out.view(*x.shape[:-1], x.shape[-1] // 2)
 
         @staticmethod
         def backward(ctx, dout):
-            (x2,) = ctx.saved_tensors
+            x2, *saved = ctx.saved_tensors
             dx = torch.empty_like(x2)
-            backward(_rows(dout, x2.shape[1] // 2), x2, dx)
+            backward(_rows(dout, x2.shape[1] // 2), x2, dx, *saved)
             return dx.view(ctx.shape)
 
     def swiglu_backend(x):
@@ -110,27 +159,26 @@ def swiglu(forward: Callable, backward: Callable) -> Callable:
         if x.dim() == 0 or x.shape[-1] % 2:
             raise InvalidArgument(f"swiglu needs an even last dim (gate and up halves), got {tuple(x.shape)}")
         return SwiGLU.apply(x)
-    return swiglu_backend
+    return _named(swiglu_backend, forward, "swiglu")
 
 
-def rope(forward: Callable, backward: Callable) -> Callable:
+def rope(forward: Callable, backward: Callable, saves: bool = False) -> Callable:
     class Rope(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, cos, sin):
             T, d = x.shape[-2], x.shape[-1]
             x3, out = x.contiguous().view(-1, T, d), torch.empty(x.shape).view(-1, T, d)
-            forward(x3, cos, sin, out)
-            ctx.save_for_backward(cos, sin)
+            ctx.save_for_backward(cos, sin, *_saved(forward(x3, cos, sin, out), "rope", saves))
             ctx.shape = x.shape
             return out.view(x.shape)
 
         @staticmethod
         def backward(ctx, dout):
-            cos, sin = ctx.saved_tensors
+            cos, sin, *saved = ctx.saved_tensors
             T, d = ctx.shape[-2], ctx.shape[-1]
             d3 = dout.contiguous().view(-1, T, d)
             dx = torch.empty_like(d3)
-            backward(d3, cos, sin, dx)
+            backward(d3, cos, sin, dx, *saved)
             return dx.view(ctx.shape), None, None
 
     def rope_backend(x, cos, sin):
@@ -139,15 +187,16 @@ def rope(forward: Callable, backward: Callable) -> Callable:
             raise InvalidArgument(f"rope needs x (..., T, d), d even, and cos, sin (T, d/2); got x "
                                   f"{tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
         return Rope.apply(x, cos, sin)
-    return rope_backend
+    return _named(rope_backend, forward, "rope")
 
 
-def cross_entropy(forward: Callable) -> Callable:
+def cross_entropy(forward: Callable, label_smoothing: bool = True) -> Callable:
     class CrossEntropy(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, logits, targets, label_smoothing):
+        def forward(ctx, logits, targets, smoothing):
             dlogits = torch.empty_like(logits)
-            loss = float(forward(logits, targets, dlogits, label_smoothing))
+            loss = float(forward(logits, targets, dlogits, smoothing) if label_smoothing
+                         else forward(logits, targets, dlogits))
             ctx.save_for_backward(dlogits)
             return torch.tensor(loss, dtype=torch.float32)
 
@@ -161,8 +210,12 @@ def cross_entropy(forward: Callable) -> Callable:
         if logits.dim() != 2 or targets.shape != logits.shape[:1] or targets.dtype != torch.int64:
             raise InvalidArgument(f"cross_entropy needs logits (N, V) float32 and targets (N) int64; got "
                                   f"{tuple(logits.shape)} and {tuple(targets.shape)} {targets.dtype}")
+        if label_smoothing and not label_smoothing_supported:
+            raise InvalidArgument(f"this cross_entropy backend takes no label smoothing, got {label_smoothing}")
         return CrossEntropy.apply(logits, targets.contiguous(), float(label_smoothing))
-    return cross_entropy_backend
+    label_smoothing_supported = label_smoothing
+    return _named(cross_entropy_backend, forward, "cross_entropy",
+                  ckparity_unsupported=() if label_smoothing else ("label_smoothing",))
 
 
 def adamw(c_step: Callable) -> Callable:
@@ -190,4 +243,4 @@ def adamw(c_step: Callable) -> Callable:
                     c_step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], int(state["step"]), group["lr"],
                            beta1, beta2, group["eps"], group["weight_decay"])
             return loss
-    return AdamW
+    return _named(AdamW, c_step, "adamw")

@@ -4,15 +4,23 @@
     def test_my_rms_norm(ckparity_check):
         ckparity_check("rms_norm", my_rms_norm, expect="bitwise")
 
-``ckparity_check(kernel, backend, expect=...)`` registers ``backend`` (a
-callable, under its qualified name, after the slot's contract check; or the
-name of a registered backend), runs ``ckparity check`` on it and fails the
-test with the check's table unless the overall verdict is ``expect`` or
-better in ckparity.check.VERDICTS' order (bitwise, as accurate as torch,
-less accurate, nondeterministic, wrong, crashes). It returns the report
-(schema ckparity.check/1) for further assertions. The default ``expect``,
-"as accurate as torch", is the bar ckparity holds its own non-bitwise
-kernels to."""
+``ckparity_check(kernel, backend, expect=None, at_least=None, name=None)``
+registers ``backend`` (a callable, under ``name`` or
+``pytest:MODULE.QUALNAME`` made unique; its contract check is the check's
+first property; or the name of a registered backend), runs ``ckparity check`` on it -- in a child process
+where the backend can be carried there (ckparity.check.run: a crash in C is
+the verdict ``crashes``, not a dead test run), in this one otherwise -- and
+fails the test with the check's table unless the verdict is:
+
+- ``expect``: exactly that verdict (``expect="crashes"`` holds a kernel that
+  crashes, and fails on one that does not);
+- ``at_least``: that verdict or a better one in ckparity.check.VERDICTS'
+  order (bitwise, as accurate as torch, not supported, less accurate,
+  nondeterministic, wrong, crashes).
+
+Neither given: ``at_least="as accurate as torch"``, the bar ckparity holds
+its own non-bitwise kernels to. It returns the report (schema
+ckparity.check/1) for further assertions."""
 
 from __future__ import annotations
 
@@ -21,21 +29,44 @@ from typing import Callable
 import pytest
 
 
-def _check(kernel: str, backend: Callable | str, expect: str = "as accurate as torch") -> dict:
+def _name_for(kernel: str, fn: Callable, name: str | None) -> str:
+    """``name``, or pytest:MODULE.QUALNAME with a suffix if another callable has that name already."""
+    from . import kernels
+
+    if name is not None:
+        return name
+    base = f"pytest:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    taken = kernels.backends(kernels.slot(kernel))
+    candidate, k = base, 1
+    while candidate in taken and taken[candidate] is not fn:
+        k += 1
+        candidate = f"{base}#{k}"
+    return candidate
+
+
+def _check(kernel: str, backend: Callable | str, expect: str | None = None, at_least: str | None = None,
+           name: str | None = None) -> dict:
     from . import check, kernels
 
-    if expect not in check.VERDICTS:
-        raise ValueError(f"expect must be one of {check.VERDICTS}, got {expect!r}")
+    if expect is not None and at_least is not None:
+        raise ValueError("give expect= (exactly this verdict) or at_least= (this or better), not both")
+    bar = expect or at_least or "as accurate as torch"
+    if bar not in check.VERDICTS:
+        raise ValueError(f"the verdict must be one of {check.VERDICTS}, got {bar!r}")
     if callable(backend):
-        fn, backend = backend, f"pytest:{getattr(backend, '__module__', '?')}.{getattr(backend, '__qualname__', '?')}"
-        kernels.register_backend(kernel, backend, fn)
-    report = check.check(kernel, backend)
-    if check.VERDICTS.index(report["verdict"]) > check.VERDICTS.index(expect):
-        pytest.fail(f"expected {expect!r} or better\n{check.table(report)}", pytrace=False)
+        fn, backend = backend, _name_for(kernel, backend, name)
+        if kernels.backends(kernels.slot(kernel)).get(backend) is not fn:  # its contract: the check's first property
+            kernels.register_backend(kernel, backend, fn, check=False)
+    report = check.run(kernel, backend)
+    verdict = report["verdict"]
+    if expect is not None and verdict != expect:
+        pytest.fail(f"expected exactly {expect!r}, got {verdict!r}\n{check.table(report)}", pytrace=False)
+    if expect is None and check.VERDICTS.index(verdict) > check.VERDICTS.index(bar):
+        pytest.fail(f"expected {bar!r} or better, got {verdict!r}\n{check.table(report)}", pytrace=False)
     return report
 
 
 @pytest.fixture
 def ckparity_check() -> Callable[..., dict]:
-    """ckparity_check(kernel, backend, expect="as accurate as torch") -> the check's report."""
+    """ckparity_check(kernel, backend, expect=None, at_least=None, name=None) -> the check's report."""
     return _check

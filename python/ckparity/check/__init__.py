@@ -37,96 +37,10 @@ and the gates make of them are check/rule.py's RULE, the one pass rule.
 
 from __future__ import annotations
 
-import json
-import time
+from .isolation import DEFAULT_TIMEOUT, CheckSetupError, isolated_check, run
+from .properties import ADAMW_STEPS, adamw_sizes
+from .rule import RULE, VERDICTS, check_passes, gate_passes
+from .suite import SCHEMA, check, covered, record_of, table
 
-import torch
-
-from .. import cpu, kernels
-from . import properties
-from .properties import ADAMW_STEPS, adamw_sizes  # noqa: F401 -- optimizer_parity's bar for a user's adamw
-from .rule import RULE, VERDICTS, check_passes, gate_passes, worst  # noqa: F401
-
-SCHEMA = "ckparity.check/1"
-HELPER_NOT_APPLICABLE = ("not applicable: the ckparity.plugin helper hands your C contiguous float32 copies and "
-                         "checks shapes itself, so this would test the helper, not your kernel")
-
-
-def covered() -> list[str]:
-    """The slots check has a suite for: the records with conformance cases."""
-    return [name for name, k in kernels.KERNELS.items() if k.conformance is not None]
-
-
-def record_of(kernel: str) -> kernels.Kernel:
-    """The record of the slot ``kernel`` names; ValueError if check has no suite for it."""
-    kernel = kernels.slot(kernel)
-    if kernel not in covered():
-        raise ValueError(f"ckparity check covers {', '.join(covered())}; {kernel!r} is not among them yet")
-    return kernels.KERNELS[kernel]
-
-
-def check(kernel: str, backend: str, seed: int = 0) -> dict:
-    """The conformance report (schema ckparity.check/1) of one backend of one
-    slot, in this process (``run`` puts it in a child)."""
-    record = record_of(kernel)
-    kernels.resolve(record.name, backend)
-    fn, torch_fn = record.backends[backend], record.backends["torch"]
-    registration = record.registrations.get(backend, kernels.Registration())
-    kernel_slot = record.conformance
-    start, not_run = time.perf_counter(), {}
-    # a registered backend's contract (planted faults, put in the registry by kernels.register, have none)
-    runs = [lambda: properties.contract(record, fn)] if backend in record.registrations else []
-    if record.optimizer:
-        runs += [lambda: adamw_sizes(fn, torch_fn, kernel_slot.widths), lambda: properties.adamw_threads(fn)]
-    else:
-        g = torch.Generator().manual_seed(seed)
-        helper = getattr(fn, "ckparity_helper", None) is not None
-        if helper:
-            not_run.update(non_contiguous=HELPER_NOT_APPLICABLE, threads=HELPER_NOT_APPLICABLE)
-            if any(b.kind == "shape" for b in kernel_slot.bad):
-                not_run["bad_input (shapes)"] = HELPER_NOT_APPLICABLE
-        runs += [lambda: properties.widths(kernel_slot, fn, torch_fn, g),
-                 lambda: properties.options(kernel_slot, fn, torch_fn, g, registration.unsupported)]
-        if not helper:  # the last properties that draw from g: skipping them changes no other case
-            runs += [lambda: properties.non_contiguous(kernel_slot, fn, g),
-                     lambda: properties.threads(kernel_slot, fn, g)]
-        runs += [lambda: properties.bad_input(kernel_slot, fn, {"value"} if helper else {"shape", "value"}),
-                 lambda: properties.torch_inputs(kernel_slot, fn, torch_fn, not_run)]
-    rows = []
-    for run in runs:  # in order: the generator's draws follow it
-        prop = run()
-        if prop.cases:
-            rows.append(prop.report())
-            if properties.TRACE is not None:
-                properties.TRACE(json.dumps({"row": rows[-1]}))
-    rows += [{"property": f"option {name}", "cases": 0, "bit_identical": 0, "failing": 0, "max_ulp": 0,
-              "verdict": "not supported", "groups": {}, "worst": [],
-              "failures": ["declared unsupported at registration"]} for name in sorted(registration.unsupported)]
-    overall = worst(r["verdict"] for r in rows)
-    return {"schema": SCHEMA, "kernel": record.name, "backend": backend, "capability": cpu.capability(),
-            "properties": rows, "not_run": not_run, "verdict": overall, "passed": check_passes(overall),
-            "passes_gates": gate_passes(overall), "seconds": round(time.perf_counter() - start, 1)}
-
-
-def table(report: dict) -> str:
-    lines = [f"ckparity check {report['kernel']} --backend {report['backend']}: {report['verdict']} "
-             f"({report['seconds']} s)", "| property | cases | failing | bit-identical | max ULP | verdict | "
-             "worst failure |", "|---|---|---|---|---|---|---|"]
-    for r in report["properties"]:
-        failing = r.get("failing")
-        by_group = ", ".join(f"{g} {v['failing']}/{v['cases']}" for g, v in (r.get("groups") or {}).items()
-                             if v["failing"])
-        lines.append(f"| {r['property']} | {r['cases']} | {failing}{f' ({by_group})' if by_group else ''} | "
-                     f"{r['bit_identical']} | {r['max_ulp']} | {r['verdict']} | {(r['failures'] or ['-'])[0]} |")
-    for name, why in (report.get("not_run") or {}).items():
-        lines.append(f"not run: {name}: {why}")
-    if report.get("crash"):
-        crash = report["crash"]
-        lines.append(f"the check's process was {crash['ending']} in {crash['property']}, case {crash['case']}; "
-                     "the properties after it did not run")
-    if report.get("isolated") is False:
-        lines.append(f"checked in this process: {report['in_process_because']}")
-    return "\n".join(lines)
-
-
-from .isolation import DEFAULT_TIMEOUT, CheckSetupError, isolated_check, run  # noqa: E402,F401
+__all__ = ["ADAMW_STEPS", "DEFAULT_TIMEOUT", "RULE", "SCHEMA", "VERDICTS", "CheckSetupError", "adamw_sizes",
+           "check", "check_passes", "covered", "gate_passes", "isolated_check", "record_of", "run", "table"]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from .. import cpu, kernels
-from . import SCHEMA, check, record_of
+from .suite import SCHEMA, check, record_of
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: ckparity's own kernels take seconds; a hang is a verdict, not a wait
 EXIT_SETUP = 3  # the child's exit code when it could not set up the check

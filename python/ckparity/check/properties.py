@@ -44,10 +44,12 @@ class Property:
         self.findings: list[dict] = []  # one per failing case: its worst quantity, with figures
         self.groups: dict[str, dict] = {}
 
-    def case(self, label: str, verdict: str, why: str | None = None, figures: dict | None = None) -> None:
-        """One case's verdict (``why`` and ``figures`` for a failing one)."""
+    def case(self, label: str, verdict: str, why: str | None = None, figures: dict | None = None,
+             group: str | None = None) -> None:
+        """One case's verdict (``why`` and ``figures`` for a failing one), counted in ``group``
+        (default: what the label varies besides the width)."""
         self.cases += 1
-        group = self.groups.setdefault(_group(label), {"cases": 0, "failing": 0})
+        group = self.groups.setdefault(group or _group(label), {"cases": 0, "failing": 0})
         group["cases"] += 1
         self.bit_identical += verdict == "bitwise"
         if VERDICTS.index(verdict) > VERDICTS.index(self.worst):
@@ -56,7 +58,7 @@ class Property:
             group["failing"] += 1
             self.findings.append({"case": label, "verdict": verdict, "why": why, **(figures or {})})
 
-    def compare(self, label: str, ours: dict, theirs: dict, exact: dict) -> None:
+    def compare(self, label: str, ours: dict, theirs: dict, exact: dict, group: str | None = None) -> None:
         worst, why, figures = "bitwise", None, None
         for k in theirs:
             if ours[k] is None or ours[k].shape != theirs[k].shape:
@@ -74,7 +76,7 @@ class Property:
                 if not fig["ok"]:
                     why, figures = f"{k}: {fig['reason']}", {key: fig[key] for key in (
                         "max_abs", "max_ulp", "ckparity_error64", "torch_error64")}
-        self.case(label, worst, why, figures)
+        self.case(label, worst, why, figures, group)
 
     def report(self) -> dict:
         worst = sorted(self.findings, key=lambda f: (-VERDICTS.index(f["verdict"]), -f.get("max_ulp", 0)))
@@ -108,15 +110,16 @@ def evaluate(kernel_slot: Conformance, fn: Callable, tensors: dict, dtype=torch.
 
 
 def run_case(prop: Property, label: str, evaluate_with: Callable[[Callable, torch.dtype], dict], fn,
-             torch_fn) -> None:
+             torch_fn, group: str | None = None) -> None:
     """evaluate_with(f, dtype) -> the outputs: the backend's against torch's and torch's in float64."""
     at(prop, label)
     try:
         ours = evaluate_with(fn, torch.float32)
     except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
-        prop.case(label, "crashes", f"{type(err).__name__}: {err}")
+        prop.case(label, "crashes", f"{type(err).__name__}: {err}", group=group)
         return
-    prop.compare(label, ours, evaluate_with(torch_fn, torch.float32), evaluate_with(torch_fn, torch.float64))
+    prop.compare(label, ours, evaluate_with(torch_fn, torch.float32), evaluate_with(torch_fn, torch.float64),
+                 group)
 
 
 def _slot_case(kernel_slot: Conformance, tensors: dict) -> Callable[[Callable, torch.dtype], dict]:
@@ -247,8 +250,9 @@ def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> Prope
         call, tensors, differentiated = case
         tensors = {key: t.detach() for key, t in tensors.items()}
         sample_slot = Conformance(None, call, differentiated, [])
-        run_case(prop, f"{name} sample {k} {tuple(tensors[differentiated[0]].shape)}",
-                 _slot_case(sample_slot, tensors), fn, torch_fn)
+        shape = tuple(tensors[differentiated[0]].shape)
+        run_case(prop, f"{name} sample {k} {shape}", _slot_case(sample_slot, tensors), fn, torch_fn,
+                 group=f"{len(shape)}-D samples")
     return prop
 
 

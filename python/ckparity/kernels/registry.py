@@ -78,15 +78,17 @@ def deferred_contracts() -> None:
 
 
 def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True,
-                     unsupported: tuple[str, ...] | list[str] = ()) -> None:
+                     unsupported: tuple[str, ...] | list[str] | None = None) -> None:
     """Makes ``fn`` the backend ``name`` of the slot ``kernel``, after the
     slot's contract check (``check=False`` skips it: for planted faults that
     break the contract on purpose). ``unsupported`` names the slot's options
     (its record's ``options()``, e.g. ``label_smoothing``) the backend
     refuses by design: ``ckparity check`` reports them ``not supported``
     instead of running them, and a run that needs one is refused before it
-    starts. ckparity's own backends cannot be replaced; registering the
-    same name again replaces the user's."""
+    starts (default: what ``fn`` declares as ``ckparity_unsupported``, as
+    ``ckparity.plugin.cross_entropy(..., label_smoothing=False)`` does).
+    ckparity's own backends cannot be replaced; registering the same name
+    again replaces the user's."""
     record = KERNELS[slot(kernel)]
     kernel = record.name
     if not isinstance(name, str) or not name or name.strip() != name:
@@ -95,6 +97,8 @@ def register_backend(kernel: str, name: str, fn: Callable, *, check: bool = True
         raise ValueError(f"{name!r} is ckparity's own {kernel} backend; give yours another name")
     if not callable(fn):
         raise TypeError(f"the {kernel} backend {name!r} must be callable, got {type(fn).__name__}")
+    if unsupported is None:
+        unsupported = tuple(getattr(fn, "ckparity_unsupported", ()))
     if isinstance(unsupported, str) or not set(unsupported) <= set(record.options()):
         raise ValueError(f"unsupported={unsupported!r}: the {kernel} slot's options are "
                          f"{list(record.options()) or 'none'}")

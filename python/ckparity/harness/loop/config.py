@@ -257,15 +257,27 @@ def given_fields(argv: list[str], extra: dict[str, dict] | None = None) -> froze
     return frozenset(given) & {f.name for f in fields(RunConfig)}
 
 
+# every command's --plugin (cli._load_plugins takes it off the command line before a parser sees it;
+# the parsers name it for --help)
+PLUGIN_HELP = ("load your backends from this module or .py file (repeatable; also CKP_PLUGINS and installed "
+               "packages' ckparity.backends entry points); docs/plugins.md")
+
+
+def add_plugin_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE.py", help=PLUGIN_HELP)
+
+
 def parse_train_args(argv: list[str], prog: str = "ckparity train",
                      extra: dict[str, dict] | None = None) -> tuple[RunConfig, dict] | RunConfig:
     """The RunConfig the flags give; with ``extra`` ({flag: argparse kwargs}),
     also the values of those flags (a command's own flags next to train's)."""
     parser = argparse.ArgumentParser(prog=prog)
     add_train_arguments(parser)
+    add_plugin_argument(parser)
     for flag, kwargs in (extra or {}).items():
         parser.add_argument(flag, **kwargs)
     values = vars(parser.parse_args(argv))
+    values.pop("plugin")
     own = {name: values.pop(name) for name in list(values) if name not in {f.name for f in fields(RunConfig)}}
     config = RunConfig(**values)
     return (config, own) if extra else config

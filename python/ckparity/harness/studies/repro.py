@@ -77,11 +77,14 @@ def table(reports: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def repro(out_dir: str = "reports", preset: RunConfig = PRESET, name: str = "850") -> tuple[dict[str, dict], str]:
+def repro(out_dir: str = "reports", preset: RunConfig = PRESET, name: str = "850",
+          loss_backends: list[str] = LOSS_BACKENDS) -> tuple[dict[str, dict], str]:
     """The preset under each loss backend; stops after a run that was interrupted."""
     check_writable_dir(out_dir, "--out-dir")
+    for backend in loss_backends:  # refused before the first run, not after
+        replace(preset, ck_loss_backend=backend)
     reports = {}
-    for backend in LOSS_BACKENDS:
+    for backend in loss_backends:
         path = Path(out_dir) / f"repro_{name}_{backend}.json"
         print(f"ckparity repro: --ck-loss-backend {backend} -> {path}", flush=True)
         reports[backend] = train(replace(preset, ck_loss_backend=backend, json_out=str(path)))
