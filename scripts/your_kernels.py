@@ -10,8 +10,7 @@ what each said: exit code, verdict, and whether that is honest.
 Run it with another installation's Python (PYTHONPATH naming an older
 ckparity) for the "before" column. ``--loss-gate-time`` also times the gates
 that train under ``gate --backend loss=exact`` (long_horizon,
-accuracy_parity, noise_envelope, shortened by a --config), and counts their
-runs.
+accuracy_parity, noise_envelope at the quick tier), and counts their runs.
 """
 
 from __future__ import annotations
@@ -74,8 +73,6 @@ def check_row(cwd: Path, kernel: str, name: str) -> dict:
     report = json.loads(out.read_text()) if out.is_file() else {}
     verdict = report.get("verdict")
     return {"command": "check", "kernel": kernel, "backend": name, "exit": done.returncode, "verdict": verdict,
-            "honest": verdict in HONEST_CHECK[name] and done.returncode == (0 if name in ("exact", "no_smoothing")
-                                                                             else 1),
             "seconds": seconds, "said": _last_line(done) if not report else None}
 
 
@@ -86,14 +83,10 @@ def gate_row(cwd: Path, kernel: str, name: str) -> dict:
                              "--config", str(cwd / "short.toml"), "--out-dir", str(out))
     results = {g: json.loads((out / f"{g}_latest.json").read_text()) for g in gates
                if (out / f"{g}_latest.json").is_file()}
-    passed = {g: r["passed"] for g, r in results.items()}
-    should_pass = name in ("exact", "no_smoothing")
     user = (results.get("kernel_parity", {}).get("details", {}).get("user_backends") or [{}])[0]
-    # honest: the judging gate passes exactly the kernels that should pass, and its report agrees with itself
-    consistent = user.get("passed", passed.get(gates[0])) == passed.get(gates[0])
-    return {"command": "gate", "kernel": kernel, "backend": name, "exit": done.returncode, "passed": passed,
+    return {"command": "gate", "kernel": kernel, "backend": name, "exit": done.returncode,
+            "passed": {g: r["passed"] for g, r in results.items()}, "entry_passed": user.get("passed"),
             "summaries": {g: r["summary"][:300] for g, r in results.items()},
-            "honest": passed.get(gates[0]) == should_pass and consistent and done.returncode in (0, 1),
             "seconds": seconds, "said": _last_line(done) if not results else None}
 
 
@@ -103,27 +96,39 @@ def train_row(cwd: Path, kernel: str, name: str) -> dict:
     done, seconds = ckparity(cwd, "train", "--plugin", plugin(cwd, kernel, name), FLAGS[kernel], name, *model, "--max-steps", "20",
                              "--no-progress", "--json-out", str(out))
     report = json.loads(out.read_text()) if out.is_file() else {}
-    status = report.get("status")
-    # exact passes; off fails parity (or is refused by its contract: exit 2, no report); crashes ends with no
-    # parity verdict on it (a killed process, or an error); no_smoothing trains (no smoothing asked for)
-    expected = {"exact": {"pass"}, "off": {"fail", None}, "crashes": {None, "error"}, "no_smoothing": {"pass"}}[name]
-    return {"command": "train", "kernel": kernel, "backend": name, "exit": done.returncode, "status": status,
-            "honest": status in expected and done.returncode != 0 if name in ("off", "crashes")
-            else status in expected and done.returncode == 0,
-            "seconds": seconds, "said": _last_line(done) if not report else None}
+    return {"command": "train", "kernel": kernel, "backend": name, "exit": done.returncode,
+            "status": report.get("status"), "seconds": seconds, "said": _last_line(done) if not report else None}
+
+
+def honest(row: dict) -> bool:
+    """Whether what the command said of the stand-in is true."""
+    name = row["backend"]
+    if row["command"] == "check":
+        return row["verdict"] in HONEST_CHECK[name] and row["exit"] == (0 if name in ("exact", "no_smoothing") else 1)
+    if row["command"] == "gate":  # the judging gate passes exactly the kernels that should, its entry agreeing
+        judged = row["passed"].get("optimizer_parity" if row["kernel"] == "adamw" else "kernel_parity")
+        should = name in ("exact", "no_smoothing")
+        return judged == should and row.get("entry_passed") in (None, judged) and row["exit"] == (0 if should else 1)
+    # train: exact and no_smoothing pass; off fails parity, or its contract refuses it (exit 2, no report);
+    # crashes either never reaches a crashing width (passes) or stops with no parity verdict on the kernel
+    if name in ("exact", "no_smoothing"):
+        return row["status"] == "pass" and row["exit"] == 0
+    if name == "off":
+        return (row["status"], row["exit"]) in (("fail", 1), (None, 2))
+    return (row["status"], row["exit"]) == ("pass", 0) or (row["status"] in (None, "error") and row["exit"] != 0)
 
 
 def loss_gate_time(cwd: Path) -> dict:
     gates = ["long_horizon", "accuracy_parity", "noise_envelope"]
     out = cwd / "loss_gates"
-    done, seconds = ckparity(cwd, "gate", "--plugin", plugin(cwd, "cross_entropy", "exact"), "--backend", "loss=exact", "--only", *gates,
-                             "--config", str(cwd / "short.toml"), "--out-dir", str(out))
+    done, seconds = ckparity(cwd, "gate", "--plugin", plugin(cwd, "cross_entropy", "exact"), "--backend", "loss=exact",
+                             "--only", *gates, "--out-dir", str(out))  # the quick tier's settings
     runs = {}
     for g in gates:
         path = out / f"{g}_latest.json"
-        if path.is_file():
+        if path.is_file():  # long_horizon lists its runs; accuracy_parity and noise_envelope rows per loss backend
             details = json.loads(path.read_text())["details"]
-            runs[g] = len(details.get("runs") or details.get("rows") or [])
+            runs[g] = len(details["runs"]) if "runs" in details else len({r["loss_backend"] for r in details["rows"]})
     return {"exit": done.returncode, "seconds": seconds, "runs": runs, "said": _last_line(done)}
 
 
@@ -132,24 +137,28 @@ def main() -> int:
     parser.add_argument("--json-out", required=True)
     parser.add_argument("--loss-gate-time", action="store_true")
     parser.add_argument("--only", nargs="+", choices=["check", "gate", "train"], default=["check", "gate", "train"])
+    parser.add_argument("--rescore", default=None, help="score the rows of this earlier result again (and with "
+                        "--loss-gate-time, time the loss gates again) instead of running them")
     args = parser.parse_args()
-    rows = []
+    rows = json.loads(Path(args.rescore).read_text())["rows"] if args.rescore else []
     with tempfile.TemporaryDirectory() as scratch:
         cwd = Path(scratch)
         (cwd / "short.toml").write_text(SHORT)
         commands = {"check": check_row, "gate": gate_row, "train": train_row}
-        for kernel, names in SLOTS.items():
+        for kernel, names in SLOTS.items() if not args.rescore else ():
             for name in names:
                 for command in args.only:
                     row = commands[command](cwd, kernel, name)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         timing = loss_gate_time(cwd) if args.loss_gate_time else None
-    honest = sum(r["honest"] for r in rows)
-    result = {"rows": rows, "honest": honest, "of": len(rows), "loss_gate_time": timing}
+    for row in rows:
+        row["honest"] = honest(row)
+    honest_rows = sum(r["honest"] for r in rows)
+    result = {"rows": rows, "honest": honest_rows, "of": len(rows), "loss_gate_time": timing}
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{honest} of {len(rows)} honest; loss gates: {timing}")
+    print(f"{honest_rows} of {len(rows)} honest; loss gates: {timing}")
     return 0
 
 

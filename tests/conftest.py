@@ -73,3 +73,16 @@ def pytest_terminal_summary(terminalreporter):
             totals[2] = max(totals[2], m["max_ulp"])
     for name, (equal, total, ulp) in sorted(bitwise.items()):
         terminalreporter.line(f"{name:45s} {equal}/{total} bit-identical, max_ulp={ulp}")
+
+
+@pytest.fixture
+def clean_registry():
+    """What a test registers (backends and their registrations) is gone after it."""
+    from ckparity import kernels
+
+    saved = {name: (dict(k.backends), dict(k.registrations)) for name, k in kernels.KERNELS.items()}
+    yield
+    for name, k in kernels.KERNELS.items():
+        for table, before in zip((k.backends, k.registrations), saved[name]):
+            table.clear()
+            table.update(before)

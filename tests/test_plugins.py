@@ -35,16 +35,6 @@ def _swiglu(x):
     return F.silu(x[..., :h]) * x[..., h:]
 
 
-@pytest.fixture
-def clean_registry():
-    """What a test registers is gone after it."""
-    saved = {kernel: dict(k.backends) for kernel, k in kernels.KERNELS.items()}
-    yield
-    for kernel, table in {name: k.backends for name, k in kernels.KERNELS.items()}.items():
-        table.clear()
-        table.update(saved[kernel])
-
-
 def test_register_under_either_spelling(clean_registry):
     ckparity.register_backend("loss", "user_ce", lambda logits, t, **kw: F.cross_entropy(logits, t, **kw))
     ckparity.register_backend("rmsnorm", "user_rms", F.rms_norm)
