@@ -105,16 +105,18 @@ def honest(row: dict) -> bool:
     name = row["backend"]
     if row["command"] == "check":
         return row["verdict"] in HONEST_CHECK[name] and row["exit"] == (0 if name in ("exact", "no_smoothing") else 1)
+    refused = row["exit"] == 2 and "breaks its contract" in (row["said"] or "")  # before any run, with the reason
     if row["command"] == "gate":  # the judging gate passes exactly the kernels that should, its entry agreeing
         judged = row["passed"].get("optimizer_parity" if row["kernel"] == "adamw" else "kernel_parity")
         should = name in ("exact", "no_smoothing")
-        return judged == should and row.get("entry_passed") in (None, judged) and row["exit"] == (0 if should else 1)
+        return (judged == should and row.get("entry_passed") in (None, judged)
+                and row["exit"] == (0 if should else 1)) or (name == "off" and refused)
     # train: exact and no_smoothing pass; off fails parity, or its contract refuses it (exit 2, no report);
     # crashes either never reaches a crashing width (passes) or stops with no parity verdict on the kernel
     if name in ("exact", "no_smoothing"):
         return row["status"] == "pass" and row["exit"] == 0
     if name == "off":
-        return (row["status"], row["exit"]) in (("fail", 1), (None, 2))
+        return (row["status"], row["exit"]) == ("fail", 1) or refused
     return (row["status"], row["exit"]) == ("pass", 0) or (row["status"] in (None, "error") and row["exit"] != 0)
 
 

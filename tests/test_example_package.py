@@ -59,3 +59,33 @@ def test_the_installed_package_trains_and_gates(site, tmp_path):
     sizes = optimizer["details"]["sizes"]
     assert sizes["verdict"] in ("bitwise", "as accurate as torch") and sizes["cases"] == 4
     assert optimizer["passed"] and gate.returncode == 0, gate.stdout
+
+
+def test_a_faulty_kernel_of_the_package_is_judged_by_every_command(site, tmp_path):
+    """The package's two deliberately faulty swiglus: the exp2f one is not as accurate as torch
+    (check exits 0 on less accurate, 1 on wrong; the gate fails it either way); the one that aborts
+    past 1024 columns crashes in check's child (SIGABRT, its property and case named) and fails the
+    gate with a report, while a training run at narrow widths, which never reaches the abort, passes."""
+    fast = _ckparity(site, tmp_path, "check", "swiglu", "--backend", "example_fast", "--json-out", "fast.json")
+    report = json.loads((tmp_path / "fast.json").read_text())
+    assert report["verdict"] in ("less accurate", "wrong") and not report["passes_gates"], report["verdict"]
+    assert fast.returncode == (0 if report["verdict"] == "less accurate" else 1)
+    widths = next(r for r in report["properties"] if r["property"] == "widths")
+    assert widths["failing"] > 0 and widths["worst"][0]["ckparity_error64"] > widths["worst"][0]["torch_error64"]
+    small = _ckparity(site, tmp_path, "check", "swiglu", "--backend", "example_small", "--json-out", "small.json")
+    crashed = json.loads((tmp_path / "small.json").read_text())
+    assert small.returncode == 1 and crashed["verdict"] == "crashes"
+    assert crashed["crash"]["ending"] == "killed by SIGABRT" and crashed["crash"]["property"] == "widths"
+    assert crashed["crash"]["case"].startswith("width=1376")
+    gate = _ckparity(site, tmp_path, "gate", "--backend", "swiglu=example_fast", "--only", "kernel_parity",
+                     "--out-dir", str(tmp_path / "fast_gates"))
+    assert gate.returncode == 1
+    entry = json.loads((tmp_path / "fast_gates" / "kernel_parity_latest.json").read_text())["details"]["user_backends"]
+    assert entry[0]["passed"] is False and entry[0]["verdict"] == report["verdict"]
+    gate = _ckparity(site, tmp_path, "gate", "--backend", "swiglu=example_small", "--only", "kernel_parity",
+                     "--out-dir", str(tmp_path / "small_gates"))
+    entry = json.loads((tmp_path / "small_gates" / "kernel_parity_latest.json").read_text())["details"]["user_backends"]
+    assert gate.returncode == 1 and entry[0]["verdict"] == "crashes"  # a report, not a gate killed by SIGABRT
+    train = _ckparity(site, tmp_path, "train", "--ck-swiglu-backend", "example_small", "--max-steps", "3",
+                      "--json-out", "t.json")
+    assert train.returncode == 0 and json.loads((tmp_path / "t.json").read_text())["status"] == "pass"

@@ -407,7 +407,7 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
                 failures.append(f"{label}: {report['status']}: {report.get('error')}")
             elif report["first_nonfinite_step"] is not None:  # NaN series repeat as "identical" strings
                 failures.append(f"{label}: non-finite from step {report['first_nonfinite_step']}")
-            threads_used[label] = report["env"]["ckparity_threads"]
+            threads_used[label] = report["env"].get("ckparity_threads")
             runs[label] = _series_without_timing(report)
     finally:
         ckparity.set_num_threads(saved[0])
@@ -467,11 +467,19 @@ def gate_runs(runs: dict[str, RunConfig], settings: dict) -> dict[str, RunConfig
 
 def _train_in_gate(config: RunConfig, settings: dict) -> dict:
     """train() (or, for --tp/--dp, the launcher) with the gate's backends, and
-    a signal that stopped it stopping the gates too."""
+    a signal that stopped it stopping the gates too. A run with a user's
+    backend (gate --backend) trains in a process of its own where the backend
+    can be carried there (kernels.carried): a crash in its C is that run's
+    error, not the end of the gates."""
+    from .harness.loop.child import carry_for, train_in_child
     from .harness.ranks.launch import launch
 
     config = with_backends(config, settings)
-    report = launch(config) if config.tp * config.dp > 1 else train(config)
+    carry = carry_for(config) if settings.get("ck_backends") else None
+    if config.tp * config.dp > 1:
+        report = launch(config)
+    else:
+        report = train_in_child(config, carry) if carry is not None else train(config)
     if report["status"] == "interrupted":
         raise Interrupted(report["stopped_by_signal"])
     return report

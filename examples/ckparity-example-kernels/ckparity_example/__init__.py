@@ -1,5 +1,7 @@
 """A user's C kernels as ckparity backends named "example": rms_norm, swiglu
-and adamw, each a few lines with ckparity.plugin. Installed, the package
+and adamw, each a few lines with ckparity.plugin; and two deliberately faulty
+swiglus, "example_fast" (an exp2f-based exp) and "example_small" (abort()
+past 1024 columns), to see what ckparity says of kernels that are not right. Installed, the package
 registers them through its ckparity.backends entry point (pyproject.toml):
 
     ckparity check swiglu --backend example
@@ -28,10 +30,21 @@ rms_norm = plugin.rms_norm(
     backward=lambda dy, x, w, dx, dw, eps: _check(_lib.ex_rms_norm_backward(
         P(dy), P(x), P(w), P(dx), P(dw), _i64(x.shape[0]), _i64(x.shape[1]), _f32(eps))))
 
-swiglu = plugin.swiglu(
-    forward=lambda x, out: _lib.ex_swiglu_forward(P(x), P(out), _i64(out.shape[0]), _i64(out.shape[1])),
-    backward=lambda dout, x, dx: _lib.ex_swiglu_backward(P(dout), P(x), P(dx), _i64(dout.shape[0]),
-                                                         _i64(dout.shape[1])))
+
+def _swiglu_backward(dout, x, dx):
+    _lib.ex_swiglu_backward(P(dout), P(x), P(dx), _i64(dout.shape[0]), _i64(dout.shape[1]))
+
+
+def _swiglu(name: str):
+    forward = getattr(_lib, name)
+    return plugin.swiglu(forward=lambda x, out: forward(P(x), P(out), _i64(out.shape[0]), _i64(out.shape[1])),
+                         backward=_swiglu_backward)
+
+
+swiglu = _swiglu("ex_swiglu_forward")
+# deliberately faulty (src/kernels.c): an exp2f-based exp; an abort() past 1024 columns
+swiglu_fast = _swiglu("ex_swiglu_forward_fast")
+swiglu_small = _swiglu("ex_swiglu_forward_small")
 
 AdamW = plugin.adamw(
     lambda p, g, m, v, step, lr, beta1, beta2, eps, wd: _lib.ex_adamw_step(
@@ -42,4 +55,6 @@ def register() -> None:
     """The entry point: ckparity calls it when it loads installed plugins."""
     ckparity.register_backend("rms_norm", "example", rms_norm)
     ckparity.register_backend("swiglu", "example", swiglu)
+    ckparity.register_backend("swiglu", "example_fast", swiglu_fast)
+    ckparity.register_backend("swiglu", "example_small", swiglu_small)
     ckparity.register_backend("adamw", "example", AdamW)

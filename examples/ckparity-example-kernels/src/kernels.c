@@ -60,6 +60,26 @@ void ex_swiglu_backward(const float *dout, const float *x, float *dx, int64_t ro
         }
 }
 
+/* Two deliberately faulty variants, for seeing what ckparity says of a kernel
+   that is not right (tests/test_example_package.py):
+   - fast: e^-g as exp2f(-g * log2(e)): the product rounds before the exp, an
+     error that grows with |g| (a common "fast exp");
+   - small: a scratch size assumed, and abort() past it (a C assertion that
+     fires in production at a width the author never tried). */
+void ex_swiglu_forward_fast(const float *x, float *out, int64_t rows, int64_t H) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < H; i++) {
+            float g = x[r * 2 * H + i], u = x[r * 2 * H + H + i];
+            out[r * H + i] = g / (1.0f + exp2f(-g * 1.44269504f)) * u;
+        }
+}
+
+void ex_swiglu_forward_small(const float *x, float *out, int64_t rows, int64_t H) {
+    if (H > 1024)
+        abort();
+    ex_swiglu_forward(x, out, rows, H);
+}
+
 /* torch.optim.AdamW's single-tensor step, in float, its order of operations */
 void ex_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
                    double beta2, double eps, double wd) {

@@ -4,8 +4,9 @@ verdict ``crashes`` naming the property and case it was in.
 
 The child registers the backend as this process did: it loads the same
 plugins (CKP_PLUGINS, entry points) and whatever registered the backend
-here (its Registration.origin: a plugin, the module whose import registered
-it, or a module attribute holding it), with the parent's sys.path. It runs
+here (kernels.carried: its Registration.origin, a plugin, the module whose
+import registered it, or a module attribute holding it), with the parent's
+sys.path. It runs
 the contract check as the suite's first property. A child that cannot set
 up (a plugin that fails to load, no such backend) is CheckSetupError -- an
 error of the check, never a verdict on the kernel. A backend only this
@@ -16,7 +17,6 @@ checked here by ``run``, and its report says so (``isolated: false``).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -35,44 +35,22 @@ class CheckSetupError(ValueError):
     """The check could not start (in its child): a plugin failed to load, or no such backend."""
 
 
-def carried(kernel: str, backend: str) -> tuple[dict | None, str | None]:
-    """What check's child must load to have ``backend`` as this process has
-    it: ({"plugins": [...], "attrs": [...]}, None), or (None, why) when no
-    fresh process can register it."""
-    record = record_of(kernel)
-    registration = record.registrations.get(backend)
-    if backend in record.builtin or registration is None:  # the child's own plugins have it, or say they do not
-        return {"plugins": [], "attrs": []}, None
-    origin = registration.origin
-    if origin is None:
-        return None, (f"the {record.name} backend {backend!r} is a callable only this process can reach (made in "
-                      "a function or in __main__); register it when a module is imported, or bind it to a "
-                      "module's name, for a child process to check it")
-    if origin.startswith("entry point "):  # every process loads the entry points
-        return {"plugins": [], "attrs": []}, None
-    if ":" in origin and not origin.endswith(".py"):
-        return {"plugins": [], "attrs": [[record.name, backend, origin, sorted(registration.unsupported)]]}, None
-    return {"plugins": [origin], "attrs": []}, None
-
-
 def run(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT) -> dict:
     """The check of ``backend``: in a child process when one can register it
     (isolated_check), else in this one (the report's ``isolated`` is False,
     ``in_process_because`` says why)."""
-    carry, why = carried(kernel, backend)
+    carry = kernels.carried(record_of(kernel).name, backend)
     if carry is None:
         report = check(kernel, backend, seed)
-        report.update(isolated=False, in_process_because=why)
+        report.update(isolated=False, in_process_because=_NOT_CARRIED.format(kernel=record_of(kernel).name,
+                                                                              backend=backend))
         return report
     return isolated_check(kernel, backend, seed, timeout, carry)
 
 
-def _child_env(carry: dict) -> dict:
-    env = dict(os.environ)
-    if carry["plugins"] or carry["attrs"]:  # the modules that registered it, found where this process finds them
-        path = [p for p in sys.path if p and os.path.isdir(p)]
-        env["PYTHONPATH"] = os.pathsep.join(path + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+_NOT_CARRIED = ("the {kernel} backend {backend!r} is a callable only this process can reach (made in a function or "
+                "in __main__); register it when a module is imported, or bind it to a module's name, for a child "
+                "process to check it")
 
 
 def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT,
@@ -84,15 +62,15 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
     this process kills the child."""
     kernel = record_of(kernel).name
     if carry is None:
-        carry, why = carried(kernel, backend)
+        carry = kernels.carried(kernel, backend)
         if carry is None:
-            raise CheckSetupError(why)
+            raise CheckSetupError(_NOT_CARRIED.format(kernel=kernel, backend=backend))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "report.json"
         request = json.dumps({"kernel": kernel, "backend": backend, "seed": seed, "out": str(out), **carry})
         proc = subprocess.Popen([sys.executable, "-m", "ckparity.check.child", request], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=_child_env(carry))
+                                stderr=subprocess.PIPE, text=True, env=kernels.child_env(carry))
         timed_out = False
         try:
             _, stderr = proc.communicate(timeout=timeout)
@@ -155,12 +133,7 @@ def child(request: dict) -> int:
     kernels.deferred_contracts()
     try:
         kernels.load_configured()
-        for spec in request["plugins"]:
-            kernels.load_plugin(spec)
-        for kernel, name, origin, unsupported in request["attrs"]:
-            if name not in kernels.KERNELS[kernel].backends:
-                module, _, attr = origin.partition(":")
-                kernels.register_backend(kernel, name, _attribute(module, attr), unsupported=unsupported)
+        kernels.load_carried(request)
         kernels.resolve(request["kernel"], request["backend"])
     except (ValueError, TypeError) as err:
         out.write_text(json.dumps({"setup_error": str(err)}))
@@ -168,12 +141,3 @@ def child(request: dict) -> int:
     out.write_text(json.dumps(check(request["kernel"], request["backend"], request["seed"])))
     return 0
 
-
-def _attribute(module: str, attr: str):
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except Exception as err:  # noqa: BLE001 -- whatever importing the user's module raises, named
-        raise ValueError(f"cannot load {module}:{attr} (where the backend was registered): "
-                         f"{type(err).__name__}: {err}") from None

@@ -140,6 +140,56 @@ def _origin(fn: Callable) -> str | None:
     return None
 
 
+def carried(kernel: str, name: str) -> dict | None:
+    """What a fresh process loads to have the backend ``name`` of ``kernel``
+    as this one has it ({"plugins": [...], "attrs": [...]}, for
+    ``load_carried``; empty where every process has it: ckparity's own, a
+    CKP_PLUGINS or entry-point plugin's), or None where nothing can: a
+    callable made in a function or in __main__, or one put in the registry
+    without a registration (``register``: the tests' planted faults)."""
+    record = KERNELS[slot(kernel)]
+    if name in record.builtin:
+        return {"plugins": [], "attrs": []}
+    registration = record.registrations.get(name)
+    if registration is None:
+        return None if name in record.backends else {"plugins": [], "attrs": []}  # unknown: the child says so
+    origin = registration.origin
+    if origin is None:
+        return None
+    if origin.startswith("entry point ") or origin in os.environ.get(ENV, "").split(os.pathsep):
+        return {"plugins": [], "attrs": []}
+    if ":" in origin and not origin.endswith(".py"):
+        return {"plugins": [], "attrs": [[record.name, name, origin, sorted(registration.unsupported)]]}
+    return {"plugins": [origin], "attrs": []}
+
+
+def load_carried(carry: dict) -> None:
+    """In a fresh process: the plugins and module attributes ``carried`` named."""
+    for spec in carry["plugins"]:
+        load_plugin(spec)
+    for kernel, name, origin, unsupported in carry["attrs"]:
+        if name not in KERNELS[kernel].backends:
+            module, _, attr = origin.partition(":")
+            fn = None
+
+            def get(module=module, attr=attr):
+                nonlocal fn
+                fn = getattr(importlib.import_module(module), attr)
+            _importing(f"{origin} (where the {kernel} backend {name!r} was registered)", get)
+            register_backend(kernel, name, fn, unsupported=unsupported)
+
+
+def child_env(carry: dict) -> dict:
+    """The environment of a child that loads ``carry``: this process's
+    sys.path first, so the modules that registered the backends are found
+    where they were found here."""
+    env = dict(os.environ)
+    if carry["plugins"] or carry["attrs"]:
+        path = [p for p in sys.path if p and os.path.isdir(p)]
+        env["PYTHONPATH"] = os.pathsep.join(path + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
 def registered(kernel: str) -> list[str]:
     return sorted(KERNELS[slot(kernel)].backends)
 

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ... import kernels
+from ..loop import child
 from ..loop.config import RunConfig
 from ..longrun.interrupts import Interrupted, stop_on_signals
 from ..loop.report import check_writable, check_writable_dir, read_report, write_json
@@ -68,7 +69,8 @@ def _finished(config: RunConfig, returncode: int) -> dict:
         return _row(read_report(config.json_out))
     return {"status": "error", "first_loss_fail_step": None, "first_param_fail_step": None,
             "max_param_abs_diff": None, "max_loss_abs_diff": None,
-            "divergence": {"first_step": None, "stage": f"the run's process exited with {returncode} and no report"}}
+            "divergence": {"first_step": None,
+                           "stage": f"the run's process was {child.ending(returncode)} and wrote no report"}}
 
 
 def _in_process(configs: dict[str, RunConfig]) -> dict[str, dict]:
@@ -85,7 +87,7 @@ def _in_process(configs: dict[str, RunConfig]) -> dict[str, dict]:
 
 
 def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
-    """Each variant a `python -m ckparity.harness.studies.attribute CONFIG_JSON` child, at most ``jobs`` at once.
+    """Each variant a `python -m ckparity.harness.loop.child CONFIG_JSON` process, at most ``jobs`` at once.
     A signal that stops this process is passed on to the running children, whose reports then say
     "interrupted"; they are waited for, so none is left behind."""
     waiting, running, rows = list(configs.items()), {}, {}
@@ -93,8 +95,7 @@ def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
         while waiting or running:
             while waiting and len(running) < jobs:
                 name, config = waiting.pop(0)
-                running[name] = subprocess.Popen([sys.executable, "-m", "ckparity.harness.studies.attribute",
-                                                  json.dumps(config.to_dict())], stdout=subprocess.DEVNULL)
+                running[name] = subprocess.Popen(child.command(config), stdout=subprocess.DEVNULL)
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[name]
@@ -190,10 +191,3 @@ def table(result: dict) -> str:
         lines.append(f"| {v['name']} | {backends} | {v['status']} | {v['first_loss_fail_step'] or '-'} | "
                      f"{v['first_param_fail_step'] or '-'} | {diff} | {v['divergence']['first_step'] or '-'} |")
     return "\n".join(lines) + f"\n\nverdict: {result['verdict']['summary']}"
-
-
-if __name__ == "__main__":  # one variant, in its own process (see _in_processes)
-    from ..loop.run import train
-
-    kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
-    train(RunConfig(**json.loads(sys.argv[1])))

@@ -1,0 +1,74 @@
+"""One training run in a process of its own: ``python -m
+ckparity.harness.loop.child CONFIG_JSON`` (attribute's variants, and the
+gates' runs when they train a user's backends). A segfault or an abort in a
+user's C ends the child, not the command that started it: ``train_in_child``
+reads the child's report, or says how it ended when it wrote none."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ... import kernels
+from .config import RunConfig
+from .report import read_report
+
+
+def command(config: RunConfig, carry: dict | None = None) -> list[str]:
+    """The child's command line; ``carry`` (kernels.carried) what it loads besides CKP_PLUGINS."""
+    return [sys.executable, "-m", "ckparity.harness.loop.child", json.dumps(config.to_dict()),
+            json.dumps(carry or {"plugins": [], "attrs": []})]
+
+
+def ending(returncode: int) -> str:
+    return f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit {returncode}"
+
+
+def ended_without_report(config: RunConfig, returncode: int) -> dict:
+    """What a gate reads of a run whose process wrote no report: an error, saying how it ended."""
+    return {"status": "error", "error": f"the run's process was {ending(returncode)} and wrote no report",
+            "config": config.to_dict(), "steps": 0, "pass_parity": False, "first_loss_fail_step": None,
+            "first_param_fail_step": None, "max_loss_abs_diff": None, "max_param_abs_diff": None,
+            "first_nonfinite_step": None, "localization": None, "ranks": None, "shadow": None, "envelope": None,
+            "env": {}, "series": {}, "stopped_by_signal": None}
+
+
+def carry_for(config: RunConfig) -> dict | None:
+    """What a child loads to have every backend ``config`` names (kernels.carried, merged), or
+    None where one of them only this process can reach."""
+    merged = {"plugins": [], "attrs": []}
+    for flag, kernel in kernels.FLAGS.items():
+        carry = kernels.carried(kernel, getattr(config, flag))
+        if carry is None:
+            return None
+        for key in merged:
+            merged[key] += [item for item in carry[key] if item not in merged[key]]
+    return merged
+
+
+def train_in_child(config: RunConfig, carry: dict) -> dict:
+    """train(config) in a child process that loads ``carry`` (config.json_out
+    names its report); a signal to this process is passed on to the child,
+    which then writes its interrupted report, and is waited for."""
+    Path(config.json_out).unlink(missing_ok=True)  # an earlier run's report must not pass for this one's
+    proc = subprocess.Popen(command(config, carry), stdout=subprocess.DEVNULL, env=kernels.child_env(carry))
+    try:
+        proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        raise
+    if Path(config.json_out).exists():
+        return read_report(config.json_out)
+    return ended_without_report(config, proc.returncode)
+
+
+if __name__ == "__main__":
+    from .run import train
+
+    kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
+    kernels.load_carried(json.loads(sys.argv[2]))
+    train(RunConfig(**json.loads(sys.argv[1])))
