@@ -103,9 +103,10 @@ def train_row(cwd: Path, kernel: str, name: str) -> dict:
 def honest(row: dict) -> bool:
     """Whether what the command said of the stand-in is true."""
     name = row["backend"]
-    if row["command"] == "check":
-        return row["verdict"] in HONEST_CHECK[name] and row["exit"] == (0 if name in ("exact", "no_smoothing") else 1)
     refused = row["exit"] == 2 and "breaks its contract" in (row["said"] or "")  # before any run, with the reason
+    if row["command"] == "check":
+        return (row["verdict"] in HONEST_CHECK[name] and row["exit"] == (0 if name in ("exact", "no_smoothing")
+                                                                           else 1)) or (name == "off" and refused)
     if row["command"] == "gate":  # the judging gate passes exactly the kernels that should, its entry agreeing
         judged = row["passed"].get("optimizer_parity" if row["kernel"] == "adamw" else "kernel_parity")
         should = name in ("exact", "no_smoothing")

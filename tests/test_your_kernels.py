@@ -282,14 +282,19 @@ def test_depth_sweep_under_backends_does_not_claim_bits(clean_registry, tmp_path
     assert result["passed"] and "bit-identical" not in result["summary"] and "not held to bits" in result["summary"]
 
 
-def test_optimizer_parity_on_a_users_adamw_runs_the_settings_steps(clean_registry, monkeypatch):
-    kernels.register("adamw", "same", kernels.backends("adamw")["torch"])
-    seen = []
-    real = check.adamw_sizes
-    monkeypatch.setattr(check, "adamw_sizes", lambda *a: seen.append(a[3]) or real(*a))
-    result = gates.optimizer_parity({**gates.settings_for("quick")["optimizer_parity"], "steps": 7, "sizes": [3],
-                                     "ck_backends": {"adamw": "same"}})
-    assert seen == [7] and result["summary"].startswith("7 steps")
+def test_optimizer_parity_on_a_users_adamw_runs_the_settings_steps(clean_registry):
+    steps = []
+
+    class Counted(torch.optim.AdamW):
+        def step(self, closure=None):
+            steps.append(1)
+            return super().step(closure)
+
+    kernels.register("adamw", "counted", lambda params, **kw: Counted(params, foreach=False, **kw))
+    result = gates.optimizer_parity({**gates.settings_for("quick")["optimizer_parity"], "steps": 7, "sizes": [3, 5],
+                                     "ck_backends": {"adamw": "counted"}})
+    assert len(steps) == 2 * 7 and result["summary"].startswith("7 steps") and result["passed"], result["summary"]
+    assert result["details"]["sizes"]["cases"] == 2
 
 
 # ---- 8. the fixture's expect=, attribute's exit code ------------------------------

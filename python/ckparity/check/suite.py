@@ -31,9 +31,11 @@ def record_of(kernel: str) -> kernels.Kernel:
     return kernels.KERNELS[kernel]
 
 
-def check(kernel: str, backend: str, seed: int = 0) -> dict:
+def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None) -> dict:
     """The conformance report (schema ckparity.check/1) of one backend of one
-    slot, in this process (``run`` puts it in a child)."""
+    slot, in this process (``run`` puts it in a child). ``adamw``: the
+    optimizer slot's ``sizes`` and ``steps`` instead of the record's (the
+    optimizer_parity gate's settings); its threads property is then not run."""
     record = record_of(kernel)
     kernels.resolve(record.name, backend)
     fn, torch_fn = record.backends[backend], record.backends["torch"]
@@ -43,7 +45,10 @@ def check(kernel: str, backend: str, seed: int = 0) -> dict:
     # a registered backend's contract (planted faults, put in the registry by kernels.register, have none)
     runs = [lambda: properties.contract(record, fn)] if backend in record.registrations else []
     if record.optimizer:
-        runs += [lambda: adamw_sizes(fn, torch_fn, kernel_slot.widths), lambda: properties.adamw_threads(fn)]
+        if adamw:
+            runs += [lambda: adamw_sizes(fn, torch_fn, adamw["sizes"], adamw["steps"])]
+        else:
+            runs += [lambda: adamw_sizes(fn, torch_fn, kernel_slot.widths), lambda: properties.adamw_threads(fn)]
     else:
         g = torch.Generator().manual_seed(seed)
         helper = getattr(fn, "ckparity_helper", None) is not None
