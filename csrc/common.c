@@ -28,6 +28,7 @@ const char *ckp_status_str(ckp_status status) {
     case CKP_ERR_TARGET_OUT_OF_RANGE: return "CKP_ERR_TARGET_OUT_OF_RANGE";
     case CKP_ERR_BAD_OPTION: return "CKP_ERR_BAD_OPTION";
     case CKP_ERR_ALIASING: return "CKP_ERR_ALIASING";
+    case CKP_ERR_OUT_OF_MEMORY: return "CKP_ERR_OUT_OF_MEMORY";
     }
     return "CKP_ERR_UNKNOWN_STATUS";
 }

@@ -20,10 +20,18 @@
  * split the same way. The loops run on 8-lane vectors
  * (vec.h) that do each element's float operations as written: the same bits
  * as scalar code, in every target_clones build.
+ *
+ * bfloat16: torch's composite computes in float (opmath) and rounds once at
+ * the end, in forward and backward alike (dx's two terms are added in float
+ * before the cast back): every bf16 result is the float32 result of the same
+ * values, rounded. The _bf16 entry points widen their inputs to float copies,
+ * run the float32 code above and round -- float32's bits, so torch's bf16
+ * bits (tests/test_bf16.py sweeps it at every capability).
  */
 #include "aten_sum.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static ckp_status check_sizes(int64_t N, int64_t D) {
@@ -297,4 +305,83 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
                                        int torch_threads) {
     if (dx_rstd == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx_rstd must not be NULL");
     return backward(dy, x, weight, rstd, N, D, dx_normalized, dx_rstd, dweight, torch_threads);
+}
+
+/* ---- bfloat16 ---------------------------------------------------------------- */
+
+/* n bf16 values as a new float array (NULL for NULL h, or when out of memory: *failed set). */
+static float *widen(const uint16_t *h, int64_t n, int *failed) {
+    if (h == NULL) return NULL;
+    float *f = malloc((size_t)n * sizeof(float));
+    if (f == NULL) {
+        *failed = 1;
+        return NULL;
+    }
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) f[i] = ckp_bf16_to_f(h[i]);
+    return f;
+}
+
+static void narrow(const float *f, int64_t n, uint16_t *h) {
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) h[i] = ckp_f_to_bf16(f[i]);
+}
+
+static ckp_status out_of_memory(int64_t N, int64_t D) {
+    return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the float copies of a bf16 rms_norm of N=%lld D=%lld",
+                    (long long)N, (long long)D);
+}
+
+ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
+                                     double eps, uint16_t *y, float *rstd, int torch_threads) {
+    if (x == NULL || y == NULL || rstd == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "x, y and rstd must not be NULL");
+    ckp_status s = check_sizes(N, D);
+    if (s != CKP_OK) return s;
+    const ckp_span x_s = {x, (size_t)(N * D) * 2}, w_s = {weight, (size_t)D * 2};
+    const ckp_span y_s = {y, x_s.bytes}, rstd_s = {rstd, (size_t)N * sizeof(float)};
+    if (ckp_overlaps_any(y_s, (ckp_span[]){x_s, w_s, rstd_s}, 3) || ckp_overlaps_any(rstd_s, (ckp_span[]){x_s, w_s}, 2))
+        return ckp_fail(CKP_ERR_ALIASING, "y and rstd must not overlap x, weight or each other");
+    int failed = 0;
+    float *xf = widen(x, N * D, &failed), *wf = widen(weight, D, &failed);
+    float *yf = failed ? NULL : malloc((size_t)(N * D) * sizeof(float));
+    if (failed || yf == NULL) s = out_of_memory(N, D);
+    else s = ckp_rms_norm_forward(xf, wf, N, D, eps, yf, rstd, torch_threads);
+    if (s == CKP_OK) narrow(yf, N * D, y);
+    free(xf);
+    free(wf);
+    free(yf);
+    return s;
+}
+
+ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
+                                      const float *rstd, int64_t N, int64_t D, uint16_t *dx, uint16_t *dweight,
+                                      int torch_threads) {
+    if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
+    if ((weight == NULL) != (dweight == NULL))
+        return ckp_fail(CKP_ERR_NULL_POINTER, "dweight must be given exactly when weight is");
+    ckp_status s = check_sizes(N, D);
+    if (s != CKP_OK) return s;
+    size_t bytes = (size_t)(N * D) * 2, w_bytes = (size_t)D * 2;
+    const ckp_span inputs[] = {{dy, bytes}, {x, bytes}, {weight, w_bytes}, {rstd, (size_t)N * sizeof(float)}};
+    if (ckp_overlaps_any((ckp_span){dx, bytes}, inputs, 4) || ckp_overlaps_any((ckp_span){dweight, w_bytes}, inputs, 4) ||
+        ckp_overlaps(dx, bytes, dweight, w_bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "dx and dweight must not overlap the inputs or each other");
+    int failed = 0;
+    float *dyf = widen(dy, N * D, &failed), *xf = widen(x, N * D, &failed), *wf = widen(weight, D, &failed);
+    float *dxf = failed ? NULL : malloc((size_t)(N * D) * sizeof(float));
+    float *dwf = failed || weight == NULL ? NULL : malloc((size_t)D * sizeof(float));
+    if (failed || dxf == NULL || (weight != NULL && dwf == NULL)) s = out_of_memory(N, D);
+    else s = ckp_rms_norm_backward(dyf, xf, wf, rstd, N, D, dxf, dwf, torch_threads);
+    if (s == CKP_OK) {
+        narrow(dxf, N * D, dx);
+        if (dweight != NULL) narrow(dwf, D, dweight);
+    }
+    free(dyf);
+    free(xf);
+    free(wf);
+    free(dxf);
+    free(dwf);
+    return s;
 }

@@ -20,6 +20,18 @@
  * one piece, as it does single-threaded or when its thread split falls on a
  * multiple of the vector pair within the row.
  * exp(-g) overflowing (g < -100) gives silu = -0 and s = 0, as in torch.
+ *
+ * bfloat16 (the _bf16 entry points): torch runs F.silu(g) * u on bf16 tensors
+ * as two ops, each computing in float and rounding its result to bf16, and
+ * autograd's backward as bf16 ops too:
+ *   out = bf16(bf16(silu(g)) * u)
+ *   dsilu = bf16(dout * u),  du = bf16(dout * bf16(silu(g))),
+ *   dg = bf16(dsilu * s * (g * (1 - s) + 1))   (silu_backward, in float)
+ * (a product of two bf16 values is exact in float: the multiplies round once).
+ * silu and silu_backward on bf16 step their vectorized loop over two
+ * Vectorized<BFloat16> -- 64 values at AVX-512, 32 at AVX2, twice the float
+ * loop's -- each converted to two float vectors and evaluated as above; the
+ * rest of the row is scalar, with libm's expf.
  */
 #include "ckp_internal.h"
 #include "vec.h"
@@ -84,6 +96,43 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
     }
 }
 
+/* One row of the bfloat16 forward. */
+CKP_CLONES
+static void forward_row_bf16(const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at, uint16_t *out) {
+    int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = 0;
+    for (; j < vec_end; j += CKP_VLANES) {
+        ckp_v8f gv = ckp_bf16_load8(g + j);
+        ckp_v8f silu = ckp_bf16_round8(gv / (1.0f + ckp_exp_sleef8(-gv)));
+        ckp_bf16_store8(out + j, silu * ckp_bf16_load8(u + j));
+    }
+    for (; j < H; j++) {
+        float gj = ckp_bf16_to_f(g[j]);
+        out[j] = ckp_f_to_bf16(ckp_bf16_round(gj / (1.0f + expf(-gj))) * ckp_bf16_to_f(u[j]));
+    }
+}
+
+/* One row of the bfloat16 backward. */
+CKP_CLONES
+static void backward_row_bf16(const uint16_t *dy, const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at,
+                              uint16_t *dg, uint16_t *du) {
+    int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = 0;
+    for (; j < vec_end; j += CKP_VLANES) {
+        ckp_v8f gv = ckp_bf16_load8(g + j), dyv = ckp_bf16_load8(dy + j);
+        ckp_v8f one_plus = 1.0f + ckp_exp_sleef8(-gv);
+        ckp_v8f sig = 1.0f / one_plus;
+        ckp_v8f dsilu = ckp_bf16_round8(dyv * ckp_bf16_load8(u + j));
+        ckp_bf16_store8(dg + j, dsilu * sig * ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f)));
+        ckp_bf16_store8(du + j, dyv * ckp_bf16_round8(gv / one_plus));
+    }
+    for (; j < H; j++) {
+        float gj = ckp_bf16_to_f(g[j]), dyj = ckp_bf16_to_f(dy[j]);
+        float one_plus = 1.0f + expf(-gj), sig = 1.0f / one_plus;
+        float slope = at.fma ? fmaf(gj, 1.0f - sig, 1.0f) : gj * (1.0f - sig) + 1.0f;
+        dg[j] = ckp_f_to_bf16(ckp_bf16_round(dyj * ckp_bf16_to_f(u[j])) * sig * slope);
+        du[j] = ckp_f_to_bf16(dyj * ckp_bf16_round(gj / one_plus));
+    }
+}
+
 ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out) {
     ckp_status s = check_args(x, out, N, H);
     if (s != CKP_OK) return s;
@@ -117,5 +166,32 @@ ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int
         else
             backward_row(dout + i * H, gate, gate + H, H, at, dgate, dgate + H);
     }
+    return CKP_OK;
+}
+
+ckp_status ckp_swiglu_forward_bf16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out) {
+    ckp_status s = check_args(x, out, N, H);
+    if (s != CKP_OK) return s;
+    if (ckp_overlaps(out, (size_t)(N * H) * 2, x, (size_t)(N * 2 * H) * 2))
+        return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
+    ckp_clear_error();
+    const aten_layout at = layout_for_capability();
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
+    for (int64_t i = 0; i < N; i++) forward_row_bf16(x + i * 2 * H, x + i * 2 * H + H, H, at, out + i * H);
+    return CKP_OK;
+}
+
+ckp_status ckp_swiglu_backward_bf16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H, uint16_t *dx) {
+    ckp_status s = check_args(dout, x, N, H);
+    if (s != CKP_OK) return s;
+    if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
+    size_t x_bytes = (size_t)(N * 2 * H) * 2;
+    if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * 2))
+        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
+    ckp_clear_error();
+    const aten_layout at = layout_for_capability();
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
+    for (int64_t i = 0; i < N; i++)
+        backward_row_bf16(dout + i * H, x + i * 2 * H, x + i * 2 * H + H, H, at, dx + i * 2 * H, dx + i * 2 * H + H);
     return CKP_OK;
 }

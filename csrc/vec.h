@@ -77,6 +77,51 @@ static inline __attribute__((always_inline)) void ckp_accumulate8d(double lane[C
     for (int l = 0; i + l < n; l++) lane[l] += (double)v[i + l];
 }
 
+/* bfloat16, stored as torch stores it: the high 16 bits of a float (uint16).
+ * To float is exact; from float rounds to nearest even, as torch's
+ * conversions do (c10::round_to_nearest_even, and the vectorized cvtfp32_bf16
+ * of vec256/vec512_bfloat16.h: the same rounding). A NaN becomes 0x7FC0 here;
+ * torch's vector path writes 0xFFFF -- both NaN, and ckparity's comparisons
+ * take NaN as equal to NaN. */
+static inline __attribute__((always_inline)) float ckp_bf16_to_f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline __attribute__((always_inline)) uint16_t ckp_f_to_bf16(float f) {
+    if (f != f) return 0x7FC0;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* f rounded to bfloat16 and read back as a float: what a bf16 tensor holds. */
+static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { return ckp_bf16_to_f(ckp_f_to_bf16(f)); }
+
+static inline __attribute__((always_inline)) ckp_v8f ckp_bf16_load8(const uint16_t *p) {
+    uint16_t h[CKP_VLANES];
+    memcpy(h, p, sizeof h);
+    ckp_v8u u = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+    return (ckp_v8f)(u << 16);
+}
+
+/* v rounded to bfloat16 per lane, as floats (the low 16 bits zero). */
+static inline __attribute__((always_inline)) ckp_v8f ckp_bf16_round8(ckp_v8f v) {
+    ckp_v8u u = (ckp_v8u)v;
+    ckp_v8u r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    return ckp_select8(v != v, ckp_splat8(ckp_bf16_to_f(0x7FC0)), (ckp_v8f)r);
+}
+
+/* v rounded to bfloat16, stored: the high halves of the rounded lanes. */
+static inline __attribute__((always_inline)) void ckp_bf16_store8(uint16_t *p, ckp_v8f v) {
+    ckp_v8u r = (ckp_v8u)ckp_bf16_round8(v) >> 16;
+    uint16_t h[CKP_VLANES];
+    for (int l = 0; l < CKP_VLANES; l++) h[l] = (uint16_t)r[l];
+    memcpy(p, h, sizeof h);
+}
+
 /* exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
  * Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
  * s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as

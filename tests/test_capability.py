@@ -5,7 +5,8 @@ AVX512), fixed at start-up and lowered by ATEN_CPU_CAPABILITY. Each test
 here runs in a subprocess per capability; a capability this CPU cannot run
 (torch reports a lower one) is skipped with its name, never failed. At each:
 - the bit-identity sweep (ckparity.sweep: every width 1..300 and large odd
-  ones) finds no differing case in any quantity a kernel's record claims;
+  ones) finds no differing case in any quantity a kernel's record claims, in
+  float32 and in bfloat16;
 - the sweep can fail: with the library set to another capability's
   arithmetic, it finds the differences;
 - the CK twin with ptref, C rms_norm, swiglu, rope and torch's AdamW is
@@ -55,10 +56,12 @@ def capability(request):
     return request.param
 
 
-def test_sweep_is_bit_identical_at(capability):
-    result = json.loads(run_at(capability, "import ckparity.sweep as s, json; print(json.dumps(s.run()))"))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sweep_is_bit_identical_at(capability, dtype):
+    result = json.loads(run_at(capability, f"import ckparity.sweep as s, json; print(json.dumps(s.run(dtype={dtype!r})))"))
     assert result["capability"] == {"torch": capability.upper(), "library": capability.upper(), "matched": True}
-    for claim in kernels.claims("float32"):
+    assert result["dtype"] == dtype and kernels.claims(dtype)
+    for claim in kernels.claims(dtype):
         kernel, quantities = claim.key, claim.quantities
         swept = result["kernels"][kernel]
         assert sorted(swept) == sorted(quantities), f"{kernel}: the sweep and the record's claim name other quantities"

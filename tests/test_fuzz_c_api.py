@@ -55,11 +55,12 @@ def call_and_check(rng: random.Random, call, outputs: list[torch.Tensor]) -> int
     before = [t.clone() for t in outputs]
     status = call()
     assert status in (lib.CKP_OK, lib.CKP_ERR_NULL_POINTER, lib.CKP_ERR_BAD_SIZE, lib.CKP_ERR_TARGET_OUT_OF_RANGE,
-                      lib.CKP_ERR_BAD_OPTION, lib.CKP_ERR_ALIASING), f"unknown status {status}"
+                      lib.CKP_ERR_BAD_OPTION, lib.CKP_ERR_ALIASING, lib.CKP_ERR_OUT_OF_MEMORY), \
+        f"unknown status {status}"
     if status != lib.CKP_OK:
         assert ffi.string(lib.ckp_last_error()), "an error status without a message"
         for a, b in zip(outputs, before):
-            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), "an output was written on error"
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), "an output was written on error"
     return status
 
 
@@ -225,8 +226,43 @@ def fuzz_grad_norm(rng: random.Random) -> int:
     return status
 
 
+def fuzz_bf16(rng: random.Random) -> int:
+    """The bfloat16 entry points (rms_norm, swiglu): uint16 buffers, the float32 ones' sizes and aliasing."""
+    N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
+    n = max(N, 0) * max(W, 0)
+    bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
+    hp = lambda t: ptr(t, 0, "uint16_t *")  # noqa: E731
+    kind = rng.randrange(4)
+    if kind == 0:
+        x, weight = bf16(data(rng, n)), bf16(data(rng, max(W, 1))) if rng.random() < 0.7 else None
+        y = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
+        rstd = torch.empty(max(N, 1))
+        eps = pick(rng, [1e-5, 0.0], -1e-5, math.nan)
+        return call_and_check(rng, lambda: lib.ckp_rms_norm_forward_bf16(
+            hp(maybe_null(rng, x)), hp(weight), N, W, eps, hp(maybe_null(rng, y)), ptr(rstd), 1),
+            [t for t in (y, rstd) if t is not x])
+    if kind == 1:
+        dy, x = bf16(data(rng, n)), bf16(data(rng, n))
+        weight = bf16(data(rng, max(W, 1))) if rng.random() < 0.7 else None
+        rstd = data(rng, max(N, 1)).abs()
+        dweight = torch.empty(max(W, 1), dtype=torch.bfloat16) if weight is not None or rng.random() < 0.05 else None
+        dx = dy if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
+        return call_and_check(rng, lambda: lib.ckp_rms_norm_backward_bf16(
+            hp(dy), hp(maybe_null(rng, x)), hp(weight), ptr(rstd), N, W, hp(maybe_null(rng, dx)), hp(dweight), 1),
+            [t for t in (dx, dweight) if t is not None and t is not dy])
+    x = bf16(data(rng, max(N, 0) * 2 * max(W, 0)))
+    if kind == 2:
+        out = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
+        return call_and_check(rng, lambda: lib.ckp_swiglu_forward_bf16(hp(maybe_null(rng, x)), N, W, hp(out)),
+                              [out] if out is not x else [])
+    dout = bf16(data(rng, n))
+    dx = x if rng.random() < 0.05 else torch.empty(x.numel() + 1, dtype=torch.bfloat16)
+    return call_and_check(rng, lambda: lib.ckp_swiglu_backward_bf16(hp(maybe_null(rng, dout)), hp(x), N, W, hp(dx)),
+                          [dx] if dx is not x else [])
+
+
 @pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_vocab_parallel_ce,
-                                   fuzz_compare, fuzz_adamw, fuzz_grad_norm],
+                                   fuzz_compare, fuzz_adamw, fuzz_grad_norm, fuzz_bf16],
                          ids=lambda f: f.__name__.removeprefix("fuzz_"))
 def test_fuzz_every_entry_point(entry):
     rng = random.Random(f"ckparity-fuzz-{entry.__name__}")

@@ -26,13 +26,14 @@ from ckparity._native import ffi, lib
 
 N, V, D, H, T, HEAD, R = 3, 5, 6, 4, 2, 4, 2  # rows, vocab, width, hidden, positions, head dim, tensors
 
-_TYPES = {"f": (torch.float32, "float *"), "d": (torch.float64, "double *"), "i": (torch.int64, "int64_t *")}
+_TYPES = {"f": (torch.float32, "float *"), "d": (torch.float64, "double *"), "i": (torch.int64, "int64_t *"),
+          "h": (torch.bfloat16, "uint16_t *")}
 
 
 @dataclass(frozen=True)
 class Buffer:
     name: str
-    kind: str      # "f" float32, "d" float64, "i" int64 (class targets)
+    kind: str      # "f" float32, "d" float64, "i" int64 (class targets), "h" bfloat16
     count: int
     output: bool       # written by the call
     reads: bool = False  # an output the call also reads first (AdamW's param and moments)
@@ -47,6 +48,10 @@ class Entry:
 
 def f(name, count, output=False, reads=False):
     return Buffer(name, "f", count, output, reads or not output)
+
+
+def h(name, count, output=False, reads=False):
+    return Buffer(name, "h", count, output, reads or not output)
 
 
 def _ce_options(pointers, reduction):
@@ -87,6 +92,16 @@ ENTRIES = [
                                       f("dweight", D, True)),
           lambda p: lib.ckp_rms_norm_backward_terms(p["dy"], p["x"], p["weight"], p["rstd"], N, D, p["dx_normalized"],
                                                     p["dx_rstd"], p["dweight"], 1)),
+    Entry("rms_norm_forward_bf16", (h("x", N * D), h("weight", D), h("y", N * D, True), f("rstd", N, True)),
+          lambda p: lib.ckp_rms_norm_forward_bf16(p["x"], p["weight"], N, D, 1e-5, p["y"], p["rstd"], 1)),
+    Entry("rms_norm_backward_bf16", (h("dy", N * D), h("x", N * D), h("weight", D), f("rstd", N),
+                                     h("dx", N * D, True), h("dweight", D, True)),
+          lambda p: lib.ckp_rms_norm_backward_bf16(p["dy"], p["x"], p["weight"], p["rstd"], N, D, p["dx"],
+                                                   p["dweight"], 1)),
+    Entry("swiglu_forward_bf16", (h("x", N * 2 * H), h("out", N * H, True)),
+          lambda p: lib.ckp_swiglu_forward_bf16(p["x"], N, H, p["out"])),
+    Entry("swiglu_backward_bf16", (h("dout", N * H), h("x", N * 2 * H), h("dx", N * 2 * H, True)),
+          lambda p: lib.ckp_swiglu_backward_bf16(p["dout"], p["x"], N, H, p["dx"])),
     Entry("swiglu_forward", (f("x", N * 2 * H), f("out", N * H, True)),
           lambda p: lib.ckp_swiglu_forward(p["x"], N, H, p["out"])),
     Entry("swiglu_backward", (f("dout", N * H), f("x", N * 2 * H), f("dx", N * 2 * H, True)),

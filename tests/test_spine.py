@@ -160,7 +160,7 @@ def test_names_and_spellings_are_unique():
     spellings = [s for k in kernels.KERNELS.values() for s in (k.name, *k.spellings)]
     assert len(spellings) == len(set(spellings))
     assert len({k.flag for k in kernels.KERNELS.values()}) == len(kernels.KERNELS)
-    assert len({c.key for c in kernels.claims()}) == len(kernels.claims())
+    assert len({(c.key, c.dtype) for c in kernels.claims()}) == len(kernels.claims())  # a key once per dtype
 
 
 def test_the_docs_table_is_the_records():

@@ -39,7 +39,8 @@ typedef enum {
     CKP_ERR_BAD_SIZE = 2,           /* a size is zero, negative or inconsistent */
     CKP_ERR_TARGET_OUT_OF_RANGE = 3,/* a class target outside [0, V) that is not ignore_index */
     CKP_ERR_BAD_OPTION = 4,         /* an option outside its domain (reduction, smoothing, ...) */
-    CKP_ERR_ALIASING = 5            /* an output overlaps an input where that is not allowed */
+    CKP_ERR_ALIASING = 5,           /* an output overlaps an input where that is not allowed */
+    CKP_ERR_OUT_OF_MEMORY = 6       /* a bf16 entry point could not allocate its float working copies */
 } ckp_status;
 
 /* A short fixed name for a status code ("CKP_ERR_BAD_SIZE: ..."). */
@@ -168,6 +169,18 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
                                        float *dx_normalized, float *dx_rstd, float *dweight,
                                        int torch_threads);
 
+/* The same in bfloat16 (uint16_t: a float's high 16 bits, as torch stores
+ * bf16) with rstd in float: torch computes rms_norm on bf16 tensors in float
+ * and rounds each result once -- y, dx (its two terms added in float) and
+ * dweight are the float32 results of the same values, rounded to bf16
+ * (csrc/rms_norm.c). These run the float32 kernel on float copies of their
+ * inputs, allocated per call (CKP_ERR_OUT_OF_MEMORY when that fails). */
+ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
+                                     double eps, uint16_t *y, float *rstd, int torch_threads);
+ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
+                                      const float *rstd, int64_t N, int64_t D,
+                                      uint16_t *dx, uint16_t *dweight, int torch_threads);
+
 /* ------------------------------------------------------------------------
  * swiglu (csrc/swiglu.c): x is (N, 2H), gate = x[:, :H], up = x[:, H:],
  * out = F.silu(gate) * up is (N, H).
@@ -177,6 +190,13 @@ ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out);
 /* dout is (N, H), x and dx are (N, 2H). */
 ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int64_t H,
                                float *dx);
+
+/* The same in bfloat16 (uint16_t: a float's high 16 bits, as torch stores
+ * bf16), bit-identical to torch's bf16 ops: out = bf16(bf16(silu(gate)) * up),
+ * each op computing in float and rounding once (csrc/swiglu.c). */
+ckp_status ckp_swiglu_forward_bf16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out);
+ckp_status ckp_swiglu_backward_bf16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H,
+                                    uint16_t *dx);
 
 /* ------------------------------------------------------------------------
  * adamw (csrc/adamw.c) = one step of torch.optim.AdamW's single-tensor path

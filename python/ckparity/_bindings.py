@@ -21,7 +21,7 @@ from ._native import check, ffi, lib
 
 # resolved once: a cast with a ctype object skips parsing the type's name on every call
 _C_TYPES = {torch.float32: ffi.typeof("float *"), torch.int64: ffi.typeof("int64_t *"),
-            torch.float64: ffi.typeof("double *")}
+            torch.float64: ffi.typeof("double *"), torch.bfloat16: ffi.typeof("uint16_t *")}
 
 CE_VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
 REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}
@@ -111,6 +111,21 @@ def rms_norm_backward_terms(dy, x, weight, rstd, dx_normalized, dx_rstd, dweight
                                               torch_threads), "rms_norm backward", library)
 
 
+def rms_norm_forward_bf16(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:
+    """As rms_norm_forward on bfloat16 x, weight, y (rstd float32)."""
+    N, D = x.shape
+    check(library.ckp_rms_norm_forward_bf16(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd),
+                                            torch_threads), "rms_norm", library)
+
+
+def rms_norm_backward_bf16(dy, x, weight, rstd, dx, dweight, *, torch_threads: int = 1, library=lib) -> None:
+    """As rms_norm_backward on bfloat16 tensors (rstd float32)."""
+    N, D = x.shape
+    check(library.ckp_rms_norm_backward_bf16(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
+                                             pointer(dx), pointer(dweight), torch_threads), "rms_norm backward",
+          library)
+
+
 # ---- swiglu -----------------------------------------------------------------
 
 def swiglu_forward(x, out, *, library=lib) -> None:
@@ -123,6 +138,19 @@ def swiglu_backward(dout, x, dx, *, library=lib) -> None:
     """dout (N, H); x, dx (N, 2H)."""
     N, H = dout.shape
     check(library.ckp_swiglu_backward(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward", library)
+
+
+def swiglu_forward_bf16(x, out, *, library=lib) -> None:
+    """As swiglu_forward on bfloat16 tensors."""
+    N, H = out.shape
+    check(library.ckp_swiglu_forward_bf16(pointer(x), N, H, pointer(out)), "swiglu", library)
+
+
+def swiglu_backward_bf16(dout, x, dx, *, library=lib) -> None:
+    """As swiglu_backward on bfloat16 tensors."""
+    N, H = dout.shape
+    check(library.ckp_swiglu_backward_bf16(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward",
+          library)
 
 
 # ---- vocab-parallel cross_entropy ------------------------------------------

@@ -58,6 +58,7 @@ _EXCEPTIONS = {
     lib.CKP_ERR_TARGET_OUT_OF_RANGE: TargetOutOfRange,
     lib.CKP_ERR_BAD_OPTION: InvalidArgument,
     lib.CKP_ERR_ALIASING: InvalidArgument,
+    lib.CKP_ERR_OUT_OF_MEMORY: MemoryError,
 }
 
 

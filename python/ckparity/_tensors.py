@@ -32,6 +32,21 @@ def require_float32(tensor: torch.Tensor, name: str) -> None:
         )
 
 
+# the dtypes a kernel with bfloat16 entry points takes (rms_norm, swiglu); the others take float32 alone
+FLOATING = (torch.float32, torch.bfloat16)
+
+
+def require_floating(tensor: torch.Tensor, name: str, like: torch.Tensor | None = None) -> None:
+    """float32 or bfloat16 (and ``like``'s dtype, if given: mixed dtypes are not taken)."""
+    require_cpu(tensor, name)
+    if tensor.dtype not in FLOATING:
+        raise InvalidType(f"{name} must be float32 or bfloat16, got {tensor.dtype} (convert with .float() or "
+                          ".bfloat16() if that is what you mean)")
+    if like is not None and tensor.dtype != like.dtype:
+        raise InvalidType(f"{name} is {tensor.dtype} and the input {like.dtype}: ckparity takes one dtype for both "
+                          "(convert one of them)")
+
+
 def plain_float32(tensor, dim: int) -> bool:
     """The common case in a few attribute reads: a contiguous float32 CPU
     tensor of ``dim`` dimensions that no torch.func transform wraps. An op

@@ -3,7 +3,7 @@
 every width 1..300 and some large ones, at the CPU capability this process
 runs at.
 
-    python -m ckparity.sweep [--kernels swiglu,rms_norm] [--json-out F|-]
+    python -m ckparity.sweep [--dtype float32|bfloat16] [--kernels swiglu,rms_norm] [--json-out F|-]
 
 Under ``ATEN_CPU_CAPABILITY=default|avx2|avx512`` (torch reads it at start-up)
 the same sweep runs at a lower capability: tests/test_capability.py runs it
@@ -34,34 +34,38 @@ from . import cpu, kernels
 from .kernels.sweeping import Tally
 
 
-def claims() -> dict[str, kernels.Claim]:
-    """The float32 claims, by key (``rms_norm``, ``cross_entropy.ptref``)."""
-    return {c.key: c for c in kernels.claims("float32")}
+DTYPES = ("float32", "bfloat16")
 
 
-def run(keys=None, seed: int = 0) -> dict:
-    """The sweep of the claims ``keys`` (default: all) at this process's capability."""
-    known = claims()
+def claims(dtype: str = "float32") -> dict[str, kernels.Claim]:
+    """The claims of ``dtype``, by key (``rms_norm``, ``cross_entropy.ptref``)."""
+    return {c.key: c for c in kernels.claims(dtype)}
+
+
+def run(keys=None, seed: int = 0, dtype: str = "float32") -> dict:
+    """The sweep of the ``dtype`` claims ``keys`` (default: all) at this process's capability."""
+    known = claims(dtype)
     results = {}
     for key in keys or known:
         tally = Tally()
         known[key].sweep(tally, torch.Generator().manual_seed(seed))
         results[key] = tally.result()
     return {"schema": "ckparity.sweep/1", "capability": cpu.capability(), "torch": torch.__version__,
-            "kernels": results}
+            "dtype": dtype, "kernels": results}
 
 
 def main(argv=None) -> int:
-    known = claims()
     parser = argparse.ArgumentParser(prog="python -m ckparity.sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", default=",".join(known), help=f"comma-separated, of {', '.join(known)}")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--kernels", default=None, help="comma-separated claim keys (default: all of the dtype's)")
     parser.add_argument("--json-out", default="-", help="file, or - for standard output")
     args = parser.parse_args(argv)
-    keys = [k for k in args.kernels.split(",") if k]
+    known = claims(args.dtype)
+    keys = [k for k in (args.kernels or ",".join(known)).split(",") if k]
     unknown = sorted(set(keys) - set(known))
     if unknown:
         parser.error(f"unknown kernels {unknown}; known: {', '.join(known)}")
-    text = json.dumps(run(keys), indent=1)
+    text = json.dumps(run(keys, dtype=args.dtype), indent=1)
     if args.json_out == "-":
         print(text)
     else:

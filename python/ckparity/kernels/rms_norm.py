@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -57,12 +58,13 @@ def _gate_cases():
 SPLIT_SHAPES = [(1, 32768), (1, 40000), (1, 65536), (1, 131071), (32768, 1), (100003, 1)]
 
 
-def sweep(tally: Tally, g: torch.Generator) -> None:
+def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """y, dx and dweight against F.rms_norm on ``dtype`` tensors (bfloat16: torch's bf16 eager)."""
     for N in (1, 3, 5, 23, 70):
         for D in WIDTHS:
-            x = (torch.randn(N, D, generator=g) * 3).requires_grad_(True)
-            w = torch.randn(D, generator=g).requires_grad_(True)
-            up = torch.randn(N, D, generator=g)
+            x = (torch.randn(N, D, generator=g) * 3).to(dtype).requires_grad_(True)
+            w = torch.randn(D, generator=g).to(dtype).requires_grad_(True)
+            up = torch.randn(N, D, generator=g).to(dtype)
             for weight in (w, None):
                 inputs = [x] + ([weight] if weight is not None else [])
 
@@ -74,9 +76,9 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
                 for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
                     tally.add(q, case, a, b)
     for (N, D), threads in itertools.product(SPLIT_SHAPES, (2, 3)):
-        x = (torch.randn(N, D, generator=g) * 3).requires_grad_(True)
-        w = torch.randn(D, generator=g).requires_grad_(True)
-        up = torch.randn(N, D, generator=g)
+        x = (torch.randn(N, D, generator=g) * 3).to(dtype).requires_grad_(True)
+        w = torch.randn(D, generator=g).to(dtype).requires_grad_(True)
+        up = torch.randn(N, D, generator=g).to(dtype)
         with torch_threads(threads):  # rms_norm reads torch's thread count at the call
             ours, theirs = (grad_run(lambda xx, ww, fn=fn: fn(xx, (D,), ww, 1e-5), [x, w], up)
                             for fn in (rms_norm, F.rms_norm))
@@ -94,10 +96,19 @@ def probe_call(L, fill, x, w, dy, torch_threads=1):
     return y, rstd, dx, dw, dx_normalized, dx_rstd, dw_terms
 
 
+def probe_call_bf16(L, fill, x, w, dy, torch_threads=1):
+    y, rstd, dx, dw = out(x, fill), out((x.shape[0],), fill), out(x, fill), out(w, fill)
+    C.rms_norm_forward_bf16(x, w, 1e-6, y, rstd, torch_threads=torch_threads, library=L)
+    C.rms_norm_backward_bf16(dy, x, w, rstd, dx, dw, torch_threads=torch_threads, library=L)
+    return y, rstd, dx, dw
+
+
 def _probe(g: torch.Generator):
     xr, wr, dyr = (torch.randn(33, 4099, generator=g), torch.randn(4099, generator=g),
                    torch.randn(33, 4099, generator=g))
     yield "rms_norm", lambda L, f: probe_call(L, f, xr, wr, dyr)
+    xb, wb, dyb = xr.bfloat16(), wr.bfloat16(), dyr.bfloat16()
+    yield "rms_norm bf16", lambda L, f: probe_call_bf16(L, f, xb, wb, dyb)
     for D in (1, 7, 8, 9, 63, 65, 257):
         xd, wd, dyd = torch.randn(17, D, generator=g), torch.randn(D, generator=g), torch.randn(17, D, generator=g)
         yield f"rms_norm D={D}", lambda L, f, a=xd, b=wd, c=dyd: probe_call(L, f, a, b, c)
@@ -141,7 +152,9 @@ KERNEL = Kernel(
         options=(("no_weight", lambda f, t: f(t["x"], (t["x"].shape[-1],), None, 1e-5), ("x",)),),
         opinfo=("nn.functional.rms_norm", _opinfo_sample)),
     gate_cases={"rms_norm": GateCase(rms_norm, F.rms_norm, _gate_cases, "default", weight=2)},
-    claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),),
+    claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),
+            Claim("rms_norm", ("y", "dx", "dweight"), functools.partial(sweep, dtype=torch.bfloat16),
+                  dtype="bfloat16")),
     probe=_probe,
     bench=_bench,
 )

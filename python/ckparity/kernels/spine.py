@@ -26,14 +26,14 @@ def claims(dtype: str | None = None) -> list[Claim]:
     return [c for k in KERNELS.values() for c in k.claims if dtype is None or c.dtype == dtype]
 
 
-def bit_identical() -> dict[str, list[str]]:
-    """What is bit-identical to torch in this process: each claim key's
-    quantities, where the library follows torch's capability and the claim
-    covers it; nothing where it does not (ckparity.cpu)."""
+def bit_identical(dtype: str = "float32") -> dict[str, list[str]]:
+    """What is bit-identical to torch in this process, in ``dtype``: each
+    claim key's quantities, where the library follows torch's capability and
+    the claim covers it; nothing where it does not (ckparity.cpu)."""
     if not cpu.matched():
         return {}
     capability = cpu.torch_capability()
-    return {c.key: list(c.quantities) for c in claims("float32") if capability in c.capabilities}
+    return {c.key: list(c.quantities) for c in claims(dtype) if capability in c.capabilities}
 
 
 def not_bit_identical() -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import reference
@@ -44,12 +46,13 @@ def _gate_cases():
         yield f"N={N},H={H}", (torch.randn(N, 2 * H, generator=g) * 4,), {}
 
 
-def sweep(tally: Tally, g: torch.Generator) -> None:
+def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """out and dx against F.silu(g) * u on ``dtype`` tensors (bfloat16: torch's bf16 eager, two ops)."""
     for N in (1, 3, 17):
         for H in WIDTHS:
-            x = (torch.randn(N, 2 * H, generator=g) * 4).requires_grad_(True)
+            x = (torch.randn(N, 2 * H, generator=g) * 4).to(dtype).requires_grad_(True)
             x.data[0, :H] = torch.linspace(-110.0, 110.0, H)  # both cut-offs of exp(-g)
-            up = torch.randn(N, H, generator=g)
+            up = torch.randn(N, H, generator=g).to(dtype)
             ours = grad_run(swiglu, [x], up)
             with torch_threads(1):
                 theirs = grad_run(reference.swiglu, [x], up)
@@ -59,8 +62,9 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
 
 def probe_call(L, fill, x, dout):
     y, dx = out(dout, fill), out(x, fill)
-    C.swiglu_forward(x, y, library=L)
-    C.swiglu_backward(dout, x, dx, library=L)
+    bf16 = x.dtype == torch.bfloat16
+    (C.swiglu_forward_bf16 if bf16 else C.swiglu_forward)(x, y, library=L)
+    (C.swiglu_backward_bf16 if bf16 else C.swiglu_backward)(dout, x, dx, library=L)
     return y, dx
 
 
@@ -72,6 +76,9 @@ def _probe(g: torch.Generator):
         yield f"swiglu H={H}", lambda L, f, a=xh, b=dh: probe_call(L, f, a, b)
     xt, dt = torch.randn(64, 2 * 1025, generator=g) * 4, torch.randn(64, 1025, generator=g)
     yield "swiglu threaded", lambda L, f: probe_call(L, f, xt, dt)
+    for H in (1, 33, 64, 65, 1025):  # bf16: the vector loop steps 64 (AVX-512) or 32 (AVX2) values
+        xb, db = (torch.randn(5, 2 * H, generator=g) * 8).bfloat16(), torch.randn(5, H, generator=g).bfloat16()
+        yield f"swiglu bf16 H={H}", lambda L, f, a=xb, b=db: probe_call(L, f, a, b)
 
 
 def c_calls(x):
@@ -104,7 +111,8 @@ KERNEL = Kernel(
         options=(("3d_input", lambda f, t: f(t["x"].reshape(3, 1, -1)), ("x",)),),
         opinfo=("nn.functional.silu", _silu_sample)),
     gate_cases={"swiglu": GateCase(swiglu, reference.swiglu, _gate_cases, "default")},
-    claims=(Claim("swiglu", ("out", "dx"), sweep),),
+    claims=(Claim("swiglu", ("out", "dx"), sweep),
+            Claim("swiglu", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
     probe=_probe,
     bench=_bench,
 )

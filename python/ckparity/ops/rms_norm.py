@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import _bindings
-from .._tensors import require_float32
+from .._tensors import require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -60,18 +60,54 @@ class _RMSNormFunction(CFunction):
         return dx_normalized, dx_rstd, dweight, None
 
 
+class _RMSNormBF16Function(CFunction):
+    """bfloat16: torch computes in float and rounds each result once, dx's two
+    terms added in float before the rounding -- one dx, not two terms (csrc/rms_norm.c).
+
+    First-order only: see ops/_function.py."""
+
+    @staticmethod
+    def compute(x, weight, eps):
+        D = x.shape[-1]
+        rows = _rows(x, D)
+        y = torch.empty(x.shape, dtype=torch.bfloat16)
+        rstd = torch.empty(rows.shape[0], dtype=torch.float32)
+        _bindings.rms_norm_forward_bf16(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
+        return y, rstd
+
+    @staticmethod
+    def save(ctx, inputs, output):
+        x, weight, _ = inputs
+        _, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(x, weight, rstd)
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dy, _drstd):
+        x, weight, rstd = ctx.saved_tensors
+        D = x.shape[-1]
+        dx = torch.empty(x.shape, dtype=torch.bfloat16)
+        dweight = torch.empty_like(weight) if weight is not None else None
+        _bindings.rms_norm_backward_bf16(_rows(dy.to(torch.bfloat16), D), _rows(x, D), weight, rstd, dx.view(-1, D),
+                                         dweight, torch_threads=torch.get_num_threads())
+        return dx, dweight, None
+
+
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """F.rms_norm: normalizes over the trailing ``normalized_shape`` dimensions
     by 1/sqrt(mean(x^2) + eps), then scales by ``weight``. eps=None is float32's
-    machine epsilon, as in torch. Non-contiguous inputs are copied."""
-    require_float32(input, "input")
+    machine epsilon, as in torch (for bfloat16 too: torch computes it in float).
+    float32 or bfloat16 (the result in that dtype, rounded once as torch's);
+    weight of the input's dtype. Non-contiguous inputs are copied."""
+    require_floating(input, "input")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) == 0 or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise InvalidArgument(f"normalized_shape {shape} must match the trailing dimensions of input "
                               f"{tuple(input.shape)}")
     if weight is not None:
-        require_float32(weight, "weight")
+        require_floating(weight, "weight", like=input)
         if tuple(weight.shape) != shape:
             raise InvalidArgument(f"weight must have shape {shape}, got {tuple(weight.shape)}")
         weight = weight.contiguous()
@@ -84,5 +120,9 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     # the last len(shape) dimensions flattened to D (a view when it can be; the
     # function's gradients come back in this shape, then through the view)
     x = input if len(shape) == 1 else input.flatten(-len(shape))
-    y, _ = _RMSNormFunction.apply(x, x, weight.reshape(D) if weight is not None else None, eps)
+    w = weight.reshape(D) if weight is not None else None
+    if x.dtype == torch.bfloat16:
+        y, _ = _RMSNormBF16Function.apply(x, w, eps)
+    else:
+        y, _ = _RMSNormFunction.apply(x, x, w, eps)
     return y if len(shape) == 1 else y.unflatten(-1, shape)

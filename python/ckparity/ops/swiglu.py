@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import plain_float32, require_float32
+from .._tensors import plain_float32, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -15,8 +15,8 @@ class _SwiGLUFunction(CFunction):
 
     @staticmethod
     def compute(x):
-        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.float32)
-        _bindings.swiglu_forward(x, out)
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+        (_bindings.swiglu_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.swiglu_forward)(x, out)
         return out
 
     @staticmethod
@@ -28,15 +28,17 @@ class _SwiGLUFunction(CFunction):
     def backward(ctx, dout):
         (x,) = ctx.saved_tensors
         dx = torch.empty_like(x)
-        _bindings.swiglu_backward(dout.contiguous(), x, dx)
+        bf16 = x.dtype == torch.bfloat16
+        (_bindings.swiglu_backward_bf16 if bf16 else _bindings.swiglu_backward)(dout.contiguous().to(x.dtype), x, dx)
         return dx
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
-    """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:]."""
+    """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:], in x's dtype
+    (float32, or bfloat16 with torch's bf16 rounding: out = bf16(bf16(silu) * up))."""
     if plain_float32(x, 2) and x.shape[1] % 2 == 0 and x.shape[0] and x.shape[1]:
         return _SwiGLUFunction.apply(x)  # the common case, without the views
-    require_float32(x, "x")
+    require_floating(x, "x")
     if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
         raise InvalidArgument(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
     H2 = x.shape[-1]
