@@ -154,7 +154,8 @@ def main() -> int:
                     row = commands[command](cwd, kernel, name)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-        timing = loss_gate_time(cwd) if args.loss_gate_time else None
+        earlier = json.loads(Path(args.rescore).read_text())["loss_gate_time"] if args.rescore else None
+        timing = loss_gate_time(cwd) if args.loss_gate_time else earlier
     for row in rows:
         row["honest"] = honest(row)
     honest_rows = sum(r["honest"] for r in rows)
