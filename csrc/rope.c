@@ -16,11 +16,18 @@
  * it (adding -(b*s) is subtracting b*s, exactly); the backward's two terms are
  * the gradients autograd adds for x's two uses (reference: ckparity.reference.rope
  * and its autograd). No sums across elements: any thread split gives the same bits.
+ *
+ * bfloat16 (x, cos, sin and out all bf16, as torch's ops on bf16 tensors):
+ * every op rounds its result to bf16 -- each product, then the sum (in float,
+ * then rounded): out[i] = bf16(bf16(x[i] * c) - bf16(x[i+h] * s)), and the
+ * backward's two gradient terms are rounded each before autograd adds them.
  */
 #include "ckp_internal.h"
+#include "vec.h"
 
-static ckp_status check_args(const float *x, const float *cos_, const float *sin_, const float *out, int64_t N,
-                             int64_t T, int64_t d, int layout) {
+/* elem: the bytes of one element (4: float, 2: bf16) */
+static ckp_status check_args(const void *x, const void *cos_, const void *sin_, const void *out, int64_t N,
+                             int64_t T, int64_t d, int layout, size_t elem) {
     if (x == NULL || cos_ == NULL || sin_ == NULL || out == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, cos, sin and out must not be NULL");
     if (N <= 0 || T <= 0 || d <= 0)
@@ -32,7 +39,7 @@ static ckp_status check_args(const float *x, const float *cos_, const float *sin
                         (long long)d);
     if (layout != CKP_ROPE_HALF && layout != CKP_ROPE_INTERLEAVED)
         return ckp_fail(CKP_ERR_BAD_OPTION, "layout must be 0 (half) or 1 (interleaved), got %d", layout);
-    size_t bytes = (size_t)(N * T * d) * sizeof(float), table = (size_t)(T * d / 2) * sizeof(float);
+    size_t bytes = (size_t)(N * T * d) * elem, table = (size_t)(T * d / 2) * elem;
     if (ckp_overlaps(out, bytes, x, bytes) || ckp_overlaps(out, bytes, cos_, table) ||
         ckp_overlaps(out, bytes, sin_, table))
         return ckp_fail(CKP_ERR_ALIASING, "the output overlaps an input");
@@ -64,9 +71,23 @@ CKP_CLONES static void rotate_row(const float *x, const float *c, const float *s
     }
 }
 
+/* rotate_row in bfloat16: every product rounded, then the sum. */
+CKP_CLONES static void rotate_row_bf16(const uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t d, int layout,
+                                       float sign, uint16_t *out) {
+    int64_t h = d / 2;
+    int64_t lo_step = layout == CKP_ROPE_HALF ? 1 : 2, hi_offset = layout == CKP_ROPE_HALF ? h : 1;
+    for (int64_t i = 0; i < h; i++) {
+        int64_t a = i * lo_step, b = a + hi_offset;
+        float xa = ckp_bf16_to_f(x[a]), xb = ckp_bf16_to_f(x[b]);
+        float ci = ckp_bf16_to_f(c[i]), si = ckp_bf16_to_f(s[i]);
+        out[a] = ckp_f_to_bf16(ckp_bf16_round(xa * ci) + sign * ckp_bf16_round(xb * si));
+        out[b] = ckp_f_to_bf16(ckp_bf16_round(xb * ci) - sign * ckp_bf16_round(xa * si));
+    }
+}
+
 static ckp_status rotate(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
                          int layout, float sign, float *out) {
-    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout);
+    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, sizeof(float));
     if (status != CKP_OK) return status;
     /* x and out (N, T, d); cos and sin (T, d/2) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
@@ -85,4 +106,26 @@ ckp_status ckp_rope_forward(const float *x, const float *cos_, const float *sin_
 ckp_status ckp_rope_backward(const float *dout, const float *cos_, const float *sin_, int64_t N, int64_t T,
                              int64_t d, int layout, float *dx) {
     return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx);
+}
+
+static ckp_status rotate_bf16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
+                              int64_t d, int layout, float sign, uint16_t *out) {
+    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, sizeof(uint16_t));
+    if (status != CKP_OK) return status;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
+    for (int64_t row = 0; row < N * T; row++) {
+        int64_t t = row % T;
+        rotate_row_bf16(x + row * d, cos_ + t * (d / 2), sin_ + t * (d / 2), d, layout, sign, out + row * d);
+    }
+    return CKP_OK;
+}
+
+ckp_status ckp_rope_forward_bf16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
+                                 int64_t d, int layout, uint16_t *out) {
+    return rotate_bf16(x, cos_, sin_, N, T, d, layout, -1.0f, out);
+}
+
+ckp_status ckp_rope_backward_bf16(const uint16_t *dout, const uint16_t *cos_, const uint16_t *sin_, int64_t N,
+                                  int64_t T, int64_t d, int layout, uint16_t *dx) {
+    return rotate_bf16(dout, cos_, sin_, N, T, d, layout, 1.0f, dx);
 }

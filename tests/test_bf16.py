@@ -49,6 +49,23 @@ def test_swiglu_follows_the_dtype_and_rounds_twice_as_torch_does():
     assert not torch.equal(_bits(once), _bits(out))
 
 
+def test_rope_follows_the_dtype():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 4, 5, 34, generator=g).bfloat16().requires_grad_(True)
+    angles = torch.rand(5, 17, generator=g) * 9
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    dout = torch.randn(2, 4, 5, 34, generator=g).bfloat16()
+    for layout in ("half", "interleaved"):
+        out = ckparity.rope(x, cos, sin, layout=layout)
+        (dx,) = torch.autograd.grad(out, x, dout)
+        theirs = reference.rope(x, cos, sin, layout)
+        (tdx,) = torch.autograd.grad(theirs, x, dout)
+        assert out.dtype == torch.bfloat16 and torch.equal(_bits(out), _bits(theirs.detach()))
+        assert torch.equal(_bits(dx), _bits(tdx))
+    with pytest.raises(InvalidType, match="one dtype for both"):
+        ckparity.rope(x, cos.float(), sin.float())
+
+
 def test_mixed_dtypes_and_other_dtypes_are_refused_with_a_clear_error():
     x = torch.randn(3, 8).bfloat16()
     with pytest.raises(InvalidType, match="one dtype for both"):
@@ -73,7 +90,7 @@ def test_the_bf16_c_entry_points_refuse_bad_sizes_and_aliasing():
 
 def test_the_records_claim_bf16_and_info_says_where_it_holds():
     claimed = {c.key: c.quantities for c in kernels.claims("bfloat16")}
-    assert claimed == {"rms_norm": ("y", "dx", "dweight"), "swiglu": ("out", "dx")}
+    assert claimed == {"rms_norm": ("y", "dx", "dweight"), "swiglu": ("out", "dx"), "rope": ("out", "dx")}
     if ckparity.cpu.matched():
         assert kernels.bit_identical("bfloat16") == {k: list(q) for k, q in claimed.items()}
 
@@ -90,6 +107,7 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
 
     swiglu_record = importlib.import_module("ckparity.kernels.swiglu")
     rms_record = importlib.import_module("ckparity.kernels.rms_norm")
+    rope_record = importlib.import_module("ckparity.kernels.rope")
 
     def rounded_once(x):
         h = x.shape[-1] // 2
@@ -100,8 +118,13 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
         y = F.rms_norm(x.float(), shape, None, eps).to(x.dtype)
         return y * weight if weight is not None else y
 
+    def rope_rounded_once(x, cos, sin, layout="half"):  # the products kept in float: one rounding at the end
+        return reference.rope(x.float(), cos.float(), sin.float(), layout).to(x.dtype)
+
     monkeypatch.setattr(swiglu_record, "swiglu", rounded_once)
     monkeypatch.setattr(rms_record, "rms_norm", rounded_twice)
+    monkeypatch.setattr(rope_record, "rope", rope_rounded_once)
     result = sweep.run(dtype="bfloat16")["kernels"]
     assert result["swiglu"]["out"]["differing"] > 100
     assert result["rms_norm"]["y"]["differing"] > 100
+    assert result["rope"]["out"]["differing"] > 100

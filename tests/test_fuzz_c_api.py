@@ -227,12 +227,20 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 def fuzz_bf16(rng: random.Random) -> int:
-    """The bfloat16 entry points (rms_norm, swiglu): uint16 buffers, the float32 ones' sizes and aliasing."""
+    """The bfloat16 entry points (rms_norm, swiglu, rope): uint16 buffers, the float32 ones' sizes and aliasing."""
     N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
     n = max(N, 0) * max(W, 0)
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
     hp = lambda t: ptr(t, 0, "uint16_t *")  # noqa: E731
-    kind = rng.randrange(4)
+    kind = rng.randrange(5)
+    if kind == 4:  # rope: x (N, T, d), cos and sin (T, d/2)
+        T, d = pick(rng, [1, 3], 0, -1), pick(rng, [2, 8, 34], 3, 0)
+        x = bf16(data(rng, max(N, 0) * max(T, 0) * max(d, 0)))
+        table = [bf16(data(rng, max(T, 0) * max(d, 0) // 2)) for _ in range(2)]
+        out = x if rng.random() < 0.05 else torch.empty(x.numel() + 1, dtype=torch.bfloat16)
+        entry = rng.choice([lib.ckp_rope_forward_bf16, lib.ckp_rope_backward_bf16])
+        return call_and_check(rng, lambda: entry(hp(maybe_null(rng, x)), hp(table[0]), hp(table[1]), N, T, d,
+                                                 pick(rng, [0, 1], 2), hp(out)), [out] if out is not x else [])
     if kind == 0:
         x, weight = bf16(data(rng, n)), bf16(data(rng, max(W, 1))) if rng.random() < 0.7 else None
         y = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)

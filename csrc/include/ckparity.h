@@ -242,6 +242,13 @@ ckp_status ckp_rope_forward(const float *x, const float *cos, const float *sin, 
 ckp_status ckp_rope_backward(const float *dout, const float *cos, const float *sin, int64_t N, int64_t T,
                              int64_t d, int layout, float *dx);
 
+/* The same in bfloat16 (x, cos, sin, out all bf16 as uint16_t), bit-identical to
+ * torch's bf16 ops: each product rounded to bf16, then the sum (csrc/rope.c). */
+ckp_status ckp_rope_forward_bf16(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t N, int64_t T,
+                                 int64_t d, int layout, uint16_t *out);
+ckp_status ckp_rope_backward_bf16(const uint16_t *dout, const uint16_t *cos, const uint16_t *sin, int64_t N,
+                                  int64_t T, int64_t d, int layout, uint16_t *dx);
+
 /* ------------------------------------------------------------------------
  * vocab-parallel cross_entropy (csrc/vocab_parallel_cross_entropy.c): class
  * targets, logits split by vocabulary; this rank holds columns

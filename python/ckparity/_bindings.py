@@ -207,6 +207,20 @@ def rope_backward(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
                                     pointer(dx)), "rope backward", library)
 
 
+def rope_forward_bf16(x, cos, sin, layout: str, out, *, library=lib) -> None:
+    """As rope_forward on bfloat16 tensors."""
+    N, T, d = x.shape
+    check(library.ckp_rope_forward_bf16(pointer(x), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
+                                        pointer(out)), "rope", library)
+
+
+def rope_backward_bf16(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
+    """As rope_backward on bfloat16 tensors."""
+    N, T, d = dout.shape
+    check(library.ckp_rope_backward_bf16(pointer(dout), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
+                                         pointer(dx)), "rope backward", library)
+
+
 # ---- adamw ------------------------------------------------------------------
 
 def adamw_options(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,

@@ -3,6 +3,8 @@ the CK twin uses the rotate-half layout (Llama's), the op both."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import reference
@@ -47,14 +49,15 @@ def _gate_cases():
             yield f"B={B},heads={heads},T={T},d={d},{layout}", (x, angles.cos(), angles.sin()), {"layout": layout}
 
 
-def sweep(tally: Tally, g: torch.Generator) -> None:
+def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """out and dx against reference.rope on ``dtype`` tensors (x, cos, sin alike)."""
     T = 5
     for layout in ("half", "interleaved"):
         for d in [d for d in WIDTHS if d % 2 == 0] + [4096]:
-            x = torch.randn(3, T, d, generator=g).requires_grad_(True)
+            x = torch.randn(3, T, d, generator=g).to(dtype).requires_grad_(True)
             angles = torch.rand(T, d // 2, generator=g) * 50
-            cos, sin = angles.cos(), angles.sin()
-            up = torch.randn(3, T, d, generator=g)
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            up = torch.randn(3, T, d, generator=g).to(dtype)
             ours = grad_run(lambda xx: rope(xx, cos, sin, layout=layout), [x], up)
             theirs = grad_run(lambda xx: reference.rope(xx, cos, sin, layout), [x], up)
             for q, a, b in zip(("out", "dx"), ours, theirs):
@@ -63,8 +66,9 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
 
 def probe_call(L, fill, x, cos, sin, layout):
     y, dx = out(x, fill), out(x, fill)
-    C.rope_forward(x, cos, sin, layout, y, library=L)
-    C.rope_backward(y, cos, sin, layout, dx, library=L)
+    bf16 = x.dtype == torch.bfloat16
+    (C.rope_forward_bf16 if bf16 else C.rope_forward)(x, cos, sin, layout, y, library=L)
+    (C.rope_backward_bf16 if bf16 else C.rope_backward)(y, cos, sin, layout, dx, library=L)
     return y, dx
 
 
@@ -74,6 +78,9 @@ def _probe(g: torch.Generator):
         yield f"rope {layout}", lambda L, f, lay=layout: probe_call(L, f, xq, angles.cos(), angles.sin(), lay)
     xqt, anglest = torch.randn(16, 64, 66, generator=g), torch.rand(64, 33, generator=g) * 6
     yield "rope threaded", lambda L, f: probe_call(L, f, xqt, anglest.cos(), anglest.sin(), "half")
+    xb, cb, sb = xq.bfloat16(), angles.cos().bfloat16(), angles.sin().bfloat16()
+    for layout in ("half", "interleaved"):
+        yield f"rope bf16 {layout}", lambda L, f, lay=layout: probe_call(L, f, xb, cb, sb, lay)
 
 
 def c_calls(x, cos, sin):
@@ -109,7 +116,8 @@ KERNEL = Kernel(
         make=_make, call=lambda fn, t: fn(t["q"].transpose(1, 2), t["cos"], t["sin"]), differentiated=("q",),
         widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_BAD),
     gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
-    claims=(Claim("rope", ("out", "dx"), sweep),),
+    claims=(Claim("rope", ("out", "dx"), sweep),
+            Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
     probe=_probe,
     bench=_bench,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import require_float32
+from .._tensors import require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -17,7 +17,7 @@ class _RoPEFunction(CFunction):
     @staticmethod
     def compute(x, cos, sin, layout):
         out = torch.empty_like(x)
-        _bindings.rope_forward(x, cos, sin, layout, out)
+        (_bindings.rope_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.rope_forward)(x, cos, sin, layout, out)
         return out
 
     @staticmethod
@@ -30,8 +30,10 @@ class _RoPEFunction(CFunction):
     @first_order_only
     def backward(ctx, dout):
         cos, sin = ctx.saved_tensors
-        dx = torch.empty_like(dout, memory_format=torch.contiguous_format)
-        _bindings.rope_backward(dout.contiguous(), cos, sin, ctx.layout, dx)
+        dout = dout.contiguous().to(cos.dtype)
+        dx = torch.empty_like(dout)
+        (_bindings.rope_backward_bf16 if dout.dtype == torch.bfloat16 else _bindings.rope_backward)(
+            dout, cos, sin, ctx.layout, dx)
         return dx, None, None, None
 
 
@@ -39,10 +41,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str =
     """Rotates x (..., T, d) — queries or keys, d the head dim (even) — by the
     angles whose cosines and sines are cos, sin (T, d/2). layout "half"
     rotates (x[i], x[i + d/2]) as Llama does, "interleaved" (x[2i], x[2i+1]).
-    Gradients flow to x; cos and sin are tables (a gradient of them raises)."""
-    require_float32(x, "x")
-    require_float32(cos, "cos")
-    require_float32(sin, "sin")
+    Gradients flow to x; cos and sin are tables (a gradient of them raises).
+    float32, or bfloat16 (x, cos and sin alike) with torch's bf16 rounding:
+    each product, then the sum."""
+    require_floating(x, "x")
+    require_floating(cos, "cos", like=x)
+    require_floating(sin, "sin", like=x)
     if layout not in _bindings.ROPE_LAYOUTS:
         raise InvalidArgument(f"layout must be one of {sorted(_bindings.ROPE_LAYOUTS)}, got {layout!r}")
     if x.dim() < 2 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
