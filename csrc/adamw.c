@@ -22,8 +22,18 @@
  * Known difference: torch's sqrt on this build (MKL's vectorized sqrt) returns
  * the float just below the correctly rounded root for about 0.6% of inputs;
  * sqrtf here is correctly rounded, so those elements' params differ by an ULP.
+ *
+ * bfloat16 (ckp_adamw_step_bf16: param, grad and the moments bf16, as torch
+ * keeps a bf16 parameter's state): torch's same ops, each computing in float
+ * (the same fused forms) and rounding its result to bf16 -- the decayed param,
+ * the lerp, exp_avg_sq * beta2, the addcmul, sqrt (on bf16, ATen's own
+ * correctly rounded vector sqrt, not MKL's), the division by sqrt(bc2), + eps
+ * (eps itself rounded to bf16 first: add_'s Scalar takes the tensor's dtype,
+ * where mul_ and div keep theirs in float), and the addcdiv. Measured against torch's bf16 AdamW: every param and moment
+ * at DEFAULT, AVX2 and AVX512 (tests/test_bf16.py, the adamw sweep).
  */
 #include "ckp_internal.h"
+#include "vec.h"
 
 #include <math.h>
 
@@ -105,9 +115,51 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     }
 }
 
+/* adamw_range in bfloat16: every op's result rounded (ckp_bf16_round). */
+CKP_CLONES
+static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict grad, uint16_t *restrict exp_avg,
+                             uint16_t *restrict exp_avg_sq, uint16_t *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
+                             const adamw_scalars *k) {
+    const float decay = k->decays ? k->decay : 1.0f;
+    /* add_(eps) on a bf16 tensor adds eps as a bf16 number: a Scalar operand of
+     * add takes the tensor's dtype (mul and div keep theirs in float) */
+    const float eps = ckp_bf16_round(k->eps);
+    for (int64_t i = lo; i < hi; i++) {
+        float g = k->sign * ckp_bf16_to_f(grad[i]);
+        float p = ckp_bf16_round(ckp_bf16_to_f(param[i]) * decay);
+        float m = ckp_bf16_round(lerp_vec(ckp_bf16_to_f(exp_avg[i]), g, k->w1, k->fused));
+        float v = ckp_bf16_round(addcmul(ckp_bf16_round(ckp_bf16_to_f(exp_avg_sq[i]) * k->beta2), k->w2 * g, g,
+                                         k->fused));
+        float vmax = v;
+        if (k->amsgrad) {
+            vmax = ckp_bf16_to_f(max_exp_avg_sq[i]);
+            vmax = (v > vmax || v != v) ? v : vmax; /* torch.maximum propagates NaN */
+            max_exp_avg_sq[i] = ckp_f_to_bf16(vmax);
+        }
+        float denom = ckp_bf16_round(ckp_bf16_round(ckp_bf16_round(sqrtf(vmax)) / k->bc2_sqrt) + eps);
+        param[i] = ckp_f_to_bf16(p + (k->neg_step_size * m) / denom);
+        exp_avg[i] = ckp_f_to_bf16(m);
+        exp_avg_sq[i] = ckp_f_to_bf16(v);
+    }
+}
+
+static ckp_status adamw_step(void *param, const void *grad, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+                             int64_t n, double step, const ckp_adamw_options *opt, size_t elem);
+
 ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float *exp_avg_sq,
                           float *max_exp_avg_sq, int64_t n, double step,
                           const ckp_adamw_options *opt) {
+    return adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, step, opt, sizeof(float));
+}
+
+ckp_status ckp_adamw_step_bf16(uint16_t *param, const uint16_t *grad, uint16_t *exp_avg, uint16_t *exp_avg_sq,
+                               uint16_t *max_exp_avg_sq, int64_t n, double step, const ckp_adamw_options *opt) {
+    return adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, step, opt, sizeof(uint16_t));
+}
+
+/* elem: 4 (float) or 2 (bf16) bytes per element. */
+static ckp_status adamw_step(void *param, const void *grad, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+                             int64_t n, double step, const ckp_adamw_options *opt, size_t elem) {
     if (param == NULL || grad == NULL || exp_avg == NULL || exp_avg_sq == NULL || opt == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "param, grad, exp_avg, exp_avg_sq and options must not be NULL");
     if (opt->amsgrad && max_exp_avg_sq == NULL)
@@ -115,7 +167,7 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
     if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
     ckp_status s = check_options(opt, step);
     if (s != CKP_OK) return s;
-    size_t bytes = (size_t)n * sizeof(float);
+    size_t bytes = (size_t)n * elem;
     const void *buffers[] = {param, grad, exp_avg, exp_avg_sq, opt->amsgrad ? max_exp_avg_sq : NULL};
     for (int a = 0; a < 5; a++)
         for (int b = a + 1; b < 5; b++)
@@ -143,8 +195,12 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
                              decays, opt->amsgrad, ckp_get_capability() != CKP_CAPABILITY_DEFAULT};
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; c++)
-        adamw_range(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, c * chunk,
-                    c * chunk + chunk < n ? c * chunk + chunk : n, &k);
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t lo = c * chunk, hi = c * chunk + chunk < n ? c * chunk + chunk : n;
+        if (elem == sizeof(float))
+            adamw_range(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, &k);
+        else
+            adamw_range_bf16(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, &k);
+    }
     return CKP_OK;
 }

@@ -90,7 +90,8 @@ def test_the_bf16_c_entry_points_refuse_bad_sizes_and_aliasing():
 
 def test_the_records_claim_bf16_and_info_says_where_it_holds():
     claimed = {c.key: c.quantities for c in kernels.claims("bfloat16")}
-    assert claimed == {"rms_norm": ("y", "dx", "dweight"), "swiglu": ("out", "dx"), "rope": ("out", "dx")}
+    assert claimed == {"rms_norm": ("y", "dx", "dweight"), "swiglu": ("out", "dx"), "rope": ("out", "dx"),
+                       "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param")}
     if ckparity.cpu.matched():
         assert kernels.bit_identical("bfloat16") == {k: list(q) for k, q in claimed.items()}
 
@@ -128,3 +129,63 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
     assert result["swiglu"]["out"]["differing"] > 100
     assert result["rms_norm"]["y"]["differing"] > 100
     assert result["rope"]["out"]["differing"] > 100
+
+
+def test_adamw_steps_a_bf16_parameter_as_torch_does_and_the_sweep_sees_a_float_eps(monkeypatch):
+    """ckparity.optim.AdamW on a bf16 parameter: bf16 moments, torch's bits after 5 steps. The sweep
+    catches an AdamW that adds eps in float: add_(eps) on a bf16 tensor rounds eps to bf16 first (a
+    Scalar added takes the tensor's dtype; one multiplied or divided by stays float) -- the one case in
+    2754 where it shows is the case the sweep found while this kernel was written."""
+    import importlib
+
+    from ckparity import sweep
+    from ckparity.optim import AdamW
+
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.randn(1000, generator=g).bfloat16()
+    ours, theirs = p0.clone(), p0.clone()
+    a, b = AdamW([ours], lr=1e-2, amsgrad=True), torch.optim.AdamW([theirs], lr=1e-2, amsgrad=True, foreach=False)
+    for _ in range(5):
+        grad = torch.randn(1000, generator=g).bfloat16()
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        a.step()
+        b.step()
+    assert a.state[ours]["exp_avg"].dtype == torch.bfloat16
+    for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+        assert torch.equal(_bits(a.state[ours][name]), _bits(b.state[theirs][name]))
+    assert torch.equal(_bits(ours), _bits(theirs))
+
+    class FloatEps(torch.optim.Optimizer):
+        """torch's bf16 step written out, each op rounded -- but eps kept in float."""
+
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
+                     maximize=False):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                          maximize=maximize))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                (b1, b2), lr = group["betas"], group["lr"]
+                for p in group["params"]:
+                    st = self.state[p]
+                    if not st:
+                        st.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                        if group["amsgrad"]:
+                            st["max_exp_avg_sq"] = torch.zeros_like(p)
+                    st["step"] += 1
+                    grad = -p.grad if group["maximize"] else p.grad
+                    if group["weight_decay"]:
+                        p.mul_(1 - lr * group["weight_decay"])
+                    st["exp_avg"].lerp_(grad, 1 - b1)
+                    st["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                    v = st["exp_avg_sq"]
+                    if group["amsgrad"]:
+                        torch.maximum(st["max_exp_avg_sq"], v, out=st["max_exp_avg_sq"])
+                        v = st["max_exp_avg_sq"]
+                    root = (v.sqrt() / (1 - b2 ** st["step"]) ** 0.5).float()
+                    denom = (root + torch.tensor(group["eps"])).bfloat16()  # the fault: eps not rounded first
+                    p.addcdiv_(st["exp_avg"], denom, value=-lr / (1 - b1 ** st["step"]))
+
+    monkeypatch.setattr(importlib.import_module("ckparity.kernels.adamw"), "AdamW", FloatEps)
+    assert sweep.run(["adamw"], dtype="bfloat16")["kernels"]["adamw"]["param"]["differing"] > 0

@@ -227,12 +227,22 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 def fuzz_bf16(rng: random.Random) -> int:
-    """The bfloat16 entry points (rms_norm, swiglu, rope): uint16 buffers, the float32 ones' sizes and aliasing."""
+    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw): uint16 buffers, the float32 ones' sizes and aliasing."""
     N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
     n = max(N, 0) * max(W, 0)
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
     hp = lambda t: ptr(t, 0, "uint16_t *")  # noqa: E731
-    kind = rng.randrange(5)
+    kind = rng.randrange(6)
+    if kind == 5:  # adamw: param, grad and moments of n
+        p, grad, m = (bf16(data(rng, max(N, 1))) for _ in range(3))
+        v, vmax = bf16(data(rng, max(N, 1)).abs()), bf16(data(rng, max(N, 1)).abs()) if rng.random() < 0.5 else None
+        opt = ffi.new("ckp_adamw_options *")
+        opt.lr, opt.beta1, opt.beta2, opt.eps = pick(rng, [1e-3, 0.0], -1e-3), 0.9, pick(rng, 0.999, 1.0), 1e-8
+        opt.amsgrad = vmax is not None and rng.random() < 0.9
+        grad = p if rng.random() < 0.05 else grad  # aliasing: must be refused
+        return call_and_check(rng, lambda: lib.ckp_adamw_step_bf16(
+            hp(maybe_null(rng, p)), hp(grad), hp(m), hp(v), hp(vmax), N, pick(rng, [1.0, 7.0], 0.0, 1.5), opt),
+            [t for t in (p, m, v, vmax) if t is not None])
     if kind == 4:  # rope: x (N, T, d), cos and sin (T, d/2)
         T, d = pick(rng, [1, 3], 0, -1), pick(rng, [2, 8, 34], 3, 0)
         x = bf16(data(rng, max(N, 0) * max(T, 0) * max(d, 0)))

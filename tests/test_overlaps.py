@@ -141,6 +141,10 @@ ENTRIES = [
                          f("exp_avg_sq", D, True, True), f("max_exp_avg_sq", D, True, True)),
           lambda p: lib.ckp_adamw_step(p["param"], p["grad"], p["exp_avg"], p["exp_avg_sq"], p["max_exp_avg_sq"], D,
                                        3.0, _adamw_options())),
+    Entry("adamw_step_bf16", (h("param", D, True, True), h("grad", D), h("exp_avg", D, True, True),
+                              h("exp_avg_sq", D, True, True), h("max_exp_avg_sq", D, True, True)),
+          lambda p: lib.ckp_adamw_step_bf16(p["param"], p["grad"], p["exp_avg"], p["exp_avg_sq"], p["max_exp_avg_sq"],
+                                            D, 3.0, _adamw_options())),
     Entry("grad_norm", (f("t0", D), f("t1", V), Buffer("total_norm", "d", 1, True)), _grad_norm),
 ]
 

@@ -215,6 +215,12 @@ ckp_status ckp_adamw_step(float *param, const float *grad, float *exp_avg, float
                           float *max_exp_avg_sq, int64_t n, double step,
                           const ckp_adamw_options *opt);
 
+/* The same step on a bfloat16 parameter (uint16_t), its bf16 gradient and bf16
+ * moments, as torch.optim.AdamW's default (single-tensor) path steps one: every
+ * op computing in float and rounding its result to bf16 (csrc/adamw.c). */
+ckp_status ckp_adamw_step_bf16(uint16_t *param, const uint16_t *grad, uint16_t *exp_avg, uint16_t *exp_avg_sq,
+                               uint16_t *max_exp_avg_sq, int64_t n, double step, const ckp_adamw_options *opt);
+
 /* ------------------------------------------------------------------------
  * grad_norm (csrc/clip_grad_norm.c): the total norm used by
  * torch.nn.utils.clip_grad_norm_: the norm_type-norm of the per-tensor norms

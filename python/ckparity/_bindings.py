@@ -238,6 +238,12 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step: float, op
                                  pointer(max_exp_avg_sq), param.numel(), step, options), "adamw", library)
 
 
+def adamw_step_bf16(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step: float, options, *, library=lib) -> None:
+    """As adamw_step on a bfloat16 param, grad and moments."""
+    check(library.ckp_adamw_step_bf16(pointer(param), pointer(grad), pointer(exp_avg), pointer(exp_avg_sq),
+                                      pointer(max_exp_avg_sq), param.numel(), step, options), "adamw", library)
+
+
 # ---- compare ----------------------------------------------------------------
 
 def compare(a, b, *, library=lib) -> tuple[float, float, int]:

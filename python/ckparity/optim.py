@@ -1,14 +1,16 @@
 """ckparity.optim.AdamW: a torch.optim.Optimizer whose step is the C kernel
 (csrc/adamw.c). Its state ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 has torch.optim.AdamW's names, dtypes and shapes, so a state_dict saved by
-either loads into the other."""
+either loads into the other. A bfloat16 parameter (with a bfloat16 gradient)
+is stepped as torch's default single-tensor path steps it: bf16 moments,
+every op rounded to bf16."""
 
 from __future__ import annotations
 
 import torch
 
 from . import _bindings
-from ._tensors import require_float32
+from ._tensors import require_floating
 from .errors import InvalidArgument, InvalidType
 
 
@@ -85,8 +87,8 @@ class AdamW(torch.optim.Optimizer):
         if amsgrad and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):  # e.g. loaded from another layout
-            if name in state and (state[name].dtype != torch.float32 or not state[name].is_contiguous()):
-                state[name] = state[name].float().contiguous()
+            if name in state and (state[name].dtype != p.dtype or not state[name].is_contiguous()):
+                state[name] = state[name].to(p.dtype).contiguous()
         return state
 
     @torch.no_grad()
@@ -102,8 +104,8 @@ class AdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                require_float32(p, "parameter")
-                require_float32(p.grad, "gradient")
+                require_floating(p, "parameter")
+                require_floating(p.grad, "gradient", like=p)
                 if p.grad.is_sparse:
                     raise InvalidType("AdamW does not support sparse gradients")
                 state = self._state_for(p, options.amsgrad)
@@ -111,9 +113,9 @@ class AdamW(torch.optim.Optimizer):
                 # updated on a contiguous copy in its logical order, then copied back
                 work = p.contiguous()
                 state["step"] += 1
-                _bindings.adamw_step(work, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
-                                     state.get("max_exp_avg_sq") if options.amsgrad else None,
-                                     float(state["step"]), options)
+                step = _bindings.adamw_step_bf16 if p.dtype == torch.bfloat16 else _bindings.adamw_step
+                step(work, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
+                     state.get("max_exp_avg_sq") if options.amsgrad else None, float(state["step"]), options)
                 if work is not p:
                     p.copy_(work)
         return loss

@@ -64,12 +64,36 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
                 torch_p.data.copy_(ck_p.data)  # each step from one shared state
 
 
+def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
+    """bfloat16 params, grads and moments against torch.optim.AdamW's default
+    path on them: three steps of each setting, every param and moment (on bf16,
+    torch's sqrt is ATen's own, correctly rounded: no exception)."""
+    settings = [dict(weight_decay=0.01), dict(weight_decay=0.0, amsgrad=True), dict(weight_decay=0.1, maximize=True)]
+    for kwargs in settings:
+        for n in WIDTHS:
+            p0 = torch.randn(n, generator=g).bfloat16()
+            ck_p, torch_p = p0.clone(), p0.clone()
+            ck = AdamW([ck_p], lr=1e-2, **kwargs)
+            ref = torch.optim.AdamW([torch_p], lr=1e-2, foreach=False, **kwargs)
+            for step in range(1, 4):
+                grad = (torch.randn(n, generator=g) * 10 ** float(torch.randint(-4, 2, (), generator=g))).bfloat16()
+                ck_p.grad, torch_p.grad = grad.clone(), grad.clone()
+                ck.step()
+                ref.step()
+                case = f"{kwargs} n={n} step={step}"
+                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                    if name in ref.state[torch_p]:
+                        tally.add(name, case, ck.state[ck_p][name], ref.state[torch_p][name])
+                tally.add("param", case, ck_p.detach(), torch_p.detach())
+
+
 def probe_call(L, fill, p, g, m, v, amsgrad):
     p, m, v = p.clone(), m.clone(), v.clone()  # the step writes over its inputs: no fill to show
     vmax = v.clone() if amsgrad else None
     options = C.adamw_options(1e-2, 0.9, 0.999, 1e-8, 0.1, amsgrad)
+    step_fn = C.adamw_step_bf16 if p.dtype == torch.bfloat16 else C.adamw_step
     for step in range(1, 4):
-        C.adamw_step(p, g, m, v, vmax, float(step), options, library=L)
+        step_fn(p, g, m, v, vmax, float(step), options, library=L)
     return (p, m, v) + ((vmax,) if amsgrad else ())
 
 
@@ -79,6 +103,8 @@ def _probe(gen: torch.Generator):
         va = torch.rand(n, generator=gen)
         for amsgrad in (False, True):
             yield f"adamw n={n} amsgrad={amsgrad}", lambda L, f, a=amsgrad, t=(pa, ga, ma, va): probe_call(L, f, *t, a)
+        bf16 = tuple(t.bfloat16() for t in (pa, ga, ma, va))
+        yield f"adamw bf16 n={n}", lambda L, f, t=bf16: probe_call(L, f, *t, True)
 
 
 def c_calls(n, gen):
@@ -119,7 +145,8 @@ KERNEL = Kernel(
     # 65536-float chunks (65537)
     conformance=Conformance(make=None, call=None, differentiated=(), widths=WIDTHS + [65537]),
     claims=(Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param (where torch's sqrt is exact)"),
-                  sweep),),
+                  sweep),
+            Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"), sweep_bf16, dtype="bfloat16")),
     not_claimed={"adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)"},
     probe=_probe,
     bench=_bench,
