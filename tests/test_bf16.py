@@ -189,3 +189,36 @@ def test_adamw_steps_a_bf16_parameter_as_torch_does_and_the_sweep_sees_a_float_e
 
     monkeypatch.setattr(importlib.import_module("ckparity.kernels.adamw"), "AdamW", FloatEps)
     assert sweep.run(["adamw"], dtype="bfloat16")["kernels"]["adamw"]["param"]["differing"] > 0
+
+
+def test_check_in_bf16_holds_a_backend_to_torchs_bf16(clean_registry, monkeypatch):
+    """ckparity check --dtype bfloat16: ckparity's own bf16 kernels are bitwise; a swiglu rounded once
+    (more accurate than torch's two roundings) is as accurate as torch, not bitwise; one 3% off is
+    wrong; a float32-only backend is not supported (its TypeError on a bf16 input), not a crash."""
+    from dataclasses import replace
+
+    from ckparity import check
+
+    record = kernels.KERNELS["swiglu"]
+    monkeypatch.setattr(record, "conformance", replace(record.conformance, widths=[1, 7, 64, 301]))
+
+    def once(x):
+        h = x.shape[-1] // 2
+        xf = x.float()
+        return (F.silu(xf[..., :h]) * xf[..., h:]).to(x.dtype)
+
+    def off(x):
+        return reference.swiglu(x) * 1.03
+
+    def float_only(x):
+        if x.dtype != torch.float32:
+            raise TypeError("float32 only")
+        return reference.swiglu(x)
+
+    kernels.register("swiglu", "once", once)
+    kernels.register("swiglu", "off", off)
+    kernels.register("swiglu", "float_only", float_only)
+    verdicts = {name: check.check("swiglu", name, dtype="bfloat16")["verdict"] for name in ("c", "once", "off",
+                                                                                             "float_only")}
+    assert verdicts == {"c": "bitwise", "once": "as accurate as torch", "off": "wrong",
+                        "float_only": "not supported"}

@@ -289,6 +289,8 @@ def _check(argv: list[str]) -> int:
     spellings = sorted(s for name in covered() for s in kernels.KERNELS[name].spellings)
     parser.add_argument("kernel", help=f"one of {covered()} (or the flags' spelling: {', '.join(spellings)})")
     parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the cases' dtype: bfloat16 holds the backend to torch's bf16 eager (bf16 ULPs)")
     parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds the suite may run before its process is killed and the verdict is crashes "
@@ -302,7 +304,7 @@ def _check(argv: list[str]) -> int:
         # the plugins load in the child only (_load_plugins): a backend that crashes at registration or in
         # its contract check is a verdict there, not a dead command here
         with stop_on_signals():  # SIGTERM/SIGHUP end the child too (isolated_check kills it)
-            report = isolated_check(args.kernel, args.backend, timeout=args.timeout)
+            report = isolated_check(args.kernel, args.backend, timeout=args.timeout, dtype=args.dtype)
     except CheckSetupError as err:
         raise UsageError(str(err)) from None
     except (ValueError, KeyError) as err:

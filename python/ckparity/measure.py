@@ -8,6 +8,8 @@ import torch
 
 # assert_close's float32 defaults
 RTOL, ATOL = 1.3e-6, 1e-5
+# per dtype: assert_close's (rtol, atol) and one ULP at 1.0 (the parity rule's floor unit)
+TOLERANCES = {torch.float32: (RTOL, ATOL, 2.0**-23), torch.bfloat16: (1.6e-2, 1e-5, 2.0**-7)}
 
 # (factor, floor_ulps) of the parity rule per kernel kind. A kernel may have a
 # float64 error up to 2x torch's. ptref, which repeats torch's own float
@@ -27,9 +29,11 @@ def ordered_bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest ULP distance between float32 tensors, over the elements of b at
-    least 1e-3 of b's largest magnitude (near zero, ULPs measure nothing);
-    NaN in both counts 0, NaN in one only counts 2**31."""
+    """Largest ULP distance between float32 (or bfloat16: in bf16 ULPs)
+    tensors, over the elements of b at least 1e-3 of b's largest magnitude
+    (near zero, ULPs measure nothing); NaN in both counts 0, NaN in one only
+    counts 2**31."""
+    unit = 2**16 if a.dtype == b.dtype == torch.bfloat16 else 1  # a bf16 value is a float32 with 16 zero bits
     a, b = a.detach().float().flatten(), b.detach().float().flatten()
     finite = b[torch.isfinite(b)]
     if finite.numel():
@@ -40,7 +44,7 @@ def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
         return 2**31
     distance = (ordered_bits(a) - ordered_bits(b)).abs()
     distance = torch.where(both_nan, torch.zeros_like(distance), distance)
-    return int(distance.max()) if distance.numel() else 0
+    return int(distance.max()) // unit if distance.numel() else 0
 
 
 def differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -63,13 +67,15 @@ def error64(x: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, reference: torch.Tensor,
-           factor: float = 2.0, floor_ulps: float = 0.5, rtol: float = RTOL, atol: float = ATOL) -> dict:
+           factor: float = 2.0, floor_ulps: float = 0.5, rtol: float | None = None, atol: float | None = None) -> dict:
     """The parity rule: ``ours`` within rtol/atol of torch's ``theirs`` (atol widened to
     twice torch's own float64 error where torch is less accurate than that), and a
     float64 error no worse than ``factor`` times torch's, give or take ``floor_ulps``
     float32 ULPs of the largest reference value (when torch is exact to the last
     bit, rounding the exact answer once is still allowed). Returns the figures with
     ``ok`` and, when not ok, ``reason``."""
+    default_rtol, default_atol, ulp = TOLERANCES.get(theirs.dtype, TOLERANCES[torch.float32])
+    rtol, atol = default_rtol if rtol is None else rtol, default_atol if atol is None else atol
     ours_error, torch_error = error64(ours, reference), error64(theirs, reference)
     figures = {"name": name, "max_ulp": max_ulp(ours, theirs), "max_abs": error64(ours, theirs),
                "ckparity_error64": ours_error, "torch_error64": torch_error, "ok": True, "reason": None}
@@ -85,7 +91,7 @@ def parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, reference: torch
                                         f"torch's {torch_error:.3g}")
         return figures
     finite = reference[torch.isfinite(reference)].double()
-    floor = float(finite.abs().max()) * 2.0**-23 * floor_ulps if finite.numel() else 0.0
+    floor = float(finite.abs().max()) * ulp * floor_ulps if finite.numel() else 0.0
     if not ours_error <= factor * torch_error + floor:
         figures.update(ok=False, reason=f"float64 error {ours_error:.3g} is worse than {factor}x torch's "
                                         f"{torch_error:.3g}")

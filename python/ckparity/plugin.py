@@ -50,7 +50,7 @@ from typing import Callable
 
 import torch
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, InvalidType
 
 
 class _Pointer(ctypes.c_void_p):
@@ -94,8 +94,8 @@ def _named(backend: Callable, forward: Callable, form: str, **marks) -> Callable
 
 
 def _float32(t: torch.Tensor, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
-        raise InvalidArgument(f"{name} must be a float32 tensor, got "
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:  # a TypeError: check --dtype says "not supported"
+        raise InvalidType(f"{name} must be a float32 tensor, got "
                               f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
     return t.contiguous()
 

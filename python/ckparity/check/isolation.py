@@ -35,17 +35,18 @@ class CheckSetupError(ValueError):
     """The check could not start (in its child): a plugin failed to load, or no such backend."""
 
 
-def run(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT, adamw: dict | None = None) -> dict:
+def run(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT, adamw: dict | None = None,
+        dtype: str = "float32") -> dict:
     """The check of ``backend``: in a child process when one can register it
     (isolated_check), else in this one (the report's ``isolated`` is False,
     ``in_process_because`` says why)."""
     carry = kernels.carried(record_of(kernel).name, backend)
     if carry is None:
-        report = check(kernel, backend, seed, adamw)
+        report = check(kernel, backend, seed, adamw, dtype)
         report.update(isolated=False, in_process_because=_NOT_CARRIED.format(kernel=record_of(kernel).name,
                                                                               backend=backend))
         return report
-    return isolated_check(kernel, backend, seed, timeout, carry, adamw)
+    return isolated_check(kernel, backend, seed, timeout, carry, adamw, dtype)
 
 
 _NOT_CARRIED = ("the {kernel} backend {backend!r} is a callable only this process can reach (made in a function or "
@@ -54,7 +55,7 @@ _NOT_CARRIED = ("the {kernel} backend {backend!r} is a callable only this proces
 
 
 def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT,
-                   carry: dict | None = None, adamw: dict | None = None) -> dict:
+                   carry: dict | None = None, adamw: dict | None = None, dtype: str = "float32") -> dict:
     """check() in a child process (see the module's docstring). The report
     comes back through a file, not the child's stdout (which a backend may
     print to). A bad kernel name raises ValueError here, before the child
@@ -68,8 +69,8 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "report.json"
-        request = json.dumps({"kernel": kernel, "backend": backend, "seed": seed, "adamw": adamw, "out": str(out),
-                              **carry})
+        request = json.dumps({"kernel": kernel, "backend": backend, "seed": seed, "adamw": adamw, "dtype": dtype,
+                              "out": str(out), **carry})
         proc = subprocess.Popen([sys.executable, "-m", "ckparity.check.child", request], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=kernels.child_env(carry))
         timed_out = False
@@ -139,6 +140,7 @@ def child(request: dict) -> int:
     except (ValueError, TypeError) as err:
         out.write_text(json.dumps({"setup_error": str(err)}))
         return EXIT_SETUP
-    out.write_text(json.dumps(check(request["kernel"], request["backend"], request["seed"], request["adamw"])))
+    out.write_text(json.dumps(check(request["kernel"], request["backend"], request["seed"], request["adamw"],
+                                    request["dtype"])))
     return 0
 

@@ -110,16 +110,16 @@ def evaluate(kernel_slot: Conformance, fn: Callable, tensors: dict, dtype=torch.
 
 
 def run_case(prop: Property, label: str, evaluate_with: Callable[[Callable, torch.dtype], dict], fn,
-             torch_fn, group: str | None = None) -> None:
-    """evaluate_with(f, dtype) -> the outputs: the backend's against torch's and torch's in float64."""
+             torch_fn, group: str | None = None, dtype: torch.dtype = torch.float32) -> None:
+    """evaluate_with(f, dtype) -> the outputs: the backend's against torch's, both in the check's
+    ``dtype``, and torch's in float64 (of the same values: the cases' inputs are ``dtype`` values)."""
     at(prop, label)
     try:
-        ours = evaluate_with(fn, torch.float32)
+        ours = evaluate_with(fn, dtype)
     except Exception as err:  # noqa: BLE001 -- a backend raising on valid input is the finding
         prop.case(label, "crashes", f"{type(err).__name__}: {err}", group=group)
         return
-    prop.compare(label, ours, evaluate_with(torch_fn, torch.float32), evaluate_with(torch_fn, torch.float64),
-                 group)
+    prop.compare(label, ours, evaluate_with(torch_fn, dtype), evaluate_with(torch_fn, torch.float64), group)
 
 
 def _slot_case(kernel_slot: Conformance, tensors: dict) -> Callable[[Callable, torch.dtype], dict]:
@@ -143,16 +143,16 @@ def contract(record, fn) -> Property:
     return prop
 
 
-def widths(kernel_slot, fn, torch_fn, g) -> Property:
+def widths(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
     prop = Property("widths")
     for width in kernel_slot.widths:
         for rows in ROWS:
             run_case(prop, f"width={width},rows={rows}", _slot_case(kernel_slot, kernel_slot.make(width, rows, g)),
-                     fn, torch_fn)
+                     fn, torch_fn, dtype=dtype)
     return prop
 
 
-def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset) -> Property:
+def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset, dtype=torch.float32) -> Property:
     """What the slot's contract passes besides the plain call, each as the slot
     with another call; an option the backend declares unsupported is drawn
     (the generator's sequence stays that of a backend that supports it) but not run."""
@@ -162,11 +162,11 @@ def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset) -> Property:
         for name, call, differentiated in kernel_slot.options:
             if name not in unsupported:
                 variant = replace(kernel_slot, call=call, differentiated=differentiated)
-                run_case(prop, f"width={width},{name}", _slot_case(variant, tensors), fn, torch_fn)
+                run_case(prop, f"width={width},{name}", _slot_case(variant, tensors), fn, torch_fn, dtype=dtype)
     return prop
 
 
-def non_contiguous(kernel_slot, fn, g) -> Property:
+def non_contiguous(kernel_slot, fn, g, dtype=torch.float32) -> Property:
     """The first differentiated input as a column slice of a wider tensor: the same bits as contiguous."""
     prop = Property("non_contiguous")
     first = kernel_slot.differentiated[0]
@@ -175,8 +175,8 @@ def non_contiguous(kernel_slot, fn, g) -> Property:
         label = f"width={width}"
         at(prop, label)
         try:
-            plain = evaluate(kernel_slot, fn, tensors)
-            view = evaluate(kernel_slot, fn, tensors, strided=first)
+            plain = evaluate(kernel_slot, fn, tensors, dtype)
+            view = evaluate(kernel_slot, fn, tensors, dtype, strided=first)
         except Exception as err:  # noqa: BLE001
             prop.case(label, "crashes", f"{type(err).__name__}: {err}")
             continue
@@ -211,9 +211,10 @@ def at_thread_counts(prop: Property, what: str, run: Callable[[], dict]) -> Prop
     return prop
 
 
-def threads(kernel_slot, fn, g) -> Property:
+def threads(kernel_slot, fn, g, dtype=torch.float32) -> Property:
     tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
-    return at_thread_counts(Property("threads"), "64 rows of 4096", lambda: evaluate(kernel_slot, fn, tensors))
+    return at_thread_counts(Property("threads"), "64 rows of 4096",
+                            lambda: evaluate(kernel_slot, fn, tensors, dtype))
 
 
 def bad_input(kernel_slot, fn, kinds: set[str]) -> Property:
@@ -231,7 +232,7 @@ def bad_input(kernel_slot, fn, kinds: set[str]) -> Property:
     return prop
 
 
-def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> Property:
+def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict, dtype=torch.float32) -> Property:
     """torch's own OpInfo samples of the op the slot stands for, those within the slot's contract."""
     prop = Property("torch_inputs")
     if kernel_slot.opinfo is None:
@@ -243,7 +244,7 @@ def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> Prope
         return prop
     name, adapt = kernel_slot.opinfo
     op = next(o for o in op_db if o.name == name and o.variant_test_name == "")
-    for k, sample in enumerate(op.sample_inputs("cpu", torch.float32, requires_grad=True)):
+    for k, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=True)):
         case = adapt(sample)
         if case is None:
             continue
@@ -252,7 +253,7 @@ def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> Prope
         sample_slot = Conformance(None, call, differentiated, [])
         shape = tuple(tensors[differentiated[0]].shape)
         run_case(prop, f"{name} sample {k} {shape}", _slot_case(sample_slot, tensors), fn, torch_fn,
-                 group=f"{len(shape)}-D samples")
+                 group=f"{len(shape)}-D samples", dtype=dtype)
     return prop
 
 
@@ -261,28 +262,31 @@ def torch_inputs(kernel_slot: Conformance, fn, torch_fn, not_run: dict) -> Prope
 ADAMW_STEPS = 20
 
 
-def _adamw_run(make: Callable, size: int, seed: int, steps: int, dtype=torch.float32) -> dict:
+def adamw_run(make: Callable, size: int, seed: int, steps: int, dtype=torch.float32, values=torch.float32) -> dict:
     """``steps`` steps of the optimizer ``make`` builds, as the harness calls it, on one
-    tensor of ``size`` with seeded gradients: the param and the moments under torch's names."""
+    tensor of ``size`` with seeded gradients (``values``: their dtype, evaluated in ``dtype``):
+    the param and the moments under torch's names."""
     g = torch.Generator().manual_seed(seed)
-    p = torch.nn.Parameter(torch.randn(size, generator=g).to(dtype))
+    p = torch.nn.Parameter(torch.randn(size, generator=g).to(values).to(dtype))
     optimizer = make([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     for _ in range(steps):
-        p.grad = torch.randn(size, generator=g).to(dtype)
+        p.grad = torch.randn(size, generator=g).to(values).to(dtype)
         optimizer.step()
     state = optimizer.state[p]
     return {"param": p.detach(), "exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
 
 
-def adamw_sizes(fn: Callable, torch_fn: Callable, sizes: list[int], steps: int = ADAMW_STEPS) -> Property:
+def adamw_sizes(fn: Callable, torch_fn: Callable, sizes: list[int], steps: int = ADAMW_STEPS,
+                dtype=torch.float32) -> Property:
     """The optimizer ``fn`` makes against torch's AdamW and float64, one case per size."""
     prop = Property("sizes")
     for size in sizes:
-        run_case(prop, f"size={size}", lambda f, dtype, size=size: _adamw_run(f, size, size, steps, dtype),
-                 fn, torch_fn)
+        run_case(prop, f"size={size}",
+                 lambda f, d, size=size: adamw_run(f, size, size, steps, d, values=dtype), fn, torch_fn, dtype=dtype)
     return prop
 
 
-def adamw_threads(fn: Callable) -> Property:
+def adamw_threads(fn: Callable, dtype=torch.float32) -> Property:
     # 200003 params: several of the C AdamW's 65536-float chunks
-    return at_thread_counts(Property("threads"), "200003 params", lambda: _adamw_run(fn, 200003, 7, ADAMW_STEPS))
+    return at_thread_counts(Property("threads"), "200003 params",
+                            lambda: adamw_run(fn, 200003, 7, ADAMW_STEPS, dtype, values=dtype))

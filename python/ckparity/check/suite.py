@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import torch
 
@@ -31,24 +32,68 @@ def record_of(kernel: str) -> kernels.Kernel:
     return kernels.KERNELS[kernel]
 
 
-def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None) -> dict:
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _in_dtype(kernel_slot, dtype: torch.dtype):
+    """The slot with its cases' values rounded to ``dtype`` (so that torch in
+    float64 evaluates the very values the backend and torch get in ``dtype``)."""
+    if dtype == torch.float32:
+        return kernel_slot
+
+    def make(width, rows, g):
+        return {k: v.to(dtype).float() if v.is_floating_point() else v
+                for k, v in kernel_slot.make(width, rows, g).items()}
+    return replace(kernel_slot, make=make)
+
+
+def _refuses(record, fn, kernel_slot, dtype: torch.dtype) -> str | None:
+    """Why ``fn`` refuses ``dtype`` inputs (a TypeError, ckparity's InvalidType
+    among them, on a small case), or None where it takes them."""
+    try:
+        if record.optimizer:
+            properties.adamw_run(fn, 3, 0, 1, dtype, values=dtype)
+        else:
+            properties.evaluate(kernel_slot, fn, kernel_slot.make(8, 3, torch.Generator().manual_seed(0)), dtype)
+    except TypeError as err:
+        return f"{type(err).__name__}: {err}"
+    except Exception:  # noqa: BLE001 -- any other failure is the suite's to report, case by case
+        return None
+    return None
+
+
+def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, dtype: str = "float32") -> dict:
     """The conformance report (schema ckparity.check/1) of one backend of one
     slot, in this process (``run`` puts it in a child). ``adamw``: the
     optimizer slot's ``sizes`` and ``steps`` instead of the record's (the
-    optimizer_parity gate's settings); its threads property is then not run."""
+    optimizer_parity gate's settings); its threads property is then not run.
+    ``dtype``: "bfloat16" runs every case in bf16 against torch in bf16 (and
+    float64 of the same values), max ULP in bf16 ULPs, assert_close's bf16
+    tolerances; a backend that refuses bf16 (a TypeError) is "not supported"."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     record = record_of(kernel)
     kernels.resolve(record.name, backend)
     fn, torch_fn = record.backends[backend], record.backends["torch"]
     registration = record.registrations.get(backend, kernels.Registration())
-    kernel_slot = record.conformance
+    torch_dtype = DTYPES[dtype]
+    kernel_slot = _in_dtype(record.conformance, torch_dtype)
     start, not_run = time.perf_counter(), {}
+    refused = _refuses(record, fn, kernel_slot, torch_dtype) if torch_dtype != torch.float32 else None
+    if refused is not None:
+        row = {"property": f"dtype {dtype}", "cases": 0, "bit_identical": 0, "failing": 0, "max_ulp": 0,
+               "verdict": "not supported", "groups": {}, "worst": [], "failures": [f"refuses {dtype}: {refused}"]}
+        return {"schema": SCHEMA, "kernel": record.name, "backend": backend, "dtype": dtype,
+                "capability": cpu.capability(), "properties": [row], "not_run": {}, "verdict": "not supported",
+                "passed": True, "passes_gates": True, "seconds": round(time.perf_counter() - start, 1)}
     # a registered backend's contract (planted faults, put in the registry by kernels.register, have none)
     runs = [lambda: properties.contract(record, fn)] if backend in record.registrations else []
     if record.optimizer:
         if adamw:
-            runs += [lambda: adamw_sizes(fn, torch_fn, adamw["sizes"], adamw["steps"])]
+            runs += [lambda: adamw_sizes(fn, torch_fn, adamw["sizes"], adamw["steps"], torch_dtype)]
         else:
-            runs += [lambda: adamw_sizes(fn, torch_fn, kernel_slot.widths), lambda: properties.adamw_threads(fn)]
+            runs += [lambda: adamw_sizes(fn, torch_fn, kernel_slot.widths, dtype=torch_dtype),
+                     lambda: properties.adamw_threads(fn, torch_dtype)]
     else:
         g = torch.Generator().manual_seed(seed)
         helper = getattr(fn, "ckparity_helper", None) is not None
@@ -56,13 +101,13 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None) -
             not_run.update(non_contiguous=HELPER_NOT_APPLICABLE, threads=HELPER_NOT_APPLICABLE)
             if any(b.kind == "shape" for b in kernel_slot.bad):
                 not_run["bad_input (shapes)"] = HELPER_NOT_APPLICABLE
-        runs += [lambda: properties.widths(kernel_slot, fn, torch_fn, g),
-                 lambda: properties.options(kernel_slot, fn, torch_fn, g, registration.unsupported)]
+        runs += [lambda: properties.widths(kernel_slot, fn, torch_fn, g, torch_dtype),
+                 lambda: properties.options(kernel_slot, fn, torch_fn, g, registration.unsupported, torch_dtype)]
         if not helper:  # the last properties that draw from g: skipping them changes no other case
-            runs += [lambda: properties.non_contiguous(kernel_slot, fn, g),
-                     lambda: properties.threads(kernel_slot, fn, g)]
+            runs += [lambda: properties.non_contiguous(kernel_slot, fn, g, torch_dtype),
+                     lambda: properties.threads(kernel_slot, fn, g, torch_dtype)]
         runs += [lambda: properties.bad_input(kernel_slot, fn, {"value"} if helper else {"shape", "value"}),
-                 lambda: properties.torch_inputs(kernel_slot, fn, torch_fn, not_run)]
+                 lambda: properties.torch_inputs(kernel_slot, fn, torch_fn, not_run, torch_dtype)]
     rows = []
     for run in runs:  # in order: the generator's draws follow it
         prop = run()
@@ -74,13 +119,15 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None) -
               "verdict": "not supported", "groups": {}, "worst": [],
               "failures": ["declared unsupported at registration"]} for name in sorted(registration.unsupported)]
     overall = worst(r["verdict"] for r in rows)
-    return {"schema": SCHEMA, "kernel": record.name, "backend": backend, "capability": cpu.capability(),
+    return {"schema": SCHEMA, "kernel": record.name, "backend": backend, "dtype": dtype,
+            "capability": cpu.capability(),
             "properties": rows, "not_run": not_run, "verdict": overall, "passed": check_passes(overall),
             "passes_gates": gate_passes(overall), "seconds": round(time.perf_counter() - start, 1)}
 
 
 def table(report: dict) -> str:
-    lines = [f"ckparity check {report['kernel']} --backend {report['backend']}: {report['verdict']} "
+    dtype = f" --dtype {report['dtype']}" if report.get("dtype", "float32") != "float32" else ""
+    lines = [f"ckparity check {report['kernel']} --backend {report['backend']}{dtype}: {report['verdict']} "
              f"({report['seconds']} s)", "| property | cases | failing | bit-identical | max ULP | verdict | "
              "worst failure |", "|---|---|---|---|---|---|---|"]
     for r in report["properties"]:
