@@ -642,3 +642,153 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
         return ce_ptref(logits, target, target_probs, N, V, opt, loss, dlogits);
     return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits);
 }
+
+/* ------------------------------------------------------------------------
+ * ptref in bfloat16 (ckp_cross_entropy_bf16): torch's F.cross_entropy on
+ * bf16 logits with class targets, no weight, no label smoothing -- the
+ * common training call -- with torch's bf16 rounding points:
+ * - log_softmax (LogSoftmaxKernelImpl.h) keeps each row's max and sum of
+ *   exps in bf16 temporaries: sum = bf16(sum_j exp(x_j - m)), log_sum =
+ *   bf16(log(sum)), logp_j = bf16((x_j - m) - log_sum), in float between;
+ * - the sum is vec::map_reduce_all on bf16 data (functional_bfloat16.h): one
+ *   bf16 vector (2 x the float lanes) at a time, split into two float
+ *   vectors with an accumulator each, the tail by partial loads whose padding
+ *   lanes are dropped, the two added, then folded as vec_reduce_all folds
+ *   (a tree at AVX2/AVX-512); a row shorter than one bf16 vector is summed
+ *   lane 0 first, left to right;
+ * - nll_loss's cascade keeps bf16 partial sums, each += rounded, and its
+ *   total_weight is the kept-row count as a bf16 (rounded past 256 rows);
+ *   mean = bf16(total / total_weight);
+ * - backward: nll's grad -bf16(1 / total_weight) (mean) or -1, then
+ *   log_softmax's backward, bf16(g_j - exp(logp_j) * sum_k g_k) in float (one
+ *   FMA where the build contracts it, as in float32).
+ * ---------------------------------------------------------------------- */
+
+static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
+
+/* vec::map_reduce_all(exp(x - m), +) over one bf16 row. */
+static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
+    const int L = at.lanes;
+    const int64_t B = 2 * (int64_t)L;
+    float a0[16] = {0}, a1[16] = {0};
+#define BF_MAP(j) pt_exp_at(at, ckp_bf16_to_f(x[j]) - m)
+    if (V < B) { /* one partial bf16 vector, folded left to right (vec_reduce_all with a size) */
+        int64_t n = V > L ? L : V;
+        for (int64_t l = 0; l < n; l++) a0[l] = BF_MAP(l);
+        for (int64_t l = 0; l + L < V; l++) a0[l] += BF_MAP(L + l);
+        float acc = a0[0];
+        for (int64_t l = 1; l < n; l++) acc += a0[l];
+        return acc;
+    }
+    for (int l = 0; l < L; l++) {
+        a0[l] = BF_MAP(l);
+        a1[l] = BF_MAP(L + l);
+    }
+    int64_t d = B;
+    for (; d < V - V % B; d += B)
+        for (int l = 0; l < L; l++) {
+            a0[l] += BF_MAP(d + l);
+            a1[l] += BF_MAP(d + L + l);
+        }
+    for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
+    for (int64_t l = 0; d + L + l < V; l++) a1[l] += BF_MAP(d + L + l);
+#undef BF_MAP
+    for (int l = 0; l < L; l++) a0[l] += a1[l];
+    if (!at.tree_fold) {
+        for (int l = 1; l < L; l++) a0[0] += a0[l];
+        return a0[0];
+    }
+    for (int step = L / 2; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) a0[l] += a0[l + step];
+    return a0[0];
+}
+
+/* One row's max (NaN if any element is: vec::maximum propagates it) and bf16 log_sum. */
+static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *log_sum) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < V; j++) {
+        float v = ckp_bf16_to_f(x[j]);
+        mx = (v > mx || v != v || mx != mx) ? (mx != mx ? mx : v) : mx;
+    }
+    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at));
+    *m = mx;
+    *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
+}
+
+static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
+    return ckp_bf16_round((ckp_bf16_to_f(x[j]) - m) - log_sum);
+}
+
+ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
+                                  const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits) {
+    if (logits == NULL || target == NULL || opt == NULL || loss == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "logits, target, options and loss must not be NULL");
+    if (N <= 0 || V <= 0 || N > INT64_MAX / V)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive and N*V must not overflow, got N=%lld V=%lld",
+                        (long long)N, (long long)V);
+    if (opt->reduction != CKP_REDUCTION_NONE && opt->reduction != CKP_REDUCTION_MEAN &&
+        opt->reduction != CKP_REDUCTION_SUM)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "reduction must be 0 (none), 1 (mean) or 2 (sum), got %d",
+                        (int)opt->reduction);
+    if (opt->variant != CKP_CE_PTREF || opt->weight != NULL || opt->label_smoothing != 0.0 || opt->z_loss != 0.0 ||
+        opt->row_grad != NULL)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant with class targets and no "
+                        "weight, label smoothing, z_loss or row_grad (the others are not in bf16 yet)");
+    size_t matrix = (size_t)(N * V) * 2, loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * 2;
+    const ckp_span inputs[] = {{logits, matrix}, {target, (size_t)N * sizeof(int64_t)}};
+    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 2) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 2) ||
+        ckp_overlaps(loss, loss_bytes, dlogits, matrix))
+        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target or each other");
+    for (int64_t i = 0; i < N; i++)
+        if (target[i] != opt->ignore_index && (target[i] < 0 || target[i] >= V))
+            return ckp_fail(CKP_ERR_TARGET_OUT_OF_RANGE,
+                            "Target %lld is out of bounds at row %lld (classes: %lld, ignore_index: %lld)",
+                            (long long)target[i], (long long)i, (long long)V, (long long)opt->ignore_index);
+    ckp_clear_error();
+    const pt_layout at = pt_layout_for_capability();
+    const int none = opt->reduction == CKP_REDUCTION_NONE;
+
+    /* forward: nll_loss's cascade of bf16 partial sums, ignored rows skipped */
+    float parts[8] = {0};
+    int64_t level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4, kept = 0;
+    int64_t mask0 = ((int64_t)1 << level_power) - 1;
+    for (int64_t i = 0; i < N; i++) {
+        if (target[i] == opt->ignore_index) {
+            if (none) loss[i] = 0;
+            continue;
+        }
+        float m, log_sum;
+        bf_row(logits + i * V, V, at, &m, &log_sum);
+        float logp_t = bf_logp(logits + i * V, target[i], m, log_sum);
+        kept++;
+        if (none) loss[i] = ckp_f_to_bf16(-logp_t);
+        parts[0] = ckp_bf16_round(parts[0] - logp_t);
+        for (int j = 0; j + 1 < 8; j++) {
+            if ((i & (mask0 << (j * level_power))) != 0) break;
+            parts[j + 1] = ckp_bf16_round(parts[j + 1] + parts[j]);
+            parts[j] = 0;
+        }
+    }
+    float total_weight = ckp_bf16_round((float)kept), total = 0;
+    for (int j = 0; j < 8; j++) total = ckp_bf16_round(total + parts[j]);
+    if (!none) loss[0] = ckp_f_to_bf16(opt->reduction == CKP_REDUCTION_MEAN ? total / total_weight : total);
+    if (dlogits == NULL) return CKP_OK;
+
+    /* backward for an upstream gradient of 1 */
+    const float g = opt->reduction == CKP_REDUCTION_MEAN ? -ckp_bf16_round(1.0f / total_weight) : -1.0f;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
+    for (int64_t i = 0; i < N; i++) {
+        const uint16_t *x = logits + i * V;
+        uint16_t *dx = dlogits + i * V;
+        int ignored = target[i] == opt->ignore_index;
+        float m, log_sum;
+        bf_row(x, V, at, &m, &log_sum);
+        float grad_sum = ignored ? 0.0f : g;
+        for (int64_t j = 0; j < V; j++) {
+            float gj = !ignored && j == target[i] ? g : 0.0f;
+            float p = pt_exp_at(at, bf_logp(x, j, m, log_sum));
+            dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, gj) : gj - p * grad_sum);
+        }
+    }
+    return CKP_OK;
+}

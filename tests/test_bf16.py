@@ -91,7 +91,8 @@ def test_the_bf16_c_entry_points_refuse_bad_sizes_and_aliasing():
 def test_the_records_claim_bf16_and_info_says_where_it_holds():
     claimed = {c.key: c.quantities for c in kernels.claims("bfloat16")}
     assert claimed == {"rms_norm": ("y", "dx", "dweight"), "swiglu": ("out", "dx"), "rope": ("out", "dx"),
-                       "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param")}
+                       "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"),
+                       "cross_entropy.ptref": ("loss", "dlogits")}
     if ckparity.cpu.matched():
         assert kernels.bit_identical("bfloat16") == {k: list(q) for k, q in claimed.items()}
 
@@ -109,6 +110,7 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
     swiglu_record = importlib.import_module("ckparity.kernels.swiglu")
     rms_record = importlib.import_module("ckparity.kernels.rms_norm")
     rope_record = importlib.import_module("ckparity.kernels.rope")
+    ce_record = importlib.import_module("ckparity.kernels.cross_entropy")
 
     def rounded_once(x):
         h = x.shape[-1] // 2
@@ -124,8 +126,14 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
 
     monkeypatch.setattr(swiglu_record, "swiglu", rounded_once)
     monkeypatch.setattr(rms_record, "rms_norm", rounded_twice)
+    def ce_in_float(logits, target, reduction="mean", variant="ptref"):  # log_softmax and nll in float, then bf16
+        return F.cross_entropy(logits.float(), target, reduction=reduction).to(logits.dtype)
+
     monkeypatch.setattr(rope_record, "rope", rope_rounded_once)
+    monkeypatch.setattr(ce_record, "cross_entropy", ce_in_float)
     result = sweep.run(dtype="bfloat16")["kernels"]
+    assert result["cross_entropy.ptref"]["loss"]["differing"] > 100
+    assert result["cross_entropy.ptref"]["dlogits"]["differing"] > 100
     assert result["swiglu"]["out"]["differing"] > 100
     assert result["rms_norm"]["y"]["differing"] > 100
     assert result["rope"]["out"]["differing"] > 100
@@ -222,3 +230,22 @@ def test_check_in_bf16_holds_a_backend_to_torchs_bf16(clean_registry, monkeypatc
                                                                                              "float_only")}
     assert verdicts == {"c": "bitwise", "once": "as accurate as torch", "off": "wrong",
                         "float_only": "not supported"}
+
+
+def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16():
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(300, 97, generator=g) * 3).bfloat16().requires_grad_(True)
+    target = torch.randint(0, 97, (300,), generator=g)
+    target[::5] = -100
+    loss = ckparity.cross_entropy(x, target, variant="ptref")
+    (dx,) = torch.autograd.grad(loss, x)
+    theirs = F.cross_entropy(x, target)
+    (tdx,) = torch.autograd.grad(theirs, x)
+    assert loss.dtype == torch.bfloat16 and torch.equal(_bits(loss), _bits(theirs.detach()))
+    assert bool((dx == tdx).all())  # == : ignored rows' zeros may differ in sign
+    for kwargs, what in ((dict(), "variant='default'"), (dict(variant="ptref", label_smoothing=0.1), "label_smoothing"),
+                         (dict(variant="ptref", weight=torch.ones(97)), "weight")):
+        with pytest.raises(InvalidArgument, match=what.replace("(", r"\(").replace(")", r"\)")):
+            ckparity.cross_entropy(x, target, **kwargs)
+    with pytest.raises(NotImplementedError, match="upstream gradient"):
+        (ckparity.cross_entropy(x, target, variant="ptref") * 0.5).backward()

@@ -227,12 +227,26 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 def fuzz_bf16(rng: random.Random) -> int:
-    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw): uint16 buffers, the float32 ones' sizes and aliasing."""
+    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy): uint16 buffers, the float32 ones' sizes and aliasing."""
     N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
     n = max(N, 0) * max(W, 0)
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
     hp = lambda t: ptr(t, 0, "uint16_t *")  # noqa: E731
-    kind = rng.randrange(6)
+    kind = rng.randrange(7)
+    if kind == 6:  # cross_entropy: ptref with class targets only
+        x = bf16(data(rng, n))
+        target = torch.tensor([pick(rng, [-100, 0, max(W - 1, 0)], -1, max(W, 0)) for _ in range(max(N, 1))],
+                              dtype=torch.int64)
+        opt = ffi.new("ckp_cross_entropy_options *")
+        lib.ckp_cross_entropy_options_init(opt)
+        opt.variant = pick(rng, [1], 0)
+        opt.reduction = pick(rng, [0, 1, 2], 7)
+        opt.label_smoothing = pick(rng, [0.0], 0.1)
+        loss = torch.empty(max(N, 1) + 1, dtype=torch.bfloat16)
+        dlogits = x if rng.random() < 0.05 else (None if rng.random() < 0.2 else torch.empty(n + 1, dtype=torch.bfloat16))
+        return call_and_check(rng, lambda: lib.ckp_cross_entropy_bf16(
+            hp(maybe_null(rng, x)), ptr(target, 0, "int64_t *"), N, W, opt, hp(maybe_null(rng, loss)), hp(dlogits)),
+            [t for t in (loss, dlogits) if t is not None and t is not x])
     if kind == 5:  # adamw: param, grad and moments of n
         p, grad, m = (bf16(data(rng, max(N, 1))) for _ in range(3))
         v, vmax = bf16(data(rng, max(N, 1)).abs()), bf16(data(rng, max(N, 1)).abs()) if rng.random() < 0.5 else None

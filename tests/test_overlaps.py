@@ -61,6 +61,13 @@ def _ce_options(pointers, reduction):
     return opt
 
 
+def _ce_bf16_options():
+    opt = ffi.new("ckp_cross_entropy_options *")
+    lib.ckp_cross_entropy_options_init(opt)
+    opt.variant, opt.reduction = lib.CKP_CE_PTREF, lib.CKP_REDUCTION_NONE
+    return opt
+
+
 def _adamw_options():
     opt = ffi.new("ckp_adamw_options *")
     opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.amsgrad, opt.maximize = 1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 0
@@ -82,6 +89,10 @@ ENTRIES = [
                                          f("loss", 1, True), f("dlogits", N * V, True)),
           lambda p: lib.ckp_cross_entropy(p["logits"], ffi.NULL, p["probs"], N, V, _ce_options(p, 1), p["loss"],
                                           p["dlogits"])),
+    Entry("cross_entropy_bf16", (h("logits", N * V), Buffer("target", "i", N, False, True), h("loss", N, True),
+                                 h("dlogits", N * V, True)),
+          lambda p: lib.ckp_cross_entropy_bf16(p["logits"], p["target"], N, V, _ce_bf16_options(), p["loss"],
+                                               p["dlogits"])),
     Entry("rms_norm_forward", (f("x", N * D), f("weight", D), f("y", N * D, True), f("rstd", N, True)),
           lambda p: lib.ckp_rms_norm_forward(p["x"], p["weight"], N, D, 1e-5, p["y"], p["rstd"], 1)),
     Entry("rms_norm_backward", (f("dy", N * D), f("x", N * D), f("weight", D), f("rstd", N), f("dx", N * D, True),

@@ -85,6 +85,14 @@ def cross_entropy(logits, target, options, loss, dlogits=None, *, library=lib) -
                                     pointer(dlogits)), "cross_entropy", library)
 
 
+def cross_entropy_bf16(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
+    """As cross_entropy on bfloat16 logits, loss and dlogits: the ptref variant, class targets
+    (options without weight, label smoothing, z_loss or row_grad)."""
+    N, V = logits.shape
+    check(library.ckp_cross_entropy_bf16(pointer(logits), pointer(target), N, V, options, pointer(loss),
+                                         pointer(dlogits)), "cross_entropy", library)
+
+
 # ---- rms_norm ---------------------------------------------------------------
 
 def rms_norm_forward(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:

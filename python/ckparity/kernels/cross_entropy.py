@@ -162,6 +162,25 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
         _ptref_case(tally, g, N, V, kwargs, threads, probabilities)
 
 
+def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
+    """bfloat16 logits, variant="ptref", against F.cross_entropy on them (torch
+    on one thread: its log_softmax keeps a row whole on any thread count, and
+    nll_loss's cascade is serial): class targets with ignored rows, every
+    reduction, rows from one past nll_loss's bf16 count rounding (300 > 256)."""
+    for N, reduction in itertools.product((1, 8, 37, 300), ("mean", "sum", "none")):
+        for V in WIDTHS + [32000] if N < 300 else (7, 64, 1000, 32000):
+            x = (torch.randn(N, V, generator=g) * 3).bfloat16().requires_grad_(True)
+            target = torch.randint(0, V, (N,), generator=g)
+            target[1::3] = -100  # ignored rows; row 0 kept
+            up = torch.ones(N if reduction == "none" else (), dtype=torch.bfloat16)
+            ours = grad_run(lambda logits: cross_entropy(logits, target, reduction=reduction, variant="ptref"),
+                            [x], up)
+            with torch_threads(1):
+                theirs = grad_run(lambda logits: F.cross_entropy(logits, target, reduction=reduction), [x], up)
+            for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+                tally.add(q, f"N={N} V={V} {reduction}", a, b)
+
+
 # ---- the probe: every C entry point through a given library -----------------------
 
 def probe_call(L, fill, x, target, weight, reduction, variant, row_grad=None, inplace=False, torch_threads=1):
@@ -198,7 +217,21 @@ def vocab_parallel_ce(L, fill, x, target, shards):
     return (global_max, global_sums, loss_rows, *grads)
 
 
+def probe_call_bf16(L, fill, x, target, reduction):
+    loss, d = out((x.shape[0],) if reduction == "none" else (), fill, torch.bfloat16), out(x, fill)
+    _bindings.cross_entropy_bf16(x, target, _bindings.cross_entropy_options(reduction=reduction, variant="ptref"), loss,
+                                 d, library=L)
+    return loss, d
+
+
 def _probe(g: torch.Generator):
+    xb, tb = (torch.randn(300, 97, generator=g) * 3).bfloat16(), torch.randint(0, 97, (300,), generator=g)
+    tb[::7] = -100
+    for V in (5, 97):  # under one bf16 vector, and several
+        for reduction in ("mean", "none"):
+            xv, tv = xb[:, :V].contiguous(), tb.clamp(max=V - 1)
+            yield (f"ce ptref bf16 V={V} {reduction}",
+                   lambda L, f, r=reduction, a=xv, b=tv: probe_call_bf16(L, f, a, b, r))
     x = torch.randn(37, 1003, generator=g) * 4
     x[3, :] = -1e4  # a row far from its max
     t = torch.randint(0, 1003, (37,), generator=g)
@@ -317,7 +350,8 @@ KERNEL = Kernel(
         "cross_entropy.default.z_loss": GateCase(_z_loss("default"), _with_z_loss, _z_loss_cases, "default"),
         "cross_entropy.ptref": GateCase(_variant("ptref"), F.cross_entropy, _gate_cases, "ptref"),
     },
-    claims=(Claim("cross_entropy.ptref", ("loss", "dlogits"), sweep_ptref),),
+    claims=(Claim("cross_entropy.ptref", ("loss", "dlogits"), sweep_ptref),
+            Claim("cross_entropy.ptref", ("loss", "dlogits"), sweep_ptref_bf16, dtype="bfloat16")),
     not_claimed={
         "cross_entropy (default variant)": "fused, sums in double: more accurate than torch, not its bits",
         "vocab-parallel cross_entropy": "the default variant's arithmetic, split by rank",

@@ -214,6 +214,59 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
     return logits.reshape(-1, C).contiguous(), flat_target.contiguous(), loss_shape
 
 
+class _CrossEntropyBF16Function(CFunction):
+    """bfloat16 logits, the ptref variant (csrc/cross_entropy.c): the loss and
+    the gradient for an upstream gradient of 1 in one call. torch's bf16 chain
+    folds another upstream gradient in before its roundings, which a rescaled
+    gradient would not repeat: refused, not approximated.
+
+    First-order only: see ops/_function.py."""
+
+    @staticmethod
+    def compute(logits, target, reduction, ignore_index, compute_grad):
+        N, V = logits.shape
+        loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.bfloat16)
+        dlogits = torch.empty_like(logits) if compute_grad else None
+        options = _bindings.cross_entropy_options(None, ignore_index, reduction, 0.0, 0.0, "ptref")
+        _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
+        return loss, dlogits
+
+    @classmethod
+    def forward(cls, ctx, logits, target, reduction, ignore_index, compute_grad):
+        loss, dlogits = cls.compute(logits, target, reduction, ignore_index, compute_grad)
+        ctx.save_for_backward(dlogits)
+        return loss
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, grad):
+        (dlogits,) = ctx.saved_tensors
+        if not bool((grad == 1).all()):
+            raise NotImplementedError("ckparity's bf16 cross_entropy has the gradient for an upstream gradient of "
+                                      "1 (loss.backward()); another upstream gradient is not in bf16 yet")
+        return dlogits, None, None, None, None
+
+
+def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,
+                        inplace_backward):
+    """The bf16 path: what it takes, refused by name otherwise."""
+    missing = [name for name, given in (("variant='default' (use variant='ptref')", variant != "ptref"),
+                                        ("weight", weight is not None), ("label_smoothing", label_smoothing),
+                                        ("z_loss", z_loss), ("inplace_backward", inplace_backward)) if given]
+    if missing:
+        raise InvalidArgument(f"bfloat16 cross_entropy is the ptref variant with class targets; "
+                              f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
+    if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != input.shape[:1] \
+            or target.dtype not in (torch.int64, torch.uint8) or not input.shape[0] or not input.shape[1]:
+        raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets, got "
+                              f"{tuple(input.shape)} and {getattr(target, 'shape', type(target).__name__)}")
+    if reduction not in ("mean", "sum", "none"):
+        raise InvalidArgument(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    compute_grad = torch.is_grad_enabled() and input.requires_grad
+    return _CrossEntropyBF16Function.apply(input.contiguous(), target.long().contiguous(), reduction, int(ignore_index),
+                                           compute_grad)
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -243,6 +296,10 @@ def cross_entropy(
     backward; an op that saved the logits for its backward raises there
     (autograd's version counter), never reads dlogits as logits.
     """
+    if isinstance(input, torch.Tensor) and input.dtype == torch.bfloat16:
+        require_cpu(input, "input")
+        return _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,
+                                   inplace_backward)
     settings = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
                     variant=variant)
     if (weight is None and not inplace_backward and plain_float32(input, 2) and _plain_target(target, input)
