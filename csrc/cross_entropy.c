@@ -659,7 +659,8 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
  * - nll_loss's cascade keeps bf16 partial sums, each += rounded, and its
  *   total_weight is the kept-row count as a bf16 (rounded past 256 rows);
  *   mean = bf16(total / total_weight);
- * - backward: nll's grad -bf16(1 / total_weight) (mean) or -1, then
+ * - backward: nll's grad -bf16(u / total_weight) (mean) or -u, u the
+ *   upstream gradient (row_grad; 1 without it), then
  *   log_softmax's backward, bf16(g_j - exp(logp_j) * sum_k g_k) in float (one
  *   FMA where the build contracts it, as in float32).
  * ---------------------------------------------------------------------- */
@@ -730,13 +731,14 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
         opt->reduction != CKP_REDUCTION_SUM)
         return ckp_fail(CKP_ERR_BAD_OPTION, "reduction must be 0 (none), 1 (mean) or 2 (sum), got %d",
                         (int)opt->reduction);
-    if (opt->variant != CKP_CE_PTREF || opt->weight != NULL || opt->label_smoothing != 0.0 || opt->z_loss != 0.0 ||
-        opt->row_grad != NULL)
+    if (opt->variant != CKP_CE_PTREF || opt->weight != NULL || opt->label_smoothing != 0.0 || opt->z_loss != 0.0)
         return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant with class targets and no "
-                        "weight, label smoothing, z_loss or row_grad (the others are not in bf16 yet)");
-    size_t matrix = (size_t)(N * V) * 2, loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * 2;
-    const ckp_span inputs[] = {{logits, matrix}, {target, (size_t)N * sizeof(int64_t)}};
-    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 2) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 2) ||
+                        "weight, label smoothing or z_loss (the others are not in bf16 yet)");
+    size_t matrix = (size_t)(N * V) * 2, rows = opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1;
+    size_t loss_bytes = rows * 2;
+    const ckp_span inputs[] = {{logits, matrix}, {target, (size_t)N * sizeof(int64_t)},
+                               {opt->row_grad, rows * sizeof(float)}};
+    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 3) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 3) ||
         ckp_overlaps(loss, loss_bytes, dlogits, matrix))
         return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target or each other");
     for (int64_t i = 0; i < N; i++)
@@ -774,8 +776,10 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     if (!none) loss[0] = ckp_f_to_bf16(opt->reduction == CKP_REDUCTION_MEAN ? total / total_weight : total);
     if (dlogits == NULL) return CKP_OK;
 
-    /* backward for an upstream gradient of 1 */
-    const float g = opt->reduction == CKP_REDUCTION_MEAN ? -ckp_bf16_round(1.0f / total_weight) : -1.0f;
+    /* backward: nll_loss's grad -(u / total_weight) (mean, in bf16) or -u, u the upstream gradient (bf16
+     * values in row_grad, one per row with none; 1 without row_grad) */
+    const float u = opt->row_grad != NULL && opt->reduction != CKP_REDUCTION_NONE ? opt->row_grad[0] : 1.0f;
+    const float g = opt->reduction == CKP_REDUCTION_MEAN ? -ckp_bf16_round(u / total_weight) : -u;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
     for (int64_t i = 0; i < N; i++) {
         const uint16_t *x = logits + i * V;
@@ -783,9 +787,10 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
         int ignored = target[i] == opt->ignore_index;
         float m, log_sum;
         bf_row(x, V, at, &m, &log_sum);
-        float grad_sum = ignored ? 0.0f : g;
+        float gi = none && opt->row_grad != NULL ? -opt->row_grad[i] : g;
+        float grad_sum = ignored ? 0.0f : gi;
         for (int64_t j = 0; j < V; j++) {
-            float gj = !ignored && j == target[i] ? g : 0.0f;
+            float gj = !ignored && j == target[i] ? gi : 0.0f;
             float p = pt_exp_at(at, bf_logp(x, j, m, log_sum));
             dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, gj) : gj - p * grad_sum);
         }

@@ -134,8 +134,9 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
                              float *loss, float *dlogits);
 
 /* The ptref variant in bfloat16 (logits, loss and dlogits bf16 as uint16_t), for
- * class targets without weight, label smoothing, z_loss or row_grad (anything
- * else: CKP_ERR_BAD_OPTION), bit-identical to torch's F.cross_entropy on bf16
+ * class targets without weight, label smoothing or z_loss (anything else:
+ * CKP_ERR_BAD_OPTION; row_grad, in float, holds bf16 upstream gradients),
+ * bit-identical to torch's F.cross_entropy on bf16
  * logits: log_softmax's bf16 max and exp-sum temporaries, nll_loss's bf16
  * cascade and total_weight (csrc/cross_entropy.c). dlogits may be NULL; no
  * output may overlap an input. */

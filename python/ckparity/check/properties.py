@@ -152,17 +152,30 @@ def widths(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
     return prop
 
 
-def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset, dtype=torch.float32) -> Property:
+def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset, dtype=torch.float32,
+            refused: dict | None = None) -> Property:
     """What the slot's contract passes besides the plain call, each as the slot
     with another call; an option the backend declares unsupported is drawn
-    (the generator's sequence stays that of a backend that supports it) but not run."""
+    (the generator's sequence stays that of a backend that supports it) but not
+    run. In a dtype other than float32, an option whose first call raises a
+    TypeError (the backend has it in float32 only) goes into ``refused`` with
+    the error instead of being run."""
     prop = Property("options")
     for width in (7, 64, 257, 1000):
         tensors = kernel_slot.make(width, 3, g)
         for name, call, differentiated in kernel_slot.options:
-            if name not in unsupported:
-                variant = replace(kernel_slot, call=call, differentiated=differentiated)
-                run_case(prop, f"width={width},{name}", _slot_case(variant, tensors), fn, torch_fn, dtype=dtype)
+            if name in unsupported or (refused is not None and name in refused):
+                continue
+            variant = replace(kernel_slot, call=call, differentiated=differentiated)
+            if dtype != torch.float32 and refused is not None:
+                try:
+                    evaluate(variant, fn, tensors, dtype)
+                except TypeError as err:
+                    refused[name] = f"{type(err).__name__}: {err}"
+                    continue
+                except Exception:  # noqa: BLE001 -- the case below reports it
+                    pass
+            run_case(prop, f"width={width},{name}", _slot_case(variant, tensors), fn, torch_fn, dtype=dtype)
     return prop
 
 

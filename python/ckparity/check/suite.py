@@ -78,7 +78,7 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
     registration = record.registrations.get(backend, kernels.Registration())
     torch_dtype = DTYPES[dtype]
     kernel_slot = _in_dtype(record.conformance, torch_dtype)
-    start, not_run = time.perf_counter(), {}
+    start, not_run, refused_options = time.perf_counter(), {}, {}
     refused = _refuses(record, fn, kernel_slot, torch_dtype) if torch_dtype != torch.float32 else None
     if refused is not None:
         row = {"property": f"dtype {dtype}", "cases": 0, "bit_identical": 0, "failing": 0, "max_ulp": 0,
@@ -102,7 +102,8 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
             if any(b.kind == "shape" for b in kernel_slot.bad):
                 not_run["bad_input (shapes)"] = HELPER_NOT_APPLICABLE
         runs += [lambda: properties.widths(kernel_slot, fn, torch_fn, g, torch_dtype),
-                 lambda: properties.options(kernel_slot, fn, torch_fn, g, registration.unsupported, torch_dtype)]
+                 lambda: properties.options(kernel_slot, fn, torch_fn, g, registration.unsupported, torch_dtype,
+                                            refused_options)]
         if not helper:  # the last properties that draw from g: skipping them changes no other case
             runs += [lambda: properties.non_contiguous(kernel_slot, fn, g, torch_dtype),
                      lambda: properties.threads(kernel_slot, fn, g, torch_dtype)]
@@ -118,6 +119,9 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
     rows += [{"property": f"option {name}", "cases": 0, "bit_identical": 0, "failing": 0, "max_ulp": 0,
               "verdict": "not supported", "groups": {}, "worst": [],
               "failures": ["declared unsupported at registration"]} for name in sorted(registration.unsupported)]
+    rows += [{"property": f"option {name} ({dtype})", "cases": 0, "bit_identical": 0, "failing": 0, "max_ulp": 0,
+              "verdict": "not supported", "groups": {}, "worst": [], "failures": [f"refuses it in {dtype}: {why}"]}
+             for name, why in sorted(refused_options.items())]
     overall = worst(r["verdict"] for r in rows)
     return {"schema": SCHEMA, "kernel": record.name, "backend": backend, "dtype": dtype,
             "capability": cpu.capability(),

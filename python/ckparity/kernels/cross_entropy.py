@@ -172,7 +172,9 @@ def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
             x = (torch.randn(N, V, generator=g) * 3).bfloat16().requires_grad_(True)
             target = torch.randint(0, V, (N,), generator=g)
             target[1::3] = -100  # ignored rows; row 0 kept
-            up = torch.ones(N if reduction == "none" else (), dtype=torch.bfloat16)
+            # the upstream gradient: 1 (loss.backward()) or, every other width, another bf16 value per row
+            up = (torch.ones(N if reduction == "none" else ()) if V % 2 else
+                  torch.randn(N if reduction == "none" else (), generator=g) * 3).bfloat16()
             ours = grad_run(lambda logits: cross_entropy(logits, target, reduction=reduction, variant="ptref"),
                             [x], up)
             with torch_threads(1):

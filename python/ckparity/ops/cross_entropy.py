@@ -214,36 +214,41 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
     return logits.reshape(-1, C).contiguous(), flat_target.contiguous(), loss_shape
 
 
+def _bf16_call(logits, target, reduction, ignore_index, upstream=None, compute_grad=True):
+    N, V = logits.shape
+    loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.bfloat16)
+    dlogits = torch.empty_like(logits) if compute_grad else None
+    row_grad = None if upstream is None else upstream.to(torch.bfloat16).float().reshape(-1).contiguous()
+    options = _bindings.cross_entropy_options(None, ignore_index, reduction, 0.0, 0.0, "ptref", row_grad)
+    _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
+    return loss, dlogits
+
+
 class _CrossEntropyBF16Function(CFunction):
     """bfloat16 logits, the ptref variant (csrc/cross_entropy.c): the loss and
-    the gradient for an upstream gradient of 1 in one call. torch's bf16 chain
-    folds another upstream gradient in before its roundings, which a rescaled
-    gradient would not repeat: refused, not approximated.
+    the gradient for an upstream gradient of 1 in one call; another upstream
+    gradient runs the kernel again with it (torch's bf16 chain folds it in
+    before its roundings: a rescaled gradient would not repeat them).
 
     First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(logits, target, reduction, ignore_index, compute_grad):
-        N, V = logits.shape
-        loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.bfloat16)
-        dlogits = torch.empty_like(logits) if compute_grad else None
-        options = _bindings.cross_entropy_options(None, ignore_index, reduction, 0.0, 0.0, "ptref")
-        _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
-        return loss, dlogits
+        return _bf16_call(logits, target, reduction, ignore_index, compute_grad=compute_grad)
 
     @classmethod
     def forward(cls, ctx, logits, target, reduction, ignore_index, compute_grad):
         loss, dlogits = cls.compute(logits, target, reduction, ignore_index, compute_grad)
-        ctx.save_for_backward(dlogits)
+        ctx.save_for_backward(logits, target, dlogits)
+        ctx.settings = (reduction, ignore_index)
         return loss
 
     @staticmethod
     @first_order_only
     def backward(ctx, grad):
-        (dlogits,) = ctx.saved_tensors
+        logits, target, dlogits = ctx.saved_tensors
         if not bool((grad == 1).all()):
-            raise NotImplementedError("ckparity's bf16 cross_entropy has the gradient for an upstream gradient of "
-                                      "1 (loss.backward()); another upstream gradient is not in bf16 yet")
+            dlogits = _bf16_call(logits, target, *ctx.settings, upstream=grad)[1]
         return dlogits, None, None, None, None
 
 
@@ -253,8 +258,8 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     missing = [name for name, given in (("variant='default' (use variant='ptref')", variant != "ptref"),
                                         ("weight", weight is not None), ("label_smoothing", label_smoothing),
                                         ("z_loss", z_loss), ("inplace_backward", inplace_backward)) if given]
-    if missing:
-        raise InvalidArgument(f"bfloat16 cross_entropy is the ptref variant with class targets; "
+    if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
+        raise InvalidType(f"bfloat16 cross_entropy is the ptref variant with class targets; "
                               f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
     if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != input.shape[:1] \
             or target.dtype not in (torch.int64, torch.uint8) or not input.shape[0] or not input.shape[1]:
