@@ -85,47 +85,41 @@ CKP_CLONES static void rotate_row_bf16(const uint16_t *x, const uint16_t *c, con
     }
 }
 
-static ckp_status rotate(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
-                         int layout, float sign, float *out) {
-    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, sizeof(float));
+/* elem: 4 (float) or 2 (bf16) bytes per element; the rows as rotate_row or rotate_row_bf16 does them. */
+static ckp_status rotate(const void *x, const void *cos_, const void *sin_, int64_t N, int64_t T, int64_t d,
+                         int layout, float sign, void *out, size_t elem) {
+    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, elem);
     if (status != CKP_OK) return status;
     /* x and out (N, T, d); cos and sin (T, d/2) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
     for (int64_t row = 0; row < N * T; row++) {
-        int64_t t = row % T;
-        rotate_row(x + row * d, cos_ + t * (d / 2), sin_ + t * (d / 2), d, layout, sign, out + row * d);
+        int64_t t = row % T, at = row * d, table = t * (d / 2);
+        if (elem == sizeof(float))
+            rotate_row((const float *)x + at, (const float *)cos_ + table, (const float *)sin_ + table, d, layout,
+                       sign, (float *)out + at);
+        else
+            rotate_row_bf16((const uint16_t *)x + at, (const uint16_t *)cos_ + table, (const uint16_t *)sin_ + table,
+                            d, layout, sign, (uint16_t *)out + at);
     }
     return CKP_OK;
 }
 
 ckp_status ckp_rope_forward(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
                             int layout, float *out) {
-    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out);
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, sizeof(float));
 }
 
 ckp_status ckp_rope_backward(const float *dout, const float *cos_, const float *sin_, int64_t N, int64_t T,
                              int64_t d, int layout, float *dx) {
-    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx);
-}
-
-static ckp_status rotate_bf16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
-                              int64_t d, int layout, float sign, uint16_t *out) {
-    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, sizeof(uint16_t));
-    if (status != CKP_OK) return status;
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
-    for (int64_t row = 0; row < N * T; row++) {
-        int64_t t = row % T;
-        rotate_row_bf16(x + row * d, cos_ + t * (d / 2), sin_ + t * (d / 2), d, layout, sign, out + row * d);
-    }
-    return CKP_OK;
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, sizeof(float));
 }
 
 ckp_status ckp_rope_forward_bf16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
                                  int64_t d, int layout, uint16_t *out) {
-    return rotate_bf16(x, cos_, sin_, N, T, d, layout, -1.0f, out);
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, sizeof(uint16_t));
 }
 
 ckp_status ckp_rope_backward_bf16(const uint16_t *dout, const uint16_t *cos_, const uint16_t *sin_, int64_t N,
                                   int64_t T, int64_t d, int layout, uint16_t *dx) {
-    return rotate_bf16(dout, cos_, sin_, N, T, d, layout, 1.0f, dx);
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, sizeof(uint16_t));
 }

@@ -133,65 +133,66 @@ static void backward_row_bf16(const uint16_t *dy, const uint16_t *g, const uint1
     }
 }
 
-ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out) {
+/* elem: 4 (float) or 2 (bf16) bytes per element. */
+static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, size_t elem) {
     ckp_status s = check_args(x, out, N, H);
     if (s != CKP_OK) return s;
-    if (ckp_overlaps(out, (size_t)(N * H) * sizeof(float), x, (size_t)(N * 2 * H) * sizeof(float)))
+    if (ckp_overlaps(out, (size_t)(N * H) * elem, x, (size_t)(N * 2 * H) * elem))
         return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
     ckp_clear_error();
     const aten_layout at = layout_for_capability();
     /* x (N, 2H), out (N, H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
-    for (int64_t i = 0; i < N; i++) forward_row(x + i * 2 * H, x + i * 2 * H + H, H, at, out + i * H);
+    for (int64_t i = 0; i < N; i++) {
+        if (elem == sizeof(float))
+            forward_row((const float *)x + i * 2 * H, (const float *)x + i * 2 * H + H, H, at, (float *)out + i * H);
+        else
+            forward_row_bf16((const uint16_t *)x + i * 2 * H, (const uint16_t *)x + i * 2 * H + H, H, at,
+                             (uint16_t *)out + i * H);
+    }
     return CKP_OK;
 }
 
-ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int64_t H, float *dx) {
+static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H, void *dx, size_t elem) {
     ckp_status s = check_args(dout, x, N, H);
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    size_t x_bytes = (size_t)(N * 2 * H) * sizeof(float);
-    if (ckp_overlaps(dx, x_bytes, x, x_bytes) ||
-        ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * sizeof(float)))
+    size_t x_bytes = (size_t)(N * 2 * H) * elem;
+    if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * elem))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
     ckp_clear_error();
     const aten_layout at = layout_for_capability();
     /* dout (N, H), x (N, 2H), dx (N, 2H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
-        const float *gate = x + i * 2 * H;
-        float *dgate = dx + i * 2 * H;
+        if (elem != sizeof(float)) {
+            const uint16_t *gate = (const uint16_t *)x + i * 2 * H;
+            uint16_t *dgate = (uint16_t *)dx + i * 2 * H;
+            backward_row_bf16((const uint16_t *)dout + i * H, gate, gate + H, H, at, dgate, dgate + H);
+            continue;
+        }
+        const float *gate = (const float *)x + i * 2 * H;
+        float *dgate = (float *)dx + i * 2 * H;
         if (CKP_MUTANT(SWIGLU_SWAP_BACKWARD))
-            backward_row(dout + i * H, gate + H, gate, H, at, dgate + H, dgate);
+            backward_row((const float *)dout + i * H, gate + H, gate, H, at, dgate + H, dgate);
         else
-            backward_row(dout + i * H, gate, gate + H, H, at, dgate, dgate + H);
+            backward_row((const float *)dout + i * H, gate, gate + H, H, at, dgate, dgate + H);
     }
     return CKP_OK;
 }
 
+ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out) {
+    return forward(x, N, H, out, sizeof(float));
+}
+
+ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int64_t H, float *dx) {
+    return backward(dout, x, N, H, dx, sizeof(float));
+}
+
 ckp_status ckp_swiglu_forward_bf16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out) {
-    ckp_status s = check_args(x, out, N, H);
-    if (s != CKP_OK) return s;
-    if (ckp_overlaps(out, (size_t)(N * H) * 2, x, (size_t)(N * 2 * H) * 2))
-        return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
-    ckp_clear_error();
-    const aten_layout at = layout_for_capability();
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
-    for (int64_t i = 0; i < N; i++) forward_row_bf16(x + i * 2 * H, x + i * 2 * H + H, H, at, out + i * H);
-    return CKP_OK;
+    return forward(x, N, H, out, sizeof(uint16_t));
 }
 
 ckp_status ckp_swiglu_backward_bf16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H, uint16_t *dx) {
-    ckp_status s = check_args(dout, x, N, H);
-    if (s != CKP_OK) return s;
-    if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    size_t x_bytes = (size_t)(N * 2 * H) * 2;
-    if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * 2))
-        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
-    ckp_clear_error();
-    const aten_layout at = layout_for_capability();
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
-    for (int64_t i = 0; i < N; i++)
-        backward_row_bf16(dout + i * H, x + i * 2 * H, x + i * 2 * H + H, H, at, dx + i * 2 * H, dx + i * 2 * H + H);
-    return CKP_OK;
+    return backward(dout, x, N, H, dx, sizeof(uint16_t));
 }
