@@ -19,6 +19,23 @@ def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
     return t.reshape(-1, D).contiguous()
 
 
+def _forward(x, weight, eps):
+    """(y, rstd) by the C forward of x's dtype; rstd float32. A sum torch reduces
+    to one value is split across its threads: rms_norm splits it the same way."""
+    D = x.shape[-1]
+    rows = _rows(x, D)
+    y = torch.empty(x.shape, dtype=x.dtype)
+    rstd = torch.empty(rows.shape[0], dtype=torch.float32)
+    forward = _bindings.rms_norm_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.rms_norm_forward
+    forward(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
+    return y, rstd
+
+
+def _save(ctx, x, weight, rstd):
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, weight, rstd)
+
+
 class _RMSNormFunction(CFunction):
     """x comes in twice — the x of torch's product x * rstd and the x of its
     rstd = rsqrt(mean(x**2) + eps) — and backward returns one gradient term for
@@ -32,20 +49,11 @@ class _RMSNormFunction(CFunction):
 
     @staticmethod
     def compute(x, x_again, weight, eps):
-        D = x.shape[-1]
-        rows = _rows(x, D)
-        y = torch.empty(x.shape, dtype=torch.float32)
-        rstd = torch.empty(rows.shape[0], dtype=torch.float32)
-        # a sum torch reduces to one value is split across its threads: rms_norm splits it the same way
-        _bindings.rms_norm_forward(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
-        return y, rstd
+        return _forward(x, weight, eps)
 
     @staticmethod
     def save(ctx, inputs, output):
-        x, _, weight, _ = inputs
-        _, rstd = output
-        ctx.mark_non_differentiable(rstd)
-        ctx.save_for_backward(x, weight, rstd)
+        _save(ctx, inputs[0], inputs[2], output[1])
 
     @staticmethod
     @first_order_only
@@ -68,19 +76,11 @@ class _RMSNormBF16Function(CFunction):
 
     @staticmethod
     def compute(x, weight, eps):
-        D = x.shape[-1]
-        rows = _rows(x, D)
-        y = torch.empty(x.shape, dtype=torch.bfloat16)
-        rstd = torch.empty(rows.shape[0], dtype=torch.float32)
-        _bindings.rms_norm_forward_bf16(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
-        return y, rstd
+        return _forward(x, weight, eps)
 
     @staticmethod
     def save(ctx, inputs, output):
-        x, weight, _ = inputs
-        _, rstd = output
-        ctx.mark_non_differentiable(rstd)
-        ctx.save_for_backward(x, weight, rstd)
+        _save(ctx, inputs[0], inputs[1], output[1])
 
     @staticmethod
     @first_order_only
