@@ -17,7 +17,7 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
     x = torch.randn(8, 256).requires_grad_(True)
     t = torch.randint(0, 256, (8,))
 
-    def one_case(select=None):
+    def one_case(select=None, dtype="float32"):
         yield benching.Case("cross_entropy", "N=8,V=256", benching.fwd_bwd(ckparity.cross_entropy, x, t),
                             benching.fwd_bwd(F.cross_entropy, x, t), 8 * 8 * 256, ce_record.c_calls(x.detach(), t))
 
@@ -44,7 +44,7 @@ def test_a_failing_kernel_closure_is_an_error(monkeypatch):
     t = torch.randint(0, 256, (8,))
     t[0] = 999  # out of range: the kernel returns a status, the bench raises
 
-    def bad_case(select=None):
+    def bad_case(select=None, dtype="float32"):
         yield benching.Case("cross_entropy", "bad", lambda: None, lambda: None, 1, ce_record.c_calls(x.detach(), t))
 
     monkeypatch.setattr(bench, "cases", bad_case)
@@ -58,7 +58,7 @@ def test_torch_compile_column(monkeypatch):
 
     ours, theirs = benching.fwd_bwd(ckparity.swiglu, x), benching.fwd_bwd(reference.swiglu, x)
 
-    def one_case(select=None):
+    def one_case(select=None, dtype="float32"):
         yield benching.Case("swiglu", "N=8,H=32", ours, theirs, 1,
                             compiled=benching.compiled_fwd_bwd(reference.swiglu, x))
         yield benching.Case("swiglu", "broken", ours, theirs, 1, compiled=lambda: 1 / 0)
@@ -88,3 +88,11 @@ def test_peak_memory_is_measured_in_a_fresh_process_per_side():
     assert ours["peak_since"] == theirs["peak_since"] == "call"
     assert ours["peak_mb"] >= ours["inputs_mb"] > 250  # the source logits are resident before the call
     assert theirs["peak_mb"] - ours["peak_mb"] > 250
+
+
+def test_the_bf16_rows_are_bf16_and_apart_from_the_float32_ones():
+    """bench --dtype bfloat16 builds the bf16 rows alone (their tensors bf16), the default none of them."""
+    f32 = {(c.kernel, c.shape) for c in bench.cases(select=lambda k, s: k == "swiglu")}
+    assert f32 == {("swiglu", "N=2048,H=8192"), ("swiglu", "N=8,H=128")}
+    bf16 = list(bench.cases(select=lambda k, s: k in ("swiglu", "rope"), dtype="bfloat16"))
+    assert {c.kernel for c in bf16} == {"swiglu", "rope"} and all(c.shape.endswith(" bf16") for c in bf16)

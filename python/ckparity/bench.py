@@ -79,13 +79,17 @@ def copy_gbps(repeats: int, nbytes: int = 1 << 28) -> float:
     return 2 * nbytes / (min(_times_ms(lambda: dst.copy_(src), repeats)) * 1e6)
 
 
-def cases(select: Callable[[str, str], bool] = lambda kernel, shape: True):
-    """The bench's rows, every kernel record's (kernels/<kernel>.py); only
-    those ``select(kernel, shape)`` accepts are built, each record's from
-    its own generator."""
+def cases(select: Callable[[str, str], bool] = lambda kernel, shape: True, dtype: str = "float32"):
+    """The bench's rows of ``dtype`` (a bfloat16 row's shape ends in " bf16"),
+    every kernel record's (kernels/<kernel>.py); only those
+    ``select(kernel, shape)`` accepts are built, each record's from its own
+    generator."""
+    def chosen(kernel: str, shape: str) -> bool:
+        return shape.endswith(" bf16") == (dtype == "bfloat16") and select(kernel, shape)
+
     for record in kernels.KERNELS.values():
         if record.bench is not None:
-            yield from record.bench(torch.Generator().manual_seed(0), select)
+            yield from record.bench(torch.Generator().manual_seed(0), chosen)
 
 
 def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
@@ -132,11 +136,12 @@ def _once_row(case: Case, copy: float) -> dict:
             **memory}
 
 
-def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memory: bool = True) -> dict:
+def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memory: bool = True,
+          dtype: str = "float32") -> dict:
     copy = copy_gbps(repeats)
     results = []
     # without --no-memory the fused row is left out: fresh processes are how it is measured
-    for case in cases(select=lambda kernel, shape: memory or kernel != "fused_linear_cross_entropy"):
+    for case in cases(select=lambda kernel, shape: memory or kernel != "fused_linear_cross_entropy", dtype=dtype):
         if case.once:
             results.append(_once_row(case, copy))
             continue
@@ -159,12 +164,12 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
         if memory and case.nbytes >= LARGE_BYTES:
             row.update({k: v for k, v in _memory(case).items() if k != "_ms"})
         results.append(row)
-    if distributed:
+    if distributed and dtype == "float32":
         from .bench_ranks import vocab_parallel_row
 
         row = vocab_parallel_row(repeats)
         results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
-    return {"schema": "ckparity.bench/4", "copy_gbps": copy, "threads": get_num_threads(),
+    return {"schema": "ckparity.bench/4", "dtype": dtype, "copy_gbps": copy, "threads": get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 

@@ -210,12 +210,14 @@ def _bench(argv: list[str]) -> int:
     parser.add_argument("--no-distributed", action="store_true", help="skip the vocab-parallel row (two gloo ranks)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory columns and the fused "
                         "linear + cross-entropy row (fresh processes; the fused row takes minutes)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the rows of this dtype (bfloat16: the kernels torch's bf16 eager is matched for)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     check_writable(args.json_out, "--json-out")
     data = bench(args.repeats, compile=not args.no_compile, distributed=not args.no_distributed,
-                 memory=not args.no_memory)
+                 memory=not args.no_memory, dtype=args.dtype)
     write_json(args.json_out, data)
     print(table(data), file=sys.stderr if args.json_out == "-" else sys.stdout)
     return EXIT_PASS

@@ -132,6 +132,15 @@ def _bench(gen: torch.Generator, select):
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
         yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel, compiled=compiled)
         yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
+    n = 16 * 2**20
+    if select("adamw", "n=16M vs default bf16"):
+        pb = {name: torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16()) for name in ("ck", "torch")}
+        grad = torch.randn(n, generator=gen).bfloat16()
+        for p in pb.values():
+            p.grad = grad.clone()
+        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq (2 bytes each)
+        yield Case("adamw", "n=16M vs default bf16", AdamW([pb["ck"]]).step, reference.adamw([pb["torch"]]).step,
+                   14 * n)
 
 
 KERNEL = Kernel(

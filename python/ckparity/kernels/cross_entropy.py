@@ -313,6 +313,10 @@ def _bench(g: torch.Generator, select):
             yield Case("cross_entropy", f"N={N},V={V}", fwd_bwd(cross_entropy, x, t), fwd_bwd(F.cross_entropy, x, t),
                        8 * N * V, c_calls(x.detach(), t), compiled=compiled_fwd_bwd(F.cross_entropy, x, t))
     N, V = 2048, 32000
+    if select("cross_entropy", f"N={N},V={V} ptref bf16"):
+        xb, tb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True), torch.randint(0, V, (N,), generator=g)
+        yield Case("cross_entropy", f"N={N},V={V} ptref bf16", fwd_bwd(cross_entropy, xb, tb, variant="ptref"),
+                   fwd_bwd(F.cross_entropy, xb, tb), 4 * N * V, compiled=compiled_fwd_bwd(F.cross_entropy, xb, tb))
     if select("cross_entropy", f"N={N},V={V},inplace_backward"):
         src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
         # in place: fresh logits each call (on every side), dlogits written over them

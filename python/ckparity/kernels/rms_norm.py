@@ -138,6 +138,12 @@ def _bench(g: torch.Generator, select):
             # forward reads x, writes y; backward reads dy and x, writes dx
             yield Case("rms_norm", f"N={N},D={D}", fwd_bwd(rms_norm, x, (D,), w), fwd_bwd(F.rms_norm, x, (D,), w),
                        20 * N * D, c_calls(x.detach(), w), 2, compiled=compiled_fwd_bwd(F.rms_norm, x, (D,), w))
+    N, D = 8192, 4096
+    if select("rms_norm", f"N={N},D={D} bf16"):
+        xb = torch.randn(N, D, generator=g).bfloat16().requires_grad_(True)
+        wb = torch.randn(D, generator=g).bfloat16()
+        yield Case("rms_norm", f"N={N},D={D} bf16", fwd_bwd(rms_norm, xb, (D,), wb),
+                   fwd_bwd(F.rms_norm, xb, (D,), wb), 10 * N * D, compiled=compiled_fwd_bwd(F.rms_norm, xb, (D,), wb))
 
 
 KERNEL = Kernel(
