@@ -76,7 +76,13 @@ def vocab_parallel_row(repeats: int, N: int = N, V: int = V) -> dict:
     """The bench row (the schema of bench.bench's rows, with what applies)."""
     with tempfile.TemporaryDirectory(prefix="ckparity-bench-ranks-") as scratch:
         out = str(Path(scratch) / "rank0.pt")
-        mp.start_processes(_rank, args=(free_port(), repeats, out, N, V), nprocs=WORLD, start_method="spawn")
+        try:
+            mp.start_processes(_rank, args=(free_port(), repeats, out, N, V), nprocs=WORLD, start_method="spawn")
+        except mp.ProcessExitedException:
+            # gloo's teardown still aborts a rank now and then ("terminate called without an active
+            # exception", after the final barrier): once rank 0 has written the row, the measurement is whole
+            if not Path(out).is_file():
+                raise
         measured = torch.load(out)
     return {"kernel": "vocab_parallel_cross_entropy", "shape": f"N={N},V={V},world={WORLD} (1 thread/rank)",
             "ckparity_ms": measured["ours"], "torch_ms": measured["theirs"],
