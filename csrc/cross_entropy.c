@@ -27,6 +27,7 @@
 #include "vec.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Checks every argument before anything is written; computes the mean
@@ -667,8 +668,16 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-/* vec::map_reduce_all(exp(x - m), +) over one bf16 row. */
-static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
+/* exp of 8 lanes as pt_exp_at does each one: SLEEF's on the vector, or libm's lane by lane. */
+static inline __attribute__((always_inline)) ckp_v8f exp8_at(pt_layout at, ckp_v8f v) {
+    if (at.sleef) return ckp_exp_sleef8(v);
+    for (int l = 0; l < CKP_VLANES; l++) v[l] = expf(v[l]);
+    return v;
+}
+
+/* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum
+ * in its order, 8 lanes of exps at a time (the lane sums do not depend on that). */
+CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
     float a0[16] = {0}, a1[16] = {0};
@@ -681,15 +690,13 @@ static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
         for (int64_t l = 1; l < n; l++) acc += a0[l];
         return acc;
     }
-    for (int l = 0; l < L; l++) {
-        a0[l] = BF_MAP(l);
-        a1[l] = BF_MAP(L + l);
-    }
-    int64_t d = B;
-    for (; d < V - V % B; d += B)
-        for (int l = 0; l < L; l++) {
-            a0[l] += BF_MAP(d + l);
-            a1[l] += BF_MAP(d + L + l);
+    const ckp_v8f mv = ckp_splat8(m);
+    int64_t d = 0;
+    for (; d < V - V % B; d += B) /* the first bf16 vector sets the accumulators: 0 + e is e */
+        for (int64_t k = 0; k < B; k += CKP_VLANES) {
+            ckp_v8f e = exp8_at(at, ckp_bf16_load8(x + d + k) - mv);
+            float *acc = k < L ? a0 + k : a1 + (k - L);
+            for (int l = 0; l < CKP_VLANES; l++) acc[l] = d == 0 ? e[l] : acc[l] + e[l];
         }
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
     for (int64_t l = 0; d + L + l < V; l++) a1[l] += BF_MAP(d + L + l);
@@ -718,6 +725,25 @@ static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *
 
 static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
     return ckp_bf16_round((ckp_bf16_to_f(x[j]) - m) - log_sum);
+}
+
+/* One row of log_softmax's backward: dx_j = bf16(g_j - exp(logp_j) * sum_k g_k), where g is gi at the
+ * target t (none: t < 0, an ignored row) and 0 elsewhere; 8 lanes at a time, the target's element
+ * again on its own (fma(-p, s, 0) and 0 - p * s are both -(p * s) rounded once). */
+CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, int64_t t, float gi,
+                                   pt_layout at, uint16_t *dx) {
+    const float grad_sum = t >= 0 ? gi : 0.0f;
+    const ckp_v8f mv = ckp_splat8(m), lv = ckp_splat8(log_sum), sv = ckp_splat8(-grad_sum);
+    int64_t j = 0;
+    for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
+        ckp_v8f logp = ckp_bf16_round8((ckp_bf16_load8(x + j) - mv) - lv);
+        ckp_bf16_store8(dx + j, exp8_at(at, logp) * sv);
+    }
+    for (; j < V; j++) dx[j] = ckp_f_to_bf16(-(pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum));
+    if (t >= 0) {
+        float p = pt_exp_at(at, bf_logp(x, t, m, log_sum));
+        dx[t] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, gi) : gi - p * grad_sum);
+    }
 }
 
 ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
@@ -750,50 +776,52 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     const pt_layout at = pt_layout_for_capability();
     const int none = opt->reduction == CKP_REDUCTION_NONE;
 
+    /* total_weight and the backward's nll grad are known from the targets alone: one pass over the rows
+     * (on this library's threads) does each row's log_softmax, its logp_t and its gradient; nll_loss's
+     * cascade then runs over the kept rows' logp_t in row order */
+    int64_t kept = 0;
+    for (int64_t i = 0; i < N; i++) kept += target[i] != opt->ignore_index;
+    const float total_weight = ckp_bf16_round((float)kept);
+    /* nll_loss's grad -(u / total_weight) (mean, in bf16) or -u, u the upstream gradient (bf16 values in
+     * row_grad, one per row with none; 1 without row_grad) */
+    const float u = opt->row_grad != NULL && opt->reduction != CKP_REDUCTION_NONE ? opt->row_grad[0] : 1.0f;
+    const float g = opt->reduction == CKP_REDUCTION_MEAN ? -ckp_bf16_round(u / total_weight) : -u;
+    float *logp_t = malloc((size_t)N * sizeof(float));
+    if (logp_t == NULL)
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the %lld rows' logp of a bf16 cross_entropy",
+                        (long long)N);
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
+    for (int64_t i = 0; i < N; i++) {
+        const uint16_t *x = logits + i * V;
+        int ignored = target[i] == opt->ignore_index;
+        float m, log_sum;
+        if (ignored && dlogits == NULL) continue;
+        bf_row(x, V, at, &m, &log_sum);
+        logp_t[i] = ignored ? 0.0f : bf_logp(x, target[i], m, log_sum);
+        if (dlogits == NULL) continue;
+        float gi = none && opt->row_grad != NULL ? -opt->row_grad[i] : g;
+        bf_grad_row(x, V, m, log_sum, ignored ? -1 : target[i], gi, at, dlogits + i * V);
+    }
     /* forward: nll_loss's cascade of bf16 partial sums, ignored rows skipped */
     float parts[8] = {0};
-    int64_t level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4, kept = 0;
+    int64_t level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4;
     int64_t mask0 = ((int64_t)1 << level_power) - 1;
     for (int64_t i = 0; i < N; i++) {
         if (target[i] == opt->ignore_index) {
             if (none) loss[i] = 0;
             continue;
         }
-        float m, log_sum;
-        bf_row(logits + i * V, V, at, &m, &log_sum);
-        float logp_t = bf_logp(logits + i * V, target[i], m, log_sum);
-        kept++;
-        if (none) loss[i] = ckp_f_to_bf16(-logp_t);
-        parts[0] = ckp_bf16_round(parts[0] - logp_t);
+        if (none) loss[i] = ckp_f_to_bf16(-logp_t[i]);
+        parts[0] = ckp_bf16_round(parts[0] - logp_t[i]);
         for (int j = 0; j + 1 < 8; j++) {
             if ((i & (mask0 << (j * level_power))) != 0) break;
             parts[j + 1] = ckp_bf16_round(parts[j + 1] + parts[j]);
             parts[j] = 0;
         }
     }
-    float total_weight = ckp_bf16_round((float)kept), total = 0;
+    free(logp_t);
+    float total = 0;
     for (int j = 0; j < 8; j++) total = ckp_bf16_round(total + parts[j]);
     if (!none) loss[0] = ckp_f_to_bf16(opt->reduction == CKP_REDUCTION_MEAN ? total / total_weight : total);
-    if (dlogits == NULL) return CKP_OK;
-
-    /* backward: nll_loss's grad -(u / total_weight) (mean, in bf16) or -u, u the upstream gradient (bf16
-     * values in row_grad, one per row with none; 1 without row_grad) */
-    const float u = opt->row_grad != NULL && opt->reduction != CKP_REDUCTION_NONE ? opt->row_grad[0] : 1.0f;
-    const float g = opt->reduction == CKP_REDUCTION_MEAN ? -ckp_bf16_round(u / total_weight) : -u;
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
-    for (int64_t i = 0; i < N; i++) {
-        const uint16_t *x = logits + i * V;
-        uint16_t *dx = dlogits + i * V;
-        int ignored = target[i] == opt->ignore_index;
-        float m, log_sum;
-        bf_row(x, V, at, &m, &log_sum);
-        float gi = none && opt->row_grad != NULL ? -opt->row_grad[i] : g;
-        float grad_sum = ignored ? 0.0f : gi;
-        for (int64_t j = 0; j < V; j++) {
-            float gj = !ignored && j == target[i] ? gi : 0.0f;
-            float p = pt_exp_at(at, bf_logp(x, j, m, log_sum));
-            dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, gj) : gj - p * grad_sum);
-        }
-    }
     return CKP_OK;
 }
