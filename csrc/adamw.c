@@ -115,7 +115,14 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     }
 }
 
-/* adamw_range in bfloat16: every op's result rounded (ckp_bf16_round). */
+/* adamw_range in bfloat16: every op's result rounded (ckp_bf16_round); 8 lanes at a time
+ * (each lane the scalar element's IEEE operations, so the same bits), the tail one by one. */
+static inline __attribute__((always_inline)) ckp_v8f lerp8(ckp_v8f start, ckp_v8f end, float weight, int fused) {
+    if (!fused) return fabsf(weight) < 0.5f ? start + weight * (end - start) : end + (weight - 1.0f) * (end - start);
+    return fabsf(weight) < 0.5f ? ckp_fma8(ckp_splat8(weight), end - start, start)
+                                : ckp_fma8(ckp_splat8(weight - 1.0f), end - start, end);
+}
+
 CKP_CLONES
 static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict grad, uint16_t *restrict exp_avg,
                              uint16_t *restrict exp_avg_sq, uint16_t *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
@@ -124,7 +131,23 @@ static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict 
     /* add_(eps) on a bf16 tensor adds eps as a bf16 number: a Scalar operand of
      * add takes the tensor's dtype (mul and div keep theirs in float) */
     const float eps = ckp_bf16_round(k->eps);
-    for (int64_t i = lo; i < hi; i++) {
+    int64_t i = lo;
+    if (!k->amsgrad) {
+        for (; i + CKP_VLANES <= hi; i += CKP_VLANES) {
+            ckp_v8f g = k->sign * ckp_bf16_load8(grad + i);
+            ckp_v8f p = ckp_bf16_round8(ckp_bf16_load8(param + i) * decay);
+            ckp_v8f m = ckp_bf16_round8(lerp8(ckp_bf16_load8(exp_avg + i), g, k->w1, k->fused));
+            ckp_v8f vb = ckp_bf16_round8(ckp_bf16_load8(exp_avg_sq + i) * k->beta2);
+            ckp_v8f v = ckp_bf16_round8(k->fused ? ckp_fma8(k->w2 * g, g, vb) : vb + (k->w2 * g) * g);
+            ckp_v8f root;
+            for (int l = 0; l < CKP_VLANES; l++) root[l] = sqrtf(v[l]);
+            ckp_v8f denom = ckp_bf16_round8(ckp_bf16_round8(ckp_bf16_round8(root) / k->bc2_sqrt) + eps);
+            ckp_bf16_store8(param + i, p + (k->neg_step_size * m) / denom);
+            ckp_bf16_store8(exp_avg + i, m);
+            ckp_bf16_store8(exp_avg_sq + i, v);
+        }
+    }
+    for (; i < hi; i++) {
         float g = k->sign * ckp_bf16_to_f(grad[i]);
         float p = ckp_bf16_round(ckp_bf16_to_f(param[i]) * decay);
         float m = ckp_bf16_round(lerp_vec(ckp_bf16_to_f(exp_avg[i]), g, k->w1, k->fused));
