@@ -19,11 +19,9 @@ and the verdict reads them:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
