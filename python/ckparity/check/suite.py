@@ -47,6 +47,23 @@ def _in_dtype(kernel_slot, dtype: torch.dtype):
     return replace(kernel_slot, make=make)
 
 
+def refuses(kernel: str, backend: str, dtype: str) -> str | None:
+    """Why ``backend`` of ``kernel`` refuses ``dtype`` inputs, or None where
+    it takes them: a run in ``dtype`` asks before it starts (a slot without
+    check cases is called once on a small case of its own)."""
+    record = kernels.KERNELS[kernels.slot(kernel)]
+    fn, torch_dtype = record.backends[backend], DTYPES[dtype]
+    if record.conformance is None:  # clip_grad_norm: a (3,) parameter's gradient
+        p = torch.nn.Parameter(torch.ones(3, dtype=torch_dtype))
+        p.grad = torch.ones(3, dtype=torch_dtype)
+        try:
+            fn([p], 1.0)
+        except TypeError as err:
+            return f"{type(err).__name__}: {err}"
+        return None
+    return _refuses(record, fn, _in_dtype(record.conformance, torch_dtype), torch_dtype)
+
+
 def _refuses(record, fn, kernel_slot, dtype: torch.dtype) -> str | None:
     """Why ``fn`` refuses ``dtype`` inputs (a TypeError, ckparity's InvalidType
     among them, on a small case), or None where it takes them."""

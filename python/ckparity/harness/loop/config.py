@@ -39,6 +39,12 @@ class RunConfig:
     d_model: int = _flag(64, "model width D")
     hidden: int = _flag(128, "SwiGLU hidden width H")
     eps: float = _flag(1e-5, "RMSNorm eps")
+    dtype: str = _flag("float32", "both twins' params, grads, activations and AdamW state: bfloat16 trains in pure bf16 "
+                                  "(as Liger's convergence tests do); the CK twin's kernels run their bf16 forms",
+                       choices=["float32", "bfloat16"])
+    amp: str = _flag("none", "mixed precision: float32 master weights and AdamW, forward under torch.autocast('cpu', "
+                             "bfloat16) on both twins, the loss on float32 logits as autocast gives torch's",
+                     choices=["none", "bfloat16"])
     grad_accum: int = _flag(1, "micro-steps per optimizer step (K)")
     optimizer: str = _flag("adamw", "both twins' optimizer (sgd: torch's SGD on both)", choices=["adamw", "sgd"])
     lr: float = _flag(1e-3, "learning rate (the peak, with --lr-schedule or --warmup-steps)")
@@ -64,7 +70,8 @@ class RunConfig:
     adamw_weight_decay: float = _flag(0.01, "AdamW weight decay")
     seed: int = _flag(42, "seed of the weights, the tokens and the ignored targets")
     max_steps: int = _flag(0, "0: all steps of all epochs")
-    loss_tol: float = _flag(2e-5, "max |loss difference| per step")
+    loss_tol: float = _flag(2e-5, "max |loss difference| per step (the tolerances are float32's: a bf16 run's are "
+                                  "these x 2**16, as many ULPs of its dtype at every magnitude)")
     param_tol: float = _flag(3e-5, "max |param difference| per step")
     logit_tol: float = _flag(1e-4, "max |logit difference| per step")
     grad_tol: float = _flag(1e-5, "max |grad difference| per step")
@@ -102,6 +109,23 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the twins compute in: --dtype, or --amp's under autocast."""
+        return self.amp if self.amp != "none" else self.dtype
+
+    def tolerance(self, name: str) -> float:
+        """The tolerance field ``name`` (``loss_tol``, ...) in the compute
+        dtype's terms: the flags are float32's, and a bfloat16 run's are
+        scaled by bf16's ULP over float32's (2**-7 / 2**-23), so that each
+        allows as many ULPs of its dtype at every magnitude. Under --amp too:
+        the loss, grads and master params there all come from bf16 matmuls."""
+        return getattr(self, name) * TOLERANCE_SCALE[self.compute_dtype]
+
+
+# the tolerance flags' unit per compute dtype: one ULP at 1.0 over float32's
+TOLERANCE_SCALE = {"float32": 1.0, "bfloat16": 2.0**16}
 
 
 def _name(field_name: str) -> str:
@@ -182,6 +206,40 @@ def _validate(config: RunConfig) -> None:
     loss = kernels.KERNELS["cross_entropy"].registrations.get(config.ck_loss_backend)
     if config.label_smoothing and loss is not None and "label_smoothing" in loss.unsupported:
         raise UsageError(f"--label-smoothing: the loss backend {config.ck_loss_backend!r} declares it unsupported")
+    _validate_precision(config, used)
+
+
+def _validate_precision(config: RunConfig, used: set[str]) -> None:
+    if config.dtype != "float32" and config.amp != "none":
+        raise UsageError(f"--amp keeps float32 master weights: it goes with --dtype float32, not --dtype {config.dtype}")
+    if config.compute_dtype == "float32":
+        return
+    mode = f"--dtype {config.dtype}" if config.dtype != "float32" else f"--amp {config.amp}"
+    refused = {"tp": config.tp > 1, "dp": config.dp > 1, "envelope": config.envelope > 0,
+               "ck_loss_backend": config.ck_loss_backend == "c_fused_linear"}
+    why = {"ck_loss_backend": "c_fused_linear (the fused lm_head + loss has no bf16 form yet)"}
+    for name, bad in refused.items():
+        if bad:
+            raise UsageError(f"{_name(name)} {why.get(name, '')}{' ' if name in why else ''}is not supported with "
+                             f"{mode} yet")
+    from ...check.suite import refuses  # the check's own dtype probe: a small case in the dtype
+
+    for flag, kernel in kernels.FLAGS.items():
+        if kernel in _kernels_in_bf16(config, used):
+            reason = refuses(kernel, getattr(config, flag), config.compute_dtype)
+            if reason is not None:
+                raise UsageError(f"{_name(flag)} {getattr(config, flag)}: the backend has no {config.compute_dtype} "
+                                 f"form ({reason}), and {mode} hands it {config.compute_dtype} tensors")
+
+
+def _kernels_in_bf16(config: RunConfig, used: set[str]) -> set[str]:
+    """The kernels (of ``used``) whose CK backends meet bf16 tensors: all of
+    them in pure bf16; under --amp the ones a bf16 linear feeds (swiglu, and
+    rope, whose tables the model casts to q's dtype); the residual stream,
+    its rms_norm, the float32 logits' loss and the optimizer stay float32."""
+    if config.dtype != "float32":
+        return set(used)
+    return used & {"swiglu", "rope"} if config.amp != "none" else set()
 
 
 def kernels_used(config: RunConfig) -> set[str]:

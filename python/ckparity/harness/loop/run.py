@@ -8,6 +8,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -284,6 +285,11 @@ def _report(config, batches, observers: dict[str, Observer], twins, status, erro
         "max_grad_abs_diff": series.largest("grad_abs_diff"),
         "max_logit_abs_diff": series.largest("logit_abs_diff"),
         "max_moment_abs_diff": series.largest("moment_abs_diff"),
+        # the same maxima in ULPs of each quantity's dtype (loop/diff.py), and the tolerances in effect:
+        # the flags' float32 values scaled to the compute dtype (RunConfig.tolerance)
+        "max_ulp_diff": {q: series.largest(f"{q}_ulp_diff") for q in ("loss", "logit", "grad", "param", "moment")},
+        "tolerances": {"compute_dtype": config.compute_dtype,
+                       **{f.name: config.tolerance(f.name) for f in fields(config) if f.name.endswith("_tol")}},
         "final_ck_loss": columns["ck_loss"][-1] if len(series) else None,
         "final_torch_loss": columns["torch_loss"][-1] if len(series) else None,
         "series": columns,
@@ -299,7 +305,7 @@ def _report(config, batches, observers: dict[str, Observer], twins, status, erro
     for observer in observers.values():
         observer.report_into(result)
     if "divergence" in observers:  # the forecast's start: the first step whose bits differ
-        result["forecast"] = forecast(columns["step"], columns["param_abs_diff"], config.param_tol, batches.num_steps,
+        result["forecast"] = forecast(columns["step"], columns["param_abs_diff"], config.tolerance("param_tol"), batches.num_steps,
                                       observers["divergence"].first_step)
         result["forecast_param_fail_step"] = result["forecast"]["param_fail_step"]
     return result

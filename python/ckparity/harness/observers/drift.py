@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 import statistics
 
+import torch
+
 from ...ops.clip_grad_norm import grad_norm
-from ..loop.diff import tensor_diff, worst_diff
+from ..loop.diff import tensor_figures, worst_diff
 from .localize import first_difference, first_difference_in, localize, param_rows, stage_rows
 from .protocol import Observer, StepRecord
 
@@ -40,13 +42,16 @@ SERIES_KEYS = (
     "step", "ck_loss", "torch_loss", "loss_abs_diff", "logit_abs_diff", "logit_rel_diff",
     "grad_abs_diff", "grad_rel_diff", "grad_tensor", "param_abs_diff", "param_rel_diff", "param_tensor",
     "moment_abs_diff", "moment_rel_diff", "moment_tensor", "ck_grad_norm", "torch_grad_norm",
-    "ck_step_ms", "torch_step_ms")
+    "ck_step_ms", "torch_step_ms",
+    # each difference in ULPs of its dtype at the tensor's largest value (loop/diff.py)
+    "loss_ulp_diff", "logit_ulp_diff", "grad_ulp_diff", "param_ulp_diff", "moment_ulp_diff")
 
 
 def _norm(tensors, norm_type: float) -> float:
     """The norm of all the tensors together, in double by ckparity's own C
-    reduction (one threaded pass, no copies); a NaN or inf anywhere propagates."""
-    tensors = [t.detach() for t in tensors]
+    reduction (one threaded pass, no copies of float32 ones; a bf16 twin's
+    are widened first, exactly); a NaN or inf anywhere propagates."""
+    tensors = [t.detach() if t.dtype == torch.float32 else t.detach().float() for t in tensors]
     return grad_norm(tensors, norm_type) if tensors else 0.0
 
 
@@ -57,7 +62,7 @@ class StepComparison:
         self.step, self.ck, self.ref = step, ck, ref
         self.seconds_at_start = (ck.seconds, ref.seconds)
         self.losses: dict[str, list[float]] = {"ck": [], "torch": []}
-        self.loss_abs_diff = self.logit_abs_diff = self.logit_rel_diff = 0.0
+        self.loss_abs_diff = self.logit_abs_diff = self.logit_rel_diff = self.loss_ulp_diff = self.logit_ulp_diff = 0.0
         self.grad_diff: dict = {}
         self.grad_norms: dict[str, float] = {}
         self.finite: dict[str, bool] = {}
@@ -73,9 +78,11 @@ class StepComparison:
         d = abs(ck_value - ref_value)
         self.identical["loss"] &= d == 0.0 or (math.isnan(ck_value) and math.isnan(ref_value))
         self.loss_abs_diff = max(self.loss_abs_diff, d if math.isfinite(d) else math.inf)
-        a, r = tensor_diff(ck_acts["logits"], ref_acts["logits"])
+        self.loss_ulp_diff = max(self.loss_ulp_diff, tensor_figures(ck_loss, ref_loss)[2])
+        a, r, u = tensor_figures(ck_acts["logits"], ref_acts["logits"])
         self.identical["logits"] &= a == 0.0
         self.logit_abs_diff, self.logit_rel_diff = max(self.logit_abs_diff, a), max(self.logit_rel_diff, r)
+        self.logit_ulp_diff = max(self.logit_ulp_diff, u)
 
     def backward_done(self) -> None:
         """The accumulated gradients, before clipping and the update change them."""
@@ -106,6 +113,8 @@ class StepComparison:
             "ck_grad_norm": self.grad_norms["ck"], "torch_grad_norm": self.grad_norms["torch"],
             "ck_step_ms": 1e3 * (ck.seconds - self.seconds_at_start[0]),
             "torch_step_ms": 1e3 * (ref.seconds - self.seconds_at_start[1]),
+            "loss_ulp_diff": self.loss_ulp_diff, "logit_ulp_diff": self.logit_ulp_diff, "grad_ulp_diff": grads["ulp"],
+            "param_ulp_diff": params["ulp"], "moment_ulp_diff": moments["ulp"],
         }
 
 
@@ -134,7 +143,7 @@ class FirstFail(Observer):
     STATE = ("steps",)
 
     def __init__(self, config) -> None:
-        self.tolerances = {report_key: getattr(config, tol) for _, report_key, tol in CHECKS}
+        self.tolerances = {report_key: config.tolerance(tol) for _, report_key, tol in CHECKS}
         self.steps: dict[str, int | None] = {report_key: None for _, report_key, _ in CHECKS}
 
     def after_step(self, record: StepRecord) -> None:

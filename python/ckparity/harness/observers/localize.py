@@ -64,14 +64,15 @@ def stage_rows(config, ck_acts: list[dict], ref_acts: list[dict], ck_grads: dict
         row["identical"] = all(r["identical"] for r in rows)
         return row
 
-    forward = [worst(stage, False, config.loss_tol if stage == "loss" else config.logit_tol) for stage in stages]
-    backward = [worst(stage, True, config.grad_tol) for stage in reversed(stages)]
-    backward += [_row(f"{name}.grad", ck_grads[name], ref_grads[name], config.grad_tol) for name in ck_grads]
+    grad_tol = config.tolerance("grad_tol")
+    forward = [worst(stage, False, config.tolerance("loss_tol" if stage == "loss" else "logit_tol")) for stage in stages]
+    backward = [worst(stage, True, grad_tol) for stage in reversed(stages)]
+    backward += [_row(f"{name}.grad", ck_grads[name], ref_grads[name], grad_tol) for name in ck_grads]
     return {"forward": forward, "backward": backward}
 
 
 def param_rows(config, ck_params: dict, ref_params: dict) -> list[dict]:
-    return [_row(name, ck_params[name], ref_params[name], config.param_tol) for name in ck_params]
+    return [_row(name, ck_params[name], ref_params[name], config.tolerance("param_tol")) for name in ck_params]
 
 
 def _first(rows: list[dict], key: str) -> str | None:

@@ -151,7 +151,7 @@ def plot(reports: dict[str, dict], out: str) -> None:
         ax.set_yscale("log")
         ax.set_ylabel(key)
         first = next(iter(reports.values()))
-        ax.axhline(first["config"][tol], color="grey", linestyle="--", linewidth=0.8, label=tol)
+        ax.axhline((first.get("tolerances") or first["config"])[tol], color="grey", linestyle="--", linewidth=0.8, label=tol)
         ax.legend(fontsize=8)
     axes[1].set_xlabel("step")
     fig.suptitle("ckparity drift: CK twin vs torch twin (dotted: first bitwise divergence, dashed: first fail)")

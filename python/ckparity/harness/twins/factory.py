@@ -14,6 +14,7 @@ import torch
 from ... import kernels, reference
 from ..longrun import init_from
 from ..ranks import group as ranks
+from . import precision
 from .models import Ops, build_model
 from .stepper import Twin
 
@@ -31,6 +32,8 @@ def ops_for(config, side: str) -> Ops:
     if config.label_smoothing:  # only then: a planted loss in a test need not take the keyword
         ops = replace(ops, loss=partial(ops.loss, label_smoothing=config.label_smoothing),
                       head_loss=partial(ops.head_loss, label_smoothing=config.label_smoothing) if ops.head_loss else None)
+    if config.amp != "none" and side != "f64":  # the float64 twin runs without autocast
+        ops = replace(ops, loss=precision.float_loss(ops.loss))
     return ops
 
 
@@ -61,16 +64,20 @@ def build_twin(config, kind: str, model=None, snapshot: dict | None = None) -> T
                     torch.nn.utils.clip_grad_norm_)
         twin.restore(snapshot)  # load_state_dict casts the float32 weights and moments to float64
         return twin
+    model = precision.cast_model(model, config)
     if kind == "ck":
         model = ranks.shard_model(model, config)
     clip = kernels.backends("clip_grad_norm")[config.ck_clip_backend if kind == "ck" else "torch"]
-    twin = Twin(kind, model, make_optimizer(config, kind, model.parameters()), clip)
+    twin = Twin(kind, model, make_optimizer(config, kind, model.parameters()), clip,
+                autocast=lambda: precision.autocast(config))
     # --tp / --dp: the CK twin is this rank's part of the distributed twin
     return ranks.parallel_twin(twin, config) if kind == "ck" else twin
 
 
 def build_twins(config) -> tuple[Twin, Twin]:
-    """(ck, torch) twins with bit-identical initial weights."""
+    """(ck, torch) twins with bit-identical initial weights (initialized in
+    float32 whatever the dtype, then cast by build_twin: a bf16 run starts
+    from its float32 run's weights rounded once)."""
     torch.manual_seed(config.seed)
     torch_model = build_model(config, ops_for(config, "torch"))
     if config.init_from and not config.resume:  # a resumed run's weights come from its checkpoint

@@ -155,8 +155,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        acts[f"{prefix}.q_rope"] = q = self.ops.rope(q, cos[:T], sin[:T])
-        acts[f"{prefix}.k_rope"] = k = self.ops.rope(k, cos[:T], sin[:T])
+        # the tables in q's dtype, as Hugging Face's Llama casts them (bf16 q and k under --amp)
+        cos, sin = cos[:T].to(q.dtype), sin[:T].to(q.dtype)
+        acts[f"{prefix}.q_rope"] = q = self.ops.rope(q, cos, sin)
+        acts[f"{prefix}.k_rope"] = k = self.ops.rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         acts[f"{prefix}.attention"] = out
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))

@@ -4,6 +4,7 @@ distributed CK twins (ranks.py) are Twins too."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass
@@ -22,17 +23,19 @@ class Twin:
     clip: Callable
     seconds: float = 0.0  # time spent in this twin's forward, backward and step
     scheduler: object = None  # its lr schedule (harness/longrun/schedule.py), stepped after each update
+    autocast: Callable = contextlib.nullcontext  # the context of the forward and loss (precision.autocast)
 
     def micro_step(self, tokens, targets, scale: float, keep_activations: bool = False):
         """Forward and backward of one micro-batch with the loss scaled by
         ``scale`` (1/K); returns (unscaled loss, activations)."""
         start = time.perf_counter()
-        acts = self.model(tokens)
-        if keep_activations:
-            for t in acts.values():
-                if t.requires_grad:  # a fused head loss's logits are for the comparison only
-                    t.retain_grad()
-        loss = model_loss(self.model, acts, targets)
+        with self.autocast():
+            acts = self.model(tokens)
+            if keep_activations:
+                for t in acts.values():
+                    if t.requires_grad:  # a fused head loss's logits are for the comparison only
+                        t.retain_grad()
+            loss = model_loss(self.model, acts, targets)
         if keep_activations:
             loss.retain_grad()
             acts["loss"] = loss
