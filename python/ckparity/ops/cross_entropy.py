@@ -252,15 +252,30 @@ class _CrossEntropyBF16Function(CFunction):
         return dlogits, None, None, None, None
 
 
+def _default_bf16(input, target, weight, **settings):
+    """variant="default" on bf16 logits: fused and accurate, as in float32 --
+    the float32 kernel (its sums in double) on the logits widened exactly,
+    the loss and dlogits rounded to bf16 where they are stored (the casts'
+    autograd: dlogits is rounded once from the float32 gradient times the
+    upstream one). bf16 weights and probability targets are widened alike."""
+    def widened(t):
+        return t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t
+    return cross_entropy(input.float(), widened(target), widened(weight), **settings).to(torch.bfloat16)
+
+
 def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,
                         inplace_backward):
     """The bf16 path: what it takes, refused by name otherwise."""
-    missing = [name for name, given in (("variant='default' (use variant='ptref')", variant != "ptref"),
+    if variant == "default" and not inplace_backward:
+        return _default_bf16(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                             label_smoothing=label_smoothing, z_loss=z_loss)
+    missing = [name for name, given in (("variant='default' with inplace_backward (a float32 copy takes the "
+                                         "gradient, not the logits' storage)", variant == "default"),
                                         ("weight", weight is not None), ("label_smoothing", label_smoothing),
                                         ("z_loss", z_loss), ("inplace_backward", inplace_backward)) if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
-        raise InvalidType(f"bfloat16 cross_entropy is the ptref variant with class targets; "
-                              f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
+        raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref with class targets; "
+                          f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
     if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != input.shape[:1] \
             or target.dtype not in (torch.int64, torch.uint8) or not input.shape[0] or not input.shape[1]:
         raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets, got "
