@@ -75,7 +75,7 @@ def _train(argv: list[str]) -> int:
 
 def _repro(argv: list[str]) -> int:
     from .harness.loop.config import UsageError
-    from .harness.studies.repro import DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
+    from .harness.studies.repro import BF16_LOSS_REFUSED, DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
     parser = _parser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
                                      f"{', '.join(LOSS_BACKENDS)}, then an A/B table. 850: the seed's 850-step repro; "
@@ -85,8 +85,14 @@ def _repro(argv: list[str]) -> int:
     parser.add_argument("--out-dir", default="reports")
     parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset")
     parser.add_argument("--f64-shadow", action="store_true", help="add the float64 shadow to each run")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="both twins' dtype (bfloat16: pure bf16; reports repro_NAME_bfloat16_BACKEND.json)")
+    parser.add_argument("--amp", choices=["none", "bfloat16"], default="none",
+                        help="mixed precision: float32 masters, the forward under autocast (reports "
+                             "repro_NAME_amp_BACKEND.json)")
     parser.add_argument("--loss-backends", nargs="+", metavar="NAME", default=None,
-                        help=f"the loss backends to run (default {' '.join(LOSS_BACKENDS)}; yours with --plugin)")
+                        help=f"the loss backends to run (default {' '.join(LOSS_BACKENDS)}, in bf16 "
+                             f"{' '.join(b for b in LOSS_BACKENDS if b not in BF16_LOSS_REFUSED)}; yours with --plugin)")
     flags = {flag: kernel for flag, kernel in kernels.FLAGS.items() if kernel != "cross_entropy"}
     for flag, kernel in flags.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", default=None, metavar="NAME",
@@ -97,12 +103,15 @@ def _repro(argv: list[str]) -> int:
     if args.preset == "depth" and args.loss_backends:
         raise UsageError("--loss-backends takes no effect with --preset depth (its variants choose the loss)")
     preset = replace(preset, **chosen, **({"max_steps": args.max_steps} if args.max_steps is not None else {}),
-                     **({"f64_shadow": True} if args.f64_shadow else {}))
+                     **({"f64_shadow": True} if args.f64_shadow else {}), dtype=args.dtype, amp=args.amp)
     if args.preset == "depth":
         rows, text = depth_sweep(args.out_dir, preset)
         print(text)
         return max(exit_code(r) for r in rows)
-    reports, text = repro(args.out_dir, preset, args.preset, args.loss_backends or LOSS_BACKENDS)
+    backends = args.loss_backends or [b for b in LOSS_BACKENDS
+                                      if preset.compute_dtype == "float32" or b not in BF16_LOSS_REFUSED]
+    name = args.preset + {"float32": "", "bfloat16": "_bfloat16"}[args.dtype] + ("_amp" if args.amp != "none" else "")
+    reports, text = repro(args.out_dir, preset, name, backends)
     print(text)
     return max(exit_code(r) for r in reports.values())
 
