@@ -1,0 +1,157 @@
+"""Training in bf16 side by side: --dtype bfloat16 (pure bf16 twins) and --amp
+bfloat16 (float32 masters, the forward under autocast). With the kernels
+whose bf16 bits follow torch's, the CK twin is the torch twin bit for bit;
+a kernel that rounds in another place is seen at the step and stage it
+first differs; differences are also counted in ULPs of their dtype, and a
+configuration that cannot run in bf16 is refused before it starts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ckparity import kernels
+from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.loop.diff import tensor_figures
+from ckparity.harness.loop.run import train
+
+# ptref's loss, the C rms_norm, swiglu, rope and AdamW: each bit-identical to torch's bf16 eager
+PURE = RunConfig(dtype="bfloat16", ck_loss_backend="c_ptref", seq_len=16, max_steps=25, no_progress=True)
+# under autocast the optimizer is float32, where torch's AdamW params are not C's bits (its MKL sqrt)
+AMP = replace(PURE, dtype="float32", amp="bfloat16", ck_optimizer_backend="torch")
+
+
+def _is_bf16_value(x: float) -> bool:
+    return float(torch.tensor(x).bfloat16()) == x
+
+
+@pytest.mark.parametrize("model", ["tiny", "stacked", "llama"])
+def test_pure_bf16_twins_are_bit_identical(tmp_path, model):
+    r = train(replace(PURE, model=model, json_out=str(tmp_path / "r.json")))
+    assert r["status"] == "pass" and r["steps"] == PURE.max_steps
+    assert r["divergence"]["first_step"] is None, r["divergence"]
+    assert set(r["max_ulp_diff"].values()) == {0.0}
+    # the twins trained in bf16: every step's loss (one micro-step each) is a bf16 value, and they moved
+    assert all(map(_is_bf16_value, r["series"]["ck_loss"]))
+    assert r["series"]["ck_loss"][0] != r["series"]["ck_loss"][-1]
+    assert r["config"]["dtype"] == "bfloat16" and r["tolerances"]["compute_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("model", ["tiny", "llama"])
+def test_amp_twins_are_bit_identical_and_the_loss_is_float32(tmp_path, model):
+    r = train(replace(AMP, model=model, json_out=str(tmp_path / "r.json")))
+    assert r["status"] == "pass" and r["divergence"]["first_step"] is None, r["divergence"]
+    # autocast returns F.cross_entropy in float32 (from bf16 logits): so does the CK twin's loss
+    assert not all(map(_is_bf16_value, r["series"]["ck_loss"]))
+    assert r["series"]["ck_loss"] == r["series"]["torch_loss"]
+
+
+def test_amp_runs_the_linears_in_bf16_and_the_masters_in_float32():
+    from ckparity.harness.twins.factory import build_twins
+
+    ck, ref = build_twins(replace(AMP, model="stacked"))
+    tokens = torch.randint(0, AMP.vocab, (1, AMP.seq_len))
+    for twin in (ck, ref):
+        _, acts = twin.micro_step(tokens, tokens, 1.0)
+        assert acts["block0.fc1"].dtype == acts["logits"].dtype == torch.bfloat16
+        assert acts["block0.out"].dtype == torch.float32  # the residual stream stays float32
+        assert {p.dtype for p in twin.model.parameters()} == {p.grad.dtype for p in twin.model.parameters()} == {
+            torch.float32}
+
+
+def _planted(tmp_path, config: RunConfig, kernel: str, fn) -> dict:
+    kernels.register(kernel, "planted", fn)
+    flag = next(f for f, k in kernels.FLAGS.items() if k == kernel)
+    return train(replace(config, **{flag: "planted"}, json_out=str(tmp_path / "planted.json")))
+
+
+def test_a_single_rounded_swiglu_is_seen_at_step_1_in_the_swiglu_stage(tmp_path, clean_registry):
+    """silu(a) * b rounded once (a fused kernel's habit) where torch rounds silu(a) first."""
+    def once(x):
+        a, b = x.float().chunk(2, dim=-1)
+        return (F.silu(a) * b).to(x.dtype)
+
+    r = train(replace(PURE, model="stacked", json_out=str(tmp_path / "ok.json")))
+    assert r["divergence"]["first_step"] is None
+    r = _planted(tmp_path, replace(PURE, model="stacked"), "swiglu", once)
+    assert r["divergence"]["first_step"] == 1 and r["divergence"]["stage"].endswith("swiglu"), r["divergence"]
+    assert r["max_ulp_diff"]["logit"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["pure", "amp"])
+def test_a_cross_entropy_in_float_then_rounded_is_seen_at_the_loss(tmp_path, clean_registry, mode):
+    """Pure bf16: log_softmax and nll in float, rounded once (torch keeps bf16 temporaries): the first bits
+    to differ are the loss's gradient at step 1 (the loss itself may round alike). Under --amp the loss is
+    float32 anyway, and the same kernel is bit-identical there."""
+    def in_float(logits, targets):
+        return F.cross_entropy(logits.float(), targets).to(logits.dtype)
+
+    r = _planted(tmp_path, PURE if mode == "pure" else AMP, "cross_entropy", in_float)
+    if mode == "pure":
+        assert r["divergence"]["first_step"] == 1 and r["divergence"]["stage"] in ("loss", "dlogits")
+        assert r["max_ulp_diff"]["loss"] >= 1 and r["max_ulp_diff"]["grad"] >= 1
+    else:
+        assert r["divergence"]["first_step"] is None
+
+
+def test_the_default_cross_entropy_drifts_in_bf16_and_the_report_says_where(tmp_path):
+    r = train(replace(PURE, ck_loss_backend="c", json_out=str(tmp_path / "r.json")))
+    assert r["divergence"]["first_step"] == 1 and r["divergence"]["stage"] in ("loss", "dlogits")
+    assert 0 < r["max_ulp_diff"]["grad"] < math.inf and r["pass_parity"]  # ULPs apart, within the bf16 tolerances
+
+
+def test_the_tolerances_are_float32s_scaled_to_the_compute_dtype(tmp_path):
+    assert PURE.tolerance("loss_tol") == AMP.tolerance("loss_tol") == PURE.loss_tol * 2**16
+    assert RunConfig().tolerance("param_tol") == RunConfig().param_tol
+    r = train(replace(PURE, max_steps=2, json_out=str(tmp_path / "r.json")))
+    assert r["tolerances"]["grad_tol"] == PURE.grad_tol * 2**16
+
+
+@pytest.mark.parametrize("dtype, ulp", [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)])
+def test_a_difference_is_counted_in_ulps_of_its_dtype(dtype, ulp):
+    b = torch.tensor([1.5, -0.25, 1e-3], dtype=dtype)
+    a = b.clone()
+    a[0] = 1.5 + ulp  # one ULP at the tensor's largest value
+    assert tensor_figures(a, b)[2] == 1.0
+    a[0] = 1.5 + 3 * ulp
+    assert tensor_figures(a, b)[2] == 3.0
+    assert tensor_figures(b, b)[2] == 0.0
+
+
+def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
+    def float_only(x):
+        if x.dtype != torch.float32:
+            raise TypeError("float32 only")
+        a, b = x.chunk(2, dim=-1)
+        return F.silu(a) * b
+
+    kernels.register("swiglu", "float_only", float_only)
+    refused = {"--amp keeps float32 master weights": dict(amp="bfloat16"),
+               "--ck-loss-backend c_fused_linear": dict(ck_loss_backend="c_fused_linear"),
+               "--tp": dict(tp=2), "--envelope": dict(envelope=2),
+               "--ck-clip-backend c": dict(max_grad_norm=1.0),
+               "--ck-swiglu-backend float_only: the backend has no bfloat16 form": dict(ck_swiglu_backend="float_only")}
+    for message, change in refused.items():
+        with pytest.raises(UsageError, match=message):
+            replace(PURE, **change)
+    with pytest.raises(UsageError, match="--ck-swiglu-backend float_only"):  # --amp hands swiglu bf16 too
+        replace(AMP, ck_swiglu_backend="float_only")
+    replace(AMP, max_grad_norm=1.0)  # under --amp the clip sees float32 grads
+    replace(PURE, max_grad_norm=1.0, ck_clip_backend="torch")
+
+
+def test_a_bf16_run_resumes_bit_for_bit(tmp_path):
+    base = replace(PURE, model="stacked", ck_loss_backend="c", max_steps=10)  # a drifting run: its drift is compared
+    whole = train(replace(base, json_out=str(tmp_path / "whole.json")))
+    train(replace(base, max_steps=4, checkpoint_every=4, checkpoint_dir=str(tmp_path / "ck"),
+                  json_out=str(tmp_path / "cut.json")))
+    resumed = train(RunConfig(resume=str(tmp_path / "ck"), max_steps=10, no_progress=True,
+                              json_out=str(tmp_path / "resumed.json")))
+    assert resumed["config"]["dtype"] == "bfloat16"
+    series = {k: v for k, v in whole["series"].items() if not k.endswith("_ms")}
+    assert {k: resumed["series"][k] for k in series} == series
+    assert whole["max_param_abs_diff"] > 0
