@@ -100,6 +100,17 @@ def test_gate_fails_on(gate, fault, monkeypatch, tmp_path):
     assert result["passed"] is False, f"{gate} passed with every C kernel planted to {fault}: {result['summary']}"
 
 
+@pytest.mark.parametrize("fault", sorted(_FAULTS))
+@pytest.mark.parametrize("gate", gates.DTYPE_GATES)
+def test_a_bf16_gate_fails_on(gate, fault, monkeypatch, tmp_path):
+    """gate --dtype bfloat16: the same faults, in the gates that take a dtype."""
+    _plant(monkeypatch, fault)
+    settings = gates.settings_for("quick", dtype="bfloat16")
+    settings[gate].update(SMALL.get(gate, {}))
+    (result,) = gates.run_gates([gate], settings, tmp_path, "quick", echo=lambda line: None)
+    assert result["passed"] is False, f"{gate} passed in bf16 with every C kernel planted to {fault}: {result['summary']}"
+
+
 def test_every_gate_but_distributed_is_in_the_matrix():
     assert set(GATES) | {"distributed_parity"} == set(gates.GATE_NAMES)
 

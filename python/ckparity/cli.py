@@ -172,7 +172,7 @@ def _backend_choices(specs: list[str]) -> dict[str, str]:
 def _gate(argv: list[str]) -> int:
     from pathlib import Path
 
-    from .gates import GATE_NAMES, run_gates, settings_for
+    from .gates import DTYPE_GATES, GATE_NAMES, run_gates, settings_for
     from .harness.loop.config import UsageError
     from .harness.loop.report import check_writable_dir
 
@@ -180,7 +180,11 @@ def _gate(argv: list[str]) -> int:
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
     parser.add_argument("--only", nargs="+", choices=GATE_NAMES, metavar="GATE", help=f"among {GATE_NAMES}")
     parser.add_argument("--config", default=None, help="TOML file overriding gate settings")
-    parser.add_argument("--out-dir", default="reports/gates")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help=f"run the gates that take a dtype ({', '.join(DTYPE_GATES)}) in it: bfloat16 holds the "
+                             "kernels, the optimizer and the twins to torch's bf16 eager (default out dir "
+                             "reports/gates/bfloat16)")
+    parser.add_argument("--out-dir", default=None, help="where the reports go (default reports/gates)")
     parser.add_argument("--backend", action="append", default=[], metavar="SLOT=NAME",
                         help="run the gates with this registered backend in the CK twin (repeatable; load it with "
                              "--plugin); kernel_parity runs `ckparity check` on it, optimizer_parity holds an adamw "
@@ -188,16 +192,21 @@ def _gate(argv: list[str]) -> int:
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first gate that fails")
     args = parser.parse_args(argv)
     try:
-        settings = settings_for(args.tier, args.config)
+        settings = settings_for(args.tier, args.config, args.dtype)
         ck_backends = _backend_choices(args.backend)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    check_writable_dir(args.out_dir, "--out-dir")
-    results = run_gates(args.only or GATE_NAMES, settings, Path(args.out_dir), args.tier, ck_backends=ck_backends,
-                        fail_fast=args.fail_fast)
+    names = args.only or (GATE_NAMES if args.dtype == "float32" else DTYPE_GATES)
+    if args.dtype != "float32" and set(names) - set(DTYPE_GATES):
+        raise UsageError(f"--dtype {args.dtype}: {', '.join(sorted(set(names) - set(DTYPE_GATES)))} run in float32 "
+                         f"only; the gates that take a dtype: {', '.join(DTYPE_GATES)}")
+    out_dir = args.out_dir or ("reports/gates" + ("" if args.dtype == "float32" else f"/{args.dtype}"))
+    check_writable_dir(out_dir, "--out-dir")
+    tier = args.tier + ("" if args.dtype == "float32" else f", {args.dtype}")
+    results = run_gates(names, settings, Path(out_dir), tier, ck_backends=ck_backends, fail_fast=args.fail_fast)
     failed = [r["gate"] for r in results if not r["passed"]]
     print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
-          + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {args.out_dir}/summary.md)")
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {out_dir}/summary.md)")
     stopped = [r["details"]["interrupted"] for r in results if r["details"].get("interrupted")]
     if stopped:
         from .harness.longrun.interrupts import EXIT_CODES

@@ -36,19 +36,22 @@ GATE_NAMES = ["kernel_parity", "optimizer_parity", "fd_gradients", "replay_deter
 
 # Settings per gate; the "full" tier overrides some of them (TIERS).
 DEFAULTS: dict[str, dict] = {
-    "kernel_parity": {"factor": RULES["default"][0], "floor_ulps": RULES["default"][1],
+    "kernel_parity": {"dtype": "float32", "factor": RULES["default"][0], "floor_ulps": RULES["default"][1],
                       "ptref_factor": RULES["ptref"][0], "ptref_floor_ulps": RULES["ptref"][1],
                       # the records' claims that kernel_parity has cases of: held to torch's bits
                       "bitwise_kernels": [c.key for c in kernels.claims("float32")
                                           if any(c.key in k.gate_cases for k in kernels.KERNELS.values())]},
-    "optimizer_parity": {"steps": 100, "sizes": [1, 17, 1000, 65537], "max_param_ulp": 8},
+    "optimizer_parity": {"dtype": "float32", "steps": 100, "sizes": [1, 17, 1000, 65537], "max_param_ulp": 8},
     "fd_gradients": {"coordinates": 16, "step": 1e-6, "rtol": 1e-3, "atol": 2e-6, "models": ["tiny", "stacked"],
                      "ck_swiglu_backend": "c", "ck_rmsnorm_backend": "c", "ck_loss_backend": "c"},
     "replay_determinism": {"steps": 10, "threads": [1, 2], "ck_loss_backend": "c"},
     "drift_smoke": {"steps": 100, "grad_accum": 2, "models": ["tiny", "stacked"], "ck_loss_backend": "c",
                     "ck_optimizer_backend": "c"},
-    "long_horizon": {"steps": 150, "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
-    "depth_sweep": {"depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"], "models": ["stacked", "llama"]},
+    "long_horizon": {"dtype": "float32", "steps": 150, "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c",
+                     # loss backends whose runs must stay bit-identical to the torch twin (where the claims hold)
+                     "bitwise_loss_backends": []},
+    "depth_sweep": {"dtype": "float32", "depths": [1, 4], "steps": 10, "variants": ["bitwise", "c"],
+                    "models": ["stacked", "llama"]},
     "accuracy_parity": {"steps": 30, "shadow_every": 5, "factor": 2.0, "grad_floor": 1e-9, "param_floor": 1e-9,
                         "loss_backends": ["c", "c_ptref"], "ck_optimizer_backend": "c"},
     "noise_envelope": {"steps": 150, "members": 2, "ratio": 4.0, "loss_backends": ["c", "c_ptref", "c_fused_linear"],
@@ -63,6 +66,17 @@ TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {
                                "noise_envelope": {"steps": 850, "members": 4},
                                "distributed_parity": {"world_sizes": [2, 3], "steps": 100,
                                                       "models": ["tiny", "stacked"]}}}
+
+
+# the gates that run in another dtype (gate --dtype), and what that dtype changes in their settings:
+# bf16 holds the kernels with bf16 claims to torch's bf16 bits, ckparity's bf16 AdamW to torch's params
+# bit for bit (its claim: no MKL sqrt in bf16's path), and the 850-step preset's ptref twin to every bit
+DTYPE_GATES = [name for name, values in DEFAULTS.items() if "dtype" in values]
+DTYPE_SETTINGS = {"bfloat16": {
+    "kernel_parity": {"bitwise_kernels": [c.key for c in kernels.claims("bfloat16")
+                                          if any(c.key in k.gate_cases for k in kernels.KERNELS.values())]},
+    "optimizer_parity": {"max_param_ulp": 0},
+    "long_horizon": {"bitwise_loss_backends": ["c_ptref"]}}}
 
 
 def _result(passed: bool, summary: str, **details) -> dict:
@@ -161,17 +175,38 @@ def _vocab_parallel_failures(factor: float, floor: float) -> list[str]:
     return failures
 
 
+def _rounded(inputs, kwargs, dtype):
+    """A case's floating inputs rounded to ``dtype`` and widened back: the values the
+    float64 reference evaluates, so that it is exact arithmetic on what both sides got."""
+    def r(v):
+        return v.to(dtype).float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    return [r(a) for a in inputs], {k: r(v) for k, v in kwargs.items()}
+
+
 def kernel_parity(settings: dict) -> dict:
-    checks, failures = [], []
+    """Every kernel's gate cases in the gate's dtype against torch in it and
+    float64: the accuracy rule (measure.parity, the dtype's tolerances and
+    ULP), and torch's bits for the kernels whose claims hold here. In bf16 a
+    case whose options a bf16 kernel does not take (a TypeError: ptref's
+    weights, smoothing, probabilities) is counted apart as not in bf16; the
+    float32-only checks (vocab-parallel CE, the harness's compare) run in float32's tier."""
+    checks, failures, not_in_dtype = [], [], []
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings["dtype"]]
     # held to torch's bits: the bitwise kernels whose claims hold at this capability (kernels.bit_identical)
-    bitwise = [k for k in settings["bitwise_kernels"] if k in kernels.bit_identical()]
+    bitwise = [k for k in settings["bitwise_kernels"] if k in kernels.bit_identical(settings["dtype"])]
     for name, probe in gate_cases().items():
         prefix = "" if probe.rule == "default" else f"{probe.rule}_"
         factor, floor = settings[f"{prefix}factor"], settings[f"{prefix}floor_ulps"]
         for label, inputs, kwargs in probe.cases():
-            a = _fwd_bwd(probe.ours, inputs, kwargs, torch.float32, probe.weight)
-            b = _fwd_bwd(probe.theirs, inputs, kwargs, torch.float32, probe.weight)
-            r = _fwd_bwd(probe.theirs, inputs, kwargs, torch.float64, probe.weight)
+            try:
+                a = _fwd_bwd(probe.ours, inputs, kwargs, dtype, probe.weight)
+            except TypeError as err:
+                if dtype == torch.float32:
+                    raise
+                not_in_dtype.append(f"{name}[{label}]: {err}")
+                continue
+            b = _fwd_bwd(probe.theirs, inputs, kwargs, dtype, probe.weight)
+            r = _fwd_bwd(probe.theirs, *_rounded(inputs, kwargs, dtype), torch.float64, probe.weight)
             for part in a:
                 fig = parity(f"{name}.{part}[{label}]", a[part], b[part], r[part], factor, floor)
                 if name in bitwise:
@@ -185,20 +220,22 @@ def kernel_parity(settings: dict) -> dict:
                 checks.append(fig)
                 if not fig["ok"]:
                     failures.append(f"{fig['name']}: {fig['reason']}")
-    failures += _vocab_parallel_failures(settings["factor"], settings["floor_ulps"])
-    failures += _compare_self_check()
-    conformance = _user_backend_checks(settings.get("ck_backends", {}))
+    if dtype == torch.float32:
+        failures += _vocab_parallel_failures(settings["factor"], settings["floor_ulps"])
+        failures += _compare_self_check()
+    conformance = _user_backend_checks(settings.get("ck_backends", {}), settings["dtype"])
     failures += [f"{r['kernel']} backend {r['backend']!r}: check says {r['verdict']}" for r in conformance
                  if not r["passed"]]
     worst = max(checks, key=lambda f: f["max_ulp"])
-    summary = (f"{len(checks)} checks, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
+    in_dtype = "" if dtype == torch.float32 else f" in {settings['dtype']} ({len(not_in_dtype)} cases not in it)"
+    summary = (f"{len(checks)} checks{in_dtype}, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
                f"; max {worst['max_ulp']} ULP from torch ({worst['name']})"))
     return _result(not failures, summary, checks=checks, failures=failures, capability=cpu.capability(),
-                   held_bitwise=bitwise, user_backends=conformance,
+                   held_bitwise=bitwise, user_backends=conformance, not_in_dtype=not_in_dtype,
                    exercised=[r["kernel"] for r in conformance])
 
 
-def _user_backend_checks(ck_backends: dict[str, str]) -> list[dict]:
+def _user_backend_checks(ck_backends: dict[str, str], dtype: str = "float32") -> list[dict]:
     """``ckparity check`` on each --backend of a slot it covers (in its child
     process where the backend can be carried there), held to the pass rule's
     gate column (check/rule.py: ``passed`` is the gate's verdict on it, not
@@ -206,7 +243,7 @@ def _user_backend_checks(ck_backends: dict[str, str]) -> list[dict]:
     rows = []
     for kernel, name in ck_backends.items():
         if kernel in check.covered() and not kernels.KERNELS[kernel].optimizer:  # adamw: optimizer_parity's
-            report = check.run(kernel, name)
+            report = check.run(kernel, name, dtype=dtype)
             rows.append({"kernel": report["kernel"], "backend": name, "verdict": report["verdict"],
                          "passed": check.gate_passes(report["verdict"]), "seconds": report["seconds"],
                          "failing": {r["property"]: r["failing"] for r in report["properties"] if r["failing"]},
@@ -256,16 +293,17 @@ def optimizer_parity(settings: dict) -> dict:
         return _user_optimizer_parity(settings, settings["ck_backends"]["adamw"])
     rows, failures = [], []
     g = torch.Generator().manual_seed(0)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings["dtype"]]
     exercised = [k for k in ("adamw", "clip_grad_norm") if k in settings.get("ck_backends", {})]
     for size in settings["sizes"]:
         for amsgrad in (False, True):
-            start = torch.randn(size, generator=g)
+            start = torch.randn(size, generator=g).to(dtype)
             p1, p2 = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
             kw = dict(lr=1e-3, weight_decay=0.01, **({"amsgrad": True} if amsgrad else {}))
             ours = _optimizer(settings)([p1], **kw)
             ref = reference.adamw([p2], **kw)
             for _ in range(settings["steps"]):
-                grad = torch.randn(size, generator=g)
+                grad = torch.randn(size, generator=g).to(dtype)
                 p1.grad, p2.grad = grad.clone(), grad.clone()
                 ours.step()
                 ref.step()
@@ -280,10 +318,12 @@ def optimizer_parity(settings: dict) -> dict:
             if ulp > settings["max_param_ulp"]:
                 failures.append(f"size {size} amsgrad={amsgrad}: params {ulp} ULPs apart "
                                 f"(limit {settings['max_param_ulp']})")
-    failures += _clip_failures(settings)
+    if dtype == torch.float32:  # clip_grad_norm_ has no bf16 form yet: a bf16 run refuses the C clip
+        failures += _clip_failures(settings)
     equal = sum(r["params_bit_identical"] for r in rows)
     total = sum(r["params"] for r in rows)
-    summary = (f"{settings['steps']} steps: {equal}/{total} params bit-identical, moments "
+    summary = (f"{settings['steps']} steps{'' if dtype == torch.float32 else ' in ' + settings['dtype']}: "
+               f"{equal}/{total} params bit-identical, moments "
                f"{'bit-identical' if not any('moments' in f for f in failures) else 'DIFFER'}")
     if failures:
         summary += f"; {failures[0]}"
@@ -306,7 +346,8 @@ def _user_optimizer_parity(settings: dict, name: str) -> dict:
     whose multiply-adds torch's vectorized lerp fuses differs in the last
     bits and is as accurate (the example package's, tests/test_example_package.py)."""
     # in check's child where the backend can be carried there: a crash in its C is the verdict crashes
-    report = check.run("adamw", name, adamw={"sizes": settings["sizes"], "steps": settings["steps"]})
+    report = check.run("adamw", name, adamw={"sizes": settings["sizes"], "steps": settings["steps"]},
+                       dtype=settings["dtype"])
     rows = {r["property"]: r for r in report["properties"]}
     sizes = rows.get("sizes") or {"verdict": report["verdict"], "failures": [], "bit_identical": 0, "cases": 0,
                                   "max_ulp": None}
@@ -314,7 +355,8 @@ def _user_optimizer_parity(settings: dict, name: str) -> dict:
                                                                                             [r["verdict"]])]
     if not failures and not check.gate_passes(report["verdict"]):  # a child that ended before any row
         failures.append(f"check says {report['verdict']}: {report.get('crash', {}).get('ending')}")
-    failures += _clip_failures(settings)
+    if settings["dtype"] == "float32":
+        failures += _clip_failures(settings)
     summary = (f"{settings['steps']} steps of adamw={name}: {sizes['verdict']} ({sizes['bit_identical']}/"
                f"{sizes['cases']} sizes bit-identical, max {sizes['max_ulp']} ULP from torch)")
     if failures:
@@ -491,7 +533,10 @@ def _train_in_gate(config: RunConfig, settings: dict) -> dict:
     return report
 
 
-def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str, settings: dict) -> dict:
+def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str, settings: dict,
+                  bitwise: set[str] = frozenset()) -> dict:
+    """The runs, each to pass parity; the runs labelled in ``bitwise`` to stay
+    bit-identical to the torch twin too (their first divergence, if any, fails)."""
     rows, failures = [], []
     runs = gate_runs(runs, settings)
     for label, config in runs.items():
@@ -512,6 +557,11 @@ def _harness_gate(runs: dict[str, RunConfig], out_dir: Path, gate: str, settings
             where = loc.get("first_forward_stage") or loc.get("first_backward_stage") or loc.get("first_param_tensor")
             failures.append(f"{label}: {report['status']} (loss fails at {report['first_loss_fail_step']}, "
                             f"params at {report['first_param_fail_step']}; localized to {where})")
+        elif label in bitwise and report["divergence"]["first_step"] is not None:
+            d = report["divergence"]
+            failures.append(f"{label}: not bit-identical to the torch twin from step {d['first_step']} (first "
+                            f"differing: {d['stage']}, {d['tensor']}; max ULP diff {report['max_ulp_diff']})")
+        row["bitwise"] = report["divergence"]["first_step"] is None if report.get("divergence") else None
     # a failed run may have no figures (None): its summary is the failure
     summary = failures[0] if failures else "; ".join(
         f"{r['run']}: {r['status']}, max |loss diff| {r['max_loss_abs_diff']:.2g}, "
@@ -534,10 +584,15 @@ def drift_smoke(settings: dict, out_dir: Path) -> dict:
 
 
 def long_horizon(settings: dict, out_dir: Path) -> dict:
-    runs = {b: replace(PRESET, ck_loss_backend=b, max_steps=settings["steps"],
+    """The 850-step preset (its first ``steps``) in the gate's dtype under
+    each loss backend: every run passes parity, and the runs of
+    ``bitwise_loss_backends`` (bf16: ptref, whose twin is bit for bit
+    torch's) stay bit-identical where the claims hold at this capability."""
+    runs = {b: replace(PRESET, ck_loss_backend=b, max_steps=settings["steps"], dtype=settings["dtype"],
                        ck_optimizer_backend=settings["ck_optimizer_backend"])
             for b in settings["loss_backends"]}
-    return _harness_gate(runs, out_dir, "long_horizon", settings)
+    bitwise = set(settings["bitwise_loss_backends"]) if cpu.matched() and not settings.get("ck_backends") else set()
+    return _harness_gate(runs, out_dir, "long_horizon", settings, bitwise)
 
 
 def depth_sweep(settings: dict, out_dir: Path) -> dict:
@@ -550,7 +605,7 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
     from .harness.studies.repro import depth_sweep as sweep
 
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
-    preset = replace(DEPTH, max_steps=settings["steps"], no_progress=True)
+    preset = replace(DEPTH, max_steps=settings["steps"], no_progress=True, dtype=settings["dtype"])
     rows, exercised = [], set()
     for model in settings["models"]:
         if settings.get("ck_backends"):  # the backends each model calls (rope: llama's only)
@@ -562,7 +617,7 @@ def depth_sweep(settings: dict, out_dir: Path) -> dict:
     if any(r["status"] == "interrupted" for r in rows):
         raise Interrupted(2)
     # the bitwise variant is held to bits where its kernels are bit-identical at this capability
-    held = cpu.matched()
+    held = {"rms_norm", "swiglu", "rope"} <= set(kernels.bit_identical(settings["dtype"]))
     failures = [f"L={r['layers']} {r['variant']}: not bit-identical (first divergence at {r['first_divergence_stage']})"
                 for r in rows if held and r["variant"] == "bitwise" and not r["bitwise"]]
     failures += [f"L={r['layers']} {r['variant']}: {r['status']} (params fail at {r['first_param_fail_step']})"
@@ -684,11 +739,15 @@ GATES: dict[str, Callable] = {
 
 # ---- running the suite ------------------------------------------------------
 
-def settings_for(tier: str, config_path: str | None = None) -> dict[str, dict]:
-    """DEFAULTS, then the tier's overrides, then the config file's."""
+def settings_for(tier: str, config_path: str | None = None, dtype: str = "float32") -> dict[str, dict]:
+    """DEFAULTS, then the tier's overrides, then the dtype's (DTYPE_GATES
+    run in it), then the config file's."""
     settings = copy.deepcopy(DEFAULTS)
     for gate, values in TIERS[tier].items():
         settings[gate].update(values)
+    if dtype != "float32":
+        for gate in DTYPE_GATES:
+            settings[gate].update(dtype=dtype, **DTYPE_SETTINGS[dtype].get(gate, {}))
     if config_path:
         try:
             overrides = tomllib.loads(Path(config_path).read_text())

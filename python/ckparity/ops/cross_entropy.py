@@ -272,6 +272,8 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     missing = [name for name, given in (("variant='default' with inplace_backward (a float32 copy takes the "
                                          "gradient, not the logits' storage)", variant == "default"),
                                         ("weight", weight is not None), ("label_smoothing", label_smoothing),
+                                        ("probability targets", isinstance(target, torch.Tensor)
+                                         and target.is_floating_point()),
                                         ("z_loss", z_loss), ("inplace_backward", inplace_backward)) if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
         raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref with class targets; "
