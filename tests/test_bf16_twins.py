@@ -155,3 +155,41 @@ def test_a_bf16_run_resumes_bit_for_bit(tmp_path):
     series = {k: v for k, v in whole["series"].items() if not k.endswith("_ms")}
     assert {k: resumed["series"][k] for k in series} == series
     assert whole["max_param_abs_diff"] > 0
+
+
+def test_bf16_weights_load_as_bf16_and_into_float32_masters_under_amp(tmp_path):
+    """--init-from a bf16 safetensors file: the pure bf16 twins hold its bits, the --amp masters hold its
+    values exactly in float32."""
+    from safetensors.torch import save_file
+
+    from ckparity.harness.twins.factory import build_twins
+
+    ck, _ = build_twins(RunConfig())
+    weights = {k: (v * 1.37).bfloat16().contiguous() for k, v in ck.model.state_dict().items()}
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    for config, dtype in ((replace(PURE, init_from=str(tmp_path / "w.safetensors")), torch.bfloat16),
+                          (replace(AMP, init_from=str(tmp_path / "w.safetensors")), torch.float32)):
+        for twin in build_twins(config):
+            state = twin.model.state_dict()
+            assert all(state[k].dtype == dtype and torch.equal(state[k].bfloat16(), w) for k, w in weights.items())
+
+
+def test_a_bf16_step_dumped_replays_to_its_bits(tmp_path):
+    from ckparity.harness.longrun.dump import replay
+
+    train(replace(PURE, ck_loss_backend="c", max_steps=4, dump_step=3, dump_dir=str(tmp_path / "dump"),
+                  json_out=str(tmp_path / "r.json")))
+    result = replay(str(tmp_path / "dump"))
+    assert result["faithful"] is True
+    rows = {r["stage"]: r for r in result["ck_vs_torch"]["forward"]}
+    assert rows["logits"]["abs_diff"] > 0  # the default loss's drift by step 3, in bf16
+
+
+def test_the_torch_twin_takes_either_adamw_reference_and_the_other_one_is_seen_at_the_update(tmp_path):
+    """--torch-adamw fused: torch's fused=True AdamW (float math from unrounded moments) on the torch twin;
+    the C AdamW follows the single-tensor path, so in bf16 the twins part at step 1's update."""
+    r = train(replace(PURE, torch_adamw="fused", json_out=str(tmp_path / "r.json")))
+    assert r["config"]["torch_adamw"] == "fused"
+    assert r["divergence"]["first_step"] == 1 and r["divergence"]["stage"] == "update", r["divergence"]
+    with pytest.raises(UsageError, match="--torch-adamw takes no effect with --optimizer sgd"):
+        replace(PURE, optimizer="sgd", torch_adamw="fused")

@@ -64,6 +64,9 @@ class RunConfig:
     dump_dir: str | None = _flag(None, "where --dump-step writes (default reports/dump-step-N)")
     init_from: str | None = _flag(None, "start both twins from these weights (safetensors, a torch state_dict or a checkpoint directory; "
                                         "Hugging Face Llama names with --model llama); the dims come from them")
+    torch_adamw: str = _flag("single_tensor", "the torch twin's AdamW: torch's default CPU path (single_tensor, "
+                                              "the one the C AdamW follows) or fused=True (fused: its math in float, "
+                                              "the stores rounded)", choices=["single_tensor", "fused"])
     adamw_beta1: float = _flag(0.9, "AdamW beta1")
     adamw_beta2: float = _flag(0.999, "AdamW beta2")
     adamw_eps: float = _flag(1e-8, "AdamW eps")
@@ -193,11 +196,14 @@ def _validate(config: RunConfig) -> None:
         unused.append("envelope_ratio")
     if config.overwrite_checkpoints and (not config.checkpoint_every or config.resume):
         unused.append("overwrite_checkpoints")
+    if config.optimizer == "sgd" and config.torch_adamw != defaults["torch_adamw"].default:
+        unused.append("torch_adamw")
     if unused:
         why = {"shadow_every": "without --f64-shadow", "envelope_ratio": "without --envelope", "num_layers": "with --model tiny",
                "ck_clip_backend": "without --max-grad-norm",
                "ck_loss_backend": "with --tp (the CK loss is the vocab-parallel cross-entropy)",
                "ck_optimizer_backend": "with --optimizer sgd (both twins run torch's SGD)",
+               "torch_adamw": "with --optimizer sgd (both twins run torch's SGD)",
                "overwrite_checkpoints": "without --checkpoint-every, or with --resume (a resume goes on in its own "
                                         "directory)"}
         name = unused[0]

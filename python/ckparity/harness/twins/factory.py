@@ -44,6 +44,8 @@ def make_optimizer(config, side: str, params):
               weight_decay=config.adamw_weight_decay)
     if side == "f64":  # reference.adamw, not the record's "torch" entry: a test may plant a fault in the torch twin
         return reference.adamw(params, **kw)
+    if side == "torch" and config.torch_adamw == "fused":  # torch's other AdamW reference (FusedAdamKernel.cpp)
+        return torch.optim.AdamW(params, fused=True, **kw)
     return kernels.backends("adamw")[config.ck_optimizer_backend if side == "ck" else "torch"](params, **kw)
 
 
