@@ -30,3 +30,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CKP_NIGHTLY=1 ./scripts/test.sh "$@"
 .venv/bin/ckparity gate --tier full
+.venv/bin/ckparity gate --tier full --dtype bfloat16
