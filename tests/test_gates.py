@@ -203,6 +203,9 @@ def test_cli_bad_config_exits_2(tmp_path, capsys):
     assert "unknown keys ['stepz']" in capsys.readouterr().err
     config.write_text("[nope]\nx = 1\n")
     assert main(["gate", "--config", str(config), "--out-dir", str(tmp_path)]) == 2
+    config.write_text('[long_horizon]\ndtype = "float16"\n')
+    assert main(["gate", "--config", str(config), "--out-dir", str(tmp_path)]) == 2
+    assert 'dtype must be "float32" or "bfloat16"' in capsys.readouterr().err
 
 
 def test_failing_gate_exits_1(tmp_path, monkeypatch):

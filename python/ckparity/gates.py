@@ -768,6 +768,9 @@ def settings_for(tier: str, config_path: str | None = None, dtype: str = "float3
                                      f"{type(value).__name__}, the setting takes a {type(default).__name__} "
                                      f"(default {default!r})")
             settings[gate].update(values)
+    for gate in DTYPE_GATES:
+        if settings[gate]["dtype"] not in ("float32", "bfloat16"):
+            raise ValueError(f"[{gate}] dtype must be \"float32\" or \"bfloat16\", got {settings[gate]['dtype']!r}")
     return settings
 
 
