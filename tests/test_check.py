@@ -196,6 +196,11 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
         ("options", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
         ("non_contiguous", "crashes")]
     assert (crashed["crash"]["property"], crashed["crash"]["case"]) == ("non_contiguous", "width=8")
+    assert crashed["dtype"] == "float32"
+    assert main(["check", "swiglu", "--plugin", "planted.py", "--backend", "segfaults", "--dtype", "bfloat16",
+                 "--json-out", str(out)]) == 1
+    crashed = json.loads(out.read_text())  # a crashed bf16 check says its dtype (its table repeats --dtype)
+    assert crashed["verdict"] == "crashes" and crashed["dtype"] == "bfloat16"
     assert main(["check", "swiglu", "--backend", "nope"]) == 2
     assert "registered: c, " in capsys.readouterr().err
     assert main(["check", "clip_grad_norm", "--backend", "c"]) == 2  # no suite for it yet: refused

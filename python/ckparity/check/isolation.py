@@ -84,7 +84,7 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
             proc.kill()
             _, stderr = proc.communicate()
             if hasattr(stopped, "signum"):  # the report of what ran, for the command to write
-                stopped.report = _ended_report(kernel, backend, stderr, start, "interrupted",
+                stopped.report = _ended_report(kernel, backend, dtype, stderr, start, "interrupted",
                                                f"stopped by {signal.Signals(stopped.signum).name} (killed)")
             raise
         if proc.returncode == EXIT_SETUP and out.is_file():
@@ -95,10 +95,11 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
     ending = (f"still running after the --timeout of {timeout:g} s (killed)" if timed_out
               else f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
               else f"exit {proc.returncode}")
-    return _ended_report(kernel, backend, stderr, start, "crashes", ending)
+    return _ended_report(kernel, backend, dtype, stderr, start, "crashes", ending)
 
 
-def _ended_report(kernel: str, backend: str, stderr: str, start: float, verdict: str, ending: str) -> dict:
+def _ended_report(kernel: str, backend: str, dtype: str, stderr: str, start: float, verdict: str,
+                  ending: str) -> dict:
     """The report of a child that did not finish: the properties it finished
     (its TRACE rows), the one it was in with ``verdict``, and how it ended."""
     rows, cases, other = [], [], []
@@ -116,7 +117,7 @@ def _ended_report(kernel: str, backend: str, stderr: str, start: float, verdict:
         rows.append({"property": last["property"], "cases": sum(c["property"] == last["property"] for c in cases),
                      "bit_identical": None, "failing": 1, "max_ulp": None, "verdict": verdict, "groups": {},
                      "worst": [{"case": last["case"], "verdict": verdict, "why": why}], "failures": [why]})
-    return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "capability": cpu.capability(),
+    return {"schema": SCHEMA, "kernel": kernel, "backend": backend, "dtype": dtype, "capability": cpu.capability(),
             "properties": rows, "not_run": {}, "verdict": verdict, "passed": False, "passes_gates": False,
             "isolated": True,
             "crash": {"ending": ending, "property": last["property"], "case": last["case"],
