@@ -132,7 +132,7 @@ def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
     kernels.register("swiglu", "float_only", float_only)
     refused = {"--amp keeps float32 master weights": dict(amp="bfloat16"),
                "--ck-loss-backend c_fused_linear": dict(ck_loss_backend="c_fused_linear"),
-               "--tp": dict(tp=2), "--envelope": dict(envelope=2),
+               "--tp": dict(tp=2),
                "--ck-clip-backend c": dict(max_grad_norm=1.0),
                "--ck-swiglu-backend float_only: the backend has no bfloat16 form": dict(ck_swiglu_backend="float_only")}
     for message, change in refused.items():

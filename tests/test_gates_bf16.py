@@ -1,7 +1,8 @@
 """gate --dtype bfloat16: each bf16 gate passes on ckparity's kernels and
 fails on the bf16 fault it exists for -- a SwiGLU rounded once where torch
 rounds silu first, AdamW by torch's other reference (fused=True), a loss
-summed in float where torch keeps bf16 partial sums -- and says why. (A run
+summed in float where torch keeps bf16 partial sums, a SwiGLU that leans away
+from 0 by less than an ULP on average -- and says why. (A run
 that errors, NaN and inf: tests/test_gate_faults.py.)"""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from ckparity import cpu, gates, kernels
 
 SMALL = {"optimizer_parity": {"steps": 5, "sizes": [17, 1000]}, "long_horizon": {"steps": 20},
+         "noise_envelope": {"steps": 60, "loss_backends": ["c_ptref"]},
          "depth_sweep": {"depths": [2], "steps": 5, "models": ["stacked"]}}
 
 pytestmark = pytest.mark.skipif(not cpu.matched(), reason="the bf16 gates hold bits where the library follows "
@@ -69,6 +71,22 @@ def test_depth_sweep_in_bf16_fails_on_a_single_rounded_swiglu(monkeypatch, tmp_p
     monkeypatch.setitem(kernels.backends("swiglu"), "c", _swiglu_rounded_once)
     result = _run("depth_sweep", tmp_path)
     assert not result["passed"] and "bitwise: not bit-identical" in result["summary"], result["summary"]
+
+
+def test_noise_envelope_in_bf16_fails_on_a_swiglu_that_leans_one_way(monkeypatch, tmp_path):
+    """Rounded away from 0 wherever torch's round-to-nearest went toward it: within the tolerances and
+    never more than one ULP, but always outward -- the envelope's direction verdict sees it."""
+    import ckparity
+
+    def leaning(x):
+        y = ckparity.swiglu(x)
+        a, b = x.float().chunk(2, dim=-1)
+        return torch.where(y.float().abs() < (F.silu(a) * b).abs(), torch.nextafter(y, y * 2), y)
+
+    monkeypatch.setitem(kernels.backends("swiglu"), "c", leaning)
+    result = _run("noise_envelope", tmp_path)
+    assert not result["passed"] and "leans one way" in result["summary"] and "swiglu" in result["summary"], \
+        result["summary"]
 
 
 def test_gate_refuses_a_float32_only_gate_in_bf16(tmp_path):

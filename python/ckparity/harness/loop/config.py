@@ -221,8 +221,7 @@ def _validate_precision(config: RunConfig, used: set[str]) -> None:
     if config.compute_dtype == "float32":
         return
     mode = f"--dtype {config.dtype}" if config.dtype != "float32" else f"--amp {config.amp}"
-    refused = {"tp": config.tp > 1, "dp": config.dp > 1, "envelope": config.envelope > 0,
-               "ck_loss_backend": config.ck_loss_backend == "c_fused_linear"}
+    refused = {"tp": config.tp > 1, "dp": config.dp > 1, "ck_loss_backend": config.ck_loss_backend == "c_fused_linear"}
     why = {"ck_loss_backend": "c_fused_linear (the fused lm_head + loss has no bf16 form yet)"}
     for name, bad in refused.items():
         if bad:

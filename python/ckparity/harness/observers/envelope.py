@@ -81,6 +81,7 @@ from ... import cpu, kernels
 from ...measure import nan_max
 from ...ops.clip_grad_norm import grad_norm
 from ..loop.diff import worst_diff
+from ..twins import precision
 from ..twins.models import build_model
 from ..twins.stepper import Twin
 from ..twins.factory import make_optimizer, ops_for
@@ -89,20 +90,24 @@ from .protocol import Observer, StepRecord
 # the reach of the optimizer's per-step param difference: optimizer_parity's bar for
 # ckparity's AdamW (params within 8 ULPs of torch's)
 PARAM_REACH_ULPS = 8
-HALF_ULP = 2.0**-24  # relative
+# half an ULP, relative, per dtype: the floors' unit
+HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
+# the integer view whose steps are a dtype's ULPs (bf16: the upper half of a float32)
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 QUANTITIES = ("loss", "param")
 
 
 def move_ulps(t: torch.Tensor, low: int, high: int, gen: torch.Generator, fraction: float = 1.0) -> torch.Tensor:
-    """t with each finite nonzero element moved by a uniform integer number
-    of ULPs in [low, high] (only a random ``fraction`` of them if < 1)."""
-    bits = t.detach().contiguous().view(torch.int32)
-    delta = torch.randint(low, high + 1, t.shape, generator=gen, dtype=torch.int32)
+    """t (float32 or bfloat16) with each finite nonzero element moved by a
+    uniform integer number of its dtype's ULPs in [low, high] (only a random
+    ``fraction`` of them if < 1)."""
+    bits = t.detach().contiguous().view(BITS[t.dtype])
+    delta = torch.randint(low, high + 1, t.shape, generator=gen, dtype=BITS[t.dtype])
     if fraction < 1.0:
-        delta *= (torch.rand(t.shape, generator=gen) < fraction).to(torch.int32)
+        delta *= (torch.rand(t.shape, generator=gen) < fraction).to(BITS[t.dtype])
     # a float's bits order its magnitude: adding to them steps ULPs (0, inf and NaN stay as they are)
     keep = (t == 0) | ~torch.isfinite(t)
-    return torch.where(keep, t.detach(), (bits + delta).view(torch.float32))
+    return torch.where(keep, t.detach(), (bits + delta).view(t.dtype))
 
 
 REORDER_ULPS = 2  # what a reordered float32 sum may cost, per element
@@ -111,7 +116,7 @@ MAX_ULPS = 1 << 20  # a bound on the reach where torch's value underflows next t
 
 
 def spacing(x: torch.Tensor) -> torch.Tensor:
-    """The ULP of each element of x (float32), as float64."""
+    """The ULP of each element of x (in x's dtype), as float64."""
     return (torch.nextafter(x.abs(), torch.tensor(float("inf"), dtype=x.dtype)) - x.abs()).double()
 
 
@@ -153,13 +158,12 @@ def mirror(ref: torch.Tensor, ck: torch.Tensor, m: torch.Tensor, sign: torch.Ten
     torch's value where CK's is not finite (the null model's errors are)."""
     limit = m * spacing(ref)
     diff = (ck.double() - ref.double()).clamp(-limit, limit)  # exact: float32s of one scale
-    moved = (ref.double() + sign * diff).to(ref.dtype)
+    moved = (ref.double() + sign * diff).to(ref.dtype)  # CK's own value where the sign is +1
     return torch.where(torch.isfinite(ck) & torch.isfinite(moved), moved, ref).detach()
 
 
 LEAN_MARGIN = 0.1  # how much more CK's error may lean one way than torch's does (share of the differing elements)
 LEAN_MARGIN_ULPS = 0.25  # the same in mean ULPs: a bias of one ULP is four times it
-FLOAT32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
 LEAN_CLIP_ULPS = 4.0  # an error counts in the mean up to this many ULPs (a wild one cannot carry it)
 LEAN_Z = 5.0  # and how sure the count must make it (standard errors)
 
@@ -242,7 +246,7 @@ class Measured:
         # Not where the float64 value is below float32's normal range: a subnormal has fewer bits, its ULP
         # is no relative precision, and a kernel that rounds twice there (the default CE's p * k, ~1e-40)
         # leans by whole ULPs of values no sum will ever see
-        differ = finite & (ck != ref) & torch.isfinite(exact) & (exact.abs() >= FLOAT32_TINY)
+        differ = finite & (ck != ref) & torch.isfinite(exact) & (exact.abs() >= torch.finfo(ref.dtype).tiny)
         outward, ulp = exact[differ].sign(), spacing(ref[differ])
         near = (ref[differ].double() - exact[differ]).abs() <= ulp  # torch's error within an ULP
         for side, value in (("ck", ck), ("torch", ref)):
@@ -376,11 +380,13 @@ class NoiseEnvelope(Observer):
         for k in range(config.envelope):
             seed = config.seed * 7919 + k + 1
             signs, gen = Signs(seed), torch.Generator().manual_seed(seed)
-            model = build_model(config, null_ops(config, signs, self.measured if k == 0 else None))
+            # in the run's precision, as the torch twin is (factory.build_twin)
+            model = precision.cast_model(build_model(config, null_ops(config, signs, self.measured if k == 0 else None)),
+                                         config)
             model.load_state_dict({name: move_ulps(t, -1, 1, gen) if t.is_floating_point() else t
                                    for name, t in state.items()})
             twin = Twin(f"null{k}", model, make_optimizer(config, "torch", model.parameters()),
-                        kernels.backends("clip_grad_norm")["torch"])
+                        kernels.backends("clip_grad_norm")["torch"], autocast=lambda: precision.autocast(config))
             self.members.append((twin, signs))
             # the CK optimizer over the member's params, for its measured difference (no state of its own:
             # it is given the member's torch state before each step)
@@ -405,8 +411,10 @@ class NoiseEnvelope(Observer):
                 self._measured_update(twin, signs, ck_optimizer, self.measured if k == 0 else None)
             figures["loss"].append(max(abs(a - b) for a, b in zip(losses, ref_losses)))
             figures["param"].append(worst_diff({n: (p, ref_params[n]) for n, p in twin.params().items()})["abs"])
-        floors = {"loss": 2 * REORDER_ULPS * HALF_ULP * max(abs(v) for v in ref_losses),
-                  "param": HALF_ULP * grad_norm([p for p in ref_params.values()], float("inf"))}
+        # the loss is in --dtype (under --amp float32, as autocast's cross-entropy returns it), the params too
+        loss_dtype = param_dtype = precision.TORCH_DTYPES[self.config.dtype]
+        floors = {"loss": 2 * REORDER_ULPS * HALF_ULP[loss_dtype] * max(abs(v) for v in ref_losses),
+                  "param": HALF_ULP[param_dtype] * grad_norm([p.float() for p in ref_params.values()], float("inf"))}
         ck = {"loss": row["loss_abs_diff"], "param": row["param_abs_diff"]}
         self.series["step"].append(step)
         for q in QUANTITIES:
