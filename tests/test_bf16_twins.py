@@ -7,8 +7,10 @@ configuration that cannot run in bf16 is refused before it starts."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,3 +195,27 @@ def test_the_torch_twin_takes_either_adamw_reference_and_the_other_one_is_seen_a
     assert r["divergence"]["first_step"] == 1 and r["divergence"]["stage"] == "update", r["divergence"]
     with pytest.raises(UsageError, match="--torch-adamw takes no effect with --optimizer sgd"):
         replace(PURE, optimizer="sgd", torch_adamw="fused")
+
+
+BASELINE = Path(__file__).resolve().parent.parent / "reports" / "baseline"
+BF16_REPORTS = {"c": "repro_850_bfloat16_c.json", "c_ptref": "repro_850_bfloat16_c_ptref.json",
+                "torch": "repro_850_bfloat16_torch.json", "amp c": "repro_850_amp_c.json",
+                "amp c_ptref": "repro_850_amp_c_ptref.json", "amp torch": "repro_850_amp_torch.json",
+                "amp c_ptref, torch AdamW": "amp_torch_adamw/repro_850_amp_c_ptref.json"}
+
+
+def test_the_docs_bf16_repro_table_is_the_committed_reports():
+    """docs/harness.md's bf16 table: each of its rows is the row `ckparity repro`'s table gives for the
+    committed reports, and the ptref runs there are bit-identical over all 850 steps."""
+    from ckparity.harness.studies.repro import table
+
+    reports = {name: json.loads((BASELINE / path).read_text()) for name, path in BF16_REPORTS.items()}
+    generated = table(reports).splitlines()
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "harness.md").read_text()
+    header = generated[0]
+    assert header in docs
+    shown = docs[docs.index(header):].split("\n\n")[0].splitlines()[2:]
+    assert len(shown) >= 8 and all(row in generated for row in shown), [r for r in shown if r not in generated]
+    for name in ("c_ptref", "amp c_ptref, torch AdamW"):
+        r = reports[name]
+        assert r["steps"] == 850 and r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
