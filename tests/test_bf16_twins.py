@@ -219,3 +219,18 @@ def test_the_docs_bf16_repro_table_is_the_committed_reports():
     for name in ("c_ptref", "amp c_ptref, torch AdamW"):
         r = reports[name]
         assert r["steps"] == 850 and r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
+
+
+def test_the_committed_bf16_twins_are_bit_identical_at_every_capability():
+    """reports/bf16_twins/: the ptref twins, pure and amp, over the 850-step preset and 300 llama steps,
+    with torch (and the library) at DEFAULT, AVX2 and AVX512 -- not one differing bit."""
+    runs = {}
+    for path in (BASELINE.parent / "bf16_twins").glob("*.json"):
+        r = json.loads(path.read_text())
+        runs[path.stem] = r
+        assert r["env"]["capability_matched"] and r["divergence"]["first_step"] is None, path.name
+        assert r["steps"] == r["planned_steps"] == (850 if path.stem.startswith("preset850") else 300)
+    assert {(r["config"]["model"], r["config"]["dtype"], r["config"]["amp"], r["env"]["torch_cpu_capability"])
+            for r in runs.values()} == {(m, d, a, cap) for m in ("tiny", "llama")
+                                        for d, a in (("bfloat16", "none"), ("float32", "bfloat16"))
+                                        for cap in ("DEFAULT", "AVX2", "AVX512")}
