@@ -34,6 +34,8 @@ def require_float32(tensor: torch.Tensor, name: str) -> None:
 
 # the dtypes a kernel with bfloat16 entry points takes (rms_norm, swiglu); the others take float32 alone
 FLOATING = (torch.float32, torch.bfloat16)
+# the dtypes by the names the commands take (--dtype)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def require_floating(tensor: torch.Tensor, name: str, like: torch.Tensor | None = None) -> None:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import ckparity
 
 from . import check, cpu, kernels, reference
+from ._tensors import DTYPES
 from .harness.loop.config import RunConfig, UsageError, kernels_used
 from .harness.longrun.interrupts import Interrupted, stop_on_signals
 from .harness.studies.repro import PRESET
@@ -193,7 +194,7 @@ def kernel_parity(settings: dict) -> dict:
     weights, smoothing, probabilities) is counted apart as not in bf16; the
     float32-only checks (vocab-parallel CE, the harness's compare) run in float32's tier."""
     checks, failures, not_in_dtype = [], [], []
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings["dtype"]]
+    dtype = DTYPES[settings["dtype"]]
     # held to torch's bits: the bitwise kernels whose claims hold at this capability (kernels.bit_identical)
     bitwise = [k for k in settings["bitwise_kernels"] if k in kernels.bit_identical(settings["dtype"])]
     for name, probe in gate_cases().items():
@@ -295,7 +296,7 @@ def optimizer_parity(settings: dict) -> dict:
         return _user_optimizer_parity(settings, settings["ck_backends"]["adamw"])
     rows, failures = [], []
     g = torch.Generator().manual_seed(0)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings["dtype"]]
+    dtype = DTYPES[settings["dtype"]]
     exercised = [k for k in ("adamw", "clip_grad_norm") if k in settings.get("ck_backends", {})]
     for size in settings["sizes"]:
         for amsgrad in (False, True):
@@ -772,7 +773,7 @@ def settings_for(tier: str, config_path: str | None = None, dtype: str = "float3
                                      f"(default {default!r})")
             settings[gate].update(values)
     for gate in DTYPE_GATES:
-        if settings[gate]["dtype"] not in ("float32", "bfloat16"):
+        if settings[gate]["dtype"] not in DTYPES:
             raise ValueError(f"[{gate}] dtype must be \"float32\" or \"bfloat16\", got {settings[gate]['dtype']!r}")
     return settings
 

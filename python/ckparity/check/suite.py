@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from .. import cpu, kernels
+from .._tensors import DTYPES
 from . import properties
 from .properties import adamw_sizes
 from .rule import check_passes, gate_passes, worst
@@ -32,7 +33,6 @@ def record_of(kernel: str) -> kernels.Kernel:
     return kernels.KERNELS[kernel]
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _in_dtype(kernel_slot, dtype: torch.dtype):

@@ -412,7 +412,7 @@ class NoiseEnvelope(Observer):
             figures["loss"].append(max(abs(a - b) for a, b in zip(losses, ref_losses)))
             figures["param"].append(worst_diff({n: (p, ref_params[n]) for n, p in twin.params().items()})["abs"])
         # the loss is in --dtype (under --amp float32, as autocast's cross-entropy returns it), the params too
-        loss_dtype = param_dtype = precision.TORCH_DTYPES[self.config.dtype]
+        loss_dtype = param_dtype = precision.DTYPES[self.config.dtype]
         floors = {"loss": 2 * REORDER_ULPS * HALF_ULP[loss_dtype] * max(abs(v) for v in ref_losses),
                   "param": HALF_ULP[param_dtype] * grad_norm([p.float() for p in ref_params.values()], float("inf"))}
         ck = {"loss": row["loss_abs_diff"], "param": row["param_abs_diff"]}

@@ -21,20 +21,20 @@ from functools import wraps
 
 import torch
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from ..._tensors import DTYPES
 
 
 def cast_model(model: torch.nn.Module, config) -> torch.nn.Module:
     """The model in --dtype (its buffers too: llama's rope tables are then the
     float32 tables rounded once, as Hugging Face's Llama casts them)."""
-    return model.to(TORCH_DTYPES[config.dtype])
+    return model.to(DTYPES[config.dtype])
 
 
 def autocast(config):
     """The context each micro-step's forward and loss run in."""
     if config.amp == "none":
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=TORCH_DTYPES[config.amp])
+    return torch.autocast("cpu", dtype=DTYPES[config.amp])
 
 
 def float_loss(loss):
