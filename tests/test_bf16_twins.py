@@ -234,3 +234,11 @@ def test_the_committed_bf16_twins_are_bit_identical_at_every_capability():
             for r in runs.values()} == {(m, d, a, cap) for m in ("tiny", "llama")
                                         for d, a in (("bfloat16", "none"), ("float32", "bfloat16"))
                                         for cap in ("DEFAULT", "AVX2", "AVX512")}
+
+
+def test_attribute_in_bf16_leaves_out_the_alternatives_bf16_refuses():
+    from ckparity.harness.studies.attribute import variants
+
+    names = set(variants(replace(PURE, ck_loss_backend="c")))
+    assert "alternative loss=c_ptref" in names and "alternative loss=c_fused_linear" not in names
+    assert "alternative loss=c_fused_linear" in variants(RunConfig())  # float32 keeps it

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ... import kernels
 from ..loop import child
-from ..loop.config import RunConfig
+from ..loop.config import RunConfig, UsageError
 from ..longrun.interrupts import Interrupted, stop_on_signals
 from ..loop.report import check_writable, check_writable_dir, read_report, write_json
 
@@ -47,10 +47,20 @@ def variants(config: RunConfig) -> dict[str, dict[str, str]]:
         out[f"without {KINDS[flag]}"] = {**configured, flag: "torch"}
         out[f"only {KINDS[flag]}"] = {f: (b if f == flag else "torch") for f, b in configured.items()}
         for backend in kernels.KERNELS[kernels.FLAGS[flag]].builtin:
-            if backend not in ("torch", configured[flag]):
+            if backend not in ("torch", configured[flag]) and _valid(config, {**configured, flag: backend}):
                 out[f"alternative {KINDS[flag]}={backend}"] = {**configured, flag: backend}
     out["all torch"] = {flag: "torch" for flag in configured}
     return out
+
+
+def _valid(config: RunConfig, backends: dict[str, str]) -> bool:
+    """Whether the configuration takes these backends: an alternative it
+    refuses (c_fused_linear in bf16) is no variant of it."""
+    try:
+        replace(config, **backends)
+    except UsageError:
+        return False
+    return True
 
 
 _ROW_KEYS = ("status", "first_loss_fail_step", "first_param_fail_step", "max_param_abs_diff", "max_loss_abs_diff",
