@@ -146,14 +146,17 @@ def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
     replace(PURE, max_grad_norm=1.0, ck_clip_backend="torch")
 
 
-def test_a_bf16_run_resumes_bit_for_bit(tmp_path):
-    base = replace(PURE, model="stacked", ck_loss_backend="c", max_steps=10)  # a drifting run: its drift is compared
+@pytest.mark.parametrize("mode", ["pure", "amp"])
+def test_a_bf16_run_resumes_bit_for_bit(tmp_path, mode):
+    # a drifting run (the default loss; under amp the C AdamW too): its drift is compared
+    base = replace(PURE if mode == "pure" else replace(AMP, ck_optimizer_backend="c"), model="stacked",
+                   ck_loss_backend="c", max_steps=10)
     whole = train(replace(base, json_out=str(tmp_path / "whole.json")))
     train(replace(base, max_steps=4, checkpoint_every=4, checkpoint_dir=str(tmp_path / "ck"),
                   json_out=str(tmp_path / "cut.json")))
     resumed = train(RunConfig(resume=str(tmp_path / "ck"), max_steps=10, no_progress=True,
                               json_out=str(tmp_path / "resumed.json")))
-    assert resumed["config"]["dtype"] == "bfloat16"
+    assert (resumed["config"]["dtype"], resumed["config"]["amp"]) == (base.dtype, base.amp)
     series = {k: v for k, v in whole["series"].items() if not k.endswith("_ms")}
     assert {k: resumed["series"][k] for k in series} == series
     assert whole["max_param_abs_diff"] > 0
