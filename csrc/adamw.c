@@ -31,7 +31,21 @@
  * (eps itself rounded to bf16 first: add_'s Scalar takes the tensor's dtype,
  * where mul_ and div keep theirs in float), and the addcdiv. Measured against torch's bf16 AdamW: every param and moment
  * at DEFAULT, AVX2 and AVX512 (tests/test_bf16.py, the adamw sweep).
- */
+ *
+ * fused (options.fused: torch.optim.AdamW(fused=True), ATen's
+ * cpu/FusedAdamKernel.cpp), float32 and bf16 alike: every element loaded to
+ * float, the math in float, the moments and the param rounded only where
+ * they are stored -- the param's update reads the unrounded m and v, eps is
+ * float's, sqrt(bc2) is sqrt() of the double. Its lerp is the single-tensor
+ * one; exp_avg_sq * beta2 + (1 - beta2) * g * g is contracted by torch's
+ * build as the code around it is compiled (found against torch's bits, per
+ * position, with inputs where the forms differ): in the vector loop (L
+ * elements a step: float 16 at AVX512, 8 at AVX2; bf16 32 and 16) as
+ * fma((1 - beta2) * g, g, v * beta2); in the scalar tail (the last n % L
+ * elements; the thread chunks are whole 64-byte units, so only the tensor's
+ * own tail) as fma(v, beta2, ((1 - beta2) * g) * g) -- except that the
+ * AVX512 build vectorizes the tail's first 8 floats (16 bf16) like the loop;
+ * at DEFAULT nothing is contracted. */
 #include "ckp_internal.h"
 #include "vec.h"
 
@@ -166,6 +180,59 @@ static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict 
     }
 }
 
+/* ---- fused=True ---------------------------------------------------------------- */
+
+static inline __attribute__((always_inline)) float load_at(const void *a, int64_t i, size_t elem) {
+    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[i]) : ((const float *)a)[i];
+}
+
+static inline __attribute__((always_inline)) void store_at(void *a, int64_t i, float x, size_t elem) {
+    if (elem == sizeof(uint16_t)) ((uint16_t *)a)[i] = ckp_f_to_bf16(x);
+    else ((float *)a)[i] = x;
+}
+
+/* Where torch's fused build contracts exp_avg_sq's update, by the element's
+ * place (see the file's comment): [0, vector_end) the vector loop's form,
+ * [vector_end, n) the scalar tail's. */
+typedef struct {
+    int64_t vector_end;
+    float bc2_sqrt, eps; /* sqrt() of the double, and eps in float (not rounded to the storage dtype) */
+} fused_layout;
+
+CKP_CLONES
+static void adamw_fused_range(void *restrict param, const void *restrict grad, void *restrict exp_avg,
+                              void *restrict exp_avg_sq, void *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
+                              const adamw_scalars *k, const fused_layout *f, size_t elem) {
+    const float decay = k->decays ? k->decay : 1.0f;
+    for (int64_t i = lo; i < hi; i++) {
+        float g = k->sign * load_at(grad, i, elem);
+        float p = load_at(param, i, elem) * decay;
+        float m = lerp_vec(load_at(exp_avg, i, elem), g, k->w1, k->fused);
+        float v0 = load_at(exp_avg_sq, i, elem), w2g = k->w2 * g;
+        float v = !k->fused ? v0 * k->beta2 + w2g * g
+                : i < f->vector_end ? fmaf(w2g, g, v0 * k->beta2) : fmaf(v0, k->beta2, w2g * g);
+        float vmax = v;
+        if (k->amsgrad) {
+            vmax = load_at(max_exp_avg_sq, i, elem);
+            vmax = (v > vmax || v != v) ? v : vmax; /* Vectorized maximum propagates NaN */
+            store_at(max_exp_avg_sq, i, vmax, elem);
+        }
+        store_at(param, i, p + (k->neg_step_size * m) / (sqrtf(vmax) / f->bc2_sqrt + f->eps), elem);
+        store_at(exp_avg, i, m, elem);
+        store_at(exp_avg_sq, i, v, elem);
+    }
+}
+
+/* The first element of the scalar tail of n elements of elem bytes at the
+ * running capability (see the file's comment). */
+static int64_t fused_vector_end(int64_t n, size_t elem) {
+    int capability = ckp_get_capability();
+    int64_t lanes = (capability == CKP_CAPABILITY_AVX512 ? 64 : 32) / (int64_t)elem;
+    int64_t body = n - n % lanes, tail = n % lanes;
+    int64_t vectorized_tail = capability == CKP_CAPABILITY_AVX512 ? 32 / (int64_t)elem : 0;
+    return body + (vectorized_tail && tail >= vectorized_tail ? vectorized_tail : 0);
+}
+
 static ckp_status adamw_step(void *param, const void *grad, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
                              int64_t n, double step, const ckp_adamw_options *opt, size_t elem);
 
@@ -216,11 +283,14 @@ static ckp_status adamw_step(void *param, const void *grad, void *exp_avg, void 
 
     const adamw_scalars k = {decay, w1, beta2, w2, neg_step_size, bc2_sqrt, eps, sign, (float)opt->weight_decay,
                              decays, opt->amsgrad, ckp_get_capability() != CKP_CAPABILITY_DEFAULT};
+    const fused_layout f = {fused_vector_end(n, elem), (float)sqrt(bias_correction2), (float)opt->eps};
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t lo = c * chunk, hi = c * chunk + chunk < n ? c * chunk + chunk : n;
-        if (elem == sizeof(float))
+        if (opt->fused)
+            adamw_fused_range(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, &k, &f, elem);
+        else if (elem == sizeof(float))
             adamw_range(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, &k);
         else
             adamw_range_bf16(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, &k);

@@ -9,6 +9,7 @@ those one-ULP steps accumulate, so the parameter bound grows with the steps."""
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -204,3 +205,54 @@ def test_non_contiguous_parameter_matches_torch():
         assert torch.equal(ck.state[ours][name], ref.state[theirs][name])
     assert max_ulp(ours, theirs) <= PARAM_ULP_BOUND[10]
     assert not torch.equal(ours, base.t())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_true_is_torchs_fused_kernel_bit_for_bit(dtype):
+    """fused=True against torch.optim.AdamW(fused=True): params and moments, every element, 20 steps, at
+    sizes around the vector width and its tail (the AVX-512 build vectorizes a tail's first 8 floats, 16 bf16)
+    and several C chunks; amsgrad, maximize, no decay. (Every width 1..300 at every capability: the adamw.fused
+    claims' sweeps, tests/test_capability.py.)"""
+    g = torch.Generator().manual_seed(3)
+    for size in (1, 7, 8, 15, 16, 17, 23, 24, 31, 32, 33, 47, 48, 63, 1000, 65537, 200003):
+        for kwargs in (dict(weight_decay=0.01), dict(weight_decay=0.0, amsgrad=True), dict(maximize=True)):
+            start = torch.randn(size, generator=g).to(dtype)
+            ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+            ck = ckparity.optim.AdamW([ours], lr=1e-2, fused=True, **kwargs)
+            ref = torch.optim.AdamW([theirs], lr=1e-2, fused=True, **kwargs)
+            for _ in range(20):
+                step_both(ours, ck, theirs, ref, (torch.randn(size, generator=g) * 3).to(dtype))
+            assert torch.equal(ours, theirs), (size, kwargs)
+            for name in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if kwargs.get("amsgrad") else ()):
+                assert torch.equal(ck.state[ours][name], ref.state[theirs][name]), (size, kwargs, name)
+
+
+def test_the_fused_sweep_tells_the_two_references_apart(monkeypatch):
+    """The single-tensor step in place of the fused one: in float32 the fused sweep sees it (its tails'
+    exp_avg_sq is contracted the other way round, sqrt(bc2) is sqrt's, not pow's), where the one-step
+    tests would not. In bf16 the two differ in the rounded-once update: the bf16 sweep sees that too."""
+    from ckparity.kernels import adamw as record
+    from ckparity.kernels.sweeping import Tally
+
+    monkeypatch.setattr(record, "AdamW", lambda params, fused=False, **kw: ckparity.optim.AdamW(params, **kw))
+    for dtype in (torch.float32, torch.bfloat16):
+        tally = Tally()
+        record.sweep_fused(tally, torch.Generator().manual_seed(0), dtype)
+        assert sum(q["differing"] for q in tally.result().values()) > 0, dtype
+
+
+def test_a_fused_state_dict_goes_on_in_torchs_fused_adamw():
+    p = torch.nn.Parameter(torch.randn(100))
+    ck = ckparity.optim.AdamW([p], fused=True)
+    for _ in range(3):
+        p.grad = torch.randn(100)
+        ck.step()
+    assert ck.state_dict()["param_groups"][0]["fused"] is True
+    q = torch.nn.Parameter(p.detach().clone())
+    ref = torch.optim.AdamW([q], fused=True)
+    ref.load_state_dict(copy.deepcopy(ck.state_dict()))  # a copy: torch keeps same-dtype state tensors as they are
+    grad = torch.randn(100)
+    p.grad, q.grad = grad.clone(), grad.clone()
+    ck.step()
+    ref.step()
+    assert torch.equal(p, q)

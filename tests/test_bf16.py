@@ -92,6 +92,7 @@ def test_the_records_claim_bf16_and_info_says_where_it_holds():
     claimed = {c.key: c.quantities for c in kernels.claims("bfloat16")}
     assert claimed == {"rms_norm": ("y", "dx", "dweight"), "swiglu": ("out", "dx"), "rope": ("out", "dx"),
                        "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"),
+                       "adamw.fused": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"),
                        "cross_entropy.ptref": ("loss", "dlogits")}
     if ckparity.cpu.matched():
         assert kernels.bit_identical("bfloat16") == {k: list(q) for k, q in claimed.items()}

@@ -245,3 +245,13 @@ def test_attribute_in_bf16_leaves_out_the_alternatives_bf16_refuses():
     names = set(variants(replace(PURE, ck_loss_backend="c")))
     assert "alternative loss=c_ptref" in names and "alternative loss=c_fused_linear" not in names
     assert "alternative loss=c_fused_linear" in variants(RunConfig())  # float32 keeps it
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_with_torchs_fused_adamw_the_c_fused_one_keeps_the_twins_bit_identical(tmp_path, dtype):
+    """--torch-adamw fused --ck-optimizer-backend c_fused: in float32 too every kernel of the CK twin is then
+    torch's bits, the optimizer included (the fused kernel's sqrt is correctly rounded, as C's)."""
+    r = train(replace(PURE, dtype=dtype, model="stacked", torch_adamw="fused", ck_optimizer_backend="c_fused",
+                      json_out=str(tmp_path / "r.json")))
+    assert r["divergence"]["first_step"] is None, r["divergence"]
+    assert r["series"]["ck_loss"][0] != r["series"]["ck_loss"][-1]

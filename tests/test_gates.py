@@ -334,3 +334,12 @@ def test_noise_envelope_catches_a_one_ulp_bias_by_its_direction(tmp_path, monkey
 def test_noise_envelope_passes_as_built(tmp_path):
     result = gates.noise_envelope(small("noise_envelope", steps=10, members=1, loss_backends=["c"]), tmp_path)
     assert result["passed"], result["summary"]
+
+
+def test_optimizer_parity_holds_the_fused_adamw_to_torchs_fused_bits(monkeypatch):
+    """The single-tensor step where fused=True's should be: within 8 ULPs of torch's fused params, but not
+    its bits -- the fused reference's bar."""
+    assert gates.optimizer_parity(small("optimizer_parity", steps=5, sizes=[17, 1000]))["passed"]
+    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity_fused", gates.OPTIMIZERS["ckparity"])
+    result = gates.optimizer_parity(small("optimizer_parity", steps=5, sizes=[17, 1000]))
+    assert not result["passed"] and "fused=True" in result["summary"], result["summary"]

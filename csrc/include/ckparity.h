@@ -216,6 +216,8 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int amsgrad;   /* keep max_exp_avg_sq and normalize by it */
     int maximize;  /* ascend: use -grad */
+    int fused;     /* torch.optim.AdamW(fused=True)'s kernel instead of the single-tensor path:
+                      the math in float from the unrounded moments, only the stores rounded */
 } ckp_adamw_options;
 
 /* param, grad, exp_avg, exp_avg_sq are (n); max_exp_avg_sq is (n) with

@@ -232,10 +232,12 @@ def rope_backward_bf16(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
 # ---- adamw ------------------------------------------------------------------
 
 def adamw_options(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-                  amsgrad: bool = False, maximize: bool = False):
+                  amsgrad: bool = False, maximize: bool = False, fused: bool = False):
+    """fused: torch's fused=True kernel instead of its single-tensor path."""
     opt = ffi.new("ckp_adamw_options *")
     opt.lr, opt.beta1, opt.beta2, opt.eps = float(lr), float(beta1), float(beta2), float(eps)
     opt.weight_decay, opt.amsgrad, opt.maximize = float(weight_decay), bool(amsgrad), bool(maximize)
+    opt.fused = bool(fused)
     return opt
 
 

@@ -256,13 +256,13 @@ def _user_backend_checks(ck_backends: dict[str, str], dtype: str = "float32") ->
 
 # ---- optimizer_parity -------------------------------------------------------
 
-OPTIMIZERS = {"ckparity": lambda params, **kw: ckparity.optim.AdamW(params, **kw)}
-
-
-def _optimizer(settings: dict) -> Callable:
-    """ckparity's AdamW, or the --backend adamw=NAME one."""
-    name = settings.get("ck_backends", {}).get("adamw")
-    return kernels.backends("adamw")[name] if name else OPTIMIZERS["ckparity"]
+# ckparity's AdamW for each of torch's two references (tests plant faults here)
+OPTIMIZERS = {"ckparity": lambda params, **kw: ckparity.optim.AdamW(params, **kw),
+              "ckparity_fused": lambda params, **kw: ckparity.optim.AdamW(params, fused=True, **kw)}
+# each reference's torch optimizer, and whether ckparity's params are held to it bit for bit (fused: its
+# sqrt is correctly rounded, as the C one is) or within max_param_ulp (single-tensor: torch's MKL sqrt)
+REFERENCES = {"ckparity": (reference.adamw, False),
+              "ckparity_fused": (lambda params, **kw: torch.optim.AdamW(params, fused=True, **kw), True)}
 
 
 def _grad_norm_failures(sizes: list[int], clip: Callable, own: bool) -> list[str]:
@@ -288,45 +288,46 @@ def _grad_norm_failures(sizes: list[int], clip: Callable, own: bool) -> list[str
 
 
 def optimizer_parity(settings: dict) -> dict:
-    """ckparity's AdamW against torch.optim.AdamW: moments bit-identical (the
-    kernel's claim), params within max_param_ulp ULPs (torch's MKL sqrt). A
-    --backend adamw=NAME is held to the bar ``ckparity check`` sets a user's
-    kernel instead (_user_optimizer_parity)."""
+    """ckparity's AdamW against torch.optim.AdamW, both references: the
+    single-tensor path (moments bit-identical, params within max_param_ulp
+    ULPs: torch's MKL sqrt) and fused=True (params and moments bit-identical).
+    A --backend adamw=NAME is held to the bar ``ckparity check`` sets a
+    user's kernel instead (_user_optimizer_parity)."""
     if settings.get("ck_backends", {}).get("adamw"):
         return _user_optimizer_parity(settings, settings["ck_backends"]["adamw"])
     rows, failures = [], []
     g = torch.Generator().manual_seed(0)
     dtype = DTYPES[settings["dtype"]]
     exercised = [k for k in ("adamw", "clip_grad_norm") if k in settings.get("ck_backends", {})]
-    for size in settings["sizes"]:
-        for amsgrad in (False, True):
-            start = torch.randn(size, generator=g).to(dtype)
-            p1, p2 = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
-            kw = dict(lr=1e-3, weight_decay=0.01, **({"amsgrad": True} if amsgrad else {}))
-            ours = _optimizer(settings)([p1], **kw)
-            ref = reference.adamw([p2], **kw)
-            for _ in range(settings["steps"]):
-                grad = torch.randn(size, generator=g).to(dtype)
-                p1.grad, p2.grad = grad.clone(), grad.clone()
-                ours.step()
-                ref.step()
-            moments_equal = all(torch.equal(ours.state[p1][k], ref.state[p2][k])
-                                for k in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()))
-            ulp = max_ulp(p1, p2)
-            row = {"size": size, "amsgrad": amsgrad, "moments_bit_identical": moments_equal,
-                   "params_bit_identical": int((p1 == p2).sum()), "params": size, "max_param_ulp": ulp}
-            rows.append(row)
-            if not moments_equal:
-                failures.append(f"size {size} amsgrad={amsgrad}: moments not bit-identical")
-            if ulp > settings["max_param_ulp"]:
-                failures.append(f"size {size} amsgrad={amsgrad}: params {ulp} ULPs apart "
-                                f"(limit {settings['max_param_ulp']})")
+    for size, amsgrad, which in ((s, a, w) for s in settings["sizes"] for a in (False, True) for w in REFERENCES):
+        start = torch.randn(size, generator=g).to(dtype)
+        p1, p2 = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+        kw = dict(lr=1e-3, weight_decay=0.01, **({"amsgrad": True} if amsgrad else {}))
+        torch_optimizer, params_bitwise = REFERENCES[which]
+        ours, ref = OPTIMIZERS[which]([p1], **kw), torch_optimizer([p2], **kw)
+        for _ in range(settings["steps"]):
+            grad = torch.randn(size, generator=g).to(dtype)
+            p1.grad, p2.grad = grad.clone(), grad.clone()
+            ours.step()
+            ref.step()
+        moments_equal = all(torch.equal(ours.state[p1][k], ref.state[p2][k])
+                            for k in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()))
+        ulp, limit = max_ulp(p1, p2), 0 if params_bitwise else settings["max_param_ulp"]
+        case = f"{'fused=True ' if which == 'ckparity_fused' else ''}size {size} amsgrad={amsgrad}"
+        rows.append({"reference": "fused" if which == "ckparity_fused" else "single_tensor", "size": size,
+                     "amsgrad": amsgrad, "moments_bit_identical": moments_equal,
+                     "params_bit_identical": int((p1 == p2).sum()), "params": size, "max_param_ulp": ulp})
+        if not moments_equal:
+            failures.append(f"{case}: moments not bit-identical")
+        if ulp > limit:
+            failures.append(f"{case}: params {ulp} ULPs apart (limit {limit})")
     if dtype == torch.float32:  # clip_grad_norm_ has no bf16 form yet: a bf16 run refuses the C clip
         failures += _clip_failures(settings)
-    equal = sum(r["params_bit_identical"] for r in rows)
-    total = sum(r["params"] for r in rows)
-    summary = (f"{settings['steps']} steps{'' if dtype == torch.float32 else ' in ' + settings['dtype']}: "
-               f"{equal}/{total} params bit-identical, moments "
+    counts = {ref: (sum(r["params_bit_identical"] for r in rows if r["reference"] == ref),
+                    sum(r["params"] for r in rows if r["reference"] == ref)) for ref in ("single_tensor", "fused")}
+    summary = (f"{settings['steps']} steps{'' if dtype == torch.float32 else ' in ' + settings['dtype']}: params "
+               f"bit-identical {counts['single_tensor'][0]}/{counts['single_tensor'][1]} (single-tensor), "
+               f"{counts['fused'][0]}/{counts['fused'][1]} (fused=True); moments "
                f"{'bit-identical' if not any('moments' in f for f in failures) else 'DIFFER'}")
     if failures:
         summary += f"; {failures[0]}"

@@ -3,7 +3,11 @@
 has torch.optim.AdamW's names, dtypes and shapes, so a state_dict saved by
 either loads into the other. A bfloat16 parameter (with a bfloat16 gradient)
 is stepped as torch's default single-tensor path steps it: bf16 moments,
-every op rounded to bf16."""
+every op rounded to bf16. ``fused=True`` follows torch's other reference
+instead, ``torch.optim.AdamW(fused=True)`` (ATen's FusedAdamKernel.cpp): the
+math in float from the unrounded moments, only the stores rounded (in
+float32 too: there its sqrt is correctly rounded where the single-tensor
+path's is MKL's)."""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from .errors import InvalidArgument, InvalidType
 
 
 # torch's keywords that choose among its own implementations of the same step.
-# ckparity has one (the C kernel): False/None are that; True asks for another.
-_TORCH_PATHS = ("foreach", "fused", "capturable", "differentiable")
+# ckparity follows two (the C kernel's two forms): the single-tensor path
+# (False/None) and fused=True; True for the others asks for what it has not.
+_TORCH_PATHS = ("foreach", "capturable", "differentiable")
 
 
 def _check_betas(betas) -> tuple[float, float]:
@@ -57,7 +62,7 @@ class AdamW(torch.optim.Optimizer):
         betas = _check_betas(betas)
         if not 0.0 <= weight_decay:
             raise InvalidArgument(f"Invalid weight_decay value: {weight_decay}")
-        chosen = {"foreach": foreach, "fused": fused, "capturable": capturable, "differentiable": differentiable}
+        chosen = {"foreach": foreach, "capturable": capturable, "differentiable": differentiable}
         asked = [name for name in _TORCH_PATHS if chosen[name]]
         if asked:
             raise InvalidArgument(f"ckparity.optim.AdamW runs its own C step; {asked[0]}=True asks for one of "
@@ -68,7 +73,7 @@ class AdamW(torch.optim.Optimizer):
         # torch fills a missing key with Adam's default (False, i.e. L2 decay).
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=None, capturable=False, differentiable=False,
-                        fused=None, decoupled_weight_decay=True)
+                        fused=True if fused else None, decoupled_weight_decay=True)
         super().__init__(params, defaults)
 
     def __setstate__(self, state):
@@ -100,7 +105,7 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             options = _bindings.adamw_options(group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                                              group["amsgrad"], group["maximize"])
+                                              group["amsgrad"], group["maximize"], bool(group.get("fused")))
             for p in group["params"]:
                 if p.grad is None:
                     continue

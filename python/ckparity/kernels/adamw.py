@@ -1,8 +1,11 @@
-"""adamw: torch.optim.AdamW's single-tensor step. An optimizer slot is
+"""adamw: torch.optim.AdamW's single-tensor step (backend c) and its
+fused=True step (c_fused). An optimizer slot is
 stepped, not differentiated: its backend is a factory (params, lr, betas,
 eps, weight_decay) -> torch.optim.Optimizer keeping torch's state names."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -87,6 +90,29 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
                 tally.add("param", case, ck_p.detach(), torch_p.detach())
 
 
+def sweep_fused(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """AdamW(fused=True) against torch.optim.AdamW(fused=True) on ``dtype``
+    params: three steps of each setting at every width, every param and
+    moment (the fused kernel's sqrt is correctly rounded: no exception)."""
+    settings = [dict(weight_decay=0.01), dict(weight_decay=0.0, amsgrad=True), dict(weight_decay=0.1, maximize=True)]
+    for kwargs in settings:
+        for n in WIDTHS:
+            p0 = torch.randn(n, generator=g).to(dtype)
+            ck_p, torch_p = p0.clone(), p0.clone()
+            ck = AdamW([ck_p], lr=1e-2, fused=True, **kwargs)
+            ref = torch.optim.AdamW([torch_p], lr=1e-2, fused=True, **kwargs)
+            for step in range(1, 4):
+                grad = (torch.randn(n, generator=g) * 10 ** float(torch.randint(-4, 2, (), generator=g))).to(dtype)
+                ck_p.grad, torch_p.grad = grad.clone(), grad.clone()
+                ck.step()
+                ref.step()
+                case = f"fused {kwargs} n={n} step={step}"
+                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                    if name in ref.state[torch_p]:
+                        tally.add(name, case, ck.state[ck_p][name], ref.state[torch_p][name])
+                tally.add("param", case, ck_p.detach(), torch_p.detach())
+
+
 def probe_call(L, fill, p, g, m, v, amsgrad):
     p, m, v = p.clone(), m.clone(), v.clone()  # the step writes over its inputs: no fill to show
     vmax = v.clone() if amsgrad else None
@@ -148,14 +174,18 @@ KERNEL = Kernel(
     flag="ck_optimizer_backend",
     spellings=("optimizer",),
     optimizer=True,
-    backends={"c": AdamW, "torch": reference.adamw},
+    # c_fused: the CK twin's AdamW when the torch twin runs torch's fused=True (--torch-adamw fused)
+    backends={"c": AdamW, "torch": reference.adamw, "c_fused": partial(AdamW, fused=True)},
     contract=_contract,
     # check's sizes: every tensor size 1..300 and large ones, and several of the C AdamW's
     # 65536-float chunks (65537)
     conformance=Conformance(make=None, call=None, differentiated=(), widths=WIDTHS + [65537]),
     claims=(Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param (where torch's sqrt is exact)"),
                   sweep),
-            Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"), sweep_bf16, dtype="bfloat16")),
+            Claim("adamw", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"), sweep_bf16, dtype="bfloat16"),
+            Claim("adamw.fused", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"), sweep_fused),
+            Claim("adamw.fused", ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"),
+                  partial(sweep_fused, dtype=torch.bfloat16), dtype="bfloat16")),
     not_claimed={"adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)"},
     probe=_probe,
     bench=_bench,
