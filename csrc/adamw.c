@@ -199,29 +199,61 @@ typedef struct {
     float bc2_sqrt, eps; /* sqrt() of the double, and eps in float (not rounded to the storage dtype) */
 } fused_layout;
 
-CKP_CLONES
-static void adamw_fused_range(void *restrict param, const void *restrict grad, void *restrict exp_avg,
-                              void *restrict exp_avg_sq, void *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
-                              const adamw_scalars *k, const fused_layout *f, size_t elem) {
-    const float decay = k->decays ? k->decay : 1.0f;
+enum { FORM_NONE, FORM_VECTOR, FORM_SCALAR }; /* DEFAULT's, the vector loop's, the scalar tail's (above) */
+
+/* One run of elements of one form; elem, form and amsgrad are constants at
+ * each call (adamw_fused_range), so every instance is a plain loop the
+ * compiler vectorizes. */
+static inline __attribute__((always_inline)) void fused_run(void *restrict param, const void *restrict grad,
+                                                            void *restrict exp_avg, void *restrict exp_avg_sq,
+                                                            void *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
+                                                            const adamw_scalars *k, const fused_layout *f,
+                                                            size_t elem, int form, int amsgrad) {
+    const float decay = k->decays ? k->decay : 1.0f, w1 = k->w1, beta2 = k->beta2, w2 = k->w2;
+    const float neg_step_size = k->neg_step_size, bc2_sqrt = f->bc2_sqrt, eps = f->eps, sign = k->sign;
     for (int64_t i = lo; i < hi; i++) {
-        float g = k->sign * load_at(grad, i, elem);
+        float g = sign * load_at(grad, i, elem);
         float p = load_at(param, i, elem) * decay;
-        float m = lerp_vec(load_at(exp_avg, i, elem), g, k->w1, k->fused);
-        float v0 = load_at(exp_avg_sq, i, elem), w2g = k->w2 * g;
-        float v = !k->fused ? v0 * k->beta2 + w2g * g
-                : i < f->vector_end ? fmaf(w2g, g, v0 * k->beta2) : fmaf(v0, k->beta2, w2g * g);
+        float m = lerp_vec(load_at(exp_avg, i, elem), g, w1, form != FORM_NONE);
+        float v0 = load_at(exp_avg_sq, i, elem), w2g = w2 * g;
+        float v = form == FORM_NONE ? v0 * beta2 + w2g * g
+                : form == FORM_VECTOR ? fmaf(w2g, g, v0 * beta2) : fmaf(v0, beta2, w2g * g);
         float vmax = v;
-        if (k->amsgrad) {
+        if (amsgrad) {
             vmax = load_at(max_exp_avg_sq, i, elem);
             vmax = (v > vmax || v != v) ? v : vmax; /* Vectorized maximum propagates NaN */
             store_at(max_exp_avg_sq, i, vmax, elem);
         }
-        store_at(param, i, p + (k->neg_step_size * m) / (sqrtf(vmax) / f->bc2_sqrt + f->eps), elem);
+        store_at(param, i, p + (neg_step_size * m) / (sqrtf(vmax) / bc2_sqrt + eps), elem);
         store_at(exp_avg, i, m, elem);
         store_at(exp_avg_sq, i, v, elem);
     }
 }
+
+#define FUSED_RUN(lo, hi, elem, form)                                                                          \
+    (k->amsgrad ? fused_run(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, k, f, elem, form, 1)   \
+                : fused_run(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lo, hi, k, f, elem, form, 0))
+
+CKP_CLONES
+static void adamw_fused_range(void *restrict param, const void *restrict grad, void *restrict exp_avg,
+                              void *restrict exp_avg_sq, void *restrict max_exp_avg_sq, int64_t lo, int64_t hi,
+                              const adamw_scalars *k, const fused_layout *f, size_t elem) {
+    int64_t mid = f->vector_end < lo ? lo : f->vector_end > hi ? hi : f->vector_end;
+    if (elem == sizeof(float)) {
+        if (!k->fused) {
+            FUSED_RUN(lo, hi, sizeof(float), FORM_NONE);
+        } else {
+            FUSED_RUN(lo, mid, sizeof(float), FORM_VECTOR);
+            FUSED_RUN(mid, hi, sizeof(float), FORM_SCALAR);
+        }
+    } else if (!k->fused) {
+        FUSED_RUN(lo, hi, sizeof(uint16_t), FORM_NONE);
+    } else {
+        FUSED_RUN(lo, mid, sizeof(uint16_t), FORM_VECTOR);
+        FUSED_RUN(mid, hi, sizeof(uint16_t), FORM_SCALAR);
+    }
+}
+#undef FUSED_RUN
 
 /* The first element of the scalar tail of n elements of elem bytes at the
  * running capability (see the file's comment). */

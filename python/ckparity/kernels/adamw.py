@@ -133,11 +133,11 @@ def _probe(gen: torch.Generator):
         yield f"adamw bf16 n={n}", lambda L, f, t=bf16: probe_call(L, f, *t, True)
 
 
-def c_calls(n, gen):
-    """One C step alone, on tensors made once."""
+def c_calls(n, gen, fused: bool = False):
+    """One C step alone (the single-tensor form, or fused=True's), on tensors made once."""
     p, grad, m, v = (torch.randn(n, generator=gen) for _ in range(4))
     v.abs_()
-    options = C.adamw_options(1e-3, 0.9, 0.999, 1e-8, 1e-2)
+    options = C.adamw_options(1e-3, 0.9, 0.999, 1e-8, 1e-2, fused=fused)
     return lambda: C.adamw_step(p, grad, m, v, None, 10.0, options)
 
 
@@ -145,28 +145,31 @@ def _bench(gen: torch.Generator, select):
     for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
         if not (select("adamw", f"n={label} vs default") or select("adamw", f"n={label} vs fused")):
             continue
-        params = {name: torch.nn.Parameter(torch.randn(n, generator=gen)) for name in ("ck", "torch", "fused",
-                                                                                        "compiled")}
+        params = {name: torch.nn.Parameter(torch.randn(n, generator=gen)) for name in ("ck", "ck_fused", "torch",
+                                                                                        "fused", "compiled")}
         grad = torch.randn(n, generator=gen)
         for p in params.values():
             p.grad = grad.clone()
-        ck = AdamW([params["ck"]])
+        ck, ck_fused = AdamW([params["ck"]]), AdamW([params["ck_fused"]], fused=True)
         ref = reference.adamw([params["torch"]])
         fused = torch.optim.AdamW([params["fused"]], fused=True)
         compiled = compiled_step(reference.adamw([params["compiled"]]))
-        kernel = c_calls(n, gen)
-        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq
-        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, kernel, compiled=compiled)
-        yield Case("adamw", f"n={label} vs fused", ck.step, fused.step, 28 * n, kernel)
+        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq; each reference against
+        # the C form that follows it
+        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, c_calls(n, gen), compiled=compiled)
+        yield Case("adamw", f"n={label} vs fused", ck_fused.step, fused.step, 28 * n, c_calls(n, gen, fused=True))
     n = 16 * 2**20
-    if select("adamw", "n=16M vs default bf16"):
-        pb = {name: torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16()) for name in ("ck", "torch")}
+    if select("adamw", "n=16M vs default bf16") or select("adamw", "n=16M vs fused bf16"):
+        pb = {name: torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16())
+              for name in ("ck", "torch", "ck_fused", "fused")}
         grad = torch.randn(n, generator=gen).bfloat16()
         for p in pb.values():
             p.grad = grad.clone()
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq (2 bytes each)
         yield Case("adamw", "n=16M vs default bf16", AdamW([pb["ck"]]).step, reference.adamw([pb["torch"]]).step,
                    14 * n)
+        yield Case("adamw", "n=16M vs fused bf16", AdamW([pb["ck_fused"]], fused=True).step,
+                   torch.optim.AdamW([pb["fused"]], fused=True).step, 14 * n)
 
 
 KERNEL = Kernel(
