@@ -113,10 +113,10 @@ def sweep_fused(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.flo
                 tally.add("param", case, ck_p.detach(), torch_p.detach())
 
 
-def probe_call(L, fill, p, g, m, v, amsgrad):
+def probe_call(L, fill, p, g, m, v, amsgrad, fused=False):
     p, m, v = p.clone(), m.clone(), v.clone()  # the step writes over its inputs: no fill to show
     vmax = v.clone() if amsgrad else None
-    options = C.adamw_options(1e-2, 0.9, 0.999, 1e-8, 0.1, amsgrad)
+    options = C.adamw_options(1e-2, 0.9, 0.999, 1e-8, 0.1, amsgrad, fused=fused)
     step_fn = C.adamw_step_bf16 if p.dtype == torch.bfloat16 else C.adamw_step
     for step in range(1, 4):
         step_fn(p, g, m, v, vmax, float(step), options, library=L)
@@ -131,6 +131,9 @@ def _probe(gen: torch.Generator):
             yield f"adamw n={n} amsgrad={amsgrad}", lambda L, f, a=amsgrad, t=(pa, ga, ma, va): probe_call(L, f, *t, a)
         bf16 = tuple(t.bfloat16() for t in (pa, ga, ma, va))
         yield f"adamw bf16 n={n}", lambda L, f, t=bf16: probe_call(L, f, *t, True)
+        for tensors, dtype in (((pa, ga, ma, va), "float32"), (bf16, "bf16")):
+            yield (f"adamw fused {dtype} n={n}",
+                   lambda L, f, t=tensors: probe_call(L, f, *t, True, fused=True))
 
 
 def c_calls(n, gen, fused: bool = False):
