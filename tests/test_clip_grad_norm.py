@@ -96,3 +96,28 @@ def test_foreach_keyword():
                        torch.nn.utils.clip_grad_norm_(theirs, 1.0, foreach=False))
     with pytest.raises(ValueError, match="foreach=True"):
         ckparity.clip_grad_norm_(ours, 1.0, foreach=True)
+
+
+def test_bf16_gradients_are_clipped_in_torchs_dtype_with_a_more_accurate_norm():
+    """bf16 gradients: the norm of their exact values (torch's bf16 norm is rounded on the way), returned in
+    bf16 as torch's is; the coefficient and the scaling are torch's bf16 ops. Mixed dtypes are refused."""
+    g = torch.Generator().manual_seed(5)
+    for sizes in ([3], [1, 17, 1000], [65537, 5]):
+        grads = [(torch.randn(n, generator=g) * 3).bfloat16() for n in sizes]
+        exact = torch.linalg.vector_norm(torch.cat([t.double() for t in grads]))
+        ours = [torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in sizes]
+        theirs = [torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in sizes]
+        for a, b, t in zip(ours, theirs, grads):
+            a.grad, b.grad = t.clone(), t.clone()
+        n_ours, n_theirs = ckparity.clip_grad_norm_(ours, 1.0), torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        assert n_ours.dtype == n_theirs.dtype == torch.bfloat16
+        assert abs(float(n_ours) - float(exact)) <= abs(float(n_theirs) - float(exact))
+        assert abs(float(n_ours) - float(exact)) <= 2.0**-8 * float(exact)  # rounded once to bf16 (via float32)
+        if torch.equal(n_ours, n_theirs):  # the same norm gives the same scaled gradients
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs))
+        assert all(a.grad.dtype == torch.bfloat16 for a in ours)
+        assert float(torch.linalg.vector_norm(torch.cat([a.grad.double() for a in ours]))) < float(exact)
+    mixed = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]
+    mixed[0].grad, mixed[1].grad = torch.ones(3), torch.ones(3, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="one dtype for all"):
+        ckparity.clip_grad_norm_(mixed, 1.0)

@@ -1,5 +1,8 @@
 """ckparity.clip_grad_norm_: torch.nn.utils.clip_grad_norm_ with the norm
-reduced in C (csrc/clip_grad_norm.c)."""
+reduced in C (csrc/clip_grad_norm.c). bfloat16 gradients (all of them) are
+widened exactly for the reduction, and the total norm, the coefficient and
+the scaling are then torch's bf16 tensor operations, as torch computes them
+for bf16 gradients: the norm is more accurate than torch's, not its bits."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import torch
 
 from .. import _bindings
 from .._tensors import require_float32
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidType
 
 
 def grad_norm(tensors: list[torch.Tensor], norm_type: float = 2.0) -> float:
@@ -24,7 +27,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     """Scales the gradients in place so that their total norm is at most
     max_norm, as torch.nn.utils.clip_grad_norm_ does (coefficient
     max_norm / (total_norm + 1e-6), clamped at 1). Returns the total norm as a
-    float32 tensor. A NaN or inf gradient gives a NaN or inf norm (and a
+    tensor of the gradients' dtype (float32, or bfloat16: rounded from the
+    double via float32). A NaN or inf gradient gives a NaN or inf norm (and a
     RuntimeError with error_if_nonfinite=True), never a finite one.
 
     norm_type 0 (the count of nonzeros) and -inf (the smallest magnitude) are
@@ -42,19 +46,27 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         raise InvalidArgument(f"norm_type must be >= 0, inf or -inf, got {norm_type}")
     if not grads:
         return torch.tensor(0.0)
+    dtypes = {g.dtype for g in grads}
+    if dtypes == {torch.bfloat16}:  # the norm of the exact float values; torch's dtype for what follows
+        widened, dtype = [g.float() for g in grads], torch.bfloat16
+    elif len(dtypes) > 1 and torch.bfloat16 in dtypes:
+        raise InvalidType(f"ckparity.clip_grad_norm_ takes float32 or bfloat16 gradients, one dtype for all; got "
+                          f"{sorted(str(d) for d in dtypes)}")
+    else:
+        widened, dtype = grads, torch.float32
     if norm_type in (0.0, -math.inf):
-        for k, g in enumerate(grads):
+        for k, g in enumerate(widened):
             require_float32(g, f"gradient {k}")
         total_norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads]), norm_type)
+            torch.stack([torch.linalg.vector_norm(g, norm_type) for g in widened]), norm_type).to(dtype)
     else:
-        total_norm = torch.tensor(grad_norm(grads, norm_type), dtype=torch.float32)
+        total_norm = torch.tensor(grad_norm(widened, norm_type), dtype=torch.float32).to(dtype)
     if error_if_nonfinite and not math.isfinite(float(total_norm)):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it "
             "cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
             "anyway, set `error_if_nonfinite=False`")
-    # torch's float32 arithmetic for the coefficient, so the scaling matches it.
+    # torch's arithmetic for the coefficient, in the gradients' dtype, so the scaling matches it.
     clip_coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
     for g in grads:
         g.mul_(clip_coef)
