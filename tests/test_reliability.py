@@ -112,10 +112,15 @@ def test_train_text_shorter_than_a_step_is_repeated(tmp_path):
 
 
 def test_adamw_accepts_torch_keywords_for_its_own_path():
+    """False/None everywhere are the single-tensor path; fused=True is followed (the C fused form,
+    tests/test_adamw.py); True for the others asks for a torch implementation ckparity has not."""
     p = torch.nn.Parameter(torch.randn(3))
     for keyword in ("foreach", "fused", "capturable", "differentiable"):
         for value in (False, None):
             ckparity.optim.AdamW([p], **{keyword: value})
+        if keyword == "fused":
+            assert ckparity.optim.AdamW([p], fused=True).defaults["fused"] is True
+            continue
         with pytest.raises(ValueError, match=f"{keyword}=True"):
             ckparity.optim.AdamW([p], **{keyword: True})
 
