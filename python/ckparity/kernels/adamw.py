@@ -67,50 +67,42 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
                 torch_p.data.copy_(ck_p.data)  # each step from one shared state
 
 
-def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
-    """bfloat16 params, grads and moments against torch.optim.AdamW's default
-    path on them: three steps of each setting, every param and moment (on bf16,
-    torch's sqrt is ATen's own, correctly rounded: no exception)."""
+def _sweep_every_bit(tally: Tally, g: torch.Generator, dtype: torch.dtype, fused: bool) -> None:
+    """Three steps of each setting at every width on ``dtype`` params, ckparity's
+    AdamW against torch's (fused=True, or its default single-tensor path), every
+    param and moment compared."""
     settings = [dict(weight_decay=0.01), dict(weight_decay=0.0, amsgrad=True), dict(weight_decay=0.1, maximize=True)]
-    for kwargs in settings:
-        for n in WIDTHS:
-            p0 = torch.randn(n, generator=g).bfloat16()
-            ck_p, torch_p = p0.clone(), p0.clone()
-            ck = AdamW([ck_p], lr=1e-2, **kwargs)
-            ref = torch.optim.AdamW([torch_p], lr=1e-2, foreach=False, **kwargs)
-            for step in range(1, 4):
-                grad = (torch.randn(n, generator=g) * 10 ** float(torch.randint(-4, 2, (), generator=g))).bfloat16()
-                ck_p.grad, torch_p.grad = grad.clone(), grad.clone()
-                ck.step()
-                ref.step()
-                case = f"{kwargs} n={n} step={step}"
-                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                    if name in ref.state[torch_p]:
-                        tally.add(name, case, ck.state[ck_p][name], ref.state[torch_p][name])
-                tally.add("param", case, ck_p.detach(), torch_p.detach())
-
-
-def sweep_fused(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """AdamW(fused=True) against torch.optim.AdamW(fused=True) on ``dtype``
-    params: three steps of each setting at every width, every param and
-    moment (the fused kernel's sqrt is correctly rounded: no exception)."""
-    settings = [dict(weight_decay=0.01), dict(weight_decay=0.0, amsgrad=True), dict(weight_decay=0.1, maximize=True)]
+    ours_path, torch_path = (dict(fused=True), dict(fused=True)) if fused else ({}, dict(foreach=False))
     for kwargs in settings:
         for n in WIDTHS:
             p0 = torch.randn(n, generator=g).to(dtype)
             ck_p, torch_p = p0.clone(), p0.clone()
-            ck = AdamW([ck_p], lr=1e-2, fused=True, **kwargs)
-            ref = torch.optim.AdamW([torch_p], lr=1e-2, fused=True, **kwargs)
+            ck = AdamW([ck_p], lr=1e-2, **ours_path, **kwargs)
+            ref = torch.optim.AdamW([torch_p], lr=1e-2, **torch_path, **kwargs)
             for step in range(1, 4):
                 grad = (torch.randn(n, generator=g) * 10 ** float(torch.randint(-4, 2, (), generator=g))).to(dtype)
                 ck_p.grad, torch_p.grad = grad.clone(), grad.clone()
                 ck.step()
                 ref.step()
-                case = f"fused {kwargs} n={n} step={step}"
+                case = f"{'fused ' if fused else ''}{kwargs} n={n} step={step}"
                 for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
                     if name in ref.state[torch_p]:
                         tally.add(name, case, ck.state[ck_p][name], ref.state[torch_p][name])
                 tally.add("param", case, ck_p.detach(), torch_p.detach())
+
+
+def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
+    """bfloat16 params, grads and moments against torch.optim.AdamW's default
+    path on them, every param and moment (on bf16, torch's sqrt is ATen's own,
+    correctly rounded: no exception)."""
+    _sweep_every_bit(tally, g, torch.bfloat16, fused=False)
+
+
+def sweep_fused(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """AdamW(fused=True) against torch.optim.AdamW(fused=True) on ``dtype``
+    params, every param and moment (the fused kernel's sqrt is correctly
+    rounded: no exception)."""
+    _sweep_every_bit(tally, g, dtype, fused=True)
 
 
 def probe_call(L, fill, p, g, m, v, amsgrad, fused=False):
