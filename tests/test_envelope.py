@@ -4,6 +4,7 @@ and a faulty CK twin."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from dataclasses import replace
@@ -214,11 +215,16 @@ def test_train_prints_the_noise_verdict_and_why(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setitem(kernels.backends("cross_entropy"), "outward",
                         lambda x, t, **kw: F.cross_entropy(_GradOneUlpUp.apply(x), t, **kw))
-    main(["train", "--max-steps", "6", "--envelope", "1", "--ck-loss-backend", "outward", "--ck-optimizer-backend",
-          "torch", "--no-progress", "--json-out", str(tmp_path / "r.json")])
+    code = main(["train", "--max-steps", "6", "--envelope", "1", "--ck-loss-backend", "outward",
+                 "--ck-optimizer-backend", "torch", "--no-progress", "--json-out", str(tmp_path / "r.json")])
     assert "ckparity train: beyond_noise (directed: loss.grad0)" in capsys.readouterr().out
-    main(["train", "--max-steps", "3", "--envelope", "1", "--no-progress", "--json-out", str(tmp_path / "s.json")])
+    # one ULP outward on every dlogit crosses no tolerance; the direction alone fails the run
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 1 and report["status"] == "fail" and report["failed_by_envelope"]
+    assert report["first_loss_fail_step"] is None and report["first_param_fail_step"] is None
+    code = main(["train", "--max-steps", "3", "--envelope", "1", "--no-progress", "--json-out", str(tmp_path / "s.json")])
     assert "ckparity train: within_noise\n" in capsys.readouterr().out
+    assert code == 0 and not json.loads((tmp_path / "s.json").read_text())["failed_by_envelope"]
 
 
 def test_the_lean_leaves_out_values_below_the_normal_range():

@@ -304,6 +304,11 @@ def _report(config, batches, observers: dict[str, Observer], twins, status, erro
     result.update({key: None for key in OPTIONAL_KEYS})
     for observer in observers.values():
         observer.report_into(result)
+    # a drift beyond the noise envelope (by size, or an error that leans one way) fails the run
+    # though no tolerance was crossed: a bias below one ULP never crosses one (docs/envelope.md)
+    result["failed_by_envelope"] = result["noise_verdict"] == "beyond_noise" and result["status"] in ("pass", "fail")
+    if result["failed_by_envelope"] and result["status"] == "pass":
+        result.update(status="fail", pass_parity=False)
     if "divergence" in observers:  # the forecast's start: the first step whose bits differ
         result["forecast"] = forecast(columns["step"], columns["param_abs_diff"], config.tolerance("param_tol"), batches.num_steps,
                                       observers["divergence"].first_step)

@@ -11,7 +11,10 @@ Each variant is a full `ckparity train` run (in parallel processes, --jobs),
 and the verdict reads them:
 - the control fails: no ckparity kernel is the cause (a tolerance too tight
   for the config, or torch disagreeing with itself);
-- the configured run passes: nothing is responsible;
+- the configured run passes: the kinds ranked by effect (by_effect): how
+  much closer to torch swapping each out brings the param drift, in ULPs;
+  "nothing is responsible" only when the run is bit-identical or no
+  ablation changes its drift;
 - some kinds fail alone ("only <kind>" fails) and pass when swapped out:
   those kinds are responsible;
 - no kind fails alone but the configured run fails: the combination is
@@ -64,11 +67,14 @@ def _valid(config: RunConfig, backends: dict[str, str]) -> bool:
 
 
 _ROW_KEYS = ("status", "first_loss_fail_step", "first_param_fail_step", "max_param_abs_diff", "max_loss_abs_diff",
-             "divergence")
+             "divergence", "forecast_param_fail_step")
 
 
 def _row(report: dict) -> dict:
-    return {key: report[key] for key in _ROW_KEYS}
+    row = {key: report.get(key) for key in _ROW_KEYS}
+    # the drift in ULPs of the run's dtype: what the ranking by effect compares
+    row["max_param_ulp_diff"] = (report.get("max_ulp_diff") or {}).get("param")
+    return row
 
 
 def _finished(config: RunConfig, returncode: int) -> dict:
@@ -76,7 +82,8 @@ def _finished(config: RunConfig, returncode: int) -> dict:
     if Path(config.json_out).exists():
         return _row(read_report(config.json_out))
     return {"status": "error", "first_loss_fail_step": None, "first_param_fail_step": None,
-            "max_param_abs_diff": None, "max_loss_abs_diff": None,
+            "max_param_abs_diff": None, "max_loss_abs_diff": None, "forecast_param_fail_step": None,
+            "max_param_ulp_diff": None,
             "divergence": {"first_step": None,
                            "stage": f"the run's process was {child.ending(returncode)} and wrote no report"}}
 
@@ -135,7 +142,7 @@ def verdict(rows: dict[str, dict]) -> dict:
         return {"responsible": [], "summary": "the all-torch control fails too: no ckparity kernel is the cause "
                                               "(a tolerance too tight for this config, or torch disagreeing with itself)"}
     if not failed["as configured"]:
-        return {"responsible": [], "summary": "the configured run passes: nothing is responsible"}
+        return by_effect(rows, kinds)
     alone = [k for k in kinds if failed[f"only {k}"]]
     needed = [k for k in kinds if not failed[f"without {k}"]]
     passing = f"; passes with {', '.join(alternatives)}" if alternatives else ""
@@ -154,6 +161,39 @@ def verdict(rows: dict[str, dict]) -> dict:
             "summary": f"no backend fails on its own: only the combination of {', '.join(kinds)} fails"
                        + (f", and swapping {' or '.join(needed)} to torch makes it pass" if needed else "")
                        + passing}
+
+
+def _drift(row: dict) -> float:
+    """A variant's drift from torch: its largest param difference in ULPs (0 when bit-identical)."""
+    if row["divergence"] and row["divergence"].get("first_step") is None:
+        return 0.0
+    return row["max_param_ulp_diff"] or 0.0
+
+
+def by_effect(rows: dict[str, dict], kinds: list[str]) -> dict:
+    """The verdict of a configured run that crosses no tolerance in its steps:
+    a bug that drifts slowly (an optimizer's, crossing at step 146 of a
+    100-step window) is not "nothing". Each kind's effect is how much closer
+    to torch swapping it out brings the run (the param drift, in ULPs of the
+    dtype), and how far it drifts alone; the kinds are ranked by it, and the
+    top one that drifts alone is the suspect. Nothing is responsible only
+    when no ablation changes the drift."""
+    configured = _drift(rows["as configured"])
+    ranked = sorted(({"kind": k, "effect_ulps": configured - _drift(rows[f"without {k}"]),
+                      "alone_ulps": _drift(rows[f"only {k}"])} for k in kinds),
+                    key=lambda r: (-r["effect_ulps"], -r["alone_ulps"]))
+    forecast = rows["as configured"].get("forecast_param_fail_step")
+    if configured == 0.0 or not any(r["effect_ulps"] > 0 or r["alone_ulps"] > 0 for r in ranked):
+        why = "bit-identical to torch" if configured == 0.0 else "no ablation changes its drift"
+        return {"responsible": [], "ranked": ranked, "suspect": None,
+                "summary": f"the configured run passes and is {why}: nothing is responsible"}
+    suspect = next((r["kind"] for r in ranked if r["alone_ulps"] > 0), ranked[0]["kind"])
+    effects = ", ".join(f"{r['kind']} {r['effect_ulps']:.3g} ULPs (alone {r['alone_ulps']:.3g})" for r in ranked)
+    when = f"; the forecast has its params cross tolerance at step {forecast}" if forecast else ""
+    return {"responsible": [], "ranked": ranked, "suspect": suspect,
+            "summary": f"no variant crosses a tolerance in the run's steps, but the twins drift "
+                       f"{configured:.3g} ULPs apart; ranked by effect (how much closer to torch swapping each to "
+                       f"torch brings the params): {effects}; suspect: {suspect}{when}"}
 
 
 def attribute(config: RunConfig, json_out: str, jobs: int) -> dict:
