@@ -9,6 +9,7 @@
   ckparity mutate   the gates against builds with planted numerics bugs: a kill matrix
   ckparity check    the conformance suite on any backend of a kernel (yours: --plugin)
   ckparity replay   recompute a step dumped by train --dump-step (CK, torch, float64)
+  ckparity zoo      real-world bug classes planted through the plugin door: caught? vs the peers' criteria
   ckparity info     versions, threads, the loaded library
 
 Exit codes: 0 pass, 1 parity fail (or a run that stopped with an error),
@@ -379,9 +380,39 @@ def _info(argv: list[str]) -> int:
     return EXIT_PASS
 
 
+def _zoo(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from .harness.loop.config import UsageError
+    from .harness.loop.report import check_writable
+    from .zoo.scenarios import BY_NAME
+
+    parser = _parser(prog="ckparity zoo", description="Bug classes people ship, each planted through the plugin "
+                     "door; ckparity's tools on each, and the peers' criteria on the same runs (docs/zoo.md)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="SCENARIO", help=f"these scenarios: {', '.join(BY_NAME)}")
+    parser.add_argument("--steps", type=int, default=300, help="steps of each run (default 300)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds of the control run without a bug (default 5; 0: none)")
+    parser.add_argument("--jobs", type=int, default=2, help="attribute's parallel variants (default 2)")
+    parser.add_argument("--out-dir", default="reports/zoo", help="the runs' reports (default reports/zoo)")
+    parser.add_argument("--json-out", default="reports/zoo.json", help="the zoo's report (default reports/zoo.json)")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.only if name not in BY_NAME]
+    if unknown:
+        raise UsageError(f"--only: no scenario {', '.join(map(repr, unknown))}; the scenarios: {', '.join(BY_NAME)}")
+    if args.steps < 1 or args.seeds < 0 or args.jobs < 1:
+        raise UsageError("--steps and --jobs must be at least 1, --seeds at least 0")
+    check_writable(args.json_out, "--json-out")
+    from .zoo.run import passed, table, zoo
+
+    result = zoo(args.only, args.steps, args.seeds, Path(args.out_dir), args.json_out, args.jobs,
+                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(table(result))
+    return EXIT_PASS if passed(result) else EXIT_FAIL
+
+
 COMMANDS = {"train": _train, "repro": _repro, "attribute": _attribute, "compare": _compare, "gate": _gate,
             "bench": _bench, "mutate": _mutate, "check": _check, "replay": _replay,
-            "info": _info}
+            "info": _info, "zoo": _zoo}
 
 
 # the commands whose plugins load in a child process only (ckparity check's)

@@ -25,6 +25,7 @@ from ..longrun.interrupts import Interrupted, stop_on_signals
 from ..observers.agreement import RankAgreement
 from ..observers.drift import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from ..observers.envelope import NoiseEnvelope
+from ..observers.peers import PeerCriteria
 from ..observers.forecast import forecast
 from ..observers.protocol import Observer, StepRecord
 from ..observers.shadow import Float64Shadow
@@ -124,7 +125,9 @@ def observers_for(config: RunConfig, ck, ref, ranks) -> dict[str, Observer]:
     optional = {"shadow": (config.f64_shadow, lambda: Float64Shadow(config, ref)),
                 "envelope": (config.envelope, lambda: NoiseEnvelope(config, ref)),
                 "spikes": (config.spike_triage, lambda: SpikeTriage(config)),
-                "dump": (config.dump_step, lambda: StepDump(config))}
+                "dump": (config.dump_step, lambda: StepDump(config)),
+                # the peers' criteria compare whole models: a run split over ranks has none
+                "peers": (config.tp * config.dp == 1, PeerCriteria)}
     observers.update({name: make() for name, (wanted, make) in optional.items() if wanted})
     return observers
 
@@ -256,7 +259,7 @@ def lost_report(config: RunConfig, error: str) -> dict:
 
 
 # report keys of observers a run may not have: null unless one reports them
-OPTIONAL_KEYS = ("divergence", "shadow", "envelope", "noise_verdict", "spikes", "dump")
+OPTIONAL_KEYS = ("divergence", "shadow", "envelope", "noise_verdict", "spikes", "dump", "peers")
 
 
 def _report(config, batches, observers: dict[str, Observer], twins, status, error, wall) -> dict:
