@@ -20,6 +20,7 @@ no criterion may fire (the false-alarm row)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -79,6 +80,8 @@ def _blame(scenario: Scenario, config: RunConfig, report: dict, out: Path, jobs:
     if scenario.resume_at:
         stage = (report.get("divergence") or {}).get("stage")
         return ([STAGE_KINDS.get(stage, stage)] if stage else []), f"the twins first differ at stage {stage!r}"
+    # no more threads than cores: oversubscribed OpenMP threads spin (a 2-thread run's ablation took 6 min at 2 jobs)
+    jobs = max(1, min(jobs, (os.cpu_count() or 1) // max(1, config.threads)))
     result = attribute(replace(config, envelope=0), str(out / f"{scenario.name}_attribute.json"), jobs)
     verdict = result["verdict"]
     blamed = verdict["responsible"] or ([verdict["suspect"]] if verdict.get("suspect") else [])
