@@ -114,6 +114,47 @@ def test_a_thread_dependent_result_is_nondeterministic(few_widths, planted):
     assert _verdicts(report)["threads"] == "nondeterministic" and report["passed"]
 
 
+def _batch_dependent_rms_norm(x, shape, weight=None, eps=1e-5):
+    """planted: a batch-1 fast path with its own rounding (divides by the root, where the batched path
+    multiplies by rsqrt)"""
+    if x.shape[0] == 1:
+        y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return y if weight is None else y * weight
+    return F.rms_norm(x, shape, weight, eps)
+
+
+def test_a_batch_dependent_reduction_is_nondeterministic(few_widths, planted):
+    """The row's bits change with the batch it sits in: batch_invariance says
+    so (check passes it, a gate does not); torch's own count stays beside it."""
+    report = conformance.check("rms_norm", planted("rms_norm", "by_batch", _batch_dependent_rms_norm))
+    row = next(r for r in report["properties"] if r["property"] == "batch_invariance")
+    assert row["verdict"] == "nondeterministic" and report["passed"] and not report["passes_gates"]
+    assert row["ours_variant"] > row["torch_variant"] and row["follows_torch"] == 0
+    assert "depend on its batch" in row["failures"][0]
+
+
+def test_own_kernels_are_batch_invariant_or_follow_torchs_variance():
+    """ckparity's row kernels: a row's bits never depend on its batch, except a
+    lone row of 65537 on 2 threads where torch's rms_norm splits the row's sum
+    (ours follows torch there: same count, torch's bits)."""
+    from ckparity.gates import batch_invariance_rows
+
+    rows = {(r["kernel"], r["backend"]): r for r in batch_invariance_rows(torch.float32)}
+    assert {("rms_norm", "c"), ("swiglu", "c"), ("cross_entropy", "c"), ("cross_entropy", "c_ptref")} <= set(rows)
+    for r in rows.values():
+        assert r["verdict"] == "bitwise" and r["arrangements"] == 145
+        assert r["ours_variant"] == r["follows_torch"] <= r["torch_variant"]
+
+
+def test_the_kernel_parity_gate_fails_on_a_batch_dependent_own_kernel(monkeypatch):
+    from ckparity import gates
+
+    monkeypatch.setitem(kernels.backends("rms_norm"), "c", _batch_dependent_rms_norm)
+    rows = gates.batch_invariance_rows(torch.float32)
+    bad = next(r for r in rows if (r["kernel"], r["backend"]) == ("rms_norm", "c"))
+    assert bad["verdict"] == "nondeterministic"
+
+
 class _NoBiasCorrection(torch.optim.Optimizer):
     """AdamW without its bias corrections: a real slip, far from torch early on."""
 

@@ -24,6 +24,7 @@ import ckparity
 
 from . import check, cpu, kernels, reference
 from ._tensors import DTYPES
+from .check.properties import batch_invariance
 from .harness.loop.config import RunConfig, UsageError, kernels_used
 from .harness.longrun.interrupts import Interrupted, stop_on_signals
 from .harness.studies.repro import PRESET
@@ -226,6 +227,9 @@ def kernel_parity(settings: dict) -> dict:
     if dtype == torch.float32:
         failures += _vocab_parallel_failures(settings["factor"], settings["floor_ulps"])
         failures += _compare_self_check()
+    batch = batch_invariance_rows(dtype)
+    failures += [f"{r['kernel']} backend {r['backend']!r}: {r['failures'][0]}" for r in batch
+                 if r["verdict"] != "bitwise"]
     conformance = _user_backend_checks(settings.get("ck_backends", {}), settings["dtype"])
     failures += [f"{r['kernel']} backend {r['backend']!r}: check says {r['verdict']}" for r in conformance
                  if not r["passed"]]
@@ -234,8 +238,25 @@ def kernel_parity(settings: dict) -> dict:
     summary = (f"{len(checks)} checks{in_dtype}, {len(failures)} failed" + (f"; first: {failures[0]}" if failures else
                f"; max {worst['max_ulp']} ULP from torch ({worst['name']})"))
     return _result(not failures, summary, checks=checks, failures=failures, capability=cpu.capability(),
-                   held_bitwise=bitwise, user_backends=conformance, not_in_dtype=not_in_dtype,
+                   held_bitwise=bitwise, user_backends=conformance, not_in_dtype=not_in_dtype, batch_invariance=batch,
                    exercised=[r["kernel"] for r in conformance])
+
+
+def batch_invariance_rows(dtype: torch.dtype) -> list[dict]:
+    """check's batch_invariance on each of ckparity's own backends of a slot
+    with rows (rms_norm, swiglu, cross_entropy): a row's bits may not depend
+    on its batch, except where they follow torch's own variance."""
+    rows = []
+    for name in check.covered():
+        record = kernels.KERNELS[name]
+        if record.optimizer:
+            continue
+        for backend in (b for b in record.builtin if b != "torch"):
+            prop = batch_invariance(record.conformance, record.backends[backend],
+                                                     record.backends["torch"], torch.Generator().manual_seed(0), dtype)
+            if prop.cases:
+                rows.append({"kernel": name, "backend": backend, **prop.report()})
+    return rows
 
 
 def _user_backend_checks(ck_backends: dict[str, str], dtype: str = "float32") -> list[dict]:

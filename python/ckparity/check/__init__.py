@@ -15,6 +15,10 @@ torch in float64, the exact answer's stand-in), with a verdict
 - ``non_contiguous``: the input as a strided view must give the bits the
   same values give contiguous;
 - ``threads``: a large case at 1 and 2 torch threads, the same bits;
+- ``batch_invariance``: the same row at batches 1..17, at their start,
+  middle and end, at 1 and 2 threads -> the bits of the row alone (or, where
+  torch's own bits vary, torch's in every arrangement: the report counts
+  both);
 - ``bad_input``: a wrong shape or an out-of-range target must raise, not
   return;
 - ``torch_inputs``: torch's own OpInfo sample inputs of the op the slot

@@ -43,6 +43,7 @@ class Property:
         self.worst = "bitwise"
         self.findings: list[dict] = []  # one per failing case: its worst quantity, with figures
         self.groups: dict[str, dict] = {}
+        self.extra: dict = {}  # a property's own figures, in its report (batch_invariance's counts)
 
     def case(self, label: str, verdict: str, why: str | None = None, figures: dict | None = None,
              group: str | None = None) -> None:
@@ -83,7 +84,7 @@ class Property:
         return {"property": self.name, "cases": self.cases, "bit_identical": self.bit_identical,
                 "failing": len(self.findings), "max_ulp": self.max_ulp, "verdict": self.worst,
                 "groups": self.groups, "worst": worst[:WORST_KEPT],
-                "failures": [f"{f['case']}: {f['why']}" for f in worst[:WORST_KEPT]]}
+                "failures": [f"{f['case']}: {f['why']}" for f in worst[:WORST_KEPT]], **self.extra}
 
 
 def _floating(t: dict, dtype) -> dict:
@@ -228,6 +229,119 @@ def threads(kernel_slot, fn, g, dtype=torch.float32) -> Property:
     tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
     return at_thread_counts(Property("threads"), "64 rows of 4096",
                             lambda: evaluate(kernel_slot, fn, tensors, dtype))
+
+
+# batch invariance: the row's widths (65537: one row past torch's 2^16-element split of a lone
+# row over its threads), the batches it sits in, and where in them
+BATCH_WIDTHS = (8, 100, 1000, 4096, 65537)
+BATCHES = (1, 2, 3, 4, 8, 17)
+
+
+def _arrangements():
+    """(batch, position, threads) of every arrangement but the row alone on one thread."""
+    for batch in BATCHES:
+        for position in sorted({0, batch // 2, batch - 1}):
+            for n in (1, 2):
+                if (batch, n) != (1, 1):
+                    yield batch, position, n
+
+
+def _row_of(result: dict, keys: set[str], position: int) -> dict:
+    """The outputs of ``keys`` (the output and the per-row inputs' gradients)
+    at the row's ``position``; a 0-dim output whole (the loss: a mean over
+    the one valid row)."""
+    return {k: (result[k] if result[k].dim() == 0 else result[k][position]) for k in keys}
+
+
+def _placed(pool: dict, rows: int, batch: int, position: int) -> dict:
+    """The batch: row 0 of the pool at ``position``, other pool rows around it;
+    their targets ignored (-100), so a mean over valid rows is the row's own."""
+    order = list(range(1, batch)) if batch > 1 else []
+    order.insert(position, 0)
+    out = {k: (v[order] if v.dim() and v.shape[0] == rows else v) for k, v in pool.items()}
+    if "targets" in out:
+        out["targets"] = out["targets"].clone()
+        out["targets"][[i for i in range(batch) if i != position]] = -100
+    return out
+
+
+def _evaluate_placed(kernel_slot, fn, pool: dict, rows: int, batch: int, position: int, dtype) -> dict:
+    """evaluate() on the batch _placed() makes, with the upstream gradient's
+    rows placed as the inputs' are (the row's own upstream in every batch; a
+    0-dim loss gets 1)."""
+    tensors = _placed(pool, rows, batch, position)
+    leaves = {k: v.detach().clone().requires_grad_(k in kernel_slot.differentiated)
+              for k, v in _floating(tensors, dtype).items()}
+    out = kernel_slot.call(fn, leaves)
+    if out.dim() == 0:
+        upstream = torch.ones((), dtype=dtype)
+    else:
+        gen = torch.Generator().manual_seed(1)
+        upstream = _placed({"u": torch.randn(rows, *out.shape[1:], generator=gen)}, rows, batch, position)["u"]
+    out.backward(upstream.to(dtype))
+    return {"out": out.detach(), **{f"d{k}": leaves[k].grad for k in kernel_slot.differentiated}}
+
+
+def batch_invariance(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
+    """The same row gives the same bits whatever batch it sits in: at every
+    batch of BATCHES, at its start, middle and end, at 1 and 2 threads,
+    against the row alone on one thread (its output row and its gradient rows;
+    a cross-entropy row with its neighbours ignored, its loss too). torch is
+    run on the same arrangements: a row torch itself gives other bits (a lone
+    row of 2^16 or more elements torch sums split over its threads) is
+    "follows torch" when the backend's bits are torch's in every arrangement
+    -- following torch's bits means following its variance -- and the
+    report counts both."""
+    prop = Property("batch_invariance")
+    counts = {"arrangements": 0, "ours_variant": 0, "torch_variant": 0, "follows_torch": 0}
+    rows = max(BATCHES)
+    before = torch.get_num_threads()
+    try:
+        for width in BATCH_WIDTHS:
+            pool = kernel_slot.make(width, rows, g)
+            if not any(v.dim() and v.shape[0] == rows for v in pool.values()):
+                return prop  # no per-row tensors (rope's rows are positions tied to its cos and sin)
+            label = f"width={width}"
+            at(prop, label)
+            # the row's own: the output, and the gradients of inputs with a row per batch row (not a weight's)
+            keys = {"out"} | {f"d{k}" for k in kernel_slot.differentiated if pool[k].dim() and pool[k].shape[0] == rows}
+
+            def row(f, batch, position, n):
+                torch.set_num_threads(n)
+                return _row_of(_evaluate_placed(kernel_slot, f, pool, rows, batch, position, dtype), keys, position)
+
+            try:
+                alone = {"ours": row(fn, 1, 0, 1), "torch": row(torch_fn, 1, 0, 1)}
+                varied, differs_from_torch, first = 0, False, None
+                for batch, position, n in _arrangements():
+                    ours, theirs = row(fn, batch, position, n), row(torch_fn, batch, position, n)
+                    counts["arrangements"] += 1
+                    ours_moved = any(differing_elements(ours[k], alone["ours"][k]) for k in ours)
+                    counts["ours_variant"] += ours_moved
+                    counts["torch_variant"] += any(differing_elements(theirs[k], alone["torch"][k]) for k in theirs)
+                    differs_from_torch |= any(differing_elements(ours[k], theirs[k]) for k in ours)
+                    if ours_moved:
+                        varied += 1
+                        first = first or f"batch {batch}, position {position}, {n} thread{'s' if n > 1 else ''}"
+            except Exception as err:  # noqa: BLE001
+                prop.case(label, "crashes", f"{type(err).__name__}: {err}")
+                continue
+            if not varied:
+                prop.case(label, "bitwise")
+            elif not differs_from_torch and differing_elements_all(alone["ours"], alone["torch"]) == 0:
+                counts["follows_torch"] += varied
+                prop.case(label, "bitwise")  # torch's bits in every arrangement, its variance with them
+            else:
+                prop.case(label, "nondeterministic", f"the row's bits depend on its batch: {varied} arrangements "
+                                                     f"differ from the row alone (first: {first})")
+    finally:
+        torch.set_num_threads(before)
+    prop.extra = counts
+    return prop
+
+
+def differing_elements_all(a: dict, b: dict) -> int:
+    return sum(differing_elements(a[k], b[k]) for k in a)
 
 
 def bad_input(kernel_slot, fn, kinds: set[str]) -> Property:

@@ -14,7 +14,8 @@ RULE: dict[str, tuple[str, bool, bool]] = {
     "not supported": ("an option the backend declares it refuses (`register_backend(..., unsupported=[...])`): not "
                       "run; a training run that needs it refuses the backend before it starts", True, True),
     "less accurate": ("close to torch, but a float64 error more than twice torch's", True, False),
-    "nondeterministic": ("1 and 2 threads give different bits", True, False),
+    "nondeterministic": ("1 and 2 threads give different bits, or a row's bits depend on the batch it sits in",
+                         True, False),
     "wrong": ("not close to torch, a bad input accepted, or the slot's contract broken", False, False),
     "crashes": ("raised on valid input, or its process died (a signal) or ran past `--timeout`", False, False),
 }
