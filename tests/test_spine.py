@@ -33,6 +33,7 @@ LAYERS = [
     {"__init__"},  # the package's face: the ops and register_backend
     {"check", "gates", "sweep", "bench", "bench_memory", "bench_ranks", "builds", "mutate", "harness",
      "pytest_plugin"},  # the suites and the harness
+    {"zoo"},  # planted bugs, scored with the suites and the harness
     {"cli", "__main__"},
 ]
 
