@@ -105,3 +105,19 @@ def test_a_missed_scenario_or_a_false_alarm_fails_the_zoo():
 def test_an_unknown_scenario_is_refused_before_any_run(tmp_path, capsys):
     assert main(["zoo", "--only", "no_such", "--json-out", str(tmp_path / "z.json")]) == 2
     assert "no scenario 'no_such'" in capsys.readouterr().err and not (tmp_path / "z.json").exists()
+
+
+def test_a_signal_stops_the_zoo_and_leaves_its_report(tmp_path, monkeypatch):
+    """A run a signal stopped writes its report and returns: the zoo stops
+    there too (it does not go on to the next scenario), status interrupted."""
+    import pytest
+
+    from ckparity.harness.longrun.interrupts import Interrupted
+    from ckparity.zoo import run
+
+    monkeypatch.setattr(run, "train_run", lambda config: {"status": "interrupted", "stopped_by_signal": 15})
+    out = tmp_path / "zoo.json"
+    with pytest.raises(Interrupted):
+        run.zoo(["gemma_one_plus_w"], 5, 0, tmp_path / "runs", str(out), 1)
+    report = json.loads(out.read_text())
+    assert report["status"] == "interrupted" and report["stopped_by_signal"] == 15 and report["scenarios"] == []

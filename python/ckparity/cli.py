@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from dataclasses import replace
 
@@ -402,10 +403,15 @@ def _zoo(argv: list[str]) -> int:
     if args.steps < 1 or args.seeds < 0 or args.jobs < 1:
         raise UsageError("--steps and --jobs must be at least 1, --seeds at least 0")
     check_writable(args.json_out, "--json-out")
+    from .harness.longrun.interrupts import EXIT_CODES
     from .zoo.run import passed, table, zoo
 
-    result = zoo(args.only, args.steps, args.seeds, Path(args.out_dir), args.json_out, args.jobs,
-                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = zoo(args.only, args.steps, args.seeds, Path(args.out_dir), args.json_out, args.jobs,
+                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt as err:  # the report of what ran is written
+        print(f"ckparity zoo: interrupted; what ran is in {args.json_out}", file=sys.stderr)
+        return EXIT_CODES.get(getattr(err, "signum", signal.SIGINT), 130)
     print(table(result))
     return EXIT_PASS if passed(result) else EXIT_FAIL
 

@@ -21,6 +21,7 @@ no criterion may fire (the false-alarm row)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,8 @@ from pathlib import Path
 from .. import check as checking, kernels
 from ..harness.loop.config import RunConfig
 from ..harness.loop.report import write_json
-from ..harness.loop.run import train
+from ..harness.loop.run import train as train_run
+from ..harness.longrun.interrupts import Interrupted, stop_on_signals
 from ..harness.observers.peers import CRITERIA
 from ..harness.studies.attribute import attribute
 from . import bugs
@@ -42,6 +44,14 @@ ENVELOPE = 2
 BASE = RunConfig(ck_loss_backend="c_ptref", envelope=ENVELOPE, no_progress=True)
 # the stages the divergence tracer names, as the kinds attribute names them (the resume scenario's blame)
 STAGE_KINDS = {"update": "optimizer", "loss": "loss", "rms_norm": "rmsnorm", "rope": "rope", "clip": "clip"}
+
+
+def train(config: RunConfig) -> dict:
+    """A train run; one a signal stopped stops the zoo (train writes its report and returns)."""
+    report = train_run(config)
+    if report["status"] == "interrupted":
+        raise Interrupted(report["stopped_by_signal"] or 2)
+    return report
 
 
 def config_of(scenario: Scenario | None, steps: int, seed: int, out: Path) -> RunConfig:
@@ -83,6 +93,8 @@ def _blame(scenario: Scenario, config: RunConfig, report: dict, out: Path, jobs:
     # no more threads than cores: oversubscribed OpenMP threads spin (a 2-thread run's ablation took 6 min at 2 jobs)
     jobs = max(1, min(jobs, (os.cpu_count() or 1) // max(1, config.threads)))
     result = attribute(replace(config, envelope=0), str(out / f"{scenario.name}_attribute.json"), jobs)
+    if result["status"] == "interrupted":  # attribute writes its report and returns: the zoo stops too
+        raise Interrupted(result["stopped_by_signal"])
     verdict = result["verdict"]
     blamed = verdict["responsible"] or ([verdict["suspect"]] if verdict.get("suspect") else [])
     return blamed, verdict["summary"]
@@ -135,15 +147,16 @@ def zoo(names: list[str], steps: int, seeds: int, out_dir: Path, json_out: str, 
               "base": {"loss": BASE.ck_loss_backend, "model": BASE.model},
               "criteria": {name: repr(c) for name, c in CRITERIA.items()}, "scenarios": [], "control": None}
     try:
-        for scenario in chosen:
-            result["scenarios"].append(run_scenario(scenario, steps, out_dir, jobs))
-            progress(row_line(result["scenarios"][-1]))
-            write_json(json_out, result)
-        if seeds:
-            result["control"] = run_control(steps, seeds, out_dir)
+        with stop_on_signals():  # SIGTERM/SIGHUP as Ctrl-C: the report says interrupted
+            for scenario in chosen:
+                result["scenarios"].append(run_scenario(scenario, steps, out_dir, jobs))
+                progress(row_line(result["scenarios"][-1]))
+                write_json(json_out, result)
+            if seeds:
+                result["control"] = run_control(steps, seeds, out_dir)
         result["status"] = "complete"
-    except KeyboardInterrupt:
-        result["status"] = "interrupted"
+    except KeyboardInterrupt as err:  # a signal here, or in a run (its report is written; see train above)
+        result.update(status="interrupted", stopped_by_signal=getattr(err, "signum", signal.SIGINT))
         raise
     finally:
         write_json(json_out, result)
