@@ -74,7 +74,7 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     step 1 (llm.c too, Liger at 32); the rms_norm whose error is one ULP
     outward on a fourth of its outputs crosses no tolerance and no peer's
     criterion, and fails the run by the envelope's direction; attribute blames
-    rmsnorm for both. The control stays silent."""
+    rmsnorm for both, and check calls it less accurate. The control stays silent."""
     out = tmp_path / "zoo.json"
     code = main(["zoo", "--only", "gemma_one_plus_w", "rmsnorm_leans_below_ulp", "--steps", "40", "--seeds", "1",
                  "--jobs", "1", "--out-dir", str(tmp_path / "runs"), "--json-out", str(out)])
@@ -84,7 +84,10 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     gemma, lean = rows["gemma_one_plus_w"], rows["rmsnorm_leans_below_ulp"]
     assert gemma["detected"] and gemma["first_fail_step"] == 1 and gemma["blamed"] == ["rmsnorm"]
     assert gemma["peers"] == {"liger_fp32": 32, "liger_bf16": 32, "llm_c": 1}
-    assert lean["detected"] and lean["caught_by"] == ["train"] and lean["train"]["directed"]
+    assert lean["detected"] and lean["caught_by"] == ["train", "check"] and lean["train"]["directed"]
+    # check sees the lean as less accurate than torch (a gate fails it; check itself exits 0)
+    assert lean["check"]["passed"] and "bad_input" not in lean["check"]["findings"]
+    assert lean["check"]["findings"]["widths"] == "less accurate"
     assert lean["train"]["first_loss_fail_step"] is None and lean["train"]["first_param_fail_step"] is None
     assert lean["peers"] == {"liger_fp32": None, "liger_bf16": None, "llm_c": None}
     assert lean["blamed"] == ["rmsnorm"]
