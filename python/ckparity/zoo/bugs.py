@@ -165,12 +165,13 @@ def rms_thread_split_sum(x, shape, weight=None, eps=1e-5):
 
 
 def rms_sum_in_input_dtype(x, shape, weight=None, eps=1e-5):
-    """The sum of squares accumulated element by element in the input's dtype
-    (bf16 in a bf16 run) where float was meant."""
+    """A blocked sum of squares whose running total is kept in the input's
+    dtype (bf16 in a bf16 run) where float was meant: each block of 64
+    columns summed, then added to the total with the input dtype's rounding."""
     sq = x * x
-    total = sq[..., :1]
-    for j in range(1, x.shape[-1]):
-        total = total + sq[..., j:j + 1]
+    total = sq[..., :64].sum(-1, keepdim=True)
+    for j in range(64, x.shape[-1], 64):
+        total = total + sq[..., j:j + 64].sum(-1, keepdim=True)
     y = x * torch.rsqrt(total / x.shape[-1] + eps)
     return y if weight is None else y * weight
 
