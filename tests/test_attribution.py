@@ -139,21 +139,25 @@ def test_attribute_without_a_fault_blames_nothing(tmp_path):
     assert "bit-identical to torch: nothing is responsible" in result["verdict"]["summary"]
 
 
-class _SlowAdamW(torch.optim.AdamW):
-    """planted fault below every tolerance in the window: each update 1e-9 too large"""
+def _biased_adamw(bias: float) -> type:
+    """planted fault: torch's AdamW, every update ``bias`` too large"""
 
-    def __init__(self, params, **kw):
-        super().__init__(params, foreach=False, **kw)
+    class BiasedAdamW(torch.optim.AdamW):
+        def __init__(self, params, **kw):
+            super().__init__(params, foreach=False, **kw)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        super().step(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.add_(1e-9)
+        @torch.no_grad()
+        def step(self, closure=None):
+            super().step(closure)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.add_(bias)
+
+    return BiasedAdamW
 
 
-kernels.register("adamw", "fault_slow", _SlowAdamW)
+# below every tolerance in the window
+kernels.register("adamw", "fault_slow", _biased_adamw(1e-9))
 
 
 def test_a_drift_inside_every_tolerance_is_ranked_by_effect(tmp_path):
@@ -211,20 +215,7 @@ def test_verdict_does_not_claim_a_swap_that_did_not_pass():
     assert "does not make the run pass" in v["summary"] and "passes with" not in v["summary"]
 
 
-class _BiasedAdamW(torch.optim.AdamW):
-    """planted fault: every update 1e-5 too large"""
-
-    def __init__(self, params, **kw):
-        super().__init__(params, foreach=False, **kw)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        super().step(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.add_(1e-5)
-
-
+_BiasedAdamW = _biased_adamw(1e-5)
 kernels.register("adamw", "fault_biased", _BiasedAdamW)
 
 
