@@ -7,6 +7,7 @@ the same bits run after run; how far apart the world sizes land."""
 from __future__ import annotations
 
 import socket
+import warnings
 
 import pytest
 import torch
@@ -82,12 +83,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch(world_size: int, out: str, attempts: int = 3) -> None:
+    """The ranks on a fresh port; again when a rank dies by a signal. One CI run saw rank 0 abort inside torch's
+    gloo ("terminate called without an active exception", SIGABRT) at world size 2 or 3; 40 launches here under
+    load never did: a crash in torch's C++, not a wrong result. A rank that raises a Python error is not
+    retried, and a crash on every attempt still fails."""
+    for attempt in range(attempts):
+        try:
+            mp.start_processes(_worker, args=(world_size, free_port(), out), nprocs=world_size, start_method="spawn")
+            return
+        except mp.ProcessExitedException as e:
+            if e.signal_name is None or attempt == attempts - 1:
+                raise
+            warnings.warn(f"world size {world_size}: {e}; launching again ({attempt + 2} of {attempts})")
+
+
 @pytest.fixture(scope="module")
 def by_world_size(tmp_path_factory):
     results = {}
     for world_size in (1, 2, 3):
         out = str(tmp_path_factory.mktemp("dist") / f"ws{world_size}.pt")
-        mp.start_processes(_worker, args=(world_size, free_port(), out), nprocs=world_size, start_method="spawn")
+        launch(world_size, out)
         ranks = [torch.load(f"{out}.rank{r}") for r in range(world_size)]
         # every rank holds the whole loss; the gradient is the ranks' shards side by side
         results[world_size] = {name: [(ranks[0][name][k][0], torch.cat([r[name][k][1] for r in ranks], dim=1))
