@@ -31,11 +31,23 @@ static inline __attribute__((always_inline)) float any_map1(const void *ctx, int
     return m->map(m->ctx, j);
 }
 
-CKP_DEFINE_ATEN_SUM(any_map_sum, any_map8, any_map1)
+CKP_DEFINE_ATEN_SUM(any_map_sum, any_map8, any_map1, CKP_VLANES)
 
 float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n) {
     any_map m = {map, ctx};
     return any_map_sum(&m, n);
+}
+
+/* one Vectorized<BFloat16> load of 16 values, as 8 floats: its two halves added lane by lane */
+static inline __attribute__((always_inline)) ckp_v8f any_map8_bf16(const void *ctx, int64_t j) {
+    return any_map8(ctx, j) + any_map8(ctx, j + CKP_VLANES);
+}
+
+CKP_DEFINE_ATEN_SUM(any_map_sum_bf16, any_map8_bf16, any_map1, 2 * CKP_VLANES)
+
+float ckp_aten_sum_bf16(ckp_float_map map, void *ctx, int64_t n) {
+    any_map m = {map, ctx};
+    return ckp_bf16_round(any_map_sum_bf16(&m, n));
 }
 
 /* The two-pass reduction's buffer: slot t is chunk t's sum, added to the
@@ -45,6 +57,7 @@ typedef struct {
     ckp_float_map map;
     void *ctx;
     int64_t n, chunk, begin;
+    float (*sum)(ckp_float_map, void *, int64_t); /* ckp_aten_sum or ckp_aten_sum_bf16 */
 } split_sum;
 
 static float split_element(void *ctx, int64_t j) {
@@ -57,7 +70,7 @@ static float split_slot(void *ctx, int64_t t) {
     if (t * s->chunk >= s->n) return 0.0f;
     s->begin = t * s->chunk;
     int64_t len = s->n - s->begin < s->chunk ? s->n - s->begin : s->chunk;
-    return 0.0f + ckp_aten_sum(split_element, s, len);
+    return 0.0f + s->sum(split_element, s, len);
 }
 
 /* TensorIteratorReduce.cpp, parallel_reduce: a reduction to one value of at
@@ -67,14 +80,23 @@ static float split_slot(void *ctx, int64_t t) {
  * chunk t is summed on its own (cascade_sum's inner sum over that range)
  * into slot t of a buffer of `threads` zeros, and the buffer is then summed
  * the same way. The bits depend on `threads`, not on the threads this runs
- * on (one). */
-float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads) {
+ * on (one). In bf16 the buffer is bf16: each slot is rounded. */
+static float full_sum(ckp_float_map map, void *ctx, int64_t n, int threads,
+                      float (*sum)(ckp_float_map, void *, int64_t)) {
     if (n < CKP_ATEN_GRAIN_SIZE || threads <= 1 || CKP_MUTANT(PTREF_FULL_SUM_UNSPLIT))
-        return ckp_aten_sum(map, ctx, n);
+        return sum(map, ctx, n);
     int64_t chunks = (n + CKP_ATEN_GRAIN_SIZE - 1) / CKP_ATEN_GRAIN_SIZE;
     if (chunks > threads) chunks = threads;
-    split_sum s = {map, ctx, n, (n + chunks - 1) / chunks, 0};
-    return ckp_aten_sum(split_slot, &s, threads);
+    split_sum s = {map, ctx, n, (n + chunks - 1) / chunks, 0, sum};
+    return sum(split_slot, &s, threads);
+}
+
+float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads) {
+    return full_sum(map, ctx, n, threads, ckp_aten_sum);
+}
+
+float ckp_aten_full_sum_bf16(ckp_float_map map, void *ctx, int64_t n, int threads) {
+    return full_sum(map, ctx, n, threads, ckp_aten_sum_bf16);
 }
 
 void ckp_multi_row_sum(ckp_float_map2 map, const void *ctx, int64_t size, int nrows, float *out) {

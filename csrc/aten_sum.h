@@ -29,9 +29,16 @@
  * ckp_multi_row_sum and ckp_row_sum (aten_sum.c) are the scalar forms, for
  * sums over rows (rms_norm's dweight) and elements computed on the fly.
  *
- * CKP_DEFINE_ATEN_SUM(name, map8, map1) defines `float name(const void *ctx,
- * int64_t n)` over the caller's element map: map8(ctx, j) gives elements
- * j..j+7 as a vector, map1(ctx, j) element j. A macro rather than function
+ * In bfloat16 (acc_t float) one vector load is a whole Vectorized<BFloat16>,
+ * 16 values at that width, added to 8 floats as its two halves (lanes l and
+ * l + 8: InnerSumCastLoadPolicy); cascade_sum takes the vectorized inner loop
+ * from 16 elements on, the scalar row_sum below that, and rounds the float
+ * total once, when it is stored.
+ *
+ * CKP_DEFINE_ATEN_SUM(name, map8, map1, width) defines `float name(const void
+ * *ctx, int64_t n)` over the caller's element map: map8(ctx, j) gives the
+ * 8-float vector of the load at element j (elements j..j+width-1; width 8 in
+ * float32, 16 in bf16), map1(ctx, j) element j. A macro rather than function
  * pointers: the maps are called by name, so they are inlined in every build
  * (a vector returned through a pointer call crosses an ABI boundary between
  * target_clones builds: the ASan build, which does not inline, crashed).
@@ -55,24 +62,24 @@ static inline int64_t ckp_cascade_power(int64_t rows) {
     return p > 4 ? p : 4;
 }
 
-#define CKP_DEFINE_ATEN_SUM(name, map8, map1)                                                          \
+#define CKP_DEFINE_ATEN_SUM(name, map8, map1, W)                                                        \
 static inline __attribute__((always_inline)) float name(const void *ctx, int64_t n) {                  \
-    if (n < CKP_VLANES) { /* scalar_inner_sum: row_sum of at most one row of 4, no cascade */          \
+    if (n < (W)) { /* scalar_inner_sum: row_sum of under 4 rows of 4, no cascade */                   \
         float p[CKP_SUM_ILP] = {0.0f, 0.0f, 0.0f, 0.0f};                                               \
         int64_t whole = n - n % CKP_SUM_ILP;                                                           \
-        for (int64_t j = 0; j < whole; j++) p[j] += map1(ctx, j);                                      \
+        for (int64_t j = 0; j < whole; j++) p[j % CKP_SUM_ILP] += map1(ctx, j);                        \
         for (int64_t j = whole; j < n; j++) p[0] += map1(ctx, j);                                      \
         for (int k = 1; k < CKP_SUM_ILP; k++) p[0] += p[k];                                            \
         return p[0];                                                                                   \
     }                                                                                                  \
-    int64_t nvec = n / CKP_VLANES, rows = nvec / CKP_SUM_ILP;                                          \
+    int64_t nvec = n / (W), rows = nvec / CKP_SUM_ILP;                                                 \
     int64_t level_power = ckp_cascade_power(rows);                                                     \
     int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;                       \
     ckp_v8f acc[CKP_SUM_LEVELS][CKP_SUM_ILP] = {{{0}}};                                                \
     int64_t i = 0;                                                                                     \
     while (i + level_step <= rows) {                                                                   \
         for (int64_t s = 0; s < level_step; s++, i++)                                                  \
-            for (int k = 0; k < CKP_SUM_ILP; k++) acc[0][k] += map8(ctx, (i * CKP_SUM_ILP + k) * CKP_VLANES);\
+            for (int k = 0; k < CKP_SUM_ILP; k++) acc[0][k] += map8(ctx, (i * CKP_SUM_ILP + k) * (W));   \
         for (int l = 1; l < CKP_SUM_LEVELS; l++) {                                                     \
             for (int k = 0; k < CKP_SUM_ILP; k++) {                                                    \
                 acc[l][k] += acc[l - 1][k];                                                            \
@@ -82,14 +89,14 @@ static inline __attribute__((always_inline)) float name(const void *ctx, int64_t
         }                                                                                              \
     }                                                                                                  \
     for (; i < rows; i++)                                                                              \
-        for (int k = 0; k < CKP_SUM_ILP; k++) acc[0][k] += map8(ctx, (i * CKP_SUM_ILP + k) * CKP_VLANES);\
+        for (int k = 0; k < CKP_SUM_ILP; k++) acc[0][k] += map8(ctx, (i * CKP_SUM_ILP + k) * (W));   \
     for (int l = 1; l < CKP_SUM_LEVELS; l++)                                                           \
         for (int k = 0; k < CKP_SUM_ILP; k++) acc[0][k] += acc[l][k];                                  \
     ckp_v8f partial = acc[0][0];                                                                       \
-    for (int64_t v = rows * CKP_SUM_ILP; v < nvec; v++) partial += map8(ctx, v * CKP_VLANES);          \
+    for (int64_t v = rows * CKP_SUM_ILP; v < nvec; v++) partial += map8(ctx, v * (W));                 \
     for (int k = 1; k < CKP_SUM_ILP; k++) partial += acc[0][k];                                        \
     float total = 0.0f;                                                                                \
-    for (int64_t j = nvec * CKP_VLANES; j < n; j++) total += map1(ctx, j);                             \
+    for (int64_t j = nvec * (W); j < n; j++) total += map1(ctx, j);                                    \
     for (int l = 0; l < CKP_VLANES; l++) total += partial[l];                                          \
     return total;                                                                                      \
 }

@@ -66,6 +66,11 @@ float ckp_aten_sum(ckp_float_map map, void *ctx, int64_t n);
  * `threads` threads: ckp_aten_sum below 32768 elements or on one thread,
  * else split into chunks summed apart and then added (aten_sum.c). */
 float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads);
+/* The same sums over bf16 values (map gives each one as a float) as torch.sum
+ * runs them on a bf16 tensor: float accumulators fed 16 values per vector,
+ * the total (and a split's every chunk) rounded to bf16, as torch stores it. */
+float ckp_aten_sum_bf16(ckp_float_map map, void *ctx, int64_t n);
+float ckp_aten_full_sum_bf16(ckp_float_map map, void *ctx, int64_t n, int threads);
 /* CKP_ERR_BAD_OPTION unless torch_threads >= 1 (the count ckp_aten_full_sum splits for). */
 ckp_status ckp_check_torch_threads(int torch_threads);
 

@@ -541,7 +541,8 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float z = z_loss * lse * lse;
         pt_nll_sum_add(&z_sum, i, -z, 0.0f);
         if (target_probs != NULL) {
-            if (none) loss[i] = -ckp_aten_full_sum(pt_logp_q_w, &r, V, r.sum_threads) + z;
+            float value = -ckp_aten_full_sum(pt_logp_q_w, &r, V, r.sum_threads);
+            if (none) loss[i] = z_loss != 0.0f ? value + z : value;
             continue;
         }
         float w_t = opt->weight ? opt->weight[target[i]] : 1.0f;
@@ -550,8 +551,9 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         counted++;
         if (none) {
             float nll = -logp_t * w_t;
-            loss[i] = (smoothed ? r.keep * nll + -ckp_aten_full_sum(pt_wlogp, &r, V, r.sum_threads) * r.spread
-                                : nll) + z;
+            float value = smoothed ? r.keep * nll + -ckp_aten_full_sum(pt_wlogp, &r, V, r.sum_threads) * r.spread
+                                   : nll;
+            loss[i] = z_loss != 0.0f ? value + z : value; /* + 0 would turn torch's -0 (logp_t 0) into +0 */
         }
     }
     float total_weight = target_probs != NULL ? (float)N
@@ -585,7 +587,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             if (target_probs != NULL) out /= total_weight;
             z /= total_weight;
         }
-        loss[0] = out + z;
+        loss[0] = z_loss != 0.0f ? out + z : out; /* + 0 would turn a -0 into +0 */
     }
     if (dlogits == NULL) return CKP_OK;
 
@@ -646,8 +648,8 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
 
 /* ------------------------------------------------------------------------
  * ptref in bfloat16 (ckp_cross_entropy_bf16): torch's F.cross_entropy on
- * bf16 logits with class targets, no weight, no label smoothing -- the
- * common training call -- with torch's bf16 rounding points:
+ * bf16 logits with class targets, class weights and label smoothing, with
+ * torch's bf16 rounding points:
  * - log_softmax (LogSoftmaxKernelImpl.h) keeps each row's max and sum of
  *   exps in bf16 temporaries: sum = bf16(sum_j exp(x_j - m)), log_sum =
  *   bf16(log(sum)), logp_j = bf16((x_j - m) - log_sum), in float between;
@@ -657,13 +659,24 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
  *   lanes are dropped, the two added, then folded as vec_reduce_all folds
  *   (a tree at AVX2/AVX-512); a row shorter than one bf16 vector is summed
  *   lane 0 first, left to right;
- * - nll_loss's cascade keeps bf16 partial sums, each += rounded, and its
- *   total_weight is the kept-row count as a bf16 (rounded past 256 rows);
- *   mean = bf16(total / total_weight);
- * - backward: nll's grad -bf16(u / total_weight) (mean) or -u, u the
- *   upstream gradient (row_grad; 1 without it), then
- *   log_softmax's backward, bf16(g_j - exp(logp_j) * sum_k g_k) in float (one
- *   FMA where the build contracts it, as in float32).
+ * - nll_loss (LossNLL.cpp) runs its cascade on bf16 partial sums, each -=
+ *   bf16(logp_t * w_t) (a BFloat16 product); its total_weight is the
+ *   kept-row count as a bf16 (rounded past 256 rows), or with weights the
+ *   weights' own bf16 cascade; mean = bf16(total / total_weight);
+ * - label smoothing is cross_entropy_loss_label_smoothing's tensor ops, each
+ *   rounding to bf16: smooth_i = -sum_j bf16(logp_j * w_j) (torch.sum on bf16:
+ *   aten_sum.c), 0 on ignored rows; mean divides sum_i smooth_i by the kept
+ *   count (a float) or by torch.sum of the kept rows' weights; the loss is
+ *   bf16(bf16(nll * (1 - ls)) + bf16(smooth * (ls / V))), the two scalars
+ *   floats (a Python scalar multiplying a bf16 tensor stays a float);
+ * - backward is autograd's chain over those ops, each rounding: nll's grad
+ *   bf16(w_t * -bf16(u' / total_weight)) (mean) or bf16(w_t * -u'), u' =
+ *   bf16(u * (1 - ls)) with smoothing, else u, the upstream gradient
+ *   (row_grad; 1 without it); smoothing's bf16(-s_i * w_j) on every element,
+ *   s_i = bf16(bf16(u * ls / V) / divisor) (mean); the two added in bf16
+ *   (autograd's accumulation); then log_softmax's backward, bf16(g_j -
+ *   exp(logp_j) * sum_k g_k) in float, sum_k by vec::reduce_all's structure
+ *   on bf16 data (one FMA where the build contracts it, as in float32).
  * ---------------------------------------------------------------------- */
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
@@ -729,20 +742,108 @@ static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
 
 /* One row of log_softmax's backward: dx_j = bf16(g_j - exp(logp_j) * sum_k g_k), where g is gi at the
  * target t (none: t < 0, an ignored row) and 0 elsewhere; 8 lanes at a time, the target's element
- * again on its own (fma(-p, s, 0) and 0 - p * s are both -(p * s) rounded once). */
+ * again on its own (fma(-p, s, 0) and 0 - p * s are both -(p * s) rounded once, and +0 where that
+ * product is a zero: not -(p * s), which would be -0 in an ignored row). */
 CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, int64_t t, float gi,
                                    pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
-    const ckp_v8f mv = ckp_splat8(m), lv = ckp_splat8(log_sum), sv = ckp_splat8(-grad_sum);
+    const ckp_v8f mv = ckp_splat8(m), lv = ckp_splat8(log_sum), sv = ckp_splat8(grad_sum), zero = ckp_splat8(0.0f);
     int64_t j = 0;
     for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
         ckp_v8f logp = ckp_bf16_round8((ckp_bf16_load8(x + j) - mv) - lv);
-        ckp_bf16_store8(dx + j, exp8_at(at, logp) * sv);
+        ckp_bf16_store8(dx + j, zero - exp8_at(at, logp) * sv);
     }
-    for (; j < V; j++) dx[j] = ckp_f_to_bf16(-(pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum));
+    for (; j < V; j++) dx[j] = ckp_f_to_bf16(0.0f - pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum);
     if (t >= 0) {
         float p = pt_exp_at(at, bf_logp(x, t, m, log_sum));
         dx[t] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, gi) : gi - p * grad_sum);
+    }
+}
+
+/* vec::reduce_all(+) over one row of bf16 values held as floats: bf_sum_exp's lane structure without
+ * the map. */
+static float bf_reduce_all(const float *g, int64_t V, pt_layout at) {
+    const int L = at.lanes;
+    const int64_t B = 2 * (int64_t)L;
+    float a0[16] = {0}, a1[16] = {0};
+    if (V < B) {
+        int64_t n = V > L ? L : V;
+        for (int64_t l = 0; l < n; l++) a0[l] = g[l];
+        for (int64_t l = 0; l + L < V; l++) a0[l] += g[L + l];
+        float acc = a0[0];
+        for (int64_t l = 1; l < n; l++) acc += a0[l];
+        return acc;
+    }
+    int64_t d = 0;
+    for (; d < V - V % B; d += B)
+        for (int l = 0; l < L; l++) {
+            a0[l] = d == 0 ? g[d + l] : a0[l] + g[d + l];
+            a1[l] = d == 0 ? g[d + L + l] : a1[l] + g[d + L + l];
+        }
+    for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += g[d + l];
+    for (int64_t l = 0; d + L + l < V; l++) a1[l] += g[d + L + l];
+    for (int l = 0; l < L; l++) a0[l] += a1[l];
+    if (!at.tree_fold) {
+        for (int l = 1; l < L; l++) a0[0] += a0[l];
+        return a0[0];
+    }
+    for (int step = L / 2; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) a0[l] += a0[l + step];
+    return a0[0];
+}
+
+/* One bf16 row after log_softmax, for torch.sum over its bf16(logp_j * w_j). */
+typedef struct {
+    const uint16_t *x;
+    const float *w;
+    float m, log_sum;
+} bf_row_ctx;
+
+static float bf_wlogp(void *ctx, int64_t j) {
+    const bf_row_ctx *r = ctx;
+    float lp = bf_logp(r->x, j, r->m, r->log_sum);
+    return r->w ? ckp_bf16_round(lp * r->w[j]) : lp;
+}
+
+/* bf16 values held in a float array, for torch.sum over them */
+static float bf_array_value(void *ctx, int64_t j) { return ((const float *)ctx)[j]; }
+
+/* One row of log_softmax's backward with the smoothing's gradient on every element: g_j = bf16(e_j +
+ * [j == t] gi), e_j = bf16(-s * w_j) (-s without weights); dx_j = bf16(g_j - exp(logp_j) * sum_k g_k). g
+ * is the caller's scratch row of V floats. */
+static void bf_grad_row_dense(const bf_row_ctx *r, int64_t V, int64_t t, float gi, float s, pt_layout at,
+                              float *g, uint16_t *dx) {
+    for (int64_t j = 0; j < V; j++) g[j] = r->w ? ckp_bf16_round(-s * r->w[j]) : -s;
+    if (t >= 0) g[t] = ckp_bf16_round(g[t] + gi);
+    const float grad_sum = bf_reduce_all(g, V, at);
+    for (int64_t j = 0; j < V; j++) {
+        float p = pt_exp_at(at, bf_logp(r->x, j, r->m, r->log_sum));
+        dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, g[j]) : g[j] - p * grad_sum);
+    }
+}
+
+/* nll_loss's cascade of bf16 partial sums over the kept rows (LossNLL.cpp): the loss's and, with
+ * weights, the weights'. */
+static void bf_nll_cascade(const int64_t *target, int64_t N, int64_t ignore_index, const float *logp_t_w,
+                           const float *w, float *total, float *total_weight) {
+    float parts[8] = {0}, wparts[8] = {0};
+    int64_t level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4;
+    int64_t mask0 = ((int64_t)1 << level_power) - 1;
+    for (int64_t i = 0; i < N; i++) {
+        if (target[i] == ignore_index) continue;
+        parts[0] = ckp_bf16_round(parts[0] - logp_t_w[i]);
+        if (w) wparts[0] = ckp_bf16_round(wparts[0] + w[target[i]]);
+        for (int j = 0; j + 1 < 8; j++) {
+            if ((i & (mask0 << (j * level_power))) != 0) break;
+            parts[j + 1] = ckp_bf16_round(parts[j + 1] + parts[j]);
+            wparts[j + 1] = ckp_bf16_round(wparts[j + 1] + wparts[j]);
+            parts[j] = wparts[j] = 0;
+        }
+    }
+    *total = *total_weight = 0;
+    for (int j = 0; j < 8; j++) {
+        *total = ckp_bf16_round(*total + parts[j]);
+        *total_weight = ckp_bf16_round(*total_weight + wparts[j]);
     }
 }
 
@@ -757,16 +858,20 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
         opt->reduction != CKP_REDUCTION_SUM)
         return ckp_fail(CKP_ERR_BAD_OPTION, "reduction must be 0 (none), 1 (mean) or 2 (sum), got %d",
                         (int)opt->reduction);
-    if (opt->variant != CKP_CE_PTREF || opt->weight != NULL || opt->label_smoothing != 0.0 || opt->z_loss != 0.0)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant with class targets and no "
-                        "weight, label smoothing or z_loss (the others are not in bf16 yet)");
+    if (!(opt->label_smoothing >= 0.0 && opt->label_smoothing <= 1.0))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "label_smoothing must be in [0, 1], got %g", opt->label_smoothing);
+    if (opt->variant != CKP_CE_PTREF || opt->z_loss != 0.0)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant without z_loss (torch has "
+                        "no z-loss to follow in bf16)");
+    ckp_status st = ckp_check_torch_threads(opt->torch_threads);
+    if (st != CKP_OK) return st;
     size_t matrix = (size_t)(N * V) * 2, rows = opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1;
     size_t loss_bytes = rows * 2;
     const ckp_span inputs[] = {{logits, matrix}, {target, (size_t)N * sizeof(int64_t)},
-                               {opt->row_grad, rows * sizeof(float)}};
-    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 3) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 3) ||
+                               {opt->row_grad, rows * sizeof(float)}, {opt->weight, (size_t)V * sizeof(float)}};
+    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 4) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 4) ||
         ckp_overlaps(loss, loss_bytes, dlogits, matrix))
-        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target or each other");
+        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target, weight, row_grad or each other");
     for (int64_t i = 0; i < N; i++)
         if (target[i] != opt->ignore_index && (target[i] < 0 || target[i] >= V))
             return ckp_fail(CKP_ERR_TARGET_OUT_OF_RANGE,
@@ -774,54 +879,96 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
                             (long long)target[i], (long long)i, (long long)V, (long long)opt->ignore_index);
     ckp_clear_error();
     const pt_layout at = pt_layout_for_capability();
-    const int none = opt->reduction == CKP_REDUCTION_NONE;
+    const int none = opt->reduction == CKP_REDUCTION_NONE, mean = opt->reduction == CKP_REDUCTION_MEAN;
+    const int smoothed = opt->label_smoothing > 0.0;
+    const float *w = opt->weight;
+    const float keep = (float)(1.0 - opt->label_smoothing), spread = (float)(opt->label_smoothing / (double)V);
 
-    /* total_weight and the backward's nll grad are known from the targets alone: one pass over the rows
-     * (on this library's threads) does each row's log_softmax, its logp_t and its gradient; nll_loss's
-     * cascade then runs over the kept rows' logp_t in row order */
+    /* What the backward needs from the targets alone, before any row: nll_loss's total_weight (the kept
+     * count, or the weights' cascade) and smoothing's mean divisor (the kept count as a float, or
+     * torch.sum of the kept rows' weights). */
     int64_t kept = 0;
     for (int64_t i = 0; i < N; i++) kept += target[i] != opt->ignore_index;
-    const float total_weight = ckp_bf16_round((float)kept);
-    /* nll_loss's grad -(u / total_weight) (mean, in bf16) or -u, u the upstream gradient (bf16 values in
-     * row_grad, one per row with none; 1 without row_grad) */
-    const float u = opt->row_grad != NULL && opt->reduction != CKP_REDUCTION_NONE ? opt->row_grad[0] : 1.0f;
-    const float g = opt->reduction == CKP_REDUCTION_MEAN ? -ckp_bf16_round(u / total_weight) : -u;
-    float *logp_t = malloc((size_t)N * sizeof(float));
-    if (logp_t == NULL)
-        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the %lld rows' logp of a bf16 cross_entropy",
+    float *logp_t = malloc((size_t)N * sizeof(float)), *smooth = smoothed ? malloc((size_t)N * sizeof(float)) : NULL;
+    if (logp_t == NULL || (smoothed && smooth == NULL)) {
+        free(logp_t);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the %lld rows' terms of a bf16 cross_entropy",
                         (long long)N);
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
-    for (int64_t i = 0; i < N; i++) {
-        const uint16_t *x = logits + i * V;
-        int ignored = target[i] == opt->ignore_index;
-        float m, log_sum;
-        if (ignored && dlogits == NULL) continue;
-        bf_row(x, V, at, &m, &log_sum);
-        logp_t[i] = ignored ? 0.0f : bf_logp(x, target[i], m, log_sum);
-        if (dlogits == NULL) continue;
-        float gi = none && opt->row_grad != NULL ? -opt->row_grad[i] : g;
-        bf_grad_row(x, V, m, log_sum, ignored ? -1 : target[i], gi, at, dlogits + i * V);
     }
-    /* forward: nll_loss's cascade of bf16 partial sums, ignored rows skipped */
-    float parts[8] = {0};
-    int64_t level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4;
-    int64_t mask0 = ((int64_t)1 << level_power) - 1;
-    for (int64_t i = 0; i < N; i++) {
-        if (target[i] == opt->ignore_index) {
-            if (none) loss[i] = 0;
-            continue;
+    float total_weight = ckp_bf16_round((float)kept), divisor = (float)kept, unused;
+    if (w) {
+        for (int64_t i = 0; i < N; i++) logp_t[i] = 0.0f; /* the weights' cascade alone */
+        bf_nll_cascade(target, N, opt->ignore_index, logp_t, w, &unused, &total_weight);
+        pt_kept_weights kw = {target, w, opt->ignore_index, -1, -1};
+        if (smoothed && mean && kept > 0) divisor = ckp_aten_full_sum_bf16(pt_kept_weight, &kw, kept, opt->torch_threads);
+    }
+    /* the upstream gradient u (bf16 values in row_grad: one per row with none; 1 without it) split between
+     * the nll term and the smoothing term */
+    const float u = opt->row_grad != NULL && !none ? opt->row_grad[0] : 1.0f;
+    const float u_nll = smoothed ? ckp_bf16_round(u * keep) : u, u_smooth = ckp_bf16_round(u * spread);
+    const float g_nll = mean ? -ckp_bf16_round(u_nll / total_weight) : -u_nll;
+    const float s_all = mean ? ckp_bf16_round(u_smooth / divisor) : u_smooth;
+    const int row_threads = N == 1 ? opt->torch_threads : 1; /* a (1, V) row sum is a reduction to one value */
+    int failed = 0;
+#pragma omp parallel num_threads(ckp_threads()) if (N * V >= 32768)
+    {
+        float *scratch = smoothed && dlogits != NULL ? malloc((size_t)V * sizeof(float)) : NULL;
+        if (smoothed && dlogits != NULL && scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
         }
-        if (none) loss[i] = ckp_f_to_bf16(-logp_t[i]);
-        parts[0] = ckp_bf16_round(parts[0] - logp_t[i]);
-        for (int j = 0; j + 1 < 8; j++) {
-            if ((i & (mask0 << (j * level_power))) != 0) break;
-            parts[j + 1] = ckp_bf16_round(parts[j + 1] + parts[j]);
-            parts[j] = 0;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            const uint16_t *x = logits + i * V;
+            const int64_t t = target[i] == opt->ignore_index ? -1 : target[i];
+            bf_row_ctx r = {x, w, 0.0f, 0.0f};
+            if (t < 0 && dlogits == NULL) {
+                logp_t[i] = 0.0f;
+                if (smoothed) smooth[i] = 0.0f;
+                continue;
+            }
+            bf_row(x, V, at, &r.m, &r.log_sum);
+            logp_t[i] = t < 0 ? 0.0f : (w ? ckp_bf16_round(bf_logp(x, t, r.m, r.log_sum) * w[t])
+                                          : bf_logp(x, t, r.m, r.log_sum));
+            if (smoothed) smooth[i] = t < 0 ? 0.0f : -ckp_aten_full_sum_bf16(bf_wlogp, &r, V, row_threads);
+            if (dlogits == NULL) continue;
+            const float gn = none ? -(opt->row_grad ? (smoothed ? ckp_bf16_round(opt->row_grad[i] * keep)
+                                                                 : opt->row_grad[i]) : u_nll) : g_nll;
+            const float gi = w && t >= 0 ? ckp_bf16_round(w[t] * gn) : gn;
+            if (!smoothed) {
+                bf_grad_row(x, V, r.m, r.log_sum, t, gi, at, dlogits + i * V);
+            } else if (scratch != NULL) {
+                const float s = t < 0 ? 0.0f : none ? (opt->row_grad ? ckp_bf16_round(opt->row_grad[i] * spread)
+                                                                      : u_smooth) : s_all;
+                bf_grad_row_dense(&r, V, t, gi, s, at, scratch, dlogits + i * V);
+            }
         }
+        free(scratch);
+    }
+    if (failed) {
+        free(logp_t);
+        free(smooth);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for a row's gradient of a bf16 cross_entropy (V=%lld)",
+                        (long long)V);
+    }
+    /* forward: nll_loss (row by row with none, else its cascade), then the smoothing term */
+    if (none) {
+        for (int64_t i = 0; i < N; i++) {
+            float nll = target[i] == opt->ignore_index ? 0.0f : -logp_t[i];
+            loss[i] = ckp_f_to_bf16(smoothed ? ckp_bf16_round(nll * keep) + ckp_bf16_round(smooth[i] * spread) : nll);
+        }
+    } else {
+        float total;
+        bf_nll_cascade(target, N, opt->ignore_index, logp_t, NULL, &total, &unused);
+        float nll = mean ? ckp_bf16_round(total / total_weight) : total;
+        if (smoothed) {
+            float ret = ckp_aten_full_sum_bf16(bf_array_value, smooth, N, opt->torch_threads);
+            if (mean) ret = ckp_bf16_round(ret / divisor);
+            nll = ckp_bf16_round(nll * keep) + ckp_bf16_round(ret * spread);
+        }
+        loss[0] = ckp_f_to_bf16(nll);
     }
     free(logp_t);
-    float total = 0;
-    for (int j = 0; j < 8; j++) total = ckp_bf16_round(total + parts[j]);
-    if (!none) loss[0] = ckp_f_to_bf16(opt->reduction == CKP_REDUCTION_MEAN ? total / total_weight : total);
+    free(smooth);
     return CKP_OK;
 }

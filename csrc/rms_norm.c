@@ -52,7 +52,7 @@ static inline __attribute__((always_inline)) float square1(const void *row, int6
     return v * v;
 }
 
-CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1)
+CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1, CKP_VLANES)
 
 static float square_at(void *ctx, int64_t j) {
     const float *x = ctx;
@@ -192,7 +192,7 @@ static inline __attribute__((always_inline)) float grad_a_times_x1(const void *c
     return g * r->x[j];
 }
 
-CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1)
+CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1, CKP_VLANES)
 
 static float grad_a_times_x_at(void *ctx, int64_t j) {
     return grad_a_times_x1(ctx, j);

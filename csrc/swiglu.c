@@ -20,6 +20,9 @@
  * one piece, as it does single-threaded or when its thread split falls on a
  * multiple of the vector pair within the row.
  * exp(-g) overflowing (g < -100) gives silu = -0 and s = 0, as in torch.
+ * dg and du add +0 to their stored value (in bf16 after rounding): torch's dx
+ * is the two slices' gradients, each padded with zeros, added by autograd, so
+ * a -0 (dout * -0, or a tiny negative rounded) reaches dx as +0.
  *
  * bfloat16 (the _bf16 entry points): torch runs F.silu(g) * u on bf16 tensors
  * as two ops, each computing in float and rounding its result to bf16, and
@@ -84,15 +87,15 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
         ckp_v8f sig = 1.0f / one_plus;
         ckp_v8f slope = CKP_MUTANT(SWIGLU_UNFUSED_SLOPE) ? gv * (1.0f - sig) + 1.0f
                                                         : ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f));
-        ckp_store8(dg + j, dyv * ckp_load8(u + j) * sig * slope);
-        ckp_store8(du + j, dyv * (gv / one_plus));
+        ckp_store8(dg + j, dyv * ckp_load8(u + j) * sig * slope + 0.0f);
+        ckp_store8(du + j, dyv * (gv / one_plus) + 0.0f);
     }
     for (; j < H; j++) {
         float one_plus = 1.0f + expf(-g[j]), sig = 1.0f / one_plus;
         float slope = at.fma && !CKP_MUTANT(SWIGLU_UNFUSED_SLOPE) ? fmaf(g[j], 1.0f - sig, 1.0f)
                                                                   : g[j] * (1.0f - sig) + 1.0f;
-        dg[j] = dy[j] * u[j] * sig * slope;
-        du[j] = dy[j] * (g[j] / one_plus);
+        dg[j] = dy[j] * u[j] * sig * slope + 0.0f;
+        du[j] = dy[j] * (g[j] / one_plus) + 0.0f;
     }
 }
 
@@ -121,15 +124,15 @@ static void backward_row_bf16(const uint16_t *dy, const uint16_t *g, const uint1
         ckp_v8f one_plus = 1.0f + ckp_exp_sleef8(-gv);
         ckp_v8f sig = 1.0f / one_plus;
         ckp_v8f dsilu = ckp_bf16_round8(dyv * ckp_bf16_load8(u + j));
-        ckp_bf16_store8(dg + j, dsilu * sig * ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f)));
-        ckp_bf16_store8(du + j, dyv * ckp_bf16_round8(gv / one_plus));
+        ckp_bf16_store8(dg + j, ckp_bf16_round8(dsilu * sig * ckp_fma8(gv, 1.0f - sig, ckp_splat8(1.0f))) + 0.0f);
+        ckp_bf16_store8(du + j, ckp_bf16_round8(dyv * ckp_bf16_round8(gv / one_plus)) + 0.0f);
     }
     for (; j < H; j++) {
         float gj = ckp_bf16_to_f(g[j]), dyj = ckp_bf16_to_f(dy[j]);
         float one_plus = 1.0f + expf(-gj), sig = 1.0f / one_plus;
         float slope = at.fma ? fmaf(gj, 1.0f - sig, 1.0f) : gj * (1.0f - sig) + 1.0f;
-        dg[j] = ckp_f_to_bf16(ckp_bf16_round(dyj * ckp_bf16_to_f(u[j])) * sig * slope);
-        du[j] = ckp_f_to_bf16(dyj * ckp_bf16_round(gj / one_plus));
+        dg[j] = ckp_f_to_bf16(ckp_bf16_round(ckp_bf16_round(dyj * ckp_bf16_to_f(u[j])) * sig * slope) + 0.0f);
+        du[j] = ckp_f_to_bf16(ckp_bf16_round(dyj * ckp_bf16_round(gj / one_plus)) + 0.0f);
     }
 }
 

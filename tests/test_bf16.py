@@ -5,6 +5,8 @@ refuse what the float32 ones refuse."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -127,8 +129,9 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
 
     monkeypatch.setattr(swiglu_record, "swiglu", rounded_once)
     monkeypatch.setattr(rms_record, "rms_norm", rounded_twice)
-    def ce_in_float(logits, target, reduction="mean", variant="ptref"):  # log_softmax and nll in float, then bf16
-        return F.cross_entropy(logits.float(), target, reduction=reduction).to(logits.dtype)
+    def ce_in_float(logits, target, weight=None, variant="ptref", **kwargs):  # log_softmax and nll in float, then bf16
+        return F.cross_entropy(logits.float(), target, None if weight is None else weight.float(),
+                               **kwargs).to(logits.dtype)
 
     monkeypatch.setattr(rope_record, "rope", rope_rounded_once)
     monkeypatch.setattr(ce_record, "cross_entropy", ce_in_float)
@@ -243,32 +246,83 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
     theirs = F.cross_entropy(x, target)
     (tdx,) = torch.autograd.grad(theirs, x)
     assert loss.dtype == torch.bfloat16 and torch.equal(_bits(loss), _bits(theirs.detach()))
-    assert bool((dx == tdx).all())  # == : ignored rows' zeros may differ in sign
+    assert torch.equal(_bits(dx), _bits(tdx))  # bits: an ignored row's zeros are +0, as torch's
+    weight = (torch.rand(97, generator=g) + 0.5).bfloat16()
     for kwargs, what in ((dict(inplace_backward=True), "variant='default' with inplace_backward"),
-                         (dict(variant="ptref", label_smoothing=0.1), "label_smoothing"),
-                         (dict(variant="ptref", weight=torch.ones(97)), "weight")):
+                         (dict(variant="ptref", z_loss=1e-4), "z_loss"),
+                         (dict(variant="ptref", target=torch.softmax(x.float(), 1).bfloat16()), "probability targets"),
+                         (dict(variant="ptref", weight=torch.ones(97)), "bf16 weight")):
         with pytest.raises(InvalidType, match=what.replace("(", r"\(").replace(")", r"\)")):
-            ckparity.cross_entropy(x, target, **kwargs)
-    for reduction in ("mean", "sum", "none"):  # another upstream gradient is folded in where torch folds it
+            ckparity.cross_entropy(x, kwargs.pop("target", target), **kwargs)
+    for reduction, extra in itertools.product(("mean", "sum", "none"), (dict(), dict(weight=weight),
+                                                                         dict(label_smoothing=0.1),
+                                                                         dict(weight=weight, label_smoothing=0.3))):
+        # another upstream gradient is folded in where torch folds it; weights and smoothing as torch rounds them
         up = (torch.randn(300 if reduction == "none" else (), generator=g) * 3).bfloat16()
-        (dx,) = torch.autograd.grad(ckparity.cross_entropy(x, target, reduction=reduction, variant="ptref"), x, up)
-        (tdx,) = torch.autograd.grad(F.cross_entropy(x, target, reduction=reduction), x, up)
-        assert bool((dx == tdx).all()), reduction
+        ours = ckparity.cross_entropy(x, target, reduction=reduction, variant="ptref", **extra)
+        theirs = F.cross_entropy(x, target, reduction=reduction, **extra)
+        assert torch.equal(_bits(ours.detach()), _bits(theirs.detach())), (reduction, extra)
+        (dx,), (tdx,) = torch.autograd.grad(ours, x, up), torch.autograd.grad(theirs, x, up)
+        assert torch.equal(_bits(dx), _bits(tdx)), (reduction, extra)
 
 
-def test_check_in_bf16_says_which_option_is_not_in_bf16(monkeypatch):
-    """c_ptref in bf16: its widths bitwise; label smoothing, not in bf16 yet, is its own row, not supported
-    (a TypeError on the option's call in a dtype other than float32), not a crash."""
+def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(monkeypatch):
+    """Label smoothing and class weights in bf16 have rounding points of their own: the smoothing term's
+    scalars rounded to bf16 (where torch keeps them float), or the nll term and the smoothing term added
+    in float before one rounding, each differ from torch somewhere in the sweep's weighted and smoothed
+    cases -- and only there: the plain cases still match."""
+    import importlib
+
+    from ckparity import sweep
+
+    ce_record = importlib.import_module("ckparity.kernels.cross_entropy")
+    real = ce_record.cross_entropy
+
+    def scalars_in_bf16(logits, target, weight=None, label_smoothing=0.0, reduction="mean", variant="ptref"):
+        if label_smoothing == 0.0:
+            return real(logits, target, weight, reduction=reduction, variant=variant)
+        ls = float(torch.tensor(label_smoothing).bfloat16())  # the planted rounding: 0.1 -> 0.10009765625
+        return real(logits, target, weight, reduction=reduction, variant=variant, label_smoothing=ls)
+
+    def one_rounding(logits, target, weight=None, label_smoothing=0.0, reduction="mean", variant="ptref"):
+        if label_smoothing == 0.0 and weight is None:
+            return real(logits, target, weight, reduction=reduction, variant=variant)
+        w = None if weight is None else weight.float()
+        return F.cross_entropy(logits.float(), target, w, reduction=reduction,
+                               label_smoothing=label_smoothing).to(logits.dtype)
+
+    for planted in (scalars_in_bf16, one_rounding):
+        monkeypatch.setattr(ce_record, "cross_entropy", planted)
+        tally = ce_record.Tally()
+        ce_record.sweep_ptref_bf16(tally, torch.Generator().manual_seed(0))
+        result = tally.result()
+        assert result["loss"]["differing"] > 50 or result["dlogits"]["differing"] > 50, planted.__name__
+        assert all("{" in case for case in tally.differing.get("loss", []) + tally.differing.get("dlogits", []))
+
+
+def test_check_in_bf16_says_which_option_is_not_in_bf16(monkeypatch, clean_registry):
+    """A backend with label smoothing in float32 only: in bf16 its widths bitwise, label smoothing its own
+    row, not supported (a TypeError on the option's call in a dtype other than float32), not a crash.
+    ckparity's c_ptref, which has it in bf16, is bitwise on every row."""
     from dataclasses import replace
 
     from ckparity import check
 
+    def no_bf16_smoothing(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        if label_smoothing and logits.dtype == torch.bfloat16:
+            raise InvalidType("label smoothing is float32 only here")
+        return ckparity.cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing,
+                                      variant="ptref")
+
+    ckparity.register_backend("cross_entropy", "no_bf16_smoothing", no_bf16_smoothing)
     record = kernels.KERNELS["cross_entropy"]
     monkeypatch.setattr(record, "conformance", replace(record.conformance, widths=[1, 7, 64, 301]))
-    report = check.check("cross_entropy", "c_ptref", dtype="bfloat16")
+    report = check.check("cross_entropy", "no_bf16_smoothing", dtype="bfloat16")
     rows = {r["property"]: r["verdict"] for r in report["properties"]}
     assert rows["widths"] == "bitwise" and rows["option label_smoothing (bfloat16)"] == "not supported"
     assert report["verdict"] == "not supported" and report["passed"]
+    ours = check.check("cross_entropy", "c_ptref", dtype="bfloat16")
+    assert ours["verdict"] == "bitwise" and all(r["verdict"] == "bitwise" for r in ours["properties"])
 
 
 def test_the_default_cross_entropy_in_bf16_is_no_less_accurate_than_torchs():

@@ -134,12 +134,12 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
                              float *loss, float *dlogits);
 
 /* The ptref variant in bfloat16 (logits, loss and dlogits bf16 as uint16_t), for
- * class targets without weight, label smoothing or z_loss (anything else:
- * CKP_ERR_BAD_OPTION; row_grad, in float, holds bf16 upstream gradients),
- * bit-identical to torch's F.cross_entropy on bf16
- * logits: log_softmax's bf16 max and exp-sum temporaries, nll_loss's bf16
- * cascade and total_weight (csrc/cross_entropy.c). dlogits may be NULL; no
- * output may overlap an input. */
+ * class targets with class weights and label smoothing (z_loss: CKP_ERR_BAD_OPTION;
+ * opt->weight and opt->row_grad, in float, hold bf16 values), bit-identical to
+ * torch's F.cross_entropy on bf16 logits: log_softmax's bf16 max and exp-sum
+ * temporaries, nll_loss's bf16 cascade and total_weight, label smoothing's bf16
+ * tensor ops and sums split on opt->torch_threads as torch's are
+ * (csrc/cross_entropy.c). dlogits may be NULL; no output may overlap an input. */
 ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
                                   const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits);
 

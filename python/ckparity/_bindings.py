@@ -87,7 +87,7 @@ def cross_entropy(logits, target, options, loss, dlogits=None, *, library=lib) -
 
 def cross_entropy_bf16(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
     """As cross_entropy on bfloat16 logits, loss and dlogits: the ptref variant, class targets
-    (options without weight, label smoothing, z_loss or row_grad)."""
+    (options without z_loss; weight and row_grad hold bf16 values as floats)."""
     N, V = logits.shape
     check(library.ckp_cross_entropy_bf16(pointer(logits), pointer(target), N, V, options, pointer(loss),
                                          pointer(dlogits)), "cross_entropy", library)

@@ -96,16 +96,18 @@ def _z_loss(variant):
 
 # ---- the ptref sweep ------------------------------------------------------------
 
-def _ptref_case(tally: Tally, g: torch.Generator, N: int, V: int, kwargs: dict, threads: int, targets) -> None:
+def _ptref_case(tally: Tally, g: torch.Generator, N: int, V: int, kwargs: dict, threads: int, targets,
+                dtype: torch.dtype = torch.float32) -> None:
     """One case of variant="ptref" against F.cross_entropy, loss and dlogits,
     both with torch on ``threads`` (ptref reads torch's thread count at the
     call). kwargs may hold weighted=True; ``targets(N, V)`` draws the targets
-    (class indices or probabilities) after the logits."""
+    (class indices or probabilities) after the logits. In bf16 the logits,
+    weights and upstream gradient are bf16, as torch takes them."""
     kwargs = dict(kwargs)
-    weight = torch.rand(V, generator=g) + 0.5 if kwargs.pop("weighted", False) else None
-    logits = (torch.randn(N, V, generator=g) * 4).requires_grad_(True)
+    weight = (torch.rand(V, generator=g) + 0.5).to(dtype) if kwargs.pop("weighted", False) else None
+    logits = (torch.randn(N, V, generator=g) * 4).to(dtype).requires_grad_(True)
     target = targets(N, V)
-    up = torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)
+    up = (torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)).to(dtype)
     case = (f"{'probs ' if target.is_floating_point() else ''}N={N} V={V} {kwargs}"
             f"{' weight' if weight is not None else ''}{f' torch threads {threads}' if threads > 1 else ''}")
     with torch_threads(threads):
@@ -126,22 +128,30 @@ CLASS_SPLIT_SHAPES = [(1, 65537), (1, 131071), (40000, 7), (100003, 5)]
 SPLIT_SHAPES = [(1, 32767), (1, 32768), (128, 256), (257, 255), (1031, 64), (65, 1009), (4097, 33)]
 
 
+# class targets: every reduction, label smoothing, class weights, both
+CLASS_SETTINGS = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
+                  dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
+                  dict(weighted=True, label_smoothing=0.2, reduction="sum"),
+                  dict(weighted=True, label_smoothing=0.05, reduction="none")]
+
+
+def _class_targets(g: torch.Generator):
+    """Draws (N) class targets with every third row ignored; keep_first keeps row 0 (a one-row input's)."""
+    def classes(N, V, keep_first=False):
+        target = torch.randint(0, V, (N,), generator=g)
+        target[::3] = -100  # ignored rows
+        if keep_first:
+            target[0] = 0
+        return target
+    return classes
+
+
 def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
     """variant="ptref" against F.cross_entropy, loss and gradient: class
     targets over reductions, ignore_index, class weights and smoothing, with
     torch on one thread and where its thread split matters on 2..3; then
     probability targets, on one thread and where the split matters on 2..4."""
-    settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
-                dict(weighted=True), dict(weighted=True, label_smoothing=0.2),
-                dict(weighted=True, label_smoothing=0.2, reduction="sum"),
-                dict(weighted=True, label_smoothing=0.05, reduction="none")]
-
-    def classes(N, V, keep_first=False):
-        target = torch.randint(0, V, (N,), generator=g)
-        target[::3] = -100  # ignored rows
-        if keep_first:
-            target[0] = 0  # a one-row input keeps its row
-        return target
+    classes = _class_targets(g)
 
     def probabilities(N, V):
         return torch.softmax(torch.randn(N, V, generator=g), dim=1)
@@ -149,9 +159,9 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
     # rows: one, fewer than a cascade level (16), and enough for nll_loss's
     # cascade to flush levels (300) at a few widths
     shapes = [(N, V) for N in (1, 8, 37) for V in WIDTHS + [32000]] + [(300, V) for V in (7, 64, 1000)]
-    for (N, V), kwargs in itertools.product(shapes, settings):
+    for (N, V), kwargs in itertools.product(shapes, CLASS_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, 1, classes)
-    for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), settings):
+    for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), CLASS_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: classes(n, v, keep_first=True))
     # probability targets: -(logp * q * w).sum() over every element, or .sum(1) with none
     prob_settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(weighted=True, label_smoothing=0.1),
@@ -163,10 +173,12 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
 
 
 def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
-    """bfloat16 logits, variant="ptref", against F.cross_entropy on them (torch
-    on one thread: its log_softmax keeps a row whole on any thread count, and
-    nll_loss's cascade is serial): class targets with ignored rows, every
-    reduction, rows from one past nll_loss's bf16 count rounding (300 > 256)."""
+    """bfloat16 logits, variant="ptref", against F.cross_entropy on them:
+    class targets with ignored rows, every reduction, rows from one past
+    nll_loss's bf16 count rounding (300 > 256), with torch on one thread (its
+    log_softmax keeps a row whole on any thread count, and nll_loss's cascade
+    is serial); then class weights and label smoothing, and the sums torch
+    splits across 2 or 3 threads (label smoothing's, a one-row input's)."""
     for N, reduction in itertools.product((1, 8, 37, 300), ("mean", "sum", "none")):
         for V in WIDTHS + [32000] if N < 300 else (7, 64, 1000, 32000):
             x = (torch.randn(N, V, generator=g) * 3).bfloat16().requires_grad_(True)
@@ -181,6 +193,12 @@ def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
                 theirs = grad_run(lambda logits: F.cross_entropy(logits, target, reduction=reduction), [x], up)
             for q, a, b in zip(("loss", "dlogits"), ours, theirs):
                 tally.add(q, f"N={N} V={V} {reduction}", a, b)
+    classes = _class_targets(g)
+    shapes = [(N, V) for N in (1, 37) for V in WIDTHS + [32000]] + [(300, V) for V in (7, 64, 1000)]
+    for (N, V), kwargs in itertools.product(shapes, CLASS_SETTINGS[3:]):
+        _ptref_case(tally, g, N, V, kwargs, 1, classes, torch.bfloat16)
+    for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), CLASS_SETTINGS[3:]):
+        _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: classes(n, v, keep_first=True), torch.bfloat16)
 
 
 # ---- the probe: every C entry point through a given library -----------------------

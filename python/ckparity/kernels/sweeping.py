@@ -19,6 +19,15 @@ def torch_threads(n: int):
         torch.set_num_threads(threads)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit: -0.0 is not +0.0; a NaN matches any NaN (torch's NaN bits are not a result)."""
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    nan = a.isnan() & b.isnan()
+    return bool(((a.view(ints) == b.view(ints)) | nan).all())
+
+
 class Tally:
     """Per quantity: cases swept, and the cases whose bits differ."""
 
@@ -28,8 +37,7 @@ class Tally:
 
     def add(self, quantity: str, case: str, ours: torch.Tensor, theirs: torch.Tensor) -> None:
         self.swept[quantity] = self.swept.get(quantity, 0) + 1
-        same_nan = ours.isnan() & theirs.isnan()
-        if ours.shape != theirs.shape or bool(((ours != theirs) & ~same_nan).any()):
+        if ours.shape != theirs.shape or ours.dtype != theirs.dtype or not same_bits(ours, theirs):
             self.differing.setdefault(quantity, []).append(case)
 
     def result(self) -> dict:

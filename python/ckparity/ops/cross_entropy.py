@@ -214,12 +214,13 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
     return logits.reshape(-1, C).contiguous(), flat_target.contiguous(), loss_shape
 
 
-def _bf16_call(logits, target, reduction, ignore_index, upstream=None, compute_grad=True):
+def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, upstream=None, compute_grad=True):
     N, V = logits.shape
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.bfloat16)
     dlogits = torch.empty_like(logits) if compute_grad else None
     row_grad = None if upstream is None else upstream.to(torch.bfloat16).float().reshape(-1).contiguous()
-    options = _bindings.cross_entropy_options(None, ignore_index, reduction, 0.0, 0.0, "ptref", row_grad)
+    options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref", row_grad,
+                                              torch.get_num_threads())
     _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
     return loss, dlogits
 
@@ -233,14 +234,15 @@ class _CrossEntropyBF16Function(CFunction):
     First-order only: see ops/_function.py."""
 
     @staticmethod
-    def compute(logits, target, reduction, ignore_index, compute_grad):
-        return _bf16_call(logits, target, reduction, ignore_index, compute_grad=compute_grad)
+    def compute(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad):
+        return _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad=compute_grad)
 
     @classmethod
-    def forward(cls, ctx, logits, target, reduction, ignore_index, compute_grad):
-        loss, dlogits = cls.compute(logits, target, reduction, ignore_index, compute_grad)
+    def forward(cls, ctx, logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad):
+        loss, dlogits = cls.compute(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad)
         ctx.save_for_backward(logits, target, dlogits)
-        ctx.settings = (reduction, ignore_index)
+        ctx.weight = weight
+        ctx.settings = (reduction, ignore_index, label_smoothing)
         return loss
 
     @staticmethod
@@ -248,8 +250,8 @@ class _CrossEntropyBF16Function(CFunction):
     def backward(ctx, grad):
         logits, target, dlogits = ctx.saved_tensors
         if not bool((grad == 1).all()):
-            dlogits = _bf16_call(logits, target, *ctx.settings, upstream=grad)[1]
-        return dlogits, None, None, None, None
+            dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=grad)[1]
+        return dlogits, None, None, None, None, None, None
 
 
 def _default_bf16(input, target, weight, **settings):
@@ -271,10 +273,10 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
                              label_smoothing=label_smoothing, z_loss=z_loss)
     missing = [name for name, given in (("variant='default' with inplace_backward (a float32 copy takes the "
                                          "gradient, not the logits' storage)", variant == "default"),
-                                        ("weight", weight is not None), ("label_smoothing", label_smoothing),
                                         ("probability targets", isinstance(target, torch.Tensor)
                                          and target.is_floating_point()),
-                                        ("z_loss", z_loss), ("inplace_backward", inplace_backward)) if given]
+                                        ("z_loss (torch has none to follow in bf16)", z_loss),
+                                        ("inplace_backward", inplace_backward)) if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
         raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref with class targets; "
                           f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
@@ -284,9 +286,17 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
                               f"{tuple(input.shape)} and {getattr(target, 'shape', type(target).__name__)}")
     if reduction not in ("mean", "sum", "none"):
         raise InvalidArgument(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise InvalidArgument(f"label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.shape != input.shape[1:]:
+            raise InvalidType(f"bfloat16 cross_entropy takes a bf16 weight of shape ({input.shape[1]},), as torch "
+                              f"does, got {getattr(weight, 'dtype', type(weight).__name__)} "
+                              f"{tuple(getattr(weight, 'shape', ()))}")
+        weight = weight.float().contiguous()  # bf16 values, held as floats (the C API's weight)
     compute_grad = torch.is_grad_enabled() and input.requires_grad
-    return _CrossEntropyBF16Function.apply(input.contiguous(), target.long().contiguous(), reduction, int(ignore_index),
-                                           compute_grad)
+    return _CrossEntropyBF16Function.apply(input.contiguous(), target.long().contiguous(), weight, reduction,
+                                           int(ignore_index), float(label_smoothing), compute_grad)
 
 
 def cross_entropy(
