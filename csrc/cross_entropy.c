@@ -27,6 +27,7 @@
 #include "vec.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -677,6 +678,13 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
  *   (autograd's accumulation); then log_softmax's backward, bf16(g_j -
  *   exp(logp_j) * sum_k g_k) in float, sum_k by vec::reduce_all's structure
  *   on bf16 data (one FMA where the build contracts it, as in float32).
+ * Probability targets (ckp_cross_entropy_probs_bf16) are
+ * cross_entropy_loss_prob_target's tensor ops: the target smoothed as
+ * bf16(bf16(q * (1 - ls)) + bf16(ls / V)) (a Scalar added takes the tensor's
+ * dtype); bf16(bf16(logp_j * q_j) * w_j); torch.sum over every element (mean,
+ * sum; split on torch's threads) or over each row (none), negated; mean
+ * divides by N as a float. Backward: -bf16(u / N) (mean) or -u, times w_j,
+ * times q_j, each rounded, then log_softmax's backward as above.
  * ---------------------------------------------------------------------- */
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
@@ -909,14 +917,18 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     const float g_nll = mean ? -ckp_bf16_round(u_nll / total_weight) : -u_nll;
     const float s_all = mean ? ckp_bf16_round(u_smooth / divisor) : u_smooth;
     const int row_threads = N == 1 ? opt->torch_threads : 1; /* a (1, V) row sum is a reduction to one value */
-    int failed = 0;
-#pragma omp parallel num_threads(ckp_threads()) if (N * V >= 32768)
+    const int threads = ckp_threads();
+    /* each thread's gradient row, allocated before any output is written: a failure loses nothing */
+    float *scratch = smoothed && dlogits != NULL ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
+    if (smoothed && dlogits != NULL && scratch == NULL) {
+        free(logp_t);
+        free(smooth);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for %d gradient rows of a bf16 cross_entropy (V=%lld)",
+                        threads, (long long)V);
+    }
+#pragma omp parallel num_threads(threads) if (N * V >= 32768)
     {
-        float *scratch = smoothed && dlogits != NULL ? malloc((size_t)V * sizeof(float)) : NULL;
-        if (smoothed && dlogits != NULL && scratch == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *g = scratch != NULL ? scratch + (size_t)omp_get_thread_num() * (size_t)V : NULL;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < N; i++) {
             const uint16_t *x = logits + i * V;
@@ -937,20 +949,14 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
             const float gi = w && t >= 0 ? ckp_bf16_round(w[t] * gn) : gn;
             if (!smoothed) {
                 bf_grad_row(x, V, r.m, r.log_sum, t, gi, at, dlogits + i * V);
-            } else if (scratch != NULL) {
+            } else {
                 const float s = t < 0 ? 0.0f : none ? (opt->row_grad ? ckp_bf16_round(opt->row_grad[i] * spread)
                                                                       : u_smooth) : s_all;
-                bf_grad_row_dense(&r, V, t, gi, s, at, scratch, dlogits + i * V);
+                bf_grad_row_dense(&r, V, t, gi, s, at, g, dlogits + i * V);
             }
         }
-        free(scratch);
     }
-    if (failed) {
-        free(logp_t);
-        free(smooth);
-        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for a row's gradient of a bf16 cross_entropy (V=%lld)",
-                        (long long)V);
-    }
+    free(scratch);
     /* forward: nll_loss (row by row with none, else its cascade), then the smoothing term */
     if (none) {
         for (int64_t i = 0; i < N; i++) {
@@ -970,5 +976,125 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     }
     free(logp_t);
     free(smooth);
+    return CKP_OK;
+}
+
+/* One bf16 row after log_softmax with its probability targets, for torch.sum over bf16(bf16(logp_j * q_j) * w_j). */
+typedef struct {
+    bf_row_ctx row;
+    const uint16_t *q;
+    float keep, spread; /* (1 - ls) as a float, bf16(ls / V); keep 1 and spread 0 without smoothing */
+} bf_prob_row;
+
+static float bf_target(const bf_prob_row *r, int64_t j) {
+    float q = ckp_bf16_to_f(r->q[j]);
+    return r->spread != 0.0f || r->keep != 1.0f ? ckp_bf16_round(ckp_bf16_round(q * r->keep) + r->spread) : q;
+}
+
+static float bf_logp_q_w(void *ctx, int64_t j) {
+    const bf_prob_row *r = ctx;
+    float v = ckp_bf16_round(bf_logp(r->row.x, j, r->row.m, r->row.log_sum) * bf_target(r, j));
+    return r->row.w ? ckp_bf16_round(v * r->row.w[j]) : v;
+}
+
+/* The whole batch as one flattened (N * V) map, each row's max and log_sum computed beforehand. */
+typedef struct {
+    bf_prob_row proto;
+    const uint16_t *logits, *probs;
+    const float *m, *log_sum;
+    int64_t V;
+} bf_prob_batch;
+
+static float bf_batch_logp_q_w(void *ctx, int64_t j) {
+    bf_prob_batch *b = ctx;
+    int64_t i = j / b->V;
+    bf_prob_row r = b->proto;
+    r.row.x = b->logits + i * b->V;
+    r.q = b->probs + i * b->V;
+    r.row.m = b->m[i];
+    r.row.log_sum = b->log_sum[i];
+    return bf_logp_q_w(&r, j % b->V);
+}
+
+ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *target_probs, int64_t N, int64_t V,
+                                        const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits) {
+    if (logits == NULL || target_probs == NULL || opt == NULL || loss == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "logits, target_probs, options and loss must not be NULL");
+    if (N <= 0 || V <= 0 || N > INT64_MAX / V)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive and N*V must not overflow, got N=%lld V=%lld",
+                        (long long)N, (long long)V);
+    if (opt->reduction != CKP_REDUCTION_NONE && opt->reduction != CKP_REDUCTION_MEAN &&
+        opt->reduction != CKP_REDUCTION_SUM)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "reduction must be 0 (none), 1 (mean) or 2 (sum), got %d",
+                        (int)opt->reduction);
+    if (!(opt->label_smoothing >= 0.0 && opt->label_smoothing <= 1.0))
+        return ckp_fail(CKP_ERR_BAD_OPTION, "label_smoothing must be in [0, 1], got %g", opt->label_smoothing);
+    if (opt->variant != CKP_CE_PTREF || opt->z_loss != 0.0)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant without z_loss (torch has "
+                        "no z-loss to follow in bf16)");
+    ckp_status st = ckp_check_torch_threads(opt->torch_threads);
+    if (st != CKP_OK) return st;
+    size_t matrix = (size_t)(N * V) * 2, rows = opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1;
+    size_t loss_bytes = rows * 2;
+    const ckp_span inputs[] = {{logits, matrix}, {target_probs, matrix}, {opt->row_grad, rows * sizeof(float)},
+                               {opt->weight, (size_t)V * sizeof(float)}};
+    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 4) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 4) ||
+        ckp_overlaps(loss, loss_bytes, dlogits, matrix))
+        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target_probs, weight, row_grad "
+                        "or each other");
+    ckp_clear_error();
+    const pt_layout at = pt_layout_for_capability();
+    const int none = opt->reduction == CKP_REDUCTION_NONE, mean = opt->reduction == CKP_REDUCTION_MEAN;
+    const int smoothed = opt->label_smoothing > 0.0;
+    const bf_prob_row proto = {{NULL, opt->weight, 0.0f, 0.0f}, NULL, smoothed ? (float)(1.0 - opt->label_smoothing) : 1.0f,
+                               smoothed ? ckp_bf16_round((float)(opt->label_smoothing / (double)V)) : 0.0f};
+    const float u = opt->row_grad != NULL && !none ? opt->row_grad[0] : 1.0f;
+    const float g_all = mean ? -ckp_bf16_round(u / (float)N) : -u;
+    const int row_threads = N == 1 ? opt->torch_threads : 1; /* a (1, V) row sum is a reduction to one value */
+    const int threads = ckp_threads();
+    /* every buffer allocated before any output is written: a failure loses nothing */
+    float *m = malloc((size_t)N * sizeof(float)), *log_sum = malloc((size_t)N * sizeof(float));
+    float *scratch = dlogits != NULL ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
+    if (m == NULL || log_sum == NULL || (dlogits != NULL && scratch == NULL)) {
+        free(m);
+        free(log_sum);
+        free(scratch);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the working rows of a bf16 cross_entropy (N=%lld, "
+                        "V=%lld)", (long long)N, (long long)V);
+    }
+#pragma omp parallel num_threads(threads) if (N * V >= 32768)
+    {
+        float *g = scratch != NULL ? scratch + (size_t)omp_get_thread_num() * (size_t)V : NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            bf_prob_row r = proto;
+            r.row.x = logits + i * V;
+            r.q = target_probs + i * V;
+            bf_row(r.row.x, V, at, &r.row.m, &r.row.log_sum);
+            m[i] = r.row.m;
+            log_sum[i] = r.row.log_sum;
+            if (none) loss[i] = ckp_f_to_bf16(-ckp_aten_full_sum_bf16(bf_logp_q_w, &r, V, row_threads));
+            if (g == NULL) continue;
+            const float gn = none ? -(opt->row_grad ? opt->row_grad[i] : 1.0f) : g_all;
+            for (int64_t j = 0; j < V; j++) {
+                float gw = r.row.w ? ckp_bf16_round(gn * r.row.w[j]) : gn;
+                g[j] = ckp_bf16_round(gw * bf_target(&r, j));
+            }
+            const float grad_sum = bf_reduce_all(g, V, at);
+            uint16_t *dx = dlogits + i * V;
+            for (int64_t j = 0; j < V; j++) {
+                float p = pt_exp_at(at, bf_logp(r.row.x, j, r.row.m, r.row.log_sum));
+                dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, g[j]) : g[j] - p * grad_sum);
+            }
+        }
+    }
+    free(scratch);
+    if (!none) { /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
+        bf_prob_batch b = {proto, logits, target_probs, m, log_sum, V};
+        float total = -ckp_aten_full_sum_bf16(bf_batch_logp_q_w, &b, N * V, opt->torch_threads);
+        loss[0] = ckp_f_to_bf16(mean ? total / (float)N : total);
+    }
+    free(m);
+    free(log_sum);
     return CKP_OK;
 }

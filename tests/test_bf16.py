@@ -250,7 +250,7 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
     weight = (torch.rand(97, generator=g) + 0.5).bfloat16()
     for kwargs, what in ((dict(inplace_backward=True), "variant='default' with inplace_backward"),
                          (dict(variant="ptref", z_loss=1e-4), "z_loss"),
-                         (dict(variant="ptref", target=torch.softmax(x.float(), 1).bfloat16()), "probability targets"),
+                         (dict(variant="ptref", target=torch.softmax(x.float(), 1)), "probability targets other"),
                          (dict(variant="ptref", weight=torch.ones(97)), "bf16 weight")):
         with pytest.raises(InvalidType, match=what.replace("(", r"\(").replace(")", r"\)")):
             ckparity.cross_entropy(x, kwargs.pop("target", target), **kwargs)
@@ -264,12 +264,20 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
         assert torch.equal(_bits(ours.detach()), _bits(theirs.detach())), (reduction, extra)
         (dx,), (tdx,) = torch.autograd.grad(ours, x, up), torch.autograd.grad(theirs, x, up)
         assert torch.equal(_bits(dx), _bits(tdx)), (reduction, extra)
+    probs = torch.softmax(torch.randn(300, 97, generator=g), 1).bfloat16()  # bf16 probability targets
+    for reduction in ("mean", "sum", "none"):
+        up = (torch.randn(300 if reduction == "none" else (), generator=g) * 3).bfloat16()
+        ours = ckparity.cross_entropy(x, probs, weight, reduction=reduction, label_smoothing=0.1, variant="ptref")
+        theirs = F.cross_entropy(x, probs, weight, reduction=reduction, label_smoothing=0.1)
+        assert ours.dtype == torch.bfloat16 and torch.equal(_bits(ours.detach()), _bits(theirs.detach())), reduction
+        (dx,), (tdx,) = torch.autograd.grad(ours, x, up), torch.autograd.grad(theirs, x, up)
+        assert torch.equal(_bits(dx), _bits(tdx)), reduction
 
 
 def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(monkeypatch):
-    """Label smoothing and class weights in bf16 have rounding points of their own: the smoothing term's
-    scalars rounded to bf16 (where torch keeps them float), or the nll term and the smoothing term added
-    in float before one rounding, each differ from torch somewhere in the sweep's weighted and smoothed
+    """Label smoothing, class weights and probability targets in bf16 have rounding points of their own:
+    the smoothing term's scalars rounded to bf16 (where torch keeps them float), or the whole loss in float
+    before one rounding, each differ from torch somewhere in the sweep's weighted, smoothed and probability
     cases -- and only there: the plain cases still match."""
     import importlib
 
@@ -285,9 +293,10 @@ def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(mo
         return real(logits, target, weight, reduction=reduction, variant=variant, label_smoothing=ls)
 
     def one_rounding(logits, target, weight=None, label_smoothing=0.0, reduction="mean", variant="ptref"):
-        if label_smoothing == 0.0 and weight is None:
+        if label_smoothing == 0.0 and weight is None and not target.is_floating_point():
             return real(logits, target, weight, reduction=reduction, variant=variant)
         w = None if weight is None else weight.float()
+        target = target.float() if target.is_floating_point() else target
         return F.cross_entropy(logits.float(), target, w, reduction=reduction,
                                label_smoothing=label_smoothing).to(logits.dtype)
 
@@ -297,7 +306,10 @@ def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(mo
         ce_record.sweep_ptref_bf16(tally, torch.Generator().manual_seed(0))
         result = tally.result()
         assert result["loss"]["differing"] > 50 or result["dlogits"]["differing"] > 50, planted.__name__
-        assert all("{" in case for case in tally.differing.get("loss", []) + tally.differing.get("dlogits", []))
+        differing = tally.differing.get("loss", []) + tally.differing.get("dlogits", [])
+        assert all("{" in case for case in differing)  # the plain class-target cases still match
+        if planted is one_rounding:  # probability targets rounded once: caught among them too
+            assert sum(case.startswith("probs") for case in differing) > 50
 
 
 def test_check_in_bf16_says_which_option_is_not_in_bf16(monkeypatch, clean_registry):

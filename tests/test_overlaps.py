@@ -61,10 +61,13 @@ def _ce_options(pointers, reduction):
     return opt
 
 
-def _ce_bf16_options():
+def _ce_bf16_options(pointers=None, reduction=0):
+    """ptref; with pointers, their weight and row_grad (bf16 values as floats) and label smoothing."""
     opt = ffi.new("ckp_cross_entropy_options *")
     lib.ckp_cross_entropy_options_init(opt)
-    opt.variant, opt.reduction = lib.CKP_CE_PTREF, lib.CKP_REDUCTION_NONE
+    opt.variant, opt.reduction = lib.CKP_CE_PTREF, reduction
+    if pointers is not None:
+        opt.weight, opt.row_grad, opt.label_smoothing = pointers["weight"], pointers["row_grad"], 0.1
     return opt
 
 
@@ -93,6 +96,15 @@ ENTRIES = [
                                  h("dlogits", N * V, True)),
           lambda p: lib.ckp_cross_entropy_bf16(p["logits"], p["target"], N, V, _ce_bf16_options(), p["loss"],
                                                p["dlogits"])),
+    Entry("cross_entropy_bf16(none, weight, smoothing)",
+          (h("logits", N * V), Buffer("target", "i", N, False, True), f("weight", V), f("row_grad", N),
+           h("loss", N, True), h("dlogits", N * V, True)),
+          lambda p: lib.ckp_cross_entropy_bf16(p["logits"], p["target"], N, V, _ce_bf16_options(p), p["loss"],
+                                               p["dlogits"])),
+    Entry("cross_entropy_probs_bf16", (h("logits", N * V), h("probs", N * V), f("weight", V), f("row_grad", 1),
+                                       h("loss", 1, True), h("dlogits", N * V, True)),
+          lambda p: lib.ckp_cross_entropy_probs_bf16(p["logits"], p["probs"], N, V, _ce_bf16_options(p, 1),
+                                                     p["loss"], p["dlogits"])),
     Entry("rms_norm_forward", (f("x", N * D), f("weight", D), f("y", N * D, True), f("rstd", N, True)),
           lambda p: lib.ckp_rms_norm_forward(p["x"], p["weight"], N, D, 1e-5, p["y"], p["rstd"], 1)),
     Entry("rms_norm_backward", (f("dy", N * D), f("x", N * D), f("weight", D), f("rstd", N), f("dx", N * D, True),

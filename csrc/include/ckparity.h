@@ -143,6 +143,15 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
 ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
                                   const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits);
 
+/* The same with probability targets: target_probs (N, V) bf16, torch's
+ * cross_entropy_loss_prob_target on bf16 tensors (its smoothed target, products
+ * and torch.sum rounded to bf16 as torch rounds them; opt->ignore_index is not
+ * used, as torch allows none with probabilities). dlogits may be NULL; no output
+ * may overlap an input. */
+ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *target_probs, int64_t N,
+                                        int64_t V, const ckp_cross_entropy_options *opt, uint16_t *loss,
+                                        uint16_t *dlogits);
+
 /* ------------------------------------------------------------------------
  * rms_norm (csrc/rms_norm.c) = F.rms_norm(x, (D,), weight, eps).
  * ---------------------------------------------------------------------- */

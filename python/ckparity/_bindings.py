@@ -87,10 +87,12 @@ def cross_entropy(logits, target, options, loss, dlogits=None, *, library=lib) -
 
 def cross_entropy_bf16(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
     """As cross_entropy on bfloat16 logits, loss and dlogits: the ptref variant, class targets
-    (options without z_loss; weight and row_grad hold bf16 values as floats)."""
+    (int64) or probabilities (bf16, logits' shape); options without z_loss, weight and row_grad
+    holding bf16 values as floats."""
     N, V = logits.shape
-    check(library.ckp_cross_entropy_bf16(pointer(logits), pointer(target), N, V, options, pointer(loss),
-                                         pointer(dlogits)), "cross_entropy", library)
+    entry = library.ckp_cross_entropy_probs_bf16 if target.is_floating_point() else library.ckp_cross_entropy_bf16
+    check(entry(pointer(logits), pointer(target), N, V, options, pointer(loss), pointer(dlogits)), "cross_entropy",
+          library)
 
 
 # ---- rms_norm ---------------------------------------------------------------

@@ -135,6 +135,11 @@ CLASS_SETTINGS = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(la
                   dict(weighted=True, label_smoothing=0.05, reduction="none")]
 
 
+# probability targets: every reduction, smoothing with class weights
+PROB_SETTINGS = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(weighted=True, label_smoothing=0.1),
+                 dict(weighted=True, label_smoothing=0.2, reduction="sum")]
+
+
 def _class_targets(g: torch.Generator):
     """Draws (N) class targets with every third row ignored; keep_first keeps row 0 (a one-row input's)."""
     def classes(N, V, keep_first=False):
@@ -164,11 +169,9 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
     for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), CLASS_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: classes(n, v, keep_first=True))
     # probability targets: -(logp * q * w).sum() over every element, or .sum(1) with none
-    prob_settings = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(weighted=True, label_smoothing=0.1),
-                     dict(weighted=True, label_smoothing=0.2, reduction="sum")]
     prob_shapes = [(3, V, 1) for V in WIDTHS + [32000]] + [(37, V, 1) for V in (7, 64, 1000)]
     prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
-    for (N, V, threads), kwargs in itertools.product(prob_shapes, prob_settings):
+    for (N, V, threads), kwargs in itertools.product(prob_shapes, PROB_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, threads, probabilities)
 
 
@@ -178,7 +181,8 @@ def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
     nll_loss's bf16 count rounding (300 > 256), with torch on one thread (its
     log_softmax keeps a row whole on any thread count, and nll_loss's cascade
     is serial); then class weights and label smoothing, and the sums torch
-    splits across 2 or 3 threads (label smoothing's, a one-row input's)."""
+    splits across 2 or 3 threads (label smoothing's, a one-row input's);
+    then bf16 probability targets, their sum over every element split on 2..4."""
     for N, reduction in itertools.product((1, 8, 37, 300), ("mean", "sum", "none")):
         for V in WIDTHS + [32000] if N < 300 else (7, 64, 1000, 32000):
             x = (torch.randn(N, V, generator=g) * 3).bfloat16().requires_grad_(True)
@@ -199,6 +203,14 @@ def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
         _ptref_case(tally, g, N, V, kwargs, 1, classes, torch.bfloat16)
     for (N, V), threads, kwargs in itertools.product(CLASS_SPLIT_SHAPES, (2, 3), CLASS_SETTINGS[3:]):
         _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: classes(n, v, keep_first=True), torch.bfloat16)
+
+    def probabilities(N, V):
+        return torch.softmax(torch.randn(N, V, generator=g), dim=1).bfloat16()
+
+    prob_shapes = [(3, V, 1) for V in WIDTHS + [32000]] + [(37, V, 1) for V in (7, 64, 1000)]
+    prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
+    for (N, V, threads), kwargs in itertools.product(prob_shapes, PROB_SETTINGS):
+        _ptref_case(tally, g, N, V, kwargs, threads, probabilities, torch.bfloat16)
 
 
 # ---- the probe: every C entry point through a given library -----------------------

@@ -271,19 +271,27 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     if variant == "default" and not inplace_backward:
         return _default_bf16(input, target, weight, ignore_index=ignore_index, reduction=reduction,
                              label_smoothing=label_smoothing, z_loss=z_loss)
+    probs = isinstance(target, torch.Tensor) and target.is_floating_point()
     missing = [name for name, given in (("variant='default' with inplace_backward (a float32 copy takes the "
                                          "gradient, not the logits' storage)", variant == "default"),
-                                        ("probability targets", isinstance(target, torch.Tensor)
-                                         and target.is_floating_point()),
                                         ("z_loss (torch has none to follow in bf16)", z_loss),
-                                        ("inplace_backward", inplace_backward)) if given]
+                                        ("inplace_backward", inplace_backward),
+                                        ("probability targets other than bf16 (torch promotes the loss to their "
+                                         "dtype)", probs and target.dtype != torch.bfloat16),
+                                        ("a gradient of the probability targets", probs and target.requires_grad))
+               if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
-        raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref with class targets; "
+        raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref; "
                           f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
-    if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != input.shape[:1] \
-            or target.dtype not in (torch.int64, torch.uint8) or not input.shape[0] or not input.shape[1]:
-        raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets, got "
-                              f"{tuple(input.shape)} and {getattr(target, 'shape', type(target).__name__)}")
+    wanted = input.shape if probs else input.shape[:1]
+    if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != wanted \
+            or target.dtype not in (torch.int64, torch.uint8, torch.bfloat16) or not input.shape[0] \
+            or not input.shape[1]:
+        raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets or (N, C) bf16 "
+                              f"probabilities, got {tuple(input.shape)} and "
+                              f"{getattr(target, 'shape', type(target).__name__)}")
+    if probs and ignore_index >= 0:
+        raise InvalidArgument("ignore_index is not supported for floating point target (as in torch)")
     if reduction not in ("mean", "sum", "none"):
         raise InvalidArgument(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -295,8 +303,9 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
                               f"{tuple(getattr(weight, 'shape', ()))}")
         weight = weight.float().contiguous()  # bf16 values, held as floats (the C API's weight)
     compute_grad = torch.is_grad_enabled() and input.requires_grad
-    return _CrossEntropyBF16Function.apply(input.contiguous(), target.long().contiguous(), weight, reduction,
-                                           int(ignore_index), float(label_smoothing), compute_grad)
+    target = target.contiguous() if probs else target.long().contiguous()
+    return _CrossEntropyBF16Function.apply(input.contiguous(), target, weight, reduction, int(ignore_index),
+                                           float(label_smoothing), compute_grad)
 
 
 def cross_entropy(
