@@ -192,7 +192,7 @@ def kernel_parity(settings: dict) -> dict:
     float64: the accuracy rule (measure.parity, the dtype's tolerances and
     ULP), and torch's bits for the kernels whose claims hold here. In bf16 a
     case whose options a bf16 kernel does not take (a TypeError: ptref's
-    weights, smoothing, probabilities) is counted apart as not in bf16; the
+    float32 probability targets) is counted apart as not in bf16; the
     float32-only checks (vocab-parallel CE, the harness's compare) run in float32's tier."""
     checks, failures, not_in_dtype = [], [], []
     dtype = DTYPES[settings["dtype"]]
