@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _bindings
-from .._tensors import plain_float32, require_cpu, require_float32
+from .._tensors import empty_like, plain_float32, require_cpu, require_float32
 from ..errors import InvalidArgument, InvalidType
 from ._function import CFunction, first_order_only
 
@@ -48,7 +48,7 @@ def cross_entropy_forward_backward(
                               f"{reduction!r}, got {row_grad.numel()}")
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.float32)
     if compute_grad and dlogits is None:
-        dlogits = torch.empty_like(logits)
+        dlogits = empty_like(logits)
     if not compute_grad:
         dlogits = None
     # ptref splits a sum over every element as torch does on its threads (probability targets' mean and sum)
@@ -217,7 +217,7 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
 def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, upstream=None, compute_grad=True):
     N, V = logits.shape
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.bfloat16)
-    dlogits = torch.empty_like(logits) if compute_grad else None
+    dlogits = empty_like(logits) if compute_grad else None
     row_grad = None if upstream is None else upstream.to(torch.bfloat16).float().reshape(-1).contiguous()
     options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref", row_grad,
                                               torch.get_num_threads())

@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import _bindings
-from .._tensors import require_floating
+from .._tensors import empty, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -24,7 +24,7 @@ def _forward(x, weight, eps):
     to one value is split across its threads: rms_norm splits it the same way."""
     D = x.shape[-1]
     rows = _rows(x, D)
-    y = torch.empty(x.shape, dtype=x.dtype)
+    y = empty(x.shape, x.dtype)
     rstd = torch.empty(rows.shape[0], dtype=torch.float32)
     forward = _bindings.rms_norm_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.rms_norm_forward
     forward(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
@@ -61,7 +61,7 @@ class _RMSNormFunction(CFunction):
         x, weight, rstd = ctx.saved_tensors
         D = x.shape[-1]
         rows = _rows(x, D)
-        dx_normalized, dx_rstd = torch.empty(x.shape, dtype=torch.float32), torch.empty(x.shape, dtype=torch.float32)
+        dx_normalized, dx_rstd = empty(x.shape, torch.float32), empty(x.shape, torch.float32)
         dweight = torch.empty_like(weight) if weight is not None else None
         _bindings.rms_norm_backward_terms(_rows(dy, D), rows, weight, rstd, dx_normalized.view(-1, D),
                                           dx_rstd.view(-1, D), dweight, torch_threads=torch.get_num_threads())
@@ -87,7 +87,7 @@ class _RMSNormBF16Function(CFunction):
     def backward(ctx, dy, _drstd):
         x, weight, rstd = ctx.saved_tensors
         D = x.shape[-1]
-        dx = torch.empty(x.shape, dtype=torch.bfloat16)
+        dx = empty(x.shape, torch.bfloat16)
         dweight = torch.empty_like(weight) if weight is not None else None
         _bindings.rms_norm_backward_bf16(_rows(dy.to(torch.bfloat16), D), _rows(x, D), weight, rstd, dx.view(-1, D),
                                          dweight, torch_threads=torch.get_num_threads())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import require_floating
+from .._tensors import empty_like, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -16,7 +16,7 @@ class _RoPEFunction(CFunction):
 
     @staticmethod
     def compute(x, cos, sin, layout):
-        out = torch.empty_like(x)
+        out = empty_like(x)  # x is contiguous (the op made it so)
         (_bindings.rope_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.rope_forward)(x, cos, sin, layout, out)
         return out
 
@@ -31,7 +31,7 @@ class _RoPEFunction(CFunction):
     def backward(ctx, dout):
         cos, sin = ctx.saved_tensors
         dout = dout.contiguous().to(cos.dtype)
-        dx = torch.empty_like(dout)
+        dx = empty_like(dout)
         (_bindings.rope_backward_bf16 if dout.dtype == torch.bfloat16 else _bindings.rope_backward)(
             dout, cos, sin, ctx.layout, dx)
         return dx, None, None, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import plain_float32, require_floating
+from .._tensors import empty, empty_like, plain_float32, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -15,7 +15,7 @@ class _SwiGLUFunction(CFunction):
 
     @staticmethod
     def compute(x):
-        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+        out = empty((x.shape[0], x.shape[1] // 2), x.dtype)
         (_bindings.swiglu_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.swiglu_forward)(x, out)
         return out
 
@@ -27,7 +27,7 @@ class _SwiGLUFunction(CFunction):
     @first_order_only
     def backward(ctx, dout):
         (x,) = ctx.saved_tensors
-        dx = torch.empty_like(x)
+        dx = empty_like(x)  # x is contiguous (the op made it so)
         bf16 = x.dtype == torch.bfloat16
         (_bindings.swiglu_backward_bf16 if bf16 else _bindings.swiglu_backward)(dout.contiguous().to(x.dtype), x, dx)
         return dx
