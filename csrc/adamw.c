@@ -220,14 +220,17 @@ static inline __attribute__((always_inline)) void fused_run(void *restrict param
         float m = lerp_vec(load_at(exp_avg, i, elem), g, w1, form != FORM_NONE);
         float v0 = load_at(exp_avg_sq, i, elem), w2g = w2 * g;
         float v = form == FORM_NONE ? v0 * beta2 + w2g * g
-                : form == FORM_VECTOR ? fmaf(w2g, g, v0 * beta2) : fmaf(v0, beta2, w2g * g);
+                : form == FORM_VECTOR || CKP_MUTANT(ADAMW_FUSED_TAIL_AS_VECTOR) ? fmaf(w2g, g, v0 * beta2)
+                : fmaf(v0, beta2, w2g * g);
         float vmax = v;
         if (amsgrad) {
             vmax = load_at(max_exp_avg_sq, i, elem);
             vmax = (v > vmax || v != v) ? v : vmax; /* Vectorized maximum propagates NaN */
             store_at(max_exp_avg_sq, i, vmax, elem);
         }
-        store_at(param, i, p + (neg_step_size * m) / (sqrtf(vmax) / bc2_sqrt + eps), elem);
+        float denom = CKP_MUTANT(ADAMW_FUSED_BC2_UNDER_SQRT) ? sqrtf(vmax / (bc2_sqrt * bc2_sqrt)) + eps
+                                                            : sqrtf(vmax) / bc2_sqrt + eps;
+        store_at(param, i, p + (neg_step_size * m) / denom, elem);
         store_at(exp_avg, i, m, elem);
         store_at(exp_avg_sq, i, v, elem);
     }

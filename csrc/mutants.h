@@ -47,6 +47,8 @@ enum {
     CKP_MUT_COMPARE_TAIL_SKIPPED,      /* the harness's comparison ignores each block's last n % 8 elements */
     CKP_MUT_COMPARE_NAN_EQUAL,         /* a NaN on one side only compared as equal */
     CKP_MUT_PTREF_FULL_SUM_UNSPLIT,    /* probability targets' sum over every element in one piece, where torch splits it across its threads */
+    CKP_MUT_ADAMW_FUSED_BC2_UNDER_SQRT, /* fused=True: sqrt(v / bc2) where torch's fused kernel divides sqrt(v) by sqrt(bc2) */
+    CKP_MUT_ADAMW_FUSED_TAIL_AS_VECTOR, /* fused=True: the scalar tail contracts exp_avg_sq's update as the vector loop does */
 };
 
 #ifndef CKP_MUTANT_ID
