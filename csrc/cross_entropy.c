@@ -712,13 +712,17 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
         return acc;
     }
     const ckp_v8f mv = ckp_splat8(m);
+    /* the two accumulators as 8-lane vectors: lanes [8c, 8c + 8) of a0 (c < L / 8), then of a1; they
+     * start at 0, and 0 + e is e (an exp is never -0) */
+    ckp_v8f acc[4] = {ckp_splat8(0.0f), ckp_splat8(0.0f), ckp_splat8(0.0f), ckp_splat8(0.0f)};
+    const int chunks = (int)(B / CKP_VLANES);
     int64_t d = 0;
-    for (; d < V - V % B; d += B) /* the first bf16 vector sets the accumulators: 0 + e is e */
-        for (int64_t k = 0; k < B; k += CKP_VLANES) {
-            ckp_v8f e = exp8_at(at, ckp_bf16_load8(x + d + k) - mv);
-            float *acc = k < L ? a0 + k : a1 + (k - L);
-            for (int l = 0; l < CKP_VLANES; l++) acc[l] = d == 0 ? e[l] : acc[l] + e[l];
-        }
+    for (; d < V - V % B; d += B)
+        for (int c = 0; c < chunks; c++) acc[c] += exp8_at(at, ckp_bf16_load8(x + d + c * CKP_VLANES) - mv);
+    for (int c = 0; c < chunks; c++) {
+        float *dst = c * CKP_VLANES < L ? a0 + c * CKP_VLANES : a1 + (c * CKP_VLANES - L);
+        for (int l = 0; l < CKP_VLANES; l++) dst[l] = acc[c][l];
+    }
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
     for (int64_t l = 0; d + L + l < V; l++) a1[l] += BF_MAP(d + L + l);
 #undef BF_MAP
@@ -732,13 +736,45 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
     return a0[0];
 }
 
-/* One row's max (NaN if any element is: vec::maximum propagates it) and bf16 log_sum. */
-static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *log_sum) {
+/* A bf16 row's max, left to right (NaN if any element is: vec::maximum propagates it). */
+static float bf_row_max_scalar(const uint16_t *x, int64_t V) {
     float mx = -INFINITY;
     for (int64_t j = 0; j < V; j++) {
         float v = ckp_bf16_to_f(x[j]);
         mx = (v > mx || v != v || mx != mx) ? (mx != mx ? mx : v) : mx;
     }
+    return mx;
+}
+
+/* The same, 8 lanes at a time: a max is exact in any order, except which zero a row of zeros keeps
+ * (the order above keeps the first), so a zero maximum is taken again left to right. */
+CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
+    ckp_v8f mv = ckp_splat8(-INFINITY);
+    ckp_v8i nan = (ckp_v8i){0};
+    int64_t j = 0;
+    for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
+        ckp_v8f v = ckp_bf16_load8(x + j);
+        nan |= v != v;
+        mv = ckp_select8(v > mv, v, mv);
+    }
+    float mx = -INFINITY;
+    int any_nan = 0;
+    for (int l = 0; l < CKP_VLANES; l++) {
+        any_nan |= nan[l] != 0;
+        mx = mv[l] > mx ? mv[l] : mx;
+    }
+    for (; j < V; j++) {
+        float v = ckp_bf16_to_f(x[j]);
+        any_nan |= v != v;
+        mx = v > mx ? v : mx;
+    }
+    if (any_nan || mx == 0.0f) return bf_row_max_scalar(x, V);
+    return mx;
+}
+
+/* One row's max and bf16 log_sum. */
+static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *log_sum) {
+    float mx = bf_row_max(x, V);
     float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at));
     *m = mx;
     *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
