@@ -219,6 +219,40 @@ def test_helper_built_backends_are_not_judged_on_what_the_helper_decides(clean_r
     assert "not applicable" in check.table(report)
 
 
+def test_helpers_take_a_bf16_kernel_that_declares_it(clean_registry, few_widths):
+    """A C swiglu with bf16 entry points (ckparity's own, called through cffi on uint16 buffers) built with
+    dtypes=(float32, bfloat16): check --dtype bfloat16 runs it and finds it bitwise; the same calls without
+    the declaration are refused in bf16 by name (a TypeError: "not supported"), not fed bf16 as floats."""
+    from ckparity._native import ffi, lib
+
+    def p(t):  # a bf16 tensor's data is uint16 bit patterns to C
+        return ffi.cast("uint16_t *" if t.dtype == torch.bfloat16 else "float *", t.data_ptr())
+
+    def forward(x, out):  # the user's C entry point for the tensors' dtype (ckparity's refuses no rows)
+        assert x.dtype == out.dtype
+        if not out.numel():
+            return
+        fn = lib.ckp_swiglu_forward_bf16 if x.dtype == torch.bfloat16 else lib.ckp_swiglu_forward
+        assert fn(p(x), x.shape[0], out.shape[1], p(out)) == 0
+
+    def backward(dout, x, dx):
+        assert dout.dtype == x.dtype == dx.dtype
+        if not dx.numel():
+            return
+        fn = lib.ckp_swiglu_backward_bf16 if x.dtype == torch.bfloat16 else lib.ckp_swiglu_backward
+        assert fn(p(dout), p(x), x.shape[0], dout.shape[1], p(dx)) == 0
+
+    ckparity.register_backend("swiglu", "bf16_helper", plugin.swiglu(forward, backward,
+                                                                      dtypes=(torch.float32, torch.bfloat16)))
+    report = check.check("swiglu", "bf16_helper", dtype="bfloat16")
+    assert report["verdict"] == "bitwise" and report["dtype"] == "bfloat16", check.table(report)
+    float32_only = plugin.swiglu(forward, backward)
+    with pytest.raises(ckparity.errors.InvalidType, match="float32 tensor"):
+        float32_only(torch.randn(2, 8).bfloat16())
+    ckparity.register_backend("swiglu", "float32_helper", float32_only)
+    assert check.check("swiglu", "float32_helper", dtype="bfloat16")["verdict"] == "not supported"
+
+
 def test_helper_built_backends_are_told_apart_by_their_forward():
     def fwd_a(x, out):
         pass

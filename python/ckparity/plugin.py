@@ -31,6 +31,13 @@ a torch Optimizer keeping its state under torch's names. The forms
   beta1, beta2, eps, weight_decay) updates one parameter tensor in place
   (torch's AdamW arithmetic is yours to match); returns the optimizer class.
 
+``dtypes``: the dtypes your kernel takes, ``(torch.float32,)`` by default;
+with ``(torch.float32, torch.bfloat16)`` a bf16 input reaches your calls as
+bf16 tensors (their pointers are uint16 buffers: bf16 bit patterns), the
+outputs allocated in bf16 too (the cross-entropy's returned float loss is
+rounded to bf16; the optimizer's state takes the param's dtype). A dtype not
+declared is refused with a TypeError (check --dtype: "not supported").
+
 ``*saved``: with ``saves=True`` (rms_norm, swiglu, rope), what forward
 returns -- a tensor or a tuple of tensors you allocated (rms_norm's per-row
 rstd, say) -- is kept for backward and passed after its other arguments, so
@@ -93,10 +100,17 @@ def _named(backend: Callable, forward: Callable, form: str, **marks) -> Callable
     return backend
 
 
-def _float32(t: torch.Tensor, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:  # a TypeError: check --dtype says "not supported"
-        raise InvalidType(f"{name} must be a float32 tensor, got "
-                              f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+FLOAT32 = (torch.float32,)
+
+
+def _of_dtype(t: torch.Tensor, name: str, dtypes: tuple, like: torch.Tensor | None = None) -> torch.Tensor:
+    """t, contiguous, if its dtype is one the kernel declares (and like's, if given)."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:  # a TypeError: check --dtype says "not supported"
+        raise InvalidType(f"{name} must be a {' or '.join(str(d).removeprefix('torch.') for d in dtypes)} tensor "
+                          f"(the dtypes this backend declares), got "
+                          f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if like is not None and t.dtype != like.dtype:
+        raise InvalidType(f"{name} is {t.dtype} and the input {like.dtype}: the kernel takes one dtype for both")
     return t.contiguous()
 
 
@@ -105,12 +119,12 @@ def _rows(x: torch.Tensor, last: int) -> torch.Tensor:
     return x.contiguous().view(-1, last)
 
 
-def rms_norm(forward: Callable, backward: Callable, saves: bool = False) -> Callable:
+def rms_norm(forward: Callable, backward: Callable, saves: bool = False, dtypes: tuple = FLOAT32) -> Callable:
     class RMSNorm(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, weight, eps):
             D = x.shape[-1]
-            x2, y = _rows(x, D), torch.empty(x.shape, dtype=torch.float32).view(-1, D)
+            x2, y = _rows(x, D), torch.empty(x.shape, dtype=x.dtype).view(-1, D)
             ctx.save_for_backward(x2, weight, *_saved(forward(x2, weight, y, eps), "rms_norm", saves))
             ctx.eps, ctx.shape = eps, x.shape
             return y.view(x.shape)
@@ -123,26 +137,26 @@ def rms_norm(forward: Callable, backward: Callable, saves: bool = False) -> Call
             return dx.view(ctx.shape), dw, None
 
     def rms_norm_backend(x, normalized_shape, weight=None, eps=None):
-        x = _float32(x, "x")
+        x = _of_dtype(x, "x", dtypes)
         D = x.shape[-1]
         if tuple(normalized_shape) != (D,):
             raise InvalidArgument(f"normalized_shape must be ({D},), the last dim, got {tuple(normalized_shape)}")
         eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
         if weight is None:
-            return RMSNorm.apply(x, torch.ones(D), eps)
+            return RMSNorm.apply(x, torch.ones(D, dtype=x.dtype), eps)
         if not isinstance(weight, torch.Tensor) or weight.shape != (D,):
             raise InvalidArgument(f"weight must be ({D},), got "
                                   f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-        return RMSNorm.apply(x, _float32(weight, "weight"), eps)
+        return RMSNorm.apply(x, _of_dtype(weight, "weight", dtypes, like=x), eps)
     return _named(rms_norm_backend, forward, "rms_norm")
 
 
-def swiglu(forward: Callable, backward: Callable, saves: bool = False) -> Callable:
+def swiglu(forward: Callable, backward: Callable, saves: bool = False, dtypes: tuple = FLOAT32) -> Callable:
     class SwiGLU(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
             x2 = _rows(x, x.shape[-1])
-            out = torch.empty(x2.shape[0], x2.shape[1] // 2)
+            out = torch.empty(x2.shape[0], x2.shape[1] // 2, dtype=x.dtype)
             ctx.save_for_backward(x2, *_saved(forward(x2, out), "swiglu", saves))
             ctx.shape = x.shape
             return out.view(*x.shape[:-1], x.shape[-1] // 2)
@@ -155,19 +169,19 @@ def swiglu(forward: Callable, backward: Callable, saves: bool = False) -> Callab
             return dx.view(ctx.shape)
 
     def swiglu_backend(x):
-        x = _float32(x, "x")
+        x = _of_dtype(x, "x", dtypes)
         if x.dim() == 0 or x.shape[-1] % 2:
             raise InvalidArgument(f"swiglu needs an even last dim (gate and up halves), got {tuple(x.shape)}")
         return SwiGLU.apply(x)
     return _named(swiglu_backend, forward, "swiglu")
 
 
-def rope(forward: Callable, backward: Callable, saves: bool = False) -> Callable:
+def rope(forward: Callable, backward: Callable, saves: bool = False, dtypes: tuple = FLOAT32) -> Callable:
     class Rope(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, cos, sin):
             T, d = x.shape[-2], x.shape[-1]
-            x3, out = x.contiguous().view(-1, T, d), torch.empty(x.shape).view(-1, T, d)
+            x3, out = x.contiguous().view(-1, T, d), torch.empty(x.shape, dtype=x.dtype).view(-1, T, d)
             ctx.save_for_backward(cos, sin, *_saved(forward(x3, cos, sin, out), "rope", saves))
             ctx.shape = x.shape
             return out.view(x.shape)
@@ -182,7 +196,8 @@ def rope(forward: Callable, backward: Callable, saves: bool = False) -> Callable
             return dx.view(ctx.shape), None, None
 
     def rope_backend(x, cos, sin):
-        x, cos, sin = _float32(x, "x"), _float32(cos, "cos"), _float32(sin, "sin")
+        x = _of_dtype(x, "x", dtypes)
+        cos, sin = _of_dtype(cos, "cos", dtypes, like=x), _of_dtype(sin, "sin", dtypes, like=x)
         if x.dim() < 2 or x.shape[-1] % 2 or cos.shape != (x.shape[-2], x.shape[-1] // 2) or sin.shape != cos.shape:
             raise InvalidArgument(f"rope needs x (..., T, d), d even, and cos, sin (T, d/2); got x "
                                   f"{tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
@@ -190,7 +205,7 @@ def rope(forward: Callable, backward: Callable, saves: bool = False) -> Callable
     return _named(rope_backend, forward, "rope")
 
 
-def cross_entropy(forward: Callable, label_smoothing: bool = True) -> Callable:
+def cross_entropy(forward: Callable, label_smoothing: bool = True, dtypes: tuple = FLOAT32) -> Callable:
     class CrossEntropy(torch.autograd.Function):
         @staticmethod
         def forward(ctx, logits, targets, smoothing):
@@ -198,7 +213,7 @@ def cross_entropy(forward: Callable, label_smoothing: bool = True) -> Callable:
             loss = float(forward(logits, targets, dlogits, smoothing) if label_smoothing
                          else forward(logits, targets, dlogits))
             ctx.save_for_backward(dlogits)
-            return torch.tensor(loss, dtype=torch.float32)
+            return torch.tensor(loss, dtype=logits.dtype)
 
         @staticmethod
         def backward(ctx, grad):
@@ -206,9 +221,9 @@ def cross_entropy(forward: Callable, label_smoothing: bool = True) -> Callable:
             return dlogits * grad, None, None
 
     def cross_entropy_backend(logits, targets, label_smoothing=0.0):
-        logits = _float32(logits, "logits")
+        logits = _of_dtype(logits, "logits", dtypes)
         if logits.dim() != 2 or targets.shape != logits.shape[:1] or targets.dtype != torch.int64:
-            raise InvalidArgument(f"cross_entropy needs logits (N, V) float32 and targets (N) int64; got "
+            raise InvalidArgument(f"cross_entropy needs logits (N, V) and targets (N) int64; got "
                                   f"{tuple(logits.shape)} and {tuple(targets.shape)} {targets.dtype}")
         if label_smoothing and not label_smoothing_supported:
             raise InvalidArgument(f"this cross_entropy backend takes no label smoothing, got {label_smoothing}")
@@ -218,7 +233,7 @@ def cross_entropy(forward: Callable, label_smoothing: bool = True) -> Callable:
                   ckparity_unsupported=() if label_smoothing else ("label_smoothing",))
 
 
-def adamw(c_step: Callable) -> Callable:
+def adamw(c_step: Callable, dtypes: tuple = FLOAT32) -> Callable:
     class AdamW(torch.optim.Optimizer):
         """Your C step per parameter tensor; the state under torch's names."""
 
@@ -232,8 +247,11 @@ def adamw(c_step: Callable) -> Callable:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
-                    if not (p.is_contiguous() and p.grad.is_contiguous() and p.dtype == torch.float32):
-                        raise InvalidArgument("the C AdamW step needs contiguous float32 params and grads")
+                    if p.dtype not in dtypes or p.grad.dtype != p.dtype:  # a TypeError: check --dtype says so
+                        raise InvalidType(f"the C AdamW step takes params of {dtypes} with grads of their dtype, "
+                                          f"got {p.dtype} with {p.grad.dtype} grads")
+                    if not (p.is_contiguous() and p.grad.is_contiguous()):
+                        raise InvalidArgument("the C AdamW step needs contiguous params and grads")
                     state = self.state[p]
                     if not state:
                         state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
