@@ -100,11 +100,13 @@ static inline __attribute__((always_inline)) uint16_t ckp_f_to_bf16(float f) {
 /* f rounded to bfloat16 and read back as a float: what a bf16 tensor holds. */
 static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { return ckp_bf16_to_f(ckp_f_to_bf16(f)); }
 
+typedef uint16_t ckp_v8h __attribute__((vector_size(16)));
+
+/* 8 bf16 values widened to floats: one zero-extending move and a shift (vpmovzxwd). */
 static inline __attribute__((always_inline)) ckp_v8f ckp_bf16_load8(const uint16_t *p) {
-    uint16_t h[CKP_VLANES];
-    memcpy(h, p, sizeof h);
-    ckp_v8u u = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
-    return (ckp_v8f)(u << 16);
+    ckp_v8h h;
+    memcpy(&h, p, sizeof h);
+    return (ckp_v8f)(__builtin_convertvector(h, ckp_v8u) << 16);
 }
 
 /* v rounded to bfloat16 per lane, as floats (the low 16 bits zero). */
@@ -116,10 +118,8 @@ static inline __attribute__((always_inline)) ckp_v8f ckp_bf16_round8(ckp_v8f v) 
 
 /* v rounded to bfloat16, stored: the high halves of the rounded lanes. */
 static inline __attribute__((always_inline)) void ckp_bf16_store8(uint16_t *p, ckp_v8f v) {
-    ckp_v8u r = (ckp_v8u)ckp_bf16_round8(v) >> 16;
-    uint16_t h[CKP_VLANES];
-    for (int l = 0; l < CKP_VLANES; l++) h[l] = (uint16_t)r[l];
-    memcpy(p, h, sizeof h);
+    ckp_v8h h = __builtin_convertvector((ckp_v8u)ckp_bf16_round8(v) >> 16, ckp_v8h);
+    memcpy(p, &h, sizeof h);
 }
 
 /* exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
