@@ -338,12 +338,16 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
 
 /* ---- bfloat16 ---------------------------------------------------------------- */
 
-static void widen(const uint16_t *h, int64_t n, float *f) {
-    for (int64_t i = 0; i < n; i++) f[i] = ckp_bf16_to_f(h[i]);
+CKP_CLONES static void widen(const uint16_t *h, int64_t n, float *f) {
+    int64_t i = 0;
+    for (; i + CKP_VLANES <= n; i += CKP_VLANES) ckp_store8(f + i, ckp_bf16_load8(h + i));
+    for (; i < n; i++) f[i] = ckp_bf16_to_f(h[i]);
 }
 
-static void narrow(const float *f, int64_t n, uint16_t *h) {
-    for (int64_t i = 0; i < n; i++) h[i] = ckp_f_to_bf16(f[i]);
+CKP_CLONES static void narrow(const float *f, int64_t n, uint16_t *h) {
+    int64_t i = 0;
+    for (; i + CKP_VLANES <= n; i += CKP_VLANES) ckp_bf16_store8(h + i, ckp_load8(f + i));
+    for (; i < n; i++) h[i] = ckp_f_to_bf16(f[i]);
 }
 
 static ckp_status out_of_memory(int64_t D) {
