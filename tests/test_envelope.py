@@ -237,3 +237,30 @@ def test_the_lean_leaves_out_values_below_the_normal_range():
     assert _lean(ref, inward, exact)["n"] == 0
     normal = exact * 1e30
     assert _lean(normal.float(), torch.nextafter(normal.float(), torch.zeros(())), normal)["directed"]
+
+
+def test_expect_bitwise_fails_a_run_on_any_differing_bit(tmp_path, capsys, monkeypatch):
+    """--expect-bitwise: a configuration bit-identical to torch (c_ptref with torch's AdamW) passes; the same
+    with one dlogit one ULP off at one step -- inside every tolerance, too small and too rare for the
+    envelope to weigh -- fails at that step, where without the flag the run passes."""
+    from ckparity.cli import main
+
+    calls = {"n": 0}
+
+    def one_ulp_once(x, t, **kw):
+        calls["n"] += 1
+        return F.cross_entropy(_GradOneUlpUp.apply(x) if calls["n"] == 3 else x, t, **kw)
+
+    common = ["train", "--max-steps", "6", "--ck-optimizer-backend", "torch", "--no-progress"]
+    code = main(common + ["--ck-loss-backend", "c_ptref", "--expect-bitwise", "--json-out", str(tmp_path / "a.json")])
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert code == 0 and not report["failed_by_bitwise"] and report["divergence"]["first_step"] is None
+    monkeypatch.setitem(kernels.backends("cross_entropy"), "one_ulp_once", one_ulp_once)
+    code = main(common + ["--ck-loss-backend", "one_ulp_once", "--json-out", str(tmp_path / "b.json")])
+    assert code == 0 and json.loads((tmp_path / "b.json").read_text())["divergence"]["first_step"] is not None
+    calls["n"] = 0
+    code = main(common + ["--ck-loss-backend", "one_ulp_once", "--expect-bitwise", "--json-out", str(tmp_path / "c.json")])
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert code == 1 and report["status"] == "fail" and report["failed_by_bitwise"]
+    assert report["first_loss_fail_step"] is None and report["first_param_fail_step"] is None
+    assert f"first differing bits at step {report['divergence']['first_step']}" in capsys.readouterr().out

@@ -67,6 +67,10 @@ def _train(argv: list[str]) -> int:
         reasons = ([f"by size from step {envelope['first_beyond_step']}"] if envelope["first_beyond_step"] else []) + \
                   ([f"directed: {', '.join(envelope['directed'])}"] if envelope["directed"] else [])
         print(f"ckparity train: {envelope['verdict']}" + (f" ({'; '.join(reasons)})" if reasons else ""), file=out)
+    if result.get("failed_by_bitwise"):
+        where = result["divergence"] or {}
+        print(f"ckparity train: not bit-identical (--expect-bitwise): first differing bits at step "
+              f"{where.get('first_step')}, stage {where.get('stage')}, tensor {where.get('tensor')}", file=out)
     if result["error"]:
         print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
     mismatch = (result["ranks"] or {}).get("first_rank_mismatch_step")

@@ -81,10 +81,13 @@ def check_findings(checked: dict | None) -> dict:
 
 
 def first_fail_step(report: dict) -> int | None:
-    """The first step the run fails at: a tolerance, or the envelope by size (a
-    direction has no step: the run's last)."""
+    """The first step the run fails at: a tolerance, the envelope by size, or
+    with --expect-bitwise the first differing bits (a direction has no step:
+    the run's last)."""
     envelope = report.get("envelope") or {}
-    steps = [report["first_loss_fail_step"], report["first_param_fail_step"], envelope.get("first_beyond_step")]
+    bitwise = (report.get("divergence") or {}).get("first_step") if report.get("failed_by_bitwise") else None
+    steps = [report["first_loss_fail_step"], report["first_param_fail_step"], envelope.get("first_beyond_step"),
+             bitwise]
     steps = [s for s in steps if s is not None]
     if steps:
         return min(steps)

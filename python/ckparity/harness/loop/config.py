@@ -92,6 +92,9 @@ class RunConfig:
     envelope: int = _flag(0, "train K noise twins (torch with seeded ULP-level kernel noise) and judge the CK "
                              "twin's drift as a ratio to their envelope (0: off)")
     envelope_ratio: float = _flag(4.0, "with --envelope: the noise ratio above which the drift is beyond noise")
+    expect_bitwise: bool = _flag(False, "fail the run when the twins' bits differ at any step (a configuration "
+                                        "bit-identical to torch, e.g. c_ptref with torch's AdamW): no tolerance "
+                                        "to hide a bug under")
     spike_triage: bool = _flag(False, "when a twin's loss jumps, replay the step in CK, torch and float64 from "
                                       "one state and say whose fault it is (report key spikes)")
     tp: int = _flag(1, "tensor parallel: the CK twin's lm_head and loss split by vocabulary over N ranks")

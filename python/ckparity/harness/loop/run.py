@@ -312,6 +312,11 @@ def _report(config, batches, observers: dict[str, Observer], twins, status, erro
     result["failed_by_envelope"] = result["noise_verdict"] == "beyond_noise" and result["status"] in ("pass", "fail")
     if result["failed_by_envelope"] and result["status"] == "pass":
         result.update(status="fail", pass_parity=False)
+    # --expect-bitwise: any bit of difference fails, at the step the divergence tracer saw it first
+    result["failed_by_bitwise"] = (config.expect_bitwise and observers["divergence"].first_step is not None
+                                   and result["status"] in ("pass", "fail"))
+    if result["failed_by_bitwise"] and result["status"] == "pass":
+        result.update(status="fail", pass_parity=False)
     if "divergence" in observers:  # the forecast's start: the first step whose bits differ
         result["forecast"] = forecast(columns["step"], columns["param_abs_diff"], config.tolerance("param_tol"), batches.num_steps,
                                       observers["divergence"].first_step)
