@@ -359,8 +359,15 @@ static float *float_rows(int threads, int rows, int64_t D) {
     return malloc(((size_t)threads * (size_t)rows + 1) * (size_t)D * sizeof(float));
 }
 
-ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
-                                     double eps, uint16_t *y, float *rstd, int torch_threads) {
+/* weight (D) of w_elem bytes a value (2: bf16, 4: float32) into D floats */
+static void weight_as_float(const void *weight, size_t w_elem, int64_t D, float *wf) {
+    if (w_elem == sizeof(uint16_t)) widen(weight, D, wf);
+    else memcpy(wf, weight, (size_t)D * sizeof(float));
+}
+
+/* The bf16 forward with a bf16 (w_elem 2) or float32 (w_elem 4) weight. */
+static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_elem, int64_t N, int64_t D,
+                               double eps, uint16_t *y, float *rstd, int torch_threads) {
     if (x == NULL || y == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, y and rstd must not be NULL");
     ckp_status s = check_sizes(N, D);
@@ -368,7 +375,7 @@ ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, 
     if (s != CKP_OK) return s;
     if (!(eps >= 0.0 && isfinite(eps)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
-    const ckp_span x_s = {x, (size_t)(N * D) * 2}, w_s = {weight, (size_t)D * 2};
+    const ckp_span x_s = {x, (size_t)(N * D) * 2}, w_s = {weight, (size_t)D * w_elem};
     const ckp_span y_s = {y, x_s.bytes}, rstd_s = {rstd, (size_t)N * sizeof(float)};
     if (ckp_overlaps_any(y_s, (ckp_span[]){x_s, w_s, rstd_s}, 3) || ckp_overlaps_any(rstd_s, (ckp_span[]){x_s, w_s}, 2))
         return ckp_fail(CKP_ERR_ALIASING, "y and rstd must not overlap x, weight or each other");
@@ -377,7 +384,7 @@ ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, 
     if (rows == NULL) return out_of_memory(D);
     ckp_clear_error();
     float *wf = weight ? rows + (size_t)threads * 2 * (size_t)D : NULL;
-    if (wf) widen(weight, D, wf);
+    if (wf) weight_as_float(weight, w_elem, D, wf);
     const float eps_f = (float)eps;
 #pragma omp parallel num_threads(threads) if (N * D >= 32768)
     {
@@ -393,9 +400,20 @@ ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, 
     return CKP_OK;
 }
 
-ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
-                                      const float *rstd, int64_t N, int64_t D, uint16_t *dx, uint16_t *dweight,
-                                      int torch_threads) {
+ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
+                                     double eps, uint16_t *y, float *rstd, int torch_threads) {
+    return forward_bf16(x, weight, sizeof(uint16_t), N, D, eps, y, rstd, torch_threads);
+}
+
+ckp_status ckp_rms_norm_forward_bf16_f32w(const uint16_t *x, const float *weight, int64_t N, int64_t D,
+                                          double eps, uint16_t *y, float *rstd, int torch_threads) {
+    return forward_bf16(x, weight, sizeof(float), N, D, eps, y, rstd, torch_threads);
+}
+
+/* The bf16 backward with a bf16 or float32 weight (w_elem), dweight of the weight's dtype. */
+static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const void *weight, size_t w_elem,
+                                const float *rstd, int64_t N, int64_t D, uint16_t *dx, void *dweight,
+                                int torch_threads) {
     if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
     if ((weight == NULL) != (dweight == NULL))
@@ -403,7 +421,7 @@ ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, con
     ckp_status s = check_sizes(N, D);
     if (s == CKP_OK) s = ckp_check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
-    size_t bytes = (size_t)(N * D) * 2, w_bytes = (size_t)D * 2;
+    size_t bytes = (size_t)(N * D) * 2, w_bytes = (size_t)D * w_elem;
     const ckp_span inputs[] = {{dy, bytes}, {x, bytes}, {weight, w_bytes}, {rstd, (size_t)N * sizeof(float)}};
     if (ckp_overlaps_any((ckp_span){dx, bytes}, inputs, 4) || ckp_overlaps_any((ckp_span){dweight, w_bytes}, inputs, 4) ||
         ckp_overlaps(dx, bytes, dweight, w_bytes))
@@ -416,9 +434,10 @@ ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, con
     ckp_clear_error();
     float *wf = weight ? rows + (size_t)threads * 3 * (size_t)D : NULL;
     if (wf) {
-        widen(weight, D, wf);
+        weight_as_float(weight, w_elem, D, wf);
         dweight_sum(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), rows);
-        narrow(rows, D, dweight);
+        if (w_elem == sizeof(uint16_t)) narrow(rows, D, dweight);
+        else memcpy(dweight, rows, (size_t)D * sizeof(float));
     }
 #pragma omp parallel num_threads(threads) if (N * D >= 32768)
     {
@@ -433,4 +452,16 @@ ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, con
     }
     free(rows);
     return CKP_OK;
+}
+
+ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
+                                      const float *rstd, int64_t N, int64_t D, uint16_t *dx, uint16_t *dweight,
+                                      int torch_threads) {
+    return backward_bf16(dy, x, weight, sizeof(uint16_t), rstd, N, D, dx, dweight, torch_threads);
+}
+
+ckp_status ckp_rms_norm_backward_bf16_f32w(const uint16_t *dy, const uint16_t *x, const float *weight,
+                                           const float *rstd, int64_t N, int64_t D, uint16_t *dx, float *dweight,
+                                           int torch_threads) {
+    return backward_bf16(dy, x, weight, sizeof(float), rstd, N, D, dx, dweight, torch_threads);
 }

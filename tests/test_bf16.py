@@ -69,9 +69,20 @@ def test_rope_follows_the_dtype():
 
 
 def test_mixed_dtypes_and_other_dtypes_are_refused_with_a_clear_error():
-    x = torch.randn(3, 8).bfloat16()
+    """bf16 activations with a float32 weight are torch's float composite (y and dx bf16, dweight float32),
+    bit for bit (the rms_norm sweep holds it at every width); a float32 input with a bf16 weight is
+    refused by name, as are other dtypes."""
+    x = (torch.randn(3, 300) * 3).bfloat16().requires_grad_(True)
+    w = torch.randn(300, requires_grad=True)
+    ours, theirs = ckparity.rms_norm(x, (300,), w), F.rms_norm(x, (300,), w)
+    assert ours.dtype == torch.bfloat16 and torch.equal(_bits(ours.detach()), _bits(theirs.detach()))
+    up = torch.randn(3, 300).bfloat16()
+    (dx, dw), (tdx, tdw) = torch.autograd.grad(ours, (x, w), up), torch.autograd.grad(theirs, (x, w), up)
+    assert dw.dtype == torch.float32 and torch.equal(_bits(dx), _bits(tdx)) and torch.equal(dw.view(torch.int32),
+                                                                                          tdw.view(torch.int32))
     with pytest.raises(InvalidType, match="one dtype for both"):
-        ckparity.rms_norm(x, (8,), torch.randn(8))
+        ckparity.rms_norm(torch.randn(3, 8), (8,), torch.randn(8).bfloat16())
+    x = torch.randn(3, 8).bfloat16()
     with pytest.raises(InvalidType, match="float32 or bfloat16"):
         ckparity.rms_norm(x.half(), (8,))
     with pytest.raises(InvalidType, match="float32 or bfloat16"):

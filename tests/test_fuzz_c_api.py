@@ -273,22 +273,29 @@ def fuzz_bf16(rng: random.Random) -> int:
         entry = rng.choice([lib.ckp_rope_forward_bf16, lib.ckp_rope_backward_bf16])
         return call_and_check(rng, lambda: entry(hp(maybe_null(rng, x)), hp(table[0]), hp(table[1]), N, T, d,
                                                  pick(rng, [0, 1], 2), hp(out)), [out] if out is not x else [])
+    # rms_norm: a bf16 weight, or a float32 one (the _f32w entry points: torch's mixed-dtype call)
+    f32w = rng.random() < 0.3
+    wp = ptr if f32w else hp
     if kind == 0:
-        x, weight = bf16(data(rng, n)), bf16(data(rng, max(W, 1))) if rng.random() < 0.7 else None
+        x = bf16(data(rng, n))
+        weight = (data(rng, max(W, 1)) if f32w else bf16(data(rng, max(W, 1)))) if rng.random() < 0.7 else None
         y = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
         rstd = torch.empty(max(N, 1))
         eps = pick(rng, [1e-5, 0.0], -1e-5, math.nan)
-        return call_and_check(rng, lambda: lib.ckp_rms_norm_forward_bf16(
-            hp(maybe_null(rng, x)), hp(weight), N, W, eps, hp(maybe_null(rng, y)), ptr(rstd), 1),
+        entry = lib.ckp_rms_norm_forward_bf16_f32w if f32w else lib.ckp_rms_norm_forward_bf16
+        return call_and_check(rng, lambda: entry(
+            hp(maybe_null(rng, x)), wp(weight), N, W, eps, hp(maybe_null(rng, y)), ptr(rstd), 1),
             [t for t in (y, rstd) if t is not x])
     if kind == 1:
         dy, x = bf16(data(rng, n)), bf16(data(rng, n))
-        weight = bf16(data(rng, max(W, 1))) if rng.random() < 0.7 else None
+        weight = (data(rng, max(W, 1)) if f32w else bf16(data(rng, max(W, 1)))) if rng.random() < 0.7 else None
         rstd = data(rng, max(N, 1)).abs()
-        dweight = torch.empty(max(W, 1), dtype=torch.bfloat16) if weight is not None or rng.random() < 0.05 else None
+        dweight = (torch.empty(max(W, 1), dtype=torch.float32 if f32w else torch.bfloat16)
+                   if weight is not None or rng.random() < 0.05 else None)
         dx = dy if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
-        return call_and_check(rng, lambda: lib.ckp_rms_norm_backward_bf16(
-            hp(dy), hp(maybe_null(rng, x)), hp(weight), ptr(rstd), N, W, hp(maybe_null(rng, dx)), hp(dweight), 1),
+        entry = lib.ckp_rms_norm_backward_bf16_f32w if f32w else lib.ckp_rms_norm_backward_bf16
+        return call_and_check(rng, lambda: entry(
+            hp(dy), hp(maybe_null(rng, x)), wp(weight), ptr(rstd), N, W, hp(maybe_null(rng, dx)), wp(dweight), 1),
             [t for t in (dx, dweight) if t is not None and t is not dy])
     x = bf16(data(rng, max(N, 0) * 2 * max(W, 0)))
     if kind == 2:

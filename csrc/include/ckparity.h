@@ -192,13 +192,22 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
  * bf16) with rstd in float: torch computes rms_norm on bf16 tensors in float
  * and rounds each result once -- y, dx (its two terms added in float) and
  * dweight are the float32 results of the same values, rounded to bf16
- * (csrc/rms_norm.c). These run the float32 kernel on float copies of their
- * inputs, allocated per call (CKP_ERR_OUT_OF_MEMORY when that fails). */
+ * (csrc/rms_norm.c). These run the float32 kernel a row at a time on float
+ * copies (each thread's rows, allocated per call: CKP_ERR_OUT_OF_MEMORY when
+ * that fails). */
 ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
                                      double eps, uint16_t *y, float *rstd, int torch_threads);
 ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
                                       const float *rstd, int64_t N, int64_t D,
                                       uint16_t *dx, uint16_t *dweight, int torch_threads);
+
+/* bf16 x with a float32 weight, as torch allows it (F.rms_norm computes the
+ * same float composite): y and dx bf16, dweight float32 and not rounded. */
+ckp_status ckp_rms_norm_forward_bf16_f32w(const uint16_t *x, const float *weight, int64_t N, int64_t D,
+                                          double eps, uint16_t *y, float *rstd, int torch_threads);
+ckp_status ckp_rms_norm_backward_bf16_f32w(const uint16_t *dy, const uint16_t *x, const float *weight,
+                                           const float *rstd, int64_t N, int64_t D,
+                                           uint16_t *dx, float *dweight, int torch_threads);
 
 /* ------------------------------------------------------------------------
  * swiglu (csrc/swiglu.c): x is (N, 2H), gate = x[:, :H], up = x[:, H:],

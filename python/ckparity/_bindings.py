@@ -121,19 +121,23 @@ def rms_norm_backward_terms(dy, x, weight, rstd, dx_normalized, dx_rstd, dweight
                                               torch_threads), "rms_norm backward", library)
 
 
+def _float32_weight(weight) -> bool:
+    return weight is not None and weight.dtype == torch.float32
+
+
 def rms_norm_forward_bf16(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:
-    """As rms_norm_forward on bfloat16 x, weight, y (rstd float32)."""
+    """As rms_norm_forward on bfloat16 x and y (rstd float32), the weight bf16 or float32."""
     N, D = x.shape
-    check(library.ckp_rms_norm_forward_bf16(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd),
-                                            torch_threads), "rms_norm", library)
+    entry = library.ckp_rms_norm_forward_bf16_f32w if _float32_weight(weight) else library.ckp_rms_norm_forward_bf16
+    check(entry(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd), torch_threads), "rms_norm", library)
 
 
 def rms_norm_backward_bf16(dy, x, weight, rstd, dx, dweight, *, torch_threads: int = 1, library=lib) -> None:
-    """As rms_norm_backward on bfloat16 tensors (rstd float32)."""
+    """As rms_norm_backward on bfloat16 dy, x, dx (rstd float32); weight and dweight bf16 or float32."""
     N, D = x.shape
-    check(library.ckp_rms_norm_backward_bf16(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D,
-                                             pointer(dx), pointer(dweight), torch_threads), "rms_norm backward",
-          library)
+    entry = library.ckp_rms_norm_backward_bf16_f32w if _float32_weight(weight) else library.ckp_rms_norm_backward_bf16
+    check(entry(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D, pointer(dx), pointer(dweight),
+                torch_threads), "rms_norm backward", library)
 
 
 # ---- swiglu -----------------------------------------------------------------

@@ -59,20 +59,23 @@ SPLIT_SHAPES = [(1, 32768), (1, 40000), (1, 65536), (1, 131071), (32768, 1), (10
 
 
 def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """y, dx and dweight against F.rms_norm on ``dtype`` tensors (bfloat16: torch's bf16 eager)."""
+    """y, dx and dweight against F.rms_norm on ``dtype`` tensors (bfloat16: torch's bf16 eager, and
+    bf16 activations with a float32 weight, which torch takes: its float composite, dweight float32)."""
     for N in (1, 3, 5, 23, 70):
         for D in WIDTHS:
             x = (torch.randn(N, D, generator=g) * 3).to(dtype).requires_grad_(True)
             w = torch.randn(D, generator=g).to(dtype).requires_grad_(True)
             up = torch.randn(N, D, generator=g).to(dtype)
-            for weight in (w, None):
+            mixed = [w.detach().float().requires_grad_(True)] if dtype == torch.bfloat16 and N in (1, 3) else []
+            for weight in [w, None] + mixed:
                 inputs = [x] + ([weight] if weight is not None else [])
 
                 def call(fn):
                     return grad_run(lambda xx, *ww: fn(xx, (D,), ww[0] if ww else None, 1e-5), inputs, up)
 
                 ours, theirs = call(rms_norm), call(F.rms_norm)
-                case = f"N={N} D={D}{'' if weight is not None else ' no weight'}"
+                case = (f"N={N} D={D}{'' if weight is not None else ' no weight'}"
+                        f"{' float32 weight' if weight is not None and weight.dtype != dtype else ''}")
                 for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
                     tally.add(q, case, a, b)
     for (N, D), threads in itertools.product(SPLIT_SHAPES, (2, 3)):
@@ -109,6 +112,7 @@ def _probe(g: torch.Generator):
     yield "rms_norm", lambda L, f: probe_call(L, f, xr, wr, dyr)
     xb, wb, dyb = xr.bfloat16(), wr.bfloat16(), dyr.bfloat16()
     yield "rms_norm bf16", lambda L, f: probe_call_bf16(L, f, xb, wb, dyb)
+    yield "rms_norm bf16, float32 weight", lambda L, f: probe_call_bf16(L, f, xb, wr, dyb)
     for D in (1, 7, 8, 9, 63, 65, 257):
         xd, wd, dyd = torch.randn(17, D, generator=g), torch.randn(D, generator=g), torch.randn(17, D, generator=g)
         yield f"rms_norm D={D}", lambda L, f, a=xd, b=wd, c=dyd: probe_call(L, f, a, b, c)

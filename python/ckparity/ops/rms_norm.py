@@ -100,14 +100,17 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     by 1/sqrt(mean(x^2) + eps), then scales by ``weight``. eps=None is float32's
     machine epsilon, as in torch (for bfloat16 too: torch computes it in float).
     float32 or bfloat16 (the result in that dtype, rounded once as torch's);
-    weight of the input's dtype. Non-contiguous inputs are copied."""
+    weight of the input's dtype, or float32 with a bfloat16 input (as torch: its float
+    composite, dweight float32). Non-contiguous inputs are copied."""
     require_floating(input, "input")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) == 0 or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise InvalidArgument(f"normalized_shape {shape} must match the trailing dimensions of input "
                               f"{tuple(input.shape)}")
     if weight is not None:
-        require_floating(weight, "weight", like=input)
+        # bf16 activations with a float32 weight: torch takes them (its float composite), so does ckparity
+        mixed = input.dtype == torch.bfloat16 and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+        require_floating(weight, "weight", like=None if mixed else input)
         if tuple(weight.shape) != shape:
             raise InvalidArgument(f"weight must have shape {shape}, got {tuple(weight.shape)}")
         weight = weight.contiguous()
