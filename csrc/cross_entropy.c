@@ -696,6 +696,21 @@ static inline __attribute__((always_inline)) ckp_v8f exp8_at(pt_layout at, ckp_v
     return v;
 }
 
+/* The end of map_reduce_all / reduce_all on bf16 data: the two float accumulators added lane by
+ * lane, then the lanes folded as vec_reduce_all folds them (a halving tree, or left to right at
+ * DEFAULT). */
+static float bf_fold(float *a0, const float *a1, pt_layout at) {
+    const int L = at.lanes;
+    for (int l = 0; l < L; l++) a0[l] += a1[l];
+    if (!at.tree_fold) {
+        for (int l = 1; l < L; l++) a0[0] += a0[l];
+        return a0[0];
+    }
+    for (int step = L / 2; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) a0[l] += a0[l + step];
+    return a0[0];
+}
+
 /* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum
  * in its order, 8 lanes of exps at a time (the lane sums do not depend on that). */
 CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
@@ -726,14 +741,7 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
     for (int64_t l = 0; d + L + l < V; l++) a1[l] += BF_MAP(d + L + l);
 #undef BF_MAP
-    for (int l = 0; l < L; l++) a0[l] += a1[l];
-    if (!at.tree_fold) {
-        for (int l = 1; l < L; l++) a0[0] += a0[l];
-        return a0[0];
-    }
-    for (int step = L / 2; step >= 1; step /= 2)
-        for (int l = 0; l < step; l++) a0[l] += a0[l + step];
-    return a0[0];
+    return bf_fold(a0, a1, at);
 }
 
 /* A bf16 row's max, left to right (NaN if any element is: vec::maximum propagates it). */
@@ -805,7 +813,7 @@ CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float 
 }
 
 /* vec::reduce_all(+) over one row of bf16 values held as floats: bf_sum_exp's lane structure without
- * the map. */
+ * the map (the exp-sum keeps its own vector loop). */
 static float bf_reduce_all(const float *g, int64_t V, pt_layout at) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
@@ -826,14 +834,7 @@ static float bf_reduce_all(const float *g, int64_t V, pt_layout at) {
         }
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += g[d + l];
     for (int64_t l = 0; d + L + l < V; l++) a1[l] += g[d + L + l];
-    for (int l = 0; l < L; l++) a0[l] += a1[l];
-    if (!at.tree_fold) {
-        for (int l = 1; l < L; l++) a0[0] += a0[l];
-        return a0[0];
-    }
-    for (int step = L / 2; step >= 1; step /= 2)
-        for (int l = 0; l < step; l++) a0[l] += a0[l + step];
-    return a0[0];
+    return bf_fold(a0, a1, at);
 }
 
 /* One bf16 row after log_softmax, for torch.sum over its bf16(logp_j * w_j). */
@@ -891,10 +892,14 @@ static void bf_nll_cascade(const int64_t *target, int64_t N, int64_t ignore_inde
     }
 }
 
-ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
-                                  const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits) {
+/* The checks both bf16 entry points make before anything is written: pointers, sizes, options
+ * (ptref without z_loss), torch_threads, and no output overlapping an input or the other output.
+ * target is the (N) class targets, or with probs the (N, V) bf16 probabilities. */
+static ckp_status bf_check_args(const uint16_t *logits, const void *target, int probs, int64_t N, int64_t V,
+                                const ckp_cross_entropy_options *opt, const uint16_t *loss, const uint16_t *dlogits) {
+    const char *target_name = probs ? "target_probs" : "target";
     if (logits == NULL || target == NULL || opt == NULL || loss == NULL)
-        return ckp_fail(CKP_ERR_NULL_POINTER, "logits, target, options and loss must not be NULL");
+        return ckp_fail(CKP_ERR_NULL_POINTER, "logits, %s, options and loss must not be NULL", target_name);
     if (N <= 0 || V <= 0 || N > INT64_MAX / V)
         return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive and N*V must not overflow, got N=%lld V=%lld",
                         (long long)N, (long long)V);
@@ -910,12 +915,20 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     ckp_status st = ckp_check_torch_threads(opt->torch_threads);
     if (st != CKP_OK) return st;
     size_t matrix = (size_t)(N * V) * 2, rows = opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1;
-    size_t loss_bytes = rows * 2;
-    const ckp_span inputs[] = {{logits, matrix}, {target, (size_t)N * sizeof(int64_t)},
-                               {opt->row_grad, rows * sizeof(float)}, {opt->weight, (size_t)V * sizeof(float)}};
+    size_t loss_bytes = rows * 2, target_bytes = probs ? matrix : (size_t)N * sizeof(int64_t);
+    const ckp_span inputs[] = {{logits, matrix}, {target, target_bytes}, {opt->row_grad, rows * sizeof(float)},
+                               {opt->weight, (size_t)V * sizeof(float)}};
     if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 4) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 4) ||
         ckp_overlaps(loss, loss_bytes, dlogits, matrix))
-        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target, weight, row_grad or each other");
+        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, %s, weight, row_grad or each other",
+                        target_name);
+    return CKP_OK;
+}
+
+ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
+                                  const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits) {
+    ckp_status st = bf_check_args(logits, target, 0, N, V, opt, loss, dlogits);
+    if (st != CKP_OK) return st;
     for (int64_t i = 0; i < N; i++)
         if (target[i] != opt->ignore_index && (target[i] < 0 || target[i] >= V))
             return ckp_fail(CKP_ERR_TARGET_OUT_OF_RANGE,
@@ -1054,30 +1067,8 @@ static float bf_batch_logp_q_w(void *ctx, int64_t j) {
 
 ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *target_probs, int64_t N, int64_t V,
                                         const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits) {
-    if (logits == NULL || target_probs == NULL || opt == NULL || loss == NULL)
-        return ckp_fail(CKP_ERR_NULL_POINTER, "logits, target_probs, options and loss must not be NULL");
-    if (N <= 0 || V <= 0 || N > INT64_MAX / V)
-        return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive and N*V must not overflow, got N=%lld V=%lld",
-                        (long long)N, (long long)V);
-    if (opt->reduction != CKP_REDUCTION_NONE && opt->reduction != CKP_REDUCTION_MEAN &&
-        opt->reduction != CKP_REDUCTION_SUM)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "reduction must be 0 (none), 1 (mean) or 2 (sum), got %d",
-                        (int)opt->reduction);
-    if (!(opt->label_smoothing >= 0.0 && opt->label_smoothing <= 1.0))
-        return ckp_fail(CKP_ERR_BAD_OPTION, "label_smoothing must be in [0, 1], got %g", opt->label_smoothing);
-    if (opt->variant != CKP_CE_PTREF || opt->z_loss != 0.0)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant without z_loss (torch has "
-                        "no z-loss to follow in bf16)");
-    ckp_status st = ckp_check_torch_threads(opt->torch_threads);
+    ckp_status st = bf_check_args(logits, target_probs, 1, N, V, opt, loss, dlogits);
     if (st != CKP_OK) return st;
-    size_t matrix = (size_t)(N * V) * 2, rows = opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1;
-    size_t loss_bytes = rows * 2;
-    const ckp_span inputs[] = {{logits, matrix}, {target_probs, matrix}, {opt->row_grad, rows * sizeof(float)},
-                               {opt->weight, (size_t)V * sizeof(float)}};
-    if (ckp_overlaps_any((ckp_span){dlogits, matrix}, inputs, 4) || ckp_overlaps_any((ckp_span){loss, loss_bytes}, inputs, 4) ||
-        ckp_overlaps(loss, loss_bytes, dlogits, matrix))
-        return ckp_fail(CKP_ERR_ALIASING, "loss and dlogits must not overlap logits, target_probs, weight, row_grad "
-                        "or each other");
     ckp_clear_error();
     const pt_layout at = pt_layout_for_capability();
     const int none = opt->reduction == CKP_REDUCTION_NONE, mean = opt->reduction == CKP_REDUCTION_MEAN;
