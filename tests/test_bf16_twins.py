@@ -133,7 +133,6 @@ def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
 
     kernels.register("swiglu", "float_only", float_only)
     refused = {"--amp keeps float32 master weights": dict(amp="bfloat16"),
-               "--ck-loss-backend c_fused_linear": dict(ck_loss_backend="c_fused_linear"),
                "--tp": dict(tp=2),
                "--ck-swiglu-backend float_only: the backend has no bfloat16 form": dict(ck_swiglu_backend="float_only")}
     for message, change in refused.items():
@@ -141,6 +140,9 @@ def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
             replace(PURE, **change)
     with pytest.raises(UsageError, match="--ck-swiglu-backend float_only"):  # --amp hands swiglu bf16 too
         replace(AMP, ck_swiglu_backend="float_only")
+    with pytest.raises(UsageError, match="--ck-loss-backend c_fused_linear"):  # autocast's float32 weight, bf16 input
+        replace(AMP, ck_loss_backend="c_fused_linear")
+    replace(PURE, ck_loss_backend="c_fused_linear")  # the fused lm_head + loss takes bf16 hidden and weight
     replace(AMP, max_grad_norm=1.0)  # under --amp the clip sees float32 grads
     replace(PURE, max_grad_norm=1.0)  # the C clip takes bf16 grads (its norm from their exact values)
 
@@ -238,12 +240,13 @@ def test_the_committed_bf16_twins_are_bit_identical_at_every_capability():
                                         for cap in ("DEFAULT", "AVX2", "AVX512")}
 
 
-def test_attribute_in_bf16_leaves_out_the_alternatives_bf16_refuses():
+def test_attribute_leaves_out_the_alternatives_the_precision_refuses():
     from ckparity.harness.studies.attribute import variants
 
-    names = set(variants(replace(PURE, ck_loss_backend="c")))
+    names = set(variants(replace(AMP, ck_loss_backend="c")))
     assert "alternative loss=c_ptref" in names and "alternative loss=c_fused_linear" not in names
-    assert "alternative loss=c_fused_linear" in variants(RunConfig())  # float32 keeps it
+    assert "alternative loss=c_fused_linear" in variants(replace(PURE, ck_loss_backend="c"))  # pure bf16 keeps it
+    assert "alternative loss=c_fused_linear" in variants(RunConfig())  # float32 too
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

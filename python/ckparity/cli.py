@@ -81,7 +81,7 @@ def _train(argv: list[str]) -> int:
 
 def _repro(argv: list[str]) -> int:
     from .harness.loop.config import UsageError
-    from .harness.studies.repro import BF16_LOSS_REFUSED, DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
+    from .harness.studies.repro import AMP_LOSS_REFUSED, DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
     parser = _parser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
                                      f"{', '.join(LOSS_BACKENDS)}, then an A/B table. 850: the seed's 850-step repro; "
@@ -98,7 +98,7 @@ def _repro(argv: list[str]) -> int:
                              "repro_NAME_amp_BACKEND.json)")
     parser.add_argument("--loss-backends", nargs="+", metavar="NAME", default=None,
                         help=f"the loss backends to run (default {' '.join(LOSS_BACKENDS)}, in bf16 "
-                             f"{' '.join(b for b in LOSS_BACKENDS if b not in BF16_LOSS_REFUSED)}; yours with --plugin)")
+                             f"{' '.join(b for b in LOSS_BACKENDS if b not in AMP_LOSS_REFUSED)}; yours with --plugin)")
     flags = {flag: kernel for flag, kernel in kernels.FLAGS.items() if kernel != "cross_entropy"}
     for flag, kernel in flags.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", default=None, metavar="NAME",
@@ -115,7 +115,7 @@ def _repro(argv: list[str]) -> int:
         print(text)
         return max(exit_code(r) for r in rows)
     backends = args.loss_backends or [b for b in LOSS_BACKENDS
-                                      if preset.compute_dtype == "float32" or b not in BF16_LOSS_REFUSED]
+                                      if preset.amp == "none" or b not in AMP_LOSS_REFUSED]
     name = args.preset + {"float32": "", "bfloat16": "_bfloat16"}[args.dtype] + ("_amp" if args.amp != "none" else "")
     reports, text = repro(args.out_dir, preset, name, backends)
     print(text)

@@ -63,12 +63,20 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, target: torch.Tenso
                                  label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
     """F.cross_entropy(full_logits, target, ...) where this rank holds
     ``local_logits`` = full_logits[:, vocab_start:vocab_start + V_local]
-    (shards need not be equal). local_logits is (N, V_local) float32, target
+    (shards need not be equal). local_logits is (N, V_local) float32 or
+    bfloat16 (the default cross-entropy's bf16 rule: float math on the
+    values widened exactly, the loss and dlogits rounded once where
+    stored), target
     (N) int64 class indices (the same on every rank). Every rank of ``group``
     must call it with the same N, target and options; each gets the whole
     loss, and its backward gives the gradient of its own shard. ``z_loss``
     adds z_loss * logsumexp(row)**2 per non-ignored row, as in
     ckparity.cross_entropy. Class weights are not supported."""
+    if isinstance(local_logits, torch.Tensor) and local_logits.dtype == torch.bfloat16:
+        return vocab_parallel_cross_entropy(local_logits.float(), target, vocab_start=vocab_start,
+                                            vocab_size=vocab_size, group=group, ignore_index=ignore_index,
+                                            reduction=reduction, label_smoothing=label_smoothing,
+                                            z_loss=z_loss).to(torch.bfloat16)
     require_float32(local_logits, "local_logits")
     require_cpu(target, "target")
     if target.dtype != torch.int64:

@@ -17,7 +17,15 @@ before any rounding, as torch does — ignored rows get zero gradient.
 The arithmetic differs from the unfused composition in two places: the mean
 scale is 1/n rounded to float32 and applied per row, and grad_weight is a sum
 over chunks (torch's is one matmul over all rows). tests/test_fused_linear.py
-measures both against torch's own error relative to float64."""
+measures both against torch's own error relative to float64.
+
+bfloat16 hidden and weight (and bias) are the default cross-entropy's bf16
+rule (ops/cross_entropy.py): float math on the values widened exactly,
+rounded where a result is stored -- the loss and the gradients, once each
+(the casts' autograd). The logits are never stored, so they are never
+rounded: torch's bf16 composition rounds them, and its error is the larger
+(tests/test_fused_linear.py). The cost is a float32 copy of the weight and
+a float32 grad_weight for the call's duration."""
 
 from __future__ import annotations
 
@@ -131,6 +139,18 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
+def _require_bf16(hidden, weight, bias) -> None:
+    """bf16 hidden takes a bf16 weight and bias: a float32 weight would make
+    torch's F.linear refuse the call (it does not promote), so no reference
+    exists to follow."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        require_cpu(t, name)
+        if t.dtype != torch.bfloat16:
+            raise InvalidType(f"{name} must be bfloat16 like hidden, got {t.dtype} (F.linear takes one dtype)")
+
+
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                bias: torch.Tensor | None = None, *, ignore_index: int = -100,
                                reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -138,11 +158,19 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     """F.cross_entropy(F.linear(hidden, weight, bias), target, ...) without
     materializing the logits.
 
-    hidden is (..., D) float32, weight (V, D), bias (V) or None, target the
+    hidden is (..., D) float32 or bfloat16, weight (V, D) and bias (V) or
+    None of hidden's dtype, target the
     class indices (int64) of hidden's leading shape. ``z_loss`` as in
     ckparity.cross_entropy. ``chunk_size``: rows per chunk (default: about
     64 MB of logits, 2**24 // V rows). Gradients flow to hidden, weight and
     bias; first-order only."""
+    if isinstance(hidden, torch.Tensor) and hidden.dtype == torch.bfloat16:
+        _require_bf16(hidden, weight, bias)
+        widened = fused_linear_cross_entropy(
+            hidden.float(), weight.float(), target, None if bias is None else bias.float(),
+            ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
+            chunk_size=chunk_size)
+        return widened.to(torch.bfloat16)
     for name, t in (("hidden", hidden), ("weight", weight)):
         require_float32(t, name)
     require_cpu(target, "target")

@@ -58,7 +58,7 @@ def variants(config: RunConfig) -> dict[str, dict[str, str]]:
 
 def _valid(config: RunConfig, backends: dict[str, str]) -> bool:
     """Whether the configuration takes these backends: an alternative it
-    refuses (c_fused_linear in bf16) is no variant of it."""
+    refuses (c_fused_linear under --amp) is no variant of it."""
     try:
         replace(config, **backends)
     except UsageError:

@@ -25,7 +25,7 @@ CKV7_GATES = RunConfig(vocab=1024, d_model=256, hidden=1024, lr=5e-4, max_grad_n
                        seq_len=8, grad_accum=8)
 PRESETS = {"850": PRESET, "stress": STRESS, "ckv7-gates": CKV7_GATES}
 LOSS_BACKENDS = ["c", "c_ptref", "c_fused_linear", "torch"]
-BF16_LOSS_REFUSED = {"c_fused_linear"}  # no bf16 form yet: left out of a bf16 or --amp repro's default list
+AMP_LOSS_REFUSED = {"c_fused_linear"}  # no --amp form: left out of an --amp repro's default list
 
 # The depth sweep: the stress profile's data and lr on residual models of
 # growing depth, each loss backend with the C AdamW, and the "bitwise" variant
