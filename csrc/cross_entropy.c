@@ -689,10 +689,12 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-/* exp of 8 lanes as pt_exp_at does each one: SLEEF's on the vector, or libm's lane by lane. */
-static inline __attribute__((always_inline)) ckp_v8f exp8_at(pt_layout at, ckp_v8f v) {
-    if (at.sleef) return ckp_exp_sleef8(v);
-    for (int l = 0; l < CKP_VLANES; l++) v[l] = expf(v[l]);
+/* exp of 16 lanes as pt_exp_at does each one: SLEEF's on the vector, or libm's lane by lane. 16, not
+ * the kernels' usual 8: an AVX-512 core runs the bf16 rows' exps at twice the rate, and an exp's bits
+ * do not depend on the lanes beside it. */
+static inline __attribute__((always_inline)) ckp_v16f exp16_at(pt_layout at, ckp_v16f v) {
+    if (at.sleef) return ckp_exp_sleef16(v);
+    for (int l = 0; l < 16; l++) v[l] = expf(v[l]);
     return v;
 }
 
@@ -712,7 +714,7 @@ static float bf_fold(float *a0, const float *a1, pt_layout at) {
 }
 
 /* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum
- * in its order, 8 lanes of exps at a time (the lane sums do not depend on that). */
+ * in its order, 16 lanes of exps at a time (the lane sums do not depend on that). */
 CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
@@ -726,18 +728,18 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
         for (int64_t l = 1; l < n; l++) acc += a0[l];
         return acc;
     }
-    const ckp_v8f mv = ckp_splat8(m);
-    /* the two accumulators as 8-lane vectors: lanes [8c, 8c + 8) of a0 (c < L / 8), then of a1; they
-     * start at 0, and 0 + e is e (an exp is never -0) */
-    ckp_v8f acc[4] = {ckp_splat8(0.0f), ckp_splat8(0.0f), ckp_splat8(0.0f), ckp_splat8(0.0f)};
-    const int chunks = (int)(B / CKP_VLANES);
+    const ckp_v16f mv = ckp_splat16(m);
+    /* the two accumulators side by side (a0's L lanes, then a1's) as 16-lane vectors, B / 16 of them;
+     * they start at 0, and 0 + e is e (an exp is never -0) */
+    ckp_v16f acc[2] = {ckp_splat16(0.0f), ckp_splat16(0.0f)};
+    const int chunks = (int)(B / 16);
     int64_t d = 0;
     for (; d < V - V % B; d += B)
-        for (int c = 0; c < chunks; c++) acc[c] += exp8_at(at, ckp_bf16_load8(x + d + c * CKP_VLANES) - mv);
-    for (int c = 0; c < chunks; c++) {
-        float *dst = c * CKP_VLANES < L ? a0 + c * CKP_VLANES : a1 + (c * CKP_VLANES - L);
-        for (int l = 0; l < CKP_VLANES; l++) dst[l] = acc[c][l];
-    }
+        for (int c = 0; c < chunks; c++) acc[c] += exp16_at(at, ckp_bf16_load16(x + d + c * 16) - mv);
+    float lanes[32];
+    memcpy(lanes, acc, sizeof acc);
+    memcpy(a0, lanes, (size_t)L * sizeof *a0);
+    memcpy(a1, lanes + L, (size_t)L * sizeof *a1);
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
     for (int64_t l = 0; d + L + l < V; l++) a1[l] += BF_MAP(d + L + l);
 #undef BF_MAP
@@ -754,20 +756,20 @@ static float bf_row_max_scalar(const uint16_t *x, int64_t V) {
     return mx;
 }
 
-/* The same, 8 lanes at a time: a max is exact in any order, except which zero a row of zeros keeps
+/* The same, 16 lanes at a time: a max is exact in any order, except which zero a row of zeros keeps
  * (the order above keeps the first), so a zero maximum is taken again left to right. */
 CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
-    ckp_v8f mv = ckp_splat8(-INFINITY);
-    ckp_v8i nan = (ckp_v8i){0};
+    ckp_v16f mv = ckp_splat16(-INFINITY);
+    ckp_v16i nan = (ckp_v16i){0};
     int64_t j = 0;
-    for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
-        ckp_v8f v = ckp_bf16_load8(x + j);
+    for (; j + 16 <= V; j += 16) {
+        ckp_v16f v = ckp_bf16_load16(x + j);
         nan |= v != v;
-        mv = ckp_select8(v > mv, v, mv);
+        mv = ckp_select16(v > mv, v, mv);
     }
     float mx = -INFINITY;
     int any_nan = 0;
-    for (int l = 0; l < CKP_VLANES; l++) {
+    for (int l = 0; l < 16; l++) {
         any_nan |= nan[l] != 0;
         mx = mv[l] > mx ? mv[l] : mx;
     }
@@ -793,17 +795,18 @@ static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
 }
 
 /* One row of log_softmax's backward: dx_j = bf16(g_j - exp(logp_j) * sum_k g_k), where g is gi at the
- * target t (none: t < 0, an ignored row) and 0 elsewhere; 8 lanes at a time, the target's element
+ * target t (none: t < 0, an ignored row) and 0 elsewhere; 16 lanes at a time, the target's element
  * again on its own (fma(-p, s, 0) and 0 - p * s are both -(p * s) rounded once, and +0 where that
  * product is a zero: not -(p * s), which would be -0 in an ignored row). */
 CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, int64_t t, float gi,
                                    pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
-    const ckp_v8f mv = ckp_splat8(m), lv = ckp_splat8(log_sum), sv = ckp_splat8(grad_sum), zero = ckp_splat8(0.0f);
+    const ckp_v16f mv = ckp_splat16(m), lv = ckp_splat16(log_sum), sv = ckp_splat16(grad_sum);
+    const ckp_v16f zero = ckp_splat16(0.0f);
     int64_t j = 0;
-    for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
-        ckp_v8f logp = ckp_bf16_round8((ckp_bf16_load8(x + j) - mv) - lv);
-        ckp_bf16_store8(dx + j, zero - exp8_at(at, logp) * sv);
+    for (; j + 16 <= V; j += 16) {
+        ckp_v16f logp = ckp_bf16_round16((ckp_bf16_load16(x + j) - mv) - lv);
+        ckp_bf16_store16(dx + j, zero - exp16_at(at, logp) * sv);
     }
     for (; j < V; j++) dx[j] = ckp_f_to_bf16(0.0f - pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum);
     if (t >= 0) {

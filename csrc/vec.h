@@ -1,5 +1,5 @@
 /*
- * vec.h — 8-lane float vectors (GCC vector extensions) for the hot loops.
+ * vec.h — 8- and 16-lane float vectors (GCC vector extensions) for the hot loops.
  *
  * Why not leave it all to the auto-vectorizer: the kernels keep their sums in
  * a fixed number of lanes so the bits never depend on the compiler or the
@@ -22,60 +22,6 @@
 #include <string.h>
 
 enum { CKP_VLANES = 8 };
-
-typedef float ckp_v8f __attribute__((vector_size(32)));
-typedef int32_t ckp_v8i __attribute__((vector_size(32)));
-typedef uint32_t ckp_v8u __attribute__((vector_size(32)));
-
-static inline __attribute__((always_inline)) ckp_v8f ckp_splat8(float v) {
-    return (ckp_v8f){v, v, v, v, v, v, v, v};
-}
-
-static inline __attribute__((always_inline)) ckp_v8f ckp_load8(const float *p) {
-    ckp_v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* The first n (< 8) floats at p, the other lanes set to fill. */
-static inline __attribute__((always_inline)) ckp_v8f ckp_load8_tail(const float *p, int64_t n, float fill) {
-    float lanes[CKP_VLANES];
-    for (int l = 0; l < CKP_VLANES; l++) lanes[l] = l < n ? p[l] : fill;
-    return ckp_load8(lanes);
-}
-
-static inline __attribute__((always_inline)) void ckp_store8(float *p, ckp_v8f v) { memcpy(p, &v, sizeof v); }
-
-static inline __attribute__((always_inline)) void ckp_store8_tail(float *p, int64_t n, ckp_v8f v) {
-    float lanes[CKP_VLANES];
-    ckp_store8(lanes, v);
-    for (int64_t l = 0; l < n; l++) p[l] = lanes[l];
-}
-
-/* mask ? a : b per lane; mask lanes are all ones or all zeros (a comparison). */
-static inline __attribute__((always_inline)) ckp_v8f ckp_select8(ckp_v8i mask, ckp_v8f a, ckp_v8f b) {
-    return (ckp_v8f)(((ckp_v8i)a & mask) | ((ckp_v8i)b & ~mask));
-}
-
-/* a * b + c with one rounding, per lane. GCC turns the lane loop into one
- * vfmadd where the target has FMA (x86-64-v3 and up); the baseline build
- * calls fmaf per lane: slow, but the same bits. */
-static inline __attribute__((always_inline)) ckp_v8f ckp_fma8(ckp_v8f a, ckp_v8f b, ckp_v8f c) {
-    ckp_v8f r;
-    for (int l = 0; l < CKP_VLANES; l++) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
-    return r;
-}
-
-/* lane[l] += v[i] (in double) for every i = l mod 8 of v[0..n), in order:
- * written as plain lane loops because that is the form GCC vectorizes into
- * vcvtps2pd + vaddpd with the lanes kept in registers. */
-static inline __attribute__((always_inline)) void ckp_accumulate8d(double lane[CKP_VLANES], const float *v,
-                                                                   int64_t n) {
-    int64_t i = 0;
-    for (; i + CKP_VLANES <= n; i += CKP_VLANES)
-        for (int l = 0; l < CKP_VLANES; l++) lane[l] += (double)v[i + l];
-    for (int l = 0; i + l < n; l++) lane[l] += (double)v[i + l];
-}
 
 /* bfloat16, stored as torch stores it: the high 16 bits of a float (uint16).
  * To float is exact; from float rounds to nearest even, as torch's
@@ -100,56 +46,121 @@ static inline __attribute__((always_inline)) uint16_t ckp_f_to_bf16(float f) {
 /* f rounded to bfloat16 and read back as a float: what a bf16 tensor holds. */
 static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { return ckp_bf16_to_f(ckp_f_to_bf16(f)); }
 
-typedef uint16_t ckp_v8h __attribute__((vector_size(16)));
+/* The vector helpers, defined once for each lane count by CKP_DEFINE_LANES:
+ * ckp_v<N>f/i/u/h (float, int32, uint32, bf16 storage), ckp_splat<N>,
+ * ckp_select<N>, ckp_fma<N>, ckp_bf16_load<N>/round<N>/store<N> and
+ * ckp_exp_sleef<N>. 8 lanes are the kernels' working width; 16 serve the
+ * loops an AVX-512 core runs at twice the rate (bf16 ptref cross-entropy's
+ * exps) -- elementwise, so the lane count never changes a bit, and GCC
+ * lowers a 16-lane vector to two AVX2 or four SSE2 registers elsewhere.
+ *
+ * ckp_select: mask ? a : b per lane; mask lanes are all ones or all zeros (a comparison).
+ * ckp_fma: a * b + c with one rounding, per lane. GCC turns the lane loop into
+ *   one vfmadd where the target has FMA (x86-64-v3 and up); the baseline
+ *   build calls fmaf per lane: slow, but the same bits.
+ * ckp_bf16_load: N bf16 values widened to floats (a zero-extending move and a shift).
+ * ckp_bf16_round: v rounded to bfloat16 per lane, as floats (the low 16 bits zero).
+ * ckp_bf16_store: v rounded to bfloat16, stored: the high halves of the rounded lanes.
+ * ckp_exp_sleef: exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
+ *   Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
+ *   s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as
+ *   two multiplies (so results that are subnormal round as SLEEF's do).
+ *   d < -104 gives 0, d > 100 gives inf. q outside [-150, 150] (|d| > 104,
+ *   inf) or NaN is converted as 0 (an out-of-range float-to-int conversion is
+ *   undefined in C); the last selects give those lanes 0, inf or NaN anyway.
+ *   The range is one comparison of |q|: GCC 12 turned the & of two 16-lane
+ *   comparisons into sixteen scalar ones. */
+#define CKP_ALWAYS static inline __attribute__((always_inline))
+#define CKP_DEFINE_LANES(N, BYTES)                                                                              \
+    typedef float ckp_v##N##f __attribute__((vector_size(BYTES)));                                             \
+    typedef int32_t ckp_v##N##i __attribute__((vector_size(BYTES)));                                           \
+    typedef uint32_t ckp_v##N##u __attribute__((vector_size(BYTES)));                                          \
+    typedef uint16_t ckp_v##N##h __attribute__((vector_size(BYTES / 2)));                                      \
+    CKP_ALWAYS ckp_v##N##f ckp_splat##N(float v) {                                                             \
+        ckp_v##N##f r;                                                                                          \
+        for (int l = 0; l < N; l++) r[l] = v;                                                                   \
+        return r;                                                                                               \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_select##N(ckp_v##N##i mask, ckp_v##N##f a, ckp_v##N##f b) {                     \
+        return (ckp_v##N##f)(((ckp_v##N##i)a & mask) | ((ckp_v##N##i)b & ~mask));                              \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_fma##N(ckp_v##N##f a, ckp_v##N##f b, ckp_v##N##f c) {                           \
+        ckp_v##N##f r;                                                                                          \
+        for (int l = 0; l < N; l++) r[l] = __builtin_fmaf(a[l], b[l], c[l]);                                   \
+        return r;                                                                                               \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_bf16_load##N(const uint16_t *p) {                                               \
+        ckp_v##N##h h;                                                                                          \
+        memcpy(&h, p, sizeof h);                                                                                \
+        return (ckp_v##N##f)(__builtin_convertvector(h, ckp_v##N##u) << 16);                                   \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_bf16_round##N(ckp_v##N##f v) {                                                  \
+        ckp_v##N##u u = (ckp_v##N##u)v;                                                                         \
+        ckp_v##N##u r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;                                         \
+        return ckp_select##N(v != v, ckp_splat##N(ckp_bf16_to_f(0x7FC0)), (ckp_v##N##f)r);                     \
+    }                                                                                                           \
+    CKP_ALWAYS void ckp_bf16_store##N(uint16_t *p, ckp_v##N##f v) {                                            \
+        ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)ckp_bf16_round##N(v) >> 16, ckp_v##N##h);         \
+        memcpy(p, &h, sizeof h);                                                                                \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_exp_sleef##N(ckp_v##N##f d) {                                                   \
+        const float round_magic = 12582912.0f; /* 1.5 * 2^23: round to nearest even */                          \
+        ckp_v##N##f q =                                                                                         \
+            (d * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -         \
+            round_magic;                                                                                        \
+        ckp_v##N##f s = ckp_fma##N(q, ckp_splat##N(-0.693145751953125f), d);                                   \
+        s = ckp_fma##N(q, ckp_splat##N(-1.428606765330187045e-06f), s);                                        \
+        ckp_v##N##f u = ckp_fma##N(ckp_splat##N(0.000198527617612853646278381f), s,                            \
+                                   ckp_splat##N(0.00139304355252534151077271f));                               \
+        u = ckp_fma##N(u, s, ckp_splat##N(0.00833336077630519866943359f));                                     \
+        u = ckp_fma##N(u, s, ckp_splat##N(0.0416664853692054748535156f));                                      \
+        u = ckp_fma##N(u, s, ckp_splat##N(0.166666671633720397949219f));                                       \
+        u = ckp_fma##N(u, s, ckp_splat##N(0.5f));                                                              \
+        u = 1.0f + ckp_fma##N(s * s, u, s);                                                                    \
+        ckp_v##N##f abs_q = (ckp_v##N##f)((ckp_v##N##u)q & 0x7FFFFFFFu); /* one comparison, not two: */      \
+        ckp_v##N##f q_in_range = ckp_select##N(abs_q <= 150.0f, q, ckp_splat##N(0.0f)); /* see below */       \
+        ckp_v##N##i qi = __builtin_convertvector(q_in_range, ckp_v##N##i);                                     \
+        ckp_v##N##i half = qi >> 1;                                                                             \
+        ckp_v##N##f scale1 = (ckp_v##N##f)(((ckp_v##N##u)(half + 0x7f)) << 23);                                 \
+        ckp_v##N##f scale2 = (ckp_v##N##f)(((ckp_v##N##u)(qi - half + 0x7f)) << 23);                            \
+        u = (u * scale1) * scale2;                                                                              \
+        u = ckp_select##N(d < -104.0f, ckp_splat##N(0.0f), u);                                                 \
+        return ckp_select##N(d > 100.0f, ckp_splat##N(INFINITY), u);                                           \
+    }
 
-/* 8 bf16 values widened to floats: one zero-extending move and a shift (vpmovzxwd). */
-static inline __attribute__((always_inline)) ckp_v8f ckp_bf16_load8(const uint16_t *p) {
-    ckp_v8h h;
-    memcpy(&h, p, sizeof h);
-    return (ckp_v8f)(__builtin_convertvector(h, ckp_v8u) << 16);
+CKP_DEFINE_LANES(8, 32)
+CKP_DEFINE_LANES(16, 64)
+
+static inline __attribute__((always_inline)) ckp_v8f ckp_load8(const float *p) {
+    ckp_v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-/* v rounded to bfloat16 per lane, as floats (the low 16 bits zero). */
-static inline __attribute__((always_inline)) ckp_v8f ckp_bf16_round8(ckp_v8f v) {
-    ckp_v8u u = (ckp_v8u)v;
-    ckp_v8u r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    return ckp_select8(v != v, ckp_splat8(ckp_bf16_to_f(0x7FC0)), (ckp_v8f)r);
+/* The first n (< 8) floats at p, the other lanes set to fill. */
+static inline __attribute__((always_inline)) ckp_v8f ckp_load8_tail(const float *p, int64_t n, float fill) {
+    float lanes[CKP_VLANES];
+    for (int l = 0; l < CKP_VLANES; l++) lanes[l] = l < n ? p[l] : fill;
+    return ckp_load8(lanes);
 }
 
-/* v rounded to bfloat16, stored: the high halves of the rounded lanes. */
-static inline __attribute__((always_inline)) void ckp_bf16_store8(uint16_t *p, ckp_v8f v) {
-    ckp_v8h h = __builtin_convertvector((ckp_v8u)ckp_bf16_round8(v) >> 16, ckp_v8h);
-    memcpy(p, &h, sizeof h);
+static inline __attribute__((always_inline)) void ckp_store8(float *p, ckp_v8f v) { memcpy(p, &v, sizeof v); }
+
+static inline __attribute__((always_inline)) void ckp_store8_tail(float *p, int64_t n, ckp_v8f v) {
+    float lanes[CKP_VLANES];
+    ckp_store8(lanes, v);
+    for (int64_t l = 0; l < n; l++) p[l] = lanes[l];
 }
 
-/* exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
- * Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
- * s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as
- * two multiplies (so results that are subnormal round as SLEEF's do).
- * d < -104 gives 0, d > 100 gives inf. */
-static inline __attribute__((always_inline)) ckp_v8f ckp_exp_sleef8(ckp_v8f d) {
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: round to nearest even */
-    ckp_v8f q = (d * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -
-                round_magic;
-    ckp_v8f s = ckp_fma8(q, ckp_splat8(-0.693145751953125f), d);
-    s = ckp_fma8(q, ckp_splat8(-1.428606765330187045e-06f), s);
-    ckp_v8f u = ckp_fma8(ckp_splat8(0.000198527617612853646278381f), s, ckp_splat8(0.00139304355252534151077271f));
-    u = ckp_fma8(u, s, ckp_splat8(0.00833336077630519866943359f));
-    u = ckp_fma8(u, s, ckp_splat8(0.0416664853692054748535156f));
-    u = ckp_fma8(u, s, ckp_splat8(0.166666671633720397949219f));
-    u = ckp_fma8(u, s, ckp_splat8(0.5f));
-    u = 1.0f + ckp_fma8(s * s, u, s);
-    /* q outside [-150, 150] (|d| > 104, inf) or NaN: converted as 0 (an
-     * out-of-range float-to-int conversion is undefined in C); the selects
-     * below give those lanes 0, inf or NaN anyway */
-    ckp_v8f q_in_range = ckp_select8((q >= -150.0f) & (q <= 150.0f), q, ckp_splat8(0.0f));
-    ckp_v8i qi = __builtin_convertvector(q_in_range, ckp_v8i);
-    ckp_v8i half = qi >> 1;
-    ckp_v8f scale1 = (ckp_v8f)(((ckp_v8u)(half + 0x7f)) << 23);
-    ckp_v8f scale2 = (ckp_v8f)(((ckp_v8u)(qi - half + 0x7f)) << 23);
-    u = (u * scale1) * scale2;
-    u = ckp_select8(d < -104.0f, ckp_splat8(0.0f), u);
-    return ckp_select8(d > 100.0f, ckp_splat8(INFINITY), u);
+/* lane[l] += v[i] (in double) for every i = l mod 8 of v[0..n), in order:
+ * written as plain lane loops because that is the form GCC vectorizes into
+ * vcvtps2pd + vaddpd with the lanes kept in registers. */
+static inline __attribute__((always_inline)) void ckp_accumulate8d(double lane[CKP_VLANES], const float *v,
+                                                                   int64_t n) {
+    int64_t i = 0;
+    for (; i + CKP_VLANES <= n; i += CKP_VLANES)
+        for (int l = 0; l < CKP_VLANES; l++) lane[l] += (double)v[i + l];
+    for (int l = 0; i + l < n; l++) lane[l] += (double)v[i + l];
 }
 
 /* log(d) with SLEEF's logf_u10 algorithm (xlogf_u1, FMA form), as torch's
