@@ -689,14 +689,66 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-/* exp of 16 lanes as pt_exp_at does each one: SLEEF's on the vector, or libm's lane by lane. 16, not
- * the kernels' usual 8: an AVX-512 core runs the bf16 rows' exps at twice the rate, and an exp's bits
- * do not depend on the lanes beside it. */
-static inline __attribute__((always_inline)) ckp_v16f exp16_at(pt_layout at, ckp_v16f v) {
-    if (at.sleef) return ckp_exp_sleef16(v);
-    for (int l = 0; l < 16; l++) v[l] = expf(v[l]);
-    return v;
-}
+/* The bf16 rows' vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS: 16 where torch runs
+ * AVX-512 (at.lanes == 16: an AVX-512 core runs them at twice the rate of 8), 8 elsewhere (GCC 12
+ * turns a 16-lane FMA loop for AVX2 into scalar code, 5x slower). The width never changes a bit: an
+ * exp does not depend on the lanes beside it, a max is exact, and the exp-sum keeps torch's
+ * accumulator lanes whatever the width (bf_sum_exp).
+ *   bf_exp<N>: exp per lane as pt_exp_at does each one (SLEEF's on the vector, or libm's lane by lane).
+ *   bf_sum_blocks<N>: lanes[i] = sum over whole blocks d of exp(x[d + i] - m), i < B (B a multiple of
+ *     N); returns the first element past the blocks. They start at 0, and 0 + e is e (never -0).
+ *   bf_max<N>: the max over the whole vectors of N from x (NaN ignored, flagged in *nan); *j past them.
+ *   bf_grad<N>: bf_grad_row's dx over whole vectors of N; returns the first element not written. */
+#define BF_DEFINE_ROW_LOOPS(N)                                                                              \
+    static inline __attribute__((always_inline)) ckp_v##N##f bf_exp##N(pt_layout at, ckp_v##N##f v) {     \
+        if (at.sleef) return ckp_exp_sleef##N(v);                                                           \
+        for (int l = 0; l < N; l++) v[l] = expf(v[l]);                                                      \
+        return v;                                                                                           \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bf_sum_blocks##N(const uint16_t *x, int64_t V,     \
+                                                                          int64_t B, float m, pt_layout at, \
+                                                                          float *lanes) {                   \
+        const ckp_v##N##f mv = ckp_splat##N(m);                                                             \
+        ckp_v##N##f acc[32 / N];                                                                            \
+        const int chunks = (int)(B / N);                                                                    \
+        for (int c = 0; c < chunks; c++) acc[c] = ckp_splat##N(0.0f);                                       \
+        int64_t d = 0;                                                                                      \
+        for (; d < V - V % B; d += B)                                                                       \
+            for (int c = 0; c < chunks; c++) acc[c] += bf_exp##N(at, ckp_bf16_load##N(x + d + c * N) - mv); \
+        memcpy(lanes, acc, (size_t)chunks * sizeof acc[0]);                                                 \
+        return d;                                                                                           \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) float bf_max##N(const uint16_t *x, int64_t V, int64_t *j,  \
+                                                                 int *nan) {                                \
+        ckp_v##N##f mv = ckp_splat##N(-INFINITY);                                                           \
+        ckp_v##N##i nans = (ckp_v##N##i){0};                                                                \
+        for (; *j + N <= V; *j += N) {                                                                      \
+            ckp_v##N##f v = ckp_bf16_load##N(x + *j);                                                       \
+            nans |= v != v;                                                                                 \
+            mv = ckp_select##N(v > mv, v, mv);                                                              \
+        }                                                                                                   \
+        float mx = -INFINITY;                                                                               \
+        for (int l = 0; l < N; l++) {                                                                       \
+            *nan |= nans[l] != 0;                                                                           \
+            mx = mv[l] > mx ? mv[l] : mx;                                                                   \
+        }                                                                                                   \
+        return mx;                                                                                          \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bf_grad##N(const uint16_t *x, int64_t V, float m,  \
+                                                                    float log_sum, float grad_sum,          \
+                                                                    pt_layout at, uint16_t *dx) {           \
+        const ckp_v##N##f mv = ckp_splat##N(m), lv = ckp_splat##N(log_sum), sv = ckp_splat##N(grad_sum);    \
+        const ckp_v##N##f zero = ckp_splat##N(0.0f);                                                        \
+        int64_t j = 0;                                                                                      \
+        for (; j + N <= V; j += N) {                                                                        \
+            ckp_v##N##f logp = ckp_bf16_round##N((ckp_bf16_load##N(x + j) - mv) - lv);                      \
+            ckp_bf16_store##N(dx + j, zero - bf_exp##N(at, logp) * sv);                                     \
+        }                                                                                                   \
+        return j;                                                                                           \
+    }
+
+BF_DEFINE_ROW_LOOPS(8)
+BF_DEFINE_ROW_LOOPS(16)
 
 /* The end of map_reduce_all / reduce_all on bf16 data: the two float accumulators added lane by
  * lane, then the lanes folded as vec_reduce_all folds them (a halving tree, or left to right at
@@ -714,7 +766,7 @@ static float bf_fold(float *a0, const float *a1, pt_layout at) {
 }
 
 /* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum
- * in its order, 16 lanes of exps at a time (the lane sums do not depend on that). */
+ * in its order, 8 or 16 lanes of exps at a time (the lane sums do not depend on that). */
 CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
@@ -728,16 +780,9 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
         for (int64_t l = 1; l < n; l++) acc += a0[l];
         return acc;
     }
-    const ckp_v16f mv = ckp_splat16(m);
-    /* the two accumulators side by side (a0's L lanes, then a1's) as 16-lane vectors, B / 16 of them;
-     * they start at 0, and 0 + e is e (an exp is never -0) */
-    ckp_v16f acc[2] = {ckp_splat16(0.0f), ckp_splat16(0.0f)};
-    const int chunks = (int)(B / 16);
-    int64_t d = 0;
-    for (; d < V - V % B; d += B)
-        for (int c = 0; c < chunks; c++) acc[c] += exp16_at(at, ckp_bf16_load16(x + d + c * 16) - mv);
+    /* the two accumulators side by side: a0's L lanes, then a1's */
     float lanes[32];
-    memcpy(lanes, acc, sizeof acc);
+    int64_t d = L == 16 ? bf_sum_blocks16(x, V, B, m, at, lanes) : bf_sum_blocks8(x, V, B, m, at, lanes);
     memcpy(a0, lanes, (size_t)L * sizeof *a0);
     memcpy(a1, lanes + L, (size_t)L * sizeof *a1);
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
@@ -756,23 +801,12 @@ static float bf_row_max_scalar(const uint16_t *x, int64_t V) {
     return mx;
 }
 
-/* The same, 16 lanes at a time: a max is exact in any order, except which zero a row of zeros keeps
- * (the order above keeps the first), so a zero maximum is taken again left to right. */
-CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
-    ckp_v16f mv = ckp_splat16(-INFINITY);
-    ckp_v16i nan = (ckp_v16i){0};
+/* The same, 8 or 16 lanes at a time: a max is exact in any order, except which zero a row of zeros
+ * keeps (the order above keeps the first), so a zero maximum is taken again left to right. */
+CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V, pt_layout at) {
     int64_t j = 0;
-    for (; j + 16 <= V; j += 16) {
-        ckp_v16f v = ckp_bf16_load16(x + j);
-        nan |= v != v;
-        mv = ckp_select16(v > mv, v, mv);
-    }
-    float mx = -INFINITY;
     int any_nan = 0;
-    for (int l = 0; l < 16; l++) {
-        any_nan |= nan[l] != 0;
-        mx = mv[l] > mx ? mv[l] : mx;
-    }
+    float mx = at.lanes == 16 ? bf_max16(x, V, &j, &any_nan) : bf_max8(x, V, &j, &any_nan);
     for (; j < V; j++) {
         float v = ckp_bf16_to_f(x[j]);
         any_nan |= v != v;
@@ -784,7 +818,7 @@ CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
 
 /* One row's max and bf16 log_sum. */
 static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *log_sum) {
-    float mx = bf_row_max(x, V);
+    float mx = bf_row_max(x, V, at);
     float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at));
     *m = mx;
     *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
@@ -795,19 +829,14 @@ static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
 }
 
 /* One row of log_softmax's backward: dx_j = bf16(g_j - exp(logp_j) * sum_k g_k), where g is gi at the
- * target t (none: t < 0, an ignored row) and 0 elsewhere; 16 lanes at a time, the target's element
+ * target t (none: t < 0, an ignored row) and 0 elsewhere; 8 or 16 lanes at a time, the target's element
  * again on its own (fma(-p, s, 0) and 0 - p * s are both -(p * s) rounded once, and +0 where that
  * product is a zero: not -(p * s), which would be -0 in an ignored row). */
 CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, int64_t t, float gi,
                                    pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
-    const ckp_v16f mv = ckp_splat16(m), lv = ckp_splat16(log_sum), sv = ckp_splat16(grad_sum);
-    const ckp_v16f zero = ckp_splat16(0.0f);
-    int64_t j = 0;
-    for (; j + 16 <= V; j += 16) {
-        ckp_v16f logp = ckp_bf16_round16((ckp_bf16_load16(x + j) - mv) - lv);
-        ckp_bf16_store16(dx + j, zero - exp16_at(at, logp) * sv);
-    }
+    int64_t j = at.lanes == 16 ? bf_grad16(x, V, m, log_sum, grad_sum, at, dx)
+                               : bf_grad8(x, V, m, log_sum, grad_sum, at, dx);
     for (; j < V; j++) dx[j] = ckp_f_to_bf16(0.0f - pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum);
     if (t >= 0) {
         float p = pt_exp_at(at, bf_logp(x, t, m, log_sum));

@@ -90,9 +90,11 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
         return r;                                                                                               \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_bf16_load##N(const uint16_t *p) {                                               \
-        ckp_v##N##h h;                                                                                          \
-        memcpy(&h, p, sizeof h);                                                                                \
-        return (ckp_v##N##f)(__builtin_convertvector(h, ckp_v##N##u) << 16);                                   \
+        uint16_t h[N];                                                                                          \
+        memcpy(h, p, sizeof h);                                                                                 \
+        ckp_v##N##u r;                                                                                          \
+        for (int l = 0; l < N; l++) r[l] = (uint32_t)h[l] << 16;                                                \
+        return (ckp_v##N##f)r;                                                                                  \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_bf16_round##N(ckp_v##N##f v) {                                                  \
         ckp_v##N##u u = (ckp_v##N##u)v;                                                                         \
