@@ -156,13 +156,13 @@ def _bench(gen: torch.Generator, select):
     n = 16 * 2**20
     if select("adamw", "n=16M vs default bf16") or select("adamw", "n=16M vs fused bf16"):
         pb = {name: torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16())
-              for name in ("ck", "torch", "ck_fused", "fused")}
+              for name in ("ck", "torch", "ck_fused", "fused", "compiled")}
         grad = torch.randn(n, generator=gen).bfloat16()
         for p in pb.values():
             p.grad = grad.clone()
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq (2 bytes each)
         yield Case("adamw", "n=16M vs default bf16", AdamW([pb["ck"]]).step, reference.adamw([pb["torch"]]).step,
-                   14 * n)
+                   14 * n, compiled=compiled_step(reference.adamw([pb["compiled"]])))
         yield Case("adamw", "n=16M vs fused bf16", AdamW([pb["ck_fused"]], fused=True).step,
                    torch.optim.AdamW([pb["fused"]], fused=True).step, 14 * n)
 
