@@ -96,3 +96,25 @@ def test_the_bf16_rows_are_bf16_and_apart_from_the_float32_ones():
     assert f32 == {("swiglu", "N=2048,H=8192"), ("swiglu", "N=8,H=128")}
     bf16 = list(bench.cases(select=lambda k, s: k in ("swiglu", "rope"), dtype="bfloat16"))
     assert {c.kernel for c in bf16} == {"swiglu", "rope"} and all(c.shape.endswith(" bf16") for c in bf16)
+
+
+def test_a_fast_call_is_timed_as_a_run_of_calls_and_a_slow_one_alone():
+    """Each sample lasts about SAMPLE_MS: a microsecond call runs many times a sample (one lone call measures
+    the caches the previous side left), a call longer than that once; the result is per call either way."""
+    import time
+
+    from ckparity.bench import SAMPLE_MS, interleaved_median_ms
+
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(2 * SAMPLE_MS / 1e3)
+
+    fast_ms, slow_ms = interleaved_median_ms([fast, slow], repeats=3)
+    assert calls["slow"] == 2 + 3  # warm-up, the call that sizes the run, then one per sample
+    assert calls["fast"] > 2 + 3 * 10
+    assert slow_ms >= 2 * SAMPLE_MS and fast_ms < SAMPLE_MS / 10

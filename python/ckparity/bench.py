@@ -34,6 +34,7 @@ not its noise).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -57,18 +58,31 @@ def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+# A sample lasts at least this long: a call of a few microseconds is timed as a run of calls. One
+# lone 25 us call measures the caches the previous side left (the tiny cross_entropy row read 42 us
+# against torch's 26 us timed one call at a time right after the compiled side, 27 against 25 as a run).
+SAMPLE_MS = 1.0
+
+
 def interleaved_median_ms(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median times of several callables measured in turn (a, b, c, a, b, c,
-    ...): on a shared machine whose speed drifts, each sees the same drift,
-    so their ratios are steadier than from back-to-back blocks."""
+    """Median times per call of several callables measured in turn (a, b, c,
+    a, b, c, ...): on a shared machine whose speed drifts, each sees the same
+    drift, so their ratios are steadier than from back-to-back blocks. A
+    callable faster than SAMPLE_MS is run that many times in a row per sample
+    (the count fixed by its second call)."""
+    runs = []
     for fn in fns:
         fn()  # warm up
+        start = time.perf_counter()
+        fn()  # how long one call takes
+        runs.append(max(1, math.ceil(SAMPLE_MS / max(1e3 * (time.perf_counter() - start), 1e-3))))
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, out in zip(fns, times):
+        for fn, out, n in zip(fns, times, runs):
             start = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - start))
+            for _ in range(n):
+                fn()
+            out.append(1e3 * (time.perf_counter() - start) / n)
     return [statistics.median(t) for t in times]
 
 
