@@ -58,9 +58,9 @@ def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
-# A sample lasts at least this long: a call of a few microseconds is timed as a run of calls. One
-# lone 25 us call measures the caches the previous side left (the tiny cross_entropy row read 42 us
-# against torch's 26 us timed one call at a time right after the compiled side, 27 against 25 as a run).
+# A sample lasts at least this long: a call of a few microseconds is timed as a run of calls, not
+# alone, where the timer's own cost and the caches the previous side left weigh on it (the tiny
+# cross_entropy row: 42 us against torch's 26 one call at a time, 31 against 20 as runs).
 SAMPLE_MS = 1.0
 
 
