@@ -134,3 +134,30 @@ def test_sums_to_one_value_split_as_torch_splits_them_on_its_threads():
         torch_changed += any(not torch.equal(a, b) for t in (2, 3)
                              for a, b in zip(theirs_by_threads[1], theirs_by_threads[t]))
     assert torch_changed >= 3, "torch's bits no longer depend on its threads here: the case checks nothing"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_backward_in_blocks_of_rows_keeps_torchs_bits(dtype):
+    """The backward walks dy and x a block of rows at a time, dweight's cascades carried from block to block
+    ([Note: the backward's blocks of rows]): at 4500 rows of 1030 (about 40 blocks, a tail of rows past the
+    last whole cascade step, 6 columns outside the vector cascades) dx and dweight are torch's bits; float32
+    in place on dy gives the same bits as into a separate dx."""
+    from ckparity import _bindings
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4500, 1030, generator=g).to(dtype)
+    w = torch.randn(1030, generator=g).to(dtype)
+    upstream = torch.randn(4500, 1030, generator=g).to(dtype)
+    ours = [t for t in run(ckparity.rms_norm, x, w, 1e-6, upstream, dtype)]
+    theirs = [t for t in run(F.rms_norm, x, w, 1e-6, upstream, dtype)]
+    for label, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+        assert a.dtype == dtype and torch.equal(a, b), label
+    if dtype == torch.float32:
+        y, rstd = torch.empty_like(x), torch.empty(4500)
+        _bindings.rms_norm_forward(x, w, 1e-6, y, rstd)
+        dy, dweight = upstream.clone(), torch.empty_like(w)
+        _bindings.rms_norm_backward(dy, x, w, rstd, dy, dweight)  # dx written over dy
+        separate_dx, separate_dweight = torch.empty_like(x), torch.empty_like(w)
+        _bindings.rms_norm_backward(upstream, x, w, rstd, separate_dx, separate_dweight)
+        assert torch.equal(dy, separate_dx) and torch.equal(dweight, separate_dweight)
+        assert torch.equal(dweight, theirs[2])

@@ -40,7 +40,7 @@ typedef enum {
     CKP_ERR_TARGET_OUT_OF_RANGE = 3,/* a class target outside [0, V) that is not ignore_index */
     CKP_ERR_BAD_OPTION = 4,         /* an option outside its domain (reduction, smoothing, ...) */
     CKP_ERR_ALIASING = 5,           /* an output overlaps an input where that is not allowed */
-    CKP_ERR_OUT_OF_MEMORY = 6       /* a bf16 entry point could not allocate its float working copies */
+    CKP_ERR_OUT_OF_MEMORY = 6       /* an entry point could not allocate its working memory (rms_norm) */
 } ckp_status;
 
 /* A short fixed name for a status code ("CKP_ERR_BAD_SIZE: ..."). */
@@ -169,7 +169,10 @@ ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, 
                                 double eps, float *y, float *rstd, int torch_threads);
 
 /* dy, x, dx are (N, D); rstd is (N) from the forward; dweight is (D), or NULL
- * when weight is NULL. dx may be dy (in place). torch_threads as above. */
+ * when weight is NULL. dx may be dy (in place). torch_threads as above. With
+ * a weight of D >= 8 the call allocates dweight's cascade state (16 KB per
+ * group of up to 1024 columns; CKP_ERR_OUT_OF_MEMORY, nothing written, when
+ * that fails): it walks the rows in blocks, carrying the cascades between them. */
 ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight,
                                  const float *rstd, int64_t N, int64_t D,
                                  float *dx, float *dweight, int torch_threads);
