@@ -133,7 +133,6 @@ def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
 
     kernels.register("swiglu", "float_only", float_only)
     refused = {"--amp keeps float32 master weights": dict(amp="bfloat16"),
-               "--tp": dict(tp=2),
                "--ck-swiglu-backend float_only: the backend has no bfloat16 form": dict(ck_swiglu_backend="float_only")}
     for message, change in refused.items():
         with pytest.raises(UsageError, match=message):
@@ -142,6 +141,11 @@ def test_what_cannot_run_in_bf16_is_refused_before_the_run(clean_registry):
         replace(AMP, ck_swiglu_backend="float_only")
     with pytest.raises(UsageError, match="--ck-loss-backend c_fused_linear"):  # autocast's float32 weight, bf16 input
         replace(AMP, ck_loss_backend="c_fused_linear")
+    # pure bf16 runs over ranks (tests/test_ranks.py); --tp's CK loss is the vocab-parallel one
+    for ranks in (dict(tp=2, ck_loss_backend="c"), dict(dp=2, grad_accum=4)):
+        with pytest.raises(UsageError, match="--tp|--dp"):
+            replace(AMP, **ranks)
+        replace(PURE, **ranks)
     replace(PURE, ck_loss_backend="c_fused_linear")  # the fused lm_head + loss takes bf16 hidden and weight
     replace(AMP, max_grad_norm=1.0)  # under --amp the clip sees float32 grads
     replace(PURE, max_grad_norm=1.0)  # the C clip takes bf16 grads (its norm from their exact values)

@@ -50,6 +50,18 @@ def test_dp2_sums_the_ranks_gradients(tmp_path):
     assert report["divergence"]["first_step"] is not None
 
 
+@pytest.mark.parametrize("flags", [("--tp", "2", "--vocab", "37", "--grad-accum", "2"),
+                                   ("--dp", "2", "--grad-accum", "4")], ids=["tp2", "dp2"])
+def test_the_ranks_run_in_bf16(tmp_path, flags):
+    """Pure bf16 over ranks: the vocab-parallel loss takes bf16 shards, gloo sums bf16 gradients, --dp's
+    ranks send each other bf16 losses and logits (another rank's placeholders in float32 would not take
+    them), and the replicated parameters' fingerprints read bf16 bytes."""
+    proc, report = _train(tmp_path, *flags, "--dtype", "bfloat16", "--model", "stacked", "--max-steps", "6")
+    assert proc.returncode == 0, proc.stderr
+    assert report["status"] == "pass" and report["config"]["dtype"] == "bfloat16"
+    assert report["ranks"]["replicated_params_identical"] is True and report["ranks"]["checked_steps"] == 6
+
+
 def _ranks_of(launcher: subprocess.Popen, world: int, timeout: float = 60) -> dict[int, int]:
     """{rank: pid} of the launcher's rank processes, once they have all started."""
     end = time.monotonic() + timeout

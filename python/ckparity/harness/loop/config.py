@@ -226,7 +226,7 @@ def _validate_precision(config: RunConfig, used: set[str]) -> None:
     mode = f"--dtype {config.dtype}" if config.dtype != "float32" else f"--amp {config.amp}"
     # the fused lm_head + loss takes bf16 hidden and weight; --amp hands it a float32 master weight (with an
     # autocast bf16 hidden), a pair F.linear itself only takes through autocast's casts: no form for that
-    refused = {"tp": config.tp > 1, "dp": config.dp > 1,
+    refused = {"tp": config.tp > 1 and config.amp != "none", "dp": config.dp > 1 and config.amp != "none",
                "ck_loss_backend": config.ck_loss_backend == "c_fused_linear" and config.amp != "none"}
     why = {"ck_loss_backend": "c_fused_linear (the fused lm_head + loss takes one dtype, not autocast's pair)"}
     for name, bad in refused.items():

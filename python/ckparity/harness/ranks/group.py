@@ -130,7 +130,9 @@ def fingerprints(tensors) -> list[int]:
     """Every rank's 63-bit digest of the bytes of ``tensors`` (in order)."""
     digest = hashlib.blake2b(digest_size=8)
     for t in tensors:
-        digest.update(memoryview(t.detach().contiguous().numpy()).cast("B"))
+        t = t.detach().contiguous()
+        # the bytes as they are: numpy has no bfloat16, so a bf16 tensor is read as its int16 bits
+        digest.update(memoryview((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()).cast("B"))
     mine = torch.tensor([int.from_bytes(digest.digest(), "little") >> 1], dtype=torch.int64)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
@@ -241,6 +243,8 @@ class DataParallelTwin(Twin):
     def __init__(self, twin: Twin, config, ranks: Ranks) -> None:
         super().__init__(twin.name, twin.model, twin.optimizer, twin.clip)
         self.rank, self.world_size, self.vocab = ranks.rank, ranks.world_size, config.vocab
+        # the dtype of the loss and logits another rank sends (pure bf16: the model's dtype)
+        self.dtype = next(twin.model.parameters()).dtype
 
     def micro_steps(self, windows, keep_activations: bool = False) -> list:
         scale = 1.0 / len(windows)
@@ -286,7 +290,7 @@ class DataParallelTwin(Twin):
 
     def _share(self, owner: int, output, shape) -> tuple:
         if output is None:
-            loss, logits = torch.empty((), dtype=torch.float32), torch.empty(*shape, self.vocab)
+            loss, logits = torch.empty((), dtype=self.dtype), torch.empty(*shape, self.vocab, dtype=self.dtype)
         else:
             loss, logits = output[0].detach().contiguous(), output[1]["logits"].detach().contiguous()
         dist.broadcast(loss, src=owner)
