@@ -252,7 +252,9 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
         vecs = cascade_columns(D) / CKP_VLANES;
         per = (vecs + threads - 1) / threads;
         per = per > VECS ? VECS : per < MIN_VECS ? MIN_VECS : per;
-        groups = (vecs + per - 1) / per;
+        groups = (vecs + per - 1) / per; /* 0 below 32 columns: all of them are other columns */
+    }
+    if (groups) {
         state = aligned_alloc(64, (size_t)groups * sizeof *state);
         if (state == NULL)
             return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for dweight's cascades (D=%lld)", (long long)D);
