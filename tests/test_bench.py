@@ -26,6 +26,7 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--json-out", str(out), "--repeats", "2", "--no-compile", "--no-distributed", "--no-memory"]) == 0
     data = json.loads(out.read_text())
     assert data["copy_gbps"] > 0 and data["threads"] == ckparity.get_num_threads()
+    assert data["capability"]["torch"] == torch.backends.cpu.get_cpu_capability()  # which kernels torch ran
     (row,) = data["results"]
     for key in ("kernel", "shape", "ckparity_ms", "torch_ms", "speedup", "bandwidth_fraction", "kernel_ms",
                 "kernel_bandwidth_fraction", "overhead_us_per_call"):
@@ -118,3 +119,17 @@ def test_a_fast_call_is_timed_as_a_run_of_calls_and_a_slow_one_alone():
     assert calls["slow"] == 2 + 3  # warm-up, the call that sizes the run, then one per sample
     assert calls["fast"] > 2 + 3 * 10
     assert slow_ms >= 2 * SAMPLE_MS and fast_ms < SAMPLE_MS / 10
+
+
+def test_torch_compile_gets_a_cache_per_capability_unless_the_user_chose_one(monkeypatch, tmp_path):
+    """inductor's cache is not keyed by the ATen capability (a bf16 bench at avx2 after one at avx512 died in
+    the cached kernels): the bench gives each capability its own directory, and keeps a user's."""
+    import torch
+
+    from ckparity.bench import inductor_cache_per_capability
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    chosen = inductor_cache_per_capability()
+    assert chosen.endswith("capability_" + torch.backends.cpu.get_cpu_capability().lower())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    assert inductor_cache_per_capability() == str(tmp_path)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,7 @@ from typing import Callable
 
 import torch
 
-from . import kernels
+from . import cpu, kernels
 from .kernels.benching import Case
 from .threads import get_num_threads
 
@@ -106,6 +107,21 @@ def cases(select: Callable[[str, str], bool] = lambda kernel, shape: True, dtype
             yield from record.bench(torch.Generator().manual_seed(0), chosen)
 
 
+def inductor_cache_per_capability() -> str:
+    """torch.compile's on-disk cache (inductor's) does not key its kernels by
+    the ATen capability: a bf16 bench under ATEN_CPU_CAPABILITY=avx2 after one
+    at avx512 loaded that run's kernels and died with SIGSEGV inside them
+    (torch 2.13; a fresh cache ran). Unless the user chose a cache
+    (TORCHINDUCTOR_CACHE_DIR), each capability gets its own directory; returns
+    the one in use."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.runtime_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            default_cache_dir(), f"capability_{torch.backends.cpu.get_cpu_capability().lower()}")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def _compile(case: Case) -> tuple[Callable[[], object] | None, str | None]:
     """torch's counterpart compiled and run once (the compile happens here, not in the timing)."""
     if case.compiled is None:
@@ -152,6 +168,8 @@ def _once_row(case: Case, copy: float) -> dict:
 
 def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memory: bool = True,
           dtype: str = "float32") -> dict:
+    if compile:
+        inductor_cache_per_capability()
     copy = copy_gbps(repeats)
     results = []
     # without --no-memory the fused row is left out: fresh processes are how it is measured
@@ -183,13 +201,15 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
 
         row = vocab_parallel_row(repeats)
         results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
-    return {"schema": "ckparity.bench/4", "dtype": dtype, "copy_gbps": copy, "threads": get_num_threads(),
+    return {"schema": "ckparity.bench/4", "dtype": dtype, "capability": cpu.capability(), "copy_gbps": copy,
+            "threads": get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 
 
 def table(data: dict) -> str:
-    lines = [f"copy bandwidth {data['copy_gbps']:.1f} GB/s (best of {data['repeats']}), {data['threads']} threads",
+    lines = [f"copy bandwidth {data['copy_gbps']:.1f} GB/s (best of {data['repeats']}), {data['threads']} threads, "
+             f"torch at {data['capability']['torch']}",
              "", "| kernel | shape | ckparity ms | torch eager ms | speedup | torch.compile ms | speedup vs compile "
              "| of copy | C kernel ms | kernel of copy | overhead us/call |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
