@@ -134,9 +134,8 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
 
 /* adamw_range in bfloat16: every op's result rounded (ckp_bf16_round); a vector at a time (each lane
  * the scalar element's IEEE operations, so the same bits), the tail one by one. The vector loop is
- * defined at N lanes by ADAMW_DEFINE_BF16_LOOP: 16 on an AVX-512 capability (twice the rate of 8
- * there), 8 elsewhere (GCC 12 turns a 16-lane FMA loop for AVX2 into scalar code). Returns the first
- * element it did not update. */
+ * defined at N lanes by ADAMW_DEFINE_BF16_LOOP: 16 or 8 (ckp_lanes16). Returns the first element it
+ * did not update. */
 #define ADAMW_DEFINE_BF16_LOOP(N)                                                                           \
     static inline __attribute__((always_inline)) ckp_v##N##f lerp##N(ckp_v##N##f start, ckp_v##N##f end,   \
                                                                       float weight, int fused) {            \
@@ -178,9 +177,8 @@ static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict 
     const float eps = ckp_bf16_round(k->eps);
     int64_t i = lo;
     if (!k->amsgrad)
-        i = ckp_get_capability() == CKP_CAPABILITY_AVX512
-                ? adamw_bf16_loop16(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k)
-                : adamw_bf16_loop8(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k);
+        i = ckp_lanes16() ? adamw_bf16_loop16(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k)
+                          : adamw_bf16_loop8(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k);
     for (; i < hi; i++) {
         float g = k->sign * ckp_bf16_to_f(grad[i]);
         float p = ckp_bf16_round(ckp_bf16_to_f(param[i]) * decay);

@@ -27,6 +27,14 @@
 #define CKP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 
+/* Whether the bf16 elementwise loops run 16 lanes rather than 8: on an AVX512
+ * capability, where torch's build runs 16 and an AVX-512 core runs them at
+ * twice the rate of 8. Elsewhere 8: GCC 12 turns a 16-lane FMA lane loop for
+ * AVX2 into scalar code (5x slower). An elementwise op's bits do not depend on
+ * the lanes beside it, so the width is speed only (the bf16 ptref
+ * cross-entropy rows, swiglu, AdamW's default path; vec.h's CKP_DEFINE_LANES). */
+static inline int ckp_lanes16(void) { return ckp_get_capability() == CKP_CAPABILITY_AVX512; }
+
 /* Records a printf-style detail for ckp_last_error() and returns status. */
 ckp_status ckp_fail(ckp_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

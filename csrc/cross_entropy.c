@@ -689,11 +689,9 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const f
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-/* The bf16 rows' vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS: 16 where torch runs
- * AVX-512 (at.lanes == 16: an AVX-512 core runs them at twice the rate of 8), 8 elsewhere (GCC 12
- * turns a 16-lane FMA loop for AVX2 into scalar code, 5x slower). The width never changes a bit: an
- * exp does not depend on the lanes beside it, a max is exact, and the exp-sum keeps torch's
- * accumulator lanes whatever the width (bf_sum_exp).
+/* The bf16 rows' vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS: 16 or 8 (ckp_lanes16).
+ * The width never changes a bit: an exp does not depend on the lanes beside it, a max is exact, and
+ * the exp-sum keeps torch's accumulator lanes whatever the width (bf_sum_exp).
  *   bf_exp<N>: exp per lane as pt_exp_at does each one (SLEEF's on the vector, or libm's lane by lane).
  *   bf_sum_blocks<N>: lanes[i] = sum over whole blocks d of exp(x[d + i] - m), i < B (B a multiple of
  *     N); returns the first element past the blocks. They start at 0, and 0 + e is e (never -0).
@@ -782,7 +780,7 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
     }
     /* the two accumulators side by side: a0's L lanes, then a1's */
     float lanes[32];
-    int64_t d = L == 16 ? bf_sum_blocks16(x, V, B, m, at, lanes) : bf_sum_blocks8(x, V, B, m, at, lanes);
+    int64_t d = ckp_lanes16() ? bf_sum_blocks16(x, V, B, m, at, lanes) : bf_sum_blocks8(x, V, B, m, at, lanes);
     memcpy(a0, lanes, (size_t)L * sizeof *a0);
     memcpy(a1, lanes + L, (size_t)L * sizeof *a1);
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
@@ -803,10 +801,10 @@ static float bf_row_max_scalar(const uint16_t *x, int64_t V) {
 
 /* The same, 8 or 16 lanes at a time: a max is exact in any order, except which zero a row of zeros
  * keeps (the order above keeps the first), so a zero maximum is taken again left to right. */
-CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V, pt_layout at) {
+CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
     int64_t j = 0;
     int any_nan = 0;
-    float mx = at.lanes == 16 ? bf_max16(x, V, &j, &any_nan) : bf_max8(x, V, &j, &any_nan);
+    float mx = ckp_lanes16() ? bf_max16(x, V, &j, &any_nan) : bf_max8(x, V, &j, &any_nan);
     for (; j < V; j++) {
         float v = ckp_bf16_to_f(x[j]);
         any_nan |= v != v;
@@ -818,7 +816,7 @@ CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V, pt_layout at) {
 
 /* One row's max and bf16 log_sum. */
 static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *log_sum) {
-    float mx = bf_row_max(x, V, at);
+    float mx = bf_row_max(x, V);
     float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at));
     *m = mx;
     *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
@@ -835,8 +833,8 @@ static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
 CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, int64_t t, float gi,
                                    pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
-    int64_t j = at.lanes == 16 ? bf_grad16(x, V, m, log_sum, grad_sum, at, dx)
-                               : bf_grad8(x, V, m, log_sum, grad_sum, at, dx);
+    int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, at, dx)
+                              : bf_grad8(x, V, m, log_sum, grad_sum, at, dx);
     for (; j < V; j++) dx[j] = ckp_f_to_bf16(0.0f - pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum);
     if (t >= 0) {
         float p = pt_exp_at(at, bf_logp(x, t, m, log_sum));

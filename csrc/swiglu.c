@@ -100,9 +100,7 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
 }
 
 /* The bfloat16 rows' vector loops over [0, vec_end), defined at N lanes by SWIGLU_DEFINE_BF16_LOOPS:
- * 16 where torch runs AVX-512 (vec_pair 32: an AVX-512 core runs them at twice the rate of 8), 8 at
- * AVX2 (GCC 12 turns a 16-lane FMA loop for AVX2 into scalar code). Elementwise: the width changes
- * no bit. */
+ * 16 or 8 (ckp_lanes16). Elementwise: the width changes no bit. */
 #define SWIGLU_DEFINE_BF16_LOOPS(N)                                                                         \
     static inline __attribute__((always_inline)) void forward_bf16_loop##N(                                 \
         const uint16_t *g, const uint16_t *u, int64_t vec_end, uint16_t *out) {                             \
@@ -133,7 +131,7 @@ SWIGLU_DEFINE_BF16_LOOPS(16)
 CKP_CLONES
 static void forward_row_bf16(const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at, uint16_t *out) {
     int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;
-    if (at.vec_pair == 32)
+    if (ckp_lanes16())
         forward_bf16_loop16(g, u, vec_end, out);
     else
         forward_bf16_loop8(g, u, vec_end, out);
@@ -148,7 +146,7 @@ CKP_CLONES
 static void backward_row_bf16(const uint16_t *dy, const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at,
                               uint16_t *dg, uint16_t *du) {
     int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;
-    if (at.vec_pair == 32)
+    if (ckp_lanes16())
         backward_bf16_loop16(dy, g, u, vec_end, dg, du);
     else
         backward_bf16_loop8(dy, g, u, vec_end, dg, du);

@@ -50,9 +50,8 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  * ckp_v<N>f/i/u/h (float, int32, uint32, bf16 storage), ckp_splat<N>,
  * ckp_select<N>, ckp_fma<N>, ckp_bf16_load<N>/round<N>/store<N> and
  * ckp_exp_sleef<N>. 8 lanes are the kernels' working width; 16 serve the
- * loops an AVX-512 core runs at twice the rate (bf16 ptref cross-entropy's
- * exps) -- elementwise, so the lane count never changes a bit, and GCC
- * lowers a 16-lane vector to two AVX2 or four SSE2 registers elsewhere.
+ * elementwise bf16 loops on an AVX512 capability (ckp_lanes16, which says
+ * why only there) -- elementwise, so the lane count never changes a bit.
  *
  * ckp_select: mask ? a : b per lane; mask lanes are all ones or all zeros (a comparison).
  * ckp_fma: a * b + c with one rounding, per lane. GCC turns the lane loop into
