@@ -132,10 +132,18 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     }
 }
 
-/* adamw_range in bfloat16: every op's result rounded (ckp_bf16_round); a vector at a time (each lane
+/* adamw_range in bfloat16: every op's result rounded (ckp_bf16_round); vectors of N lanes (each lane
  * the scalar element's IEEE operations, so the same bits), the tail one by one. The vector loop is
- * defined at N lanes by ADAMW_DEFINE_BF16_LOOP: 16 or 8 (ckp_lanes16). Returns the first element it
- * did not update. */
+ * defined at N lanes by ADAMW_DEFINE_BF16_LOOP: 16 or 8 (ckp_lanes16); fused is a constant at each
+ * call. Returns the first element it did not update.
+ * [Note: the bf16 step in stages] One element's update is a chain of ~20 dependent operations --
+ * sqrt, two divisions and seven roundings among them, ~80 cycles -- and written as one loop body
+ * the out-of-order core held little more than one vector's chain at a time: 9 ms at 16M
+ * parameters where the fused step (the same sqrt and divisions, three roundings) takes 3. So a
+ * block of up to ADAMW_BF16_VECS vectors goes through three short loops, the moments, the
+ * denominators, the params, each vector's work independent of the next, their values kept in two
+ * small arrays (L1). Which operations run, and on what, is unchanged. */
+enum { ADAMW_BF16_VECS = 16 };
 #define ADAMW_DEFINE_BF16_LOOP(N)                                                                           \
     static inline __attribute__((always_inline)) ckp_v##N##f lerp##N(ckp_v##N##f start, ckp_v##N##f end,   \
                                                                       float weight, int fused) {            \
@@ -146,20 +154,32 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t adamw_bf16_loop##N(                                \
         uint16_t *restrict param, const uint16_t *restrict grad, uint16_t *restrict exp_avg,                \
-        uint16_t *restrict exp_avg_sq, int64_t i, int64_t hi, float decay, float eps, const adamw_scalars *k) { \
-        for (; i + N <= hi; i += N) {                                                                       \
-            ckp_v##N##f g = k->sign * ckp_bf16_load##N(grad + i);                                           \
-            ckp_v##N##f p = ckp_bf16_round##N(ckp_bf16_load##N(param + i) * decay);                         \
-            ckp_v##N##f m = ckp_bf16_round##N(lerp##N(ckp_bf16_load##N(exp_avg + i), g, k->w1, k->fused));  \
-            ckp_v##N##f vb = ckp_bf16_round##N(ckp_bf16_load##N(exp_avg_sq + i) * k->beta2);                \
-            ckp_v##N##f v = ckp_bf16_round##N(k->fused ? ckp_fma##N(k->w2 * g, g, vb) : vb + (k->w2 * g) * g); \
-            ckp_v##N##f root;                                                                               \
-            for (int l = 0; l < N; l++) root[l] = sqrtf(v[l]);                                              \
-            ckp_v##N##f denom =                                                                             \
-                ckp_bf16_round##N(ckp_bf16_round##N(ckp_bf16_round##N(root) / k->bc2_sqrt) + eps);          \
-            ckp_bf16_store##N(param + i, p + (k->neg_step_size * m) / denom);                               \
-            ckp_bf16_store##N(exp_avg + i, m);                                                              \
-            ckp_bf16_store##N(exp_avg_sq + i, v);                                                           \
+        uint16_t *restrict exp_avg_sq, int64_t i, int64_t hi, float decay, float eps, const adamw_scalars *k, \
+        int fused) {                                                                                        \
+        const float sign = k->sign, w1 = k->w1, beta2 = k->beta2, w2 = k->w2, bc2_sqrt = k->bc2_sqrt;      \
+        const float neg_step_size = k->neg_step_size;                                                       \
+        ckp_v##N##f m[ADAMW_BF16_VECS], denom[ADAMW_BF16_VECS];                                             \
+        for (int64_t vecs; (vecs = (hi - i) / N) > 0; i += vecs * N) {                                      \
+            if (vecs > ADAMW_BF16_VECS) vecs = ADAMW_BF16_VECS;                                             \
+            for (int64_t j = 0; j < vecs; j++) { /* the moments, stored */                                  \
+                const int64_t e = i + j * N;                                                                \
+                ckp_v##N##f g = sign * ckp_bf16_load##N(grad + e);                                          \
+                m[j] = ckp_bf16_round##N(lerp##N(ckp_bf16_load##N(exp_avg + e), g, w1, fused));             \
+                ckp_v##N##f vb = ckp_bf16_round##N(ckp_bf16_load##N(exp_avg_sq + e) * beta2);               \
+                denom[j] = ckp_bf16_round##N(fused ? ckp_fma##N(w2 * g, g, vb) : vb + (w2 * g) * g);        \
+                ckp_bf16_store_exact##N(exp_avg + e, m[j]);                                                 \
+                ckp_bf16_store_exact##N(exp_avg_sq + e, denom[j]);                                          \
+            }                                                                                               \
+            for (int64_t j = 0; j < vecs; j++) { /* exp_avg_sq's root, over sqrt(bc2), + eps */             \
+                ckp_v##N##f root;                                                                           \
+                for (int l = 0; l < N; l++) root[l] = sqrtf(denom[j][l]);                                   \
+                denom[j] = ckp_bf16_round##N(ckp_bf16_round##N(ckp_bf16_round##N(root) / bc2_sqrt) + eps);  \
+            }                                                                                               \
+            for (int64_t j = 0; j < vecs; j++) { /* the decayed param, then addcdiv */                      \
+                const int64_t e = i + j * N;                                                                \
+                ckp_v##N##f p = ckp_bf16_round##N(ckp_bf16_load##N(param + e) * decay);                     \
+                ckp_bf16_store##N(param + e, p + (neg_step_size * m[j]) / denom[j]);                        \
+            }                                                                                               \
         }                                                                                                   \
         return i;                                                                                           \
     }
@@ -177,8 +197,10 @@ static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict 
     const float eps = ckp_bf16_round(k->eps);
     int64_t i = lo;
     if (!k->amsgrad)
-        i = ckp_lanes16() ? adamw_bf16_loop16(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k)
-                          : adamw_bf16_loop8(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k);
+        i = ckp_lanes16() ? (k->fused ? adamw_bf16_loop16(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k, 1)
+                                      : adamw_bf16_loop16(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k, 0))
+                          : (k->fused ? adamw_bf16_loop8(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k, 1)
+                                      : adamw_bf16_loop8(param, grad, exp_avg, exp_avg_sq, i, hi, decay, eps, k, 0));
     for (; i < hi; i++) {
         float g = k->sign * ckp_bf16_to_f(grad[i]);
         float p = ckp_bf16_round(ckp_bf16_to_f(param[i]) * decay);

@@ -57,9 +57,12 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  * ckp_fma: a * b + c with one rounding, per lane. GCC turns the lane loop into
  *   one vfmadd where the target has FMA (x86-64-v3 and up); the baseline
  *   build calls fmaf per lane: slow, but the same bits.
- * ckp_bf16_load: N bf16 values widened to floats (a zero-extending move and a shift).
+ * ckp_bf16_load: N bf16 values widened to floats (a zero-extending move and a shift; written as a
+ *   lane loop, GCC 12 built adamw's exp_avg from sixteen scalar loads and shifts).
  * ckp_bf16_round: v rounded to bfloat16 per lane, as floats (the low 16 bits zero).
  * ckp_bf16_store: v rounded to bfloat16, stored: the high halves of the rounded lanes.
+ * ckp_bf16_store_exact: v already bf16 values (a ckp_bf16_round's result, NaN as 0x7FC0), stored:
+ *   their high halves, without rounding again.
  * ckp_exp_sleef: exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
  *   Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
  *   s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as
@@ -89,11 +92,9 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
         return r;                                                                                               \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_bf16_load##N(const uint16_t *p) {                                               \
-        uint16_t h[N];                                                                                          \
-        memcpy(h, p, sizeof h);                                                                                 \
-        ckp_v##N##u r;                                                                                          \
-        for (int l = 0; l < N; l++) r[l] = (uint32_t)h[l] << 16;                                                \
-        return (ckp_v##N##f)r;                                                                                  \
+        ckp_v##N##h h;                                                                                          \
+        memcpy(&h, p, sizeof h);                                                                                \
+        return (ckp_v##N##f)(__builtin_convertvector(h, ckp_v##N##u) << 16);                                    \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_bf16_round##N(ckp_v##N##f v) {                                                  \
         ckp_v##N##u u = (ckp_v##N##u)v;                                                                         \
@@ -102,6 +103,10 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
     }                                                                                                           \
     CKP_ALWAYS void ckp_bf16_store##N(uint16_t *p, ckp_v##N##f v) {                                            \
         ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)ckp_bf16_round##N(v) >> 16, ckp_v##N##h);         \
+        memcpy(p, &h, sizeof h);                                                                                \
+    }                                                                                                           \
+    CKP_ALWAYS void ckp_bf16_store_exact##N(uint16_t *p, ckp_v##N##f v) {                                      \
+        ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)v >> 16, ckp_v##N##h);                             \
         memcpy(p, &h, sizeof h);                                                                                \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_exp_sleef##N(ckp_v##N##f d) {                                                   \

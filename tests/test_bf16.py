@@ -214,6 +214,32 @@ def test_adamw_steps_a_bf16_parameter_as_torch_does_and_the_sweep_sees_a_float_e
     assert sweep.run(["adamw"], dtype="bfloat16")["kernels"]["adamw"]["param"]["differing"] > 0
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_adamw_in_bf16_carries_nan_and_inf_where_torch_does(fused):
+    """Non-finite grads and params through both bf16 AdamW references, over 600 elements (the C loop's
+    blocks of vectors, a part block and the scalar tail): NaN where torch has NaN (torch writes it as
+    0xFFFF or 0x7FC0; either is NaN), every other element torch's bits."""
+    from ckparity.optim import AdamW
+
+    g = torch.Generator().manual_seed(5)
+    p0 = torch.randn(600, generator=g).bfloat16()
+    p0[[7, 300]] = float("nan")
+    p0[[8, 301, 599]] = float("inf")
+    ours, theirs = p0.clone(), p0.clone()
+    a = AdamW([ours], lr=1e-2, fused=fused)
+    b = torch.optim.AdamW([theirs], lr=1e-2, fused=fused, foreach=False)
+    for step in range(3):
+        grad = torch.randn(600, generator=g).bfloat16()
+        grad[[40 + step, 290, 598]] = torch.tensor([float("nan"), float("-inf"), float("inf")]).bfloat16()
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        a.step()
+        b.step()
+    for mine, torchs in [(ours, theirs)] + [(a.state[ours][k], b.state[theirs][k]) for k in ("exp_avg", "exp_avg_sq")]:
+        nan = torchs.isnan()
+        assert nan.any() and torch.equal(mine.isnan(), nan)
+        assert torch.equal(_bits(mine)[~nan], _bits(torchs)[~nan])
+
+
 def test_check_in_bf16_holds_a_backend_to_torchs_bf16(clean_registry, monkeypatch):
     """ckparity check --dtype bfloat16: ckparity's own bf16 kernels are bitwise; a swiglu rounded once
     (more accurate than torch's two roundings) is as accurate as torch, not bitwise; one 3% off is
