@@ -57,8 +57,11 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  * ckp_fma: a * b + c with one rounding, per lane. GCC turns the lane loop into
  *   one vfmadd where the target has FMA (x86-64-v3 and up); the baseline
  *   build calls fmaf per lane: slow, but the same bits.
- * ckp_bf16_load: N bf16 values widened to floats (a zero-extending move and a shift; written as a
- *   lane loop, GCC 12 built adamw's exp_avg from sixteen scalar loads and shifts).
+ * ckp_bf16_load: N bf16 values widened to floats (a zero-extending move and a shift). One vector
+ *   conversion: written as a lane loop, GCC 12 built bf16 AdamW's exp_avg from sixteen scalar loads
+ *   and shifts (the step at 16M: 7.4 ms against 5.3-5.8, the target_clones build). GCC's code for
+ *   it varies with the loop around it; where a plain widening loop is all there is (rms_norm's
+ *   widen), the compiler's own vectorization of the scalar loop was the faster.
  * ckp_bf16_round: v rounded to bfloat16 per lane, as floats (the low 16 bits zero).
  * ckp_bf16_store: v rounded to bfloat16, stored: the high halves of the rounded lanes.
  * ckp_bf16_store_exact: v already bf16 values (a ckp_bf16_round's result, NaN as 0x7FC0), stored:
