@@ -123,9 +123,6 @@ ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, 
 static inline __attribute__((always_inline)) float load_at(const void *a, int64_t i, size_t elem) {
     return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[i]) : ((const float *)a)[i];
 }
-static inline __attribute__((always_inline)) ckp_v8f load8_at(const void *a, int64_t i, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_load8((const uint16_t *)a + i) : ckp_load8((const float *)a + i);
-}
 
 /* dweight's terms dy_ij * (x_ij * rstd_i): row i, column first + k. */
 typedef struct {
@@ -164,50 +161,68 @@ static int64_t cascade_columns(int64_t D) {
  * column is its own cascade, so the grouping never changes a bit. */
 enum { VECS = 128, MIN_VECS = 32 };
 
-static inline __attribute__((always_inline)) ckp_v8f column_terms8(const void *dy, const void *x,
-                                                                   const float *rstd, int64_t k, int64_t i,
-                                                                   size_t elem) {
-    return load8_at(dy, k, elem) * (load8_at(x, k, elem) * rstd[i]);
-}
-
-/* One group's cascades over rows [i0, i1), their state in acc (zeroed before row 0). i0 is a
- * multiple of the level step and so is i1 unless it is N: every level's flush falls on the row it
- * falls on in one walk over all N rows, and the rows after the last whole step come last, so a
- * walk block by block does the same additions in the same order. At N, the levels are added up
- * and stored in dweight. */
-static inline __attribute__((always_inline)) void dweight_columns_of(const void *dy, const void *x, const float *rstd,
-                                                                     int64_t N, int64_t D, int64_t j, int nvec,
-                                                                     int64_t i0, int64_t i1, ckp_v8f (*acc)[VECS],
-                                                                     float *dweight, size_t elem) {
-    int64_t level_power = ckp_cascade_power(N);
-    int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
-    int64_t i = i0;
-    while (i + level_step <= i1) {
-        for (int64_t s = 0; s < level_step; s++, i++)
-            for (int v = 0; v < nvec; v++) acc[0][v] += column_terms8(dy, x, rstd, i * D + j + v * CKP_VLANES, i, elem);
-        for (int l = 1; l < CKP_SUM_LEVELS; l++) {
-            for (int v = 0; v < nvec; v++) {
-                acc[l][v] += acc[l - 1][v];
-                acc[l - 1][v] = ckp_splat8(0.0f);
-            }
-            if ((i & (level_mask << (l * level_power))) != 0) break;
-        }
+/* One group's cascades over rows [i0, i1), their state in acc (zeroed before row 0), defined at N
+ * lanes by RMS_DEFINE_COLUMNS: a lane is a column, its own cascade, so 8 or 16 columns a vector
+ * (16 where torch runs AVX512: ckp_lanes16) give the same bits; the state is the same bytes either
+ * way (VECS 8-lane vectors a level). i0 is a multiple of the level step and so is i1 unless it is
+ * N: every level's flush falls on the row it falls on in one walk over all N rows, and the rows
+ * after the last whole step come last, so a walk block by block does the same additions in the
+ * same order. At N, the levels are added up and stored in dweight. */
+#define RMS_DEFINE_COLUMNS(N)                                                                                \
+    static inline __attribute__((always_inline)) ckp_v##N##f load##N##_at(const void *a, int64_t i, size_t elem) { \
+        if (elem == sizeof(uint16_t)) return ckp_bf16_load##N((const uint16_t *)a + i);                      \
+        ckp_v##N##f v;                                                                                       \
+        memcpy(&v, (const float *)a + i, sizeof v);                                                          \
+        return v;                                                                                            \
+    }                                                                                                        \
+    static inline __attribute__((always_inline)) ckp_v##N##f column_terms##N(const void *dy, const void *x,   \
+                                                                             const float *rstd, int64_t k,   \
+                                                                             int64_t i, size_t elem) {       \
+        return load##N##_at(dy, k, elem) * (load##N##_at(x, k, elem) * rstd[i]);                             \
+    }                                                                                                        \
+    static inline __attribute__((always_inline)) void dweight_columns_of##N(                                 \
+        const void *dy, const void *x, const float *rstd, int64_t N_rows, int64_t D, int64_t j, int nvec,    \
+        int64_t i0, int64_t i1, ckp_v##N##f (*acc)[VECS * CKP_VLANES / N], float *dweight, size_t elem) {    \
+        int64_t level_power = ckp_cascade_power(N_rows);                                                     \
+        int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;                         \
+        int64_t i = i0;                                                                                      \
+        while (i + level_step <= i1) {                                                                       \
+            for (int64_t s = 0; s < level_step; s++, i++)                                                    \
+                for (int v = 0; v < nvec; v++) acc[0][v] += column_terms##N(dy, x, rstd, i * D + j + v * N, i, elem); \
+            for (int l = 1; l < CKP_SUM_LEVELS; l++) {                                                       \
+                for (int v = 0; v < nvec; v++) {                                                             \
+                    acc[l][v] += acc[l - 1][v];                                                              \
+                    acc[l - 1][v] = ckp_splat##N(0.0f);                                                      \
+                }                                                                                            \
+                if ((i & (level_mask << (l * level_power))) != 0) break;                                     \
+            }                                                                                                \
+        }                                                                                                    \
+        if (i1 < N_rows) return;                                                                             \
+        for (; i < N_rows; i++)                                                                              \
+            for (int v = 0; v < nvec; v++) acc[0][v] += column_terms##N(dy, x, rstd, i * D + j + v * N, i, elem); \
+        for (int l = 1; l < CKP_SUM_LEVELS; l++)                                                             \
+            for (int v = 0; v < nvec; v++) acc[0][v] += acc[l][v];                                           \
+        for (int v = 0; v < nvec; v++) memcpy(dweight + j + v * N, &acc[0][v], sizeof acc[0][v]);            \
     }
-    if (i1 < N) return;
-    for (; i < N; i++)
-        for (int v = 0; v < nvec; v++) acc[0][v] += column_terms8(dy, x, rstd, i * D + j + v * CKP_VLANES, i, elem);
-    for (int l = 1; l < CKP_SUM_LEVELS; l++)
-        for (int v = 0; v < nvec; v++) acc[0][v] += acc[l][v];
-    for (int v = 0; v < nvec; v++) ckp_store8(dweight + j + v * CKP_VLANES, acc[0][v]);
-}
 
+RMS_DEFINE_COLUMNS(8)
+RMS_DEFINE_COLUMNS(16)
+
+/* nvec 8-lane vectors of columns from j; 16 lanes take them in pairs (nvec is even: the groups are). */
 CKP_CLONES static void dweight_columns(const void *dy, const void *x, const float *rstd, int64_t N, int64_t D,
                                        int64_t j, int nvec, int64_t i0, int64_t i1, ckp_v8f (*acc)[VECS],
                                        float *dweight, size_t elem) {
-    if (elem == sizeof(uint16_t))
-        dweight_columns_of(dy, x, rstd, N, D, j, nvec, i0, i1, acc, dweight, sizeof(uint16_t));
-    else
-        dweight_columns_of(dy, x, rstd, N, D, j, nvec, i0, i1, acc, dweight, sizeof(float));
+    if (ckp_lanes16()) {
+        ckp_v16f (*acc16)[VECS / 2] = (ckp_v16f (*)[VECS / 2])acc;
+        if (elem == sizeof(uint16_t))
+            dweight_columns_of16(dy, x, rstd, N, D, j, nvec / 2, i0, i1, acc16, dweight, sizeof(uint16_t));
+        else
+            dweight_columns_of16(dy, x, rstd, N, D, j, nvec / 2, i0, i1, acc16, dweight, sizeof(float));
+    } else if (elem == sizeof(uint16_t)) {
+        dweight_columns_of8(dy, x, rstd, N, D, j, nvec, i0, i1, acc, dweight, sizeof(uint16_t));
+    } else {
+        dweight_columns_of8(dy, x, rstd, N, D, j, nvec, i0, i1, acc, dweight, sizeof(float));
+    }
 }
 
 /* dweight's columns that are not a vector cascade (D < 8, and the columns past the last whole
@@ -251,7 +266,7 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
         /* groups as wide as VECS allows while every thread has one (not under MIN_VECS vectors) */
         vecs = cascade_columns(D) / CKP_VLANES;
         per = (vecs + threads - 1) / threads;
-        per = per > VECS ? VECS : per < MIN_VECS ? MIN_VECS : per;
+        per = per > VECS ? VECS : per < MIN_VECS ? MIN_VECS : (per + 1) & ~(int64_t)1; /* even: 16 lanes pair them */
         groups = (vecs + per - 1) / per; /* 0 below 32 columns: all of them are other columns */
     }
     if (groups) {
