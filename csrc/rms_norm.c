@@ -423,6 +423,12 @@ CKP_CLONES static void widen(const uint16_t *h, int64_t n, float *f) {
 
 CKP_CLONES static void narrow(const float *f, int64_t n, uint16_t *h) {
     int64_t i = 0;
+    if (ckp_lanes16())
+        for (; i + 16 <= n; i += 16) {
+            ckp_v16f v;
+            memcpy(&v, f + i, sizeof v);
+            ckp_bf16_store16(h + i, v);
+        }
     for (; i + CKP_VLANES <= n; i += CKP_VLANES) ckp_bf16_store8(h + i, ckp_load8(f + i));
     for (; i < n; i++) h[i] = ckp_f_to_bf16(f[i]);
 }

@@ -128,12 +128,13 @@ def _probe(gen: torch.Generator):
                    lambda L, f, t=tensors: probe_call(L, f, *t, True, fused=True))
 
 
-def c_calls(n, gen, fused: bool = False):
+def c_calls(n, gen, fused: bool = False, dtype: torch.dtype = torch.float32):
     """One C step alone (the single-tensor form, or fused=True's), on tensors made once."""
-    p, grad, m, v = (torch.randn(n, generator=gen) for _ in range(4))
+    p, grad, m, v = (torch.randn(n, generator=gen).to(dtype) for _ in range(4))
     v.abs_()
     options = C.adamw_options(1e-3, 0.9, 0.999, 1e-8, 1e-2, fused=fused)
-    return lambda: C.adamw_step(p, grad, m, v, None, 10.0, options)
+    step = C.adamw_step_bf16 if dtype == torch.bfloat16 else C.adamw_step
+    return lambda: step(p, grad, m, v, None, 10.0, options)
 
 
 def _bench(gen: torch.Generator, select):
@@ -162,9 +163,10 @@ def _bench(gen: torch.Generator, select):
             p.grad = grad.clone()
         # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq (2 bytes each)
         yield Case("adamw", "n=16M vs default bf16", AdamW([pb["ck"]]).step, reference.adamw([pb["torch"]]).step,
-                   14 * n, compiled=compiled_step(reference.adamw([pb["compiled"]])))
+                   14 * n, c_calls(n, gen, dtype=torch.bfloat16), compiled=compiled_step(reference.adamw([pb["compiled"]])))
         yield Case("adamw", "n=16M vs fused bf16", AdamW([pb["ck_fused"]], fused=True).step,
-                   torch.optim.AdamW([pb["fused"]], fused=True).step, 14 * n)
+                   torch.optim.AdamW([pb["fused"]], fused=True).step, 14 * n,
+                   c_calls(n, gen, fused=True, dtype=torch.bfloat16))
 
 
 KERNEL = Kernel(
