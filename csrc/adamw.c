@@ -142,7 +142,10 @@ static void adamw_range(float *restrict param, const float *restrict grad, float
  * parameters where the fused step (the same sqrt and divisions, three roundings) takes 3. So a
  * block of up to ADAMW_BF16_VECS vectors goes through three short loops, the moments, the
  * denominators, the params, each vector's work independent of the next, their values kept in two
- * small arrays (L1). Which operations run, and on what, is unchanged. */
+ * small arrays (L1). Which operations run, and on what, is unchanged. The roundings whose results
+ * only feed more arithmetic skip the NaN select (ckp_bf16_round_any_nan: every NaN here is a bf16
+ * load's, a rounding's or the default NaN, and the options' scalars are finite); the stored ones
+ * keep it. From 9.1 ms at 16M parameters (AVX512, 2 threads) to 5.0, 4.6-4.8 without the selects. */
 enum { ADAMW_BF16_VECS = 16 };
 #define ADAMW_DEFINE_BF16_LOOP(N)                                                                           \
     static inline __attribute__((always_inline)) ckp_v##N##f lerp##N(ckp_v##N##f start, ckp_v##N##f end,   \
@@ -165,7 +168,7 @@ enum { ADAMW_BF16_VECS = 16 };
                 const int64_t e = i + j * N;                                                                \
                 ckp_v##N##f g = sign * ckp_bf16_load##N(grad + e);                                          \
                 m[j] = ckp_bf16_round##N(lerp##N(ckp_bf16_load##N(exp_avg + e), g, w1, fused));             \
-                ckp_v##N##f vb = ckp_bf16_round##N(ckp_bf16_load##N(exp_avg_sq + e) * beta2);               \
+                ckp_v##N##f vb = ckp_bf16_round_any_nan##N(ckp_bf16_load##N(exp_avg_sq + e) * beta2);       \
                 denom[j] = ckp_bf16_round##N(fused ? ckp_fma##N(w2 * g, g, vb) : vb + (w2 * g) * g);        \
                 ckp_bf16_store_exact##N(exp_avg + e, m[j]);                                                 \
                 ckp_bf16_store_exact##N(exp_avg_sq + e, denom[j]);                                          \
@@ -173,11 +176,12 @@ enum { ADAMW_BF16_VECS = 16 };
             for (int64_t j = 0; j < vecs; j++) { /* exp_avg_sq's root, over sqrt(bc2), + eps */             \
                 ckp_v##N##f root;                                                                           \
                 for (int l = 0; l < N; l++) root[l] = sqrtf(denom[j][l]);                                   \
-                denom[j] = ckp_bf16_round##N(ckp_bf16_round##N(ckp_bf16_round##N(root) / bc2_sqrt) + eps);  \
+                denom[j] = ckp_bf16_round_any_nan##N(                                                       \
+                    ckp_bf16_round_any_nan##N(ckp_bf16_round_any_nan##N(root) / bc2_sqrt) + eps);           \
             }                                                                                               \
             for (int64_t j = 0; j < vecs; j++) { /* the decayed param, then addcdiv */                      \
                 const int64_t e = i + j * N;                                                                \
-                ckp_v##N##f p = ckp_bf16_round##N(ckp_bf16_load##N(param + e) * decay);                     \
+                ckp_v##N##f p = ckp_bf16_round_any_nan##N(ckp_bf16_load##N(param + e) * decay);             \
                 ckp_bf16_store##N(param + e, p + (neg_step_size * m[j]) / denom[j]);                        \
             }                                                                                               \
         }                                                                                                   \

@@ -63,6 +63,11 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  *   it varies with the loop around it; where a plain widening loop is all there is (rms_norm's
  *   widen), the compiler's own vectorization of the scalar loop was the faster.
  * ckp_bf16_round: v rounded to bfloat16 per lane, as floats (the low 16 bits zero).
+ * ckp_bf16_round_any_nan: ckp_bf16_round without its NaN select, for a value that only feeds more
+ *   arithmetic: a NaN stays a NaN (sign and payload as they come) provided its low 16 bits are zero
+ *   -- a NaN loaded from bf16, one rounded before, or x86's default NaN (0xFFC00000) made from finite
+ *   operands; a NaN whose low bits could carry into the exponent must not come here. Its results
+ *   are stored only through ckp_bf16_round/store, which write torch's 0x7FC0.
  * ckp_bf16_store: v rounded to bfloat16, stored: the high halves of the rounded lanes.
  * ckp_bf16_store_exact: v already bf16 values (a ckp_bf16_round's result, NaN as 0x7FC0), stored:
  *   their high halves, without rounding again.
@@ -103,6 +108,10 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
         ckp_v##N##u u = (ckp_v##N##u)v;                                                                         \
         ckp_v##N##u r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;                                         \
         return ckp_select##N(v != v, ckp_splat##N(ckp_bf16_to_f(0x7FC0)), (ckp_v##N##f)r);                     \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_bf16_round_any_nan##N(ckp_v##N##f v) {                                             \
+        ckp_v##N##u u = (ckp_v##N##u)v;                                                                         \
+        return (ckp_v##N##f)((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);                                   \
     }                                                                                                           \
     CKP_ALWAYS void ckp_bf16_store##N(uint16_t *p, ckp_v##N##f v) {                                            \
         ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)ckp_bf16_round##N(v) >> 16, ckp_v##N##h);         \
