@@ -311,6 +311,26 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
         assert torch.equal(_bits(dx), _bits(tdx)), reduction
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_bf16_probability_targets_get_torchs_gradient(reduction):
+    """bf16 probability targets that require grad (distillation): their gradient is torch's bf16 chain's,
+    the logits' still the kernel's, both torch's bits; with weights and smoothing, another upstream
+    gradient, and the target alone requiring grad. A weight that requires grad is refused, as in float32."""
+    g = torch.Generator().manual_seed(11)
+    weight = (torch.rand(37, generator=g) + 0.5).bfloat16()
+    for extra, logits_grad in itertools.product((dict(), dict(weight=weight, label_smoothing=0.2)), (True, False)):
+        x = (torch.randn(5, 37, generator=g) * 3).bfloat16().requires_grad_(logits_grad)
+        q = torch.softmax(torch.randn(5, 37, generator=g), 1).bfloat16().requires_grad_(True)
+        up = (torch.randn(5 if reduction == "none" else (), generator=g) * 3).bfloat16()
+        ours = ckparity.cross_entropy(x, q, reduction=reduction, variant="ptref", **extra)
+        theirs = F.cross_entropy(x, q, reduction=reduction, **extra)
+        inputs = (x, q) if logits_grad else (q,)
+        for mine, torchs in zip(torch.autograd.grad(ours, inputs, up), torch.autograd.grad(theirs, inputs, up)):
+            assert mine.dtype == torch.bfloat16 and torch.equal(_bits(mine), _bits(torchs))
+    with pytest.raises(NotImplementedError, match="not weight"):
+        ckparity.cross_entropy(x, q, weight=weight.clone().requires_grad_(True), variant="ptref")
+
+
 def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(monkeypatch):
     """Label smoothing, class weights and probability targets in bf16 have rounding points of their own:
     the smoothing term's scalars rounded to bf16 (where torch keeps them float), or the whole loss in float

@@ -238,10 +238,11 @@ class _CrossEntropyBF16Function(CFunction):
         return _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad=compute_grad)
 
     @classmethod
-    def forward(cls, ctx, logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad):
+    def forward(cls, ctx, logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad,
+                bf16_weight):
         loss, dlogits = cls.compute(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad)
         ctx.save_for_backward(logits, target, dlogits)
-        ctx.weight = weight
+        ctx.weight, ctx.bf16_weight = weight, bf16_weight
         ctx.settings = (reduction, ignore_index, label_smoothing)
         return loss
 
@@ -249,9 +250,16 @@ class _CrossEntropyBF16Function(CFunction):
     @first_order_only
     def backward(ctx, grad):
         logits, target, dlogits = ctx.saved_tensors
-        if not bool((grad == 1).all()):
+        dtarget = None
+        if ctx.needs_input_grad[1]:  # bf16 probabilities: torch's own bf16 chain gives their gradient
+            reduction, _, label_smoothing = ctx.settings
+            dtarget = _target_grad(logits, target, ctx.bf16_weight,
+                                   {"reduction": reduction, "label_smoothing": label_smoothing}, grad)
+        if not ctx.needs_input_grad[0]:
+            dlogits = None
+        elif not bool((grad == 1).all()):
             dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=grad)[1]
-        return dlogits, None, None, None, None, None, None
+        return dlogits, dtarget, None, None, None, None, None, None
 
 
 def _default_bf16(input, target, weight, **settings):
@@ -277,8 +285,7 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
                                         ("z_loss (torch has none to follow in bf16)", z_loss),
                                         ("inplace_backward", inplace_backward),
                                         ("probability targets other than bf16 (torch promotes the loss to their "
-                                         "dtype)", probs and target.dtype != torch.bfloat16),
-                                        ("a gradient of the probability targets", probs and target.requires_grad))
+                                         "dtype)", probs and target.dtype != torch.bfloat16))
                if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
         raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref; "
@@ -296,16 +303,20 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
         raise InvalidArgument(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise InvalidArgument(f"label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    bf16_weight = weight
     if weight is not None:
         if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.shape != input.shape[1:]:
             raise InvalidType(f"bfloat16 cross_entropy takes a bf16 weight of shape ({input.shape[1]},), as torch "
                               f"does, got {getattr(weight, 'dtype', type(weight).__name__)} "
                               f"{tuple(getattr(weight, 'shape', ()))}")
+        if torch.is_grad_enabled() and weight.requires_grad:
+            raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
+                                      "probability targets, not weight")
         weight = weight.float().contiguous()  # bf16 values, held as floats (the C API's weight)
     compute_grad = torch.is_grad_enabled() and input.requires_grad
     target = target.contiguous() if probs else target.long().contiguous()
     return _CrossEntropyBF16Function.apply(input.contiguous(), target, weight, reduction, int(ignore_index),
-                                           float(label_smoothing), compute_grad)
+                                           float(label_smoothing), compute_grad, bf16_weight)
 
 
 def cross_entropy(
