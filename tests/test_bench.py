@@ -26,6 +26,7 @@ def test_bench_json_has_every_field(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--json-out", str(out), "--repeats", "2", "--no-compile", "--no-distributed", "--no-memory"]) == 0
     data = json.loads(out.read_text())
     assert data["copy_gbps"] > 0 and data["threads"] == ckparity.get_num_threads()
+    assert 0 < data["autograd_floor_us"] < float("inf")  # an empty Function's fwd+bwd takes some time
     assert data["capability"]["torch"] == torch.backends.cpu.get_cpu_capability()  # which kernels torch ran
     (row,) = data["results"]
     for key in ("kernel", "shape", "ckparity_ms", "torch_ms", "speedup", "bandwidth_fraction", "kernel_ms",

@@ -14,6 +14,8 @@ Per kernel and shape:
   ``kernel_bandwidth_fraction`` the same over kernel_ms;
 - ``overhead_us_per_call``: (ckparity_ms - kernel_ms) / c_calls, the cost of
   the op above the binding (checks, output allocation, autograd) per call;
+  ``autograd_floor_us`` (one per report) is the part of it no Python op
+  avoids: fwd+bwd of an autograd.Function that computes nothing;
 - ``torch_compile_ms`` / ``speedup_vs_compile``: torch's counterpart through
   ``torch.compile`` (inductor; compiled once, outside the timing; the
   optimizer rows compile the single-tensor step), the peer a user would pick
@@ -45,7 +47,7 @@ from typing import Callable
 import torch
 
 from . import cpu, kernels
-from .kernels.benching import Case
+from .kernels.benching import Case, fwd_bwd
 from .threads import get_num_threads
 
 
@@ -85,6 +87,27 @@ def interleaved_median_ms(fns: list[Callable[[], object]], repeats: int) -> list
                 fn()
             out.append(1e3 * (time.perf_counter() - start) / n)
     return [statistics.median(t) for t in times]
+
+
+class _Nothing(torch.autograd.Function):
+    """An op that computes nothing, written as ckparity's ops are (a Python autograd.Function):
+    forward makes the 0-dim output and the gradient's buffer, backward hands the buffer over."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.grad = torch.empty_like(x)
+        return x.new_empty(())
+
+    @staticmethod
+    def backward(ctx, _grad):
+        return ctx.grad
+
+
+def autograd_floor_us(repeats: int) -> float:
+    """fwd+bwd of _Nothing on the tiny cross_entropy row's logits (8, 256), timed as the rows are:
+    what any Python autograd.Function costs before its kernel and its checks."""
+    return 1e3 * interleaved_median_ms([fwd_bwd(_Nothing.apply, torch.zeros(8, 256, requires_grad=True))],
+                                       repeats)[0]
 
 
 def copy_gbps(repeats: int, nbytes: int = 1 << 28) -> float:
@@ -202,14 +225,16 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
         row = vocab_parallel_row(repeats)
         results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
     return {"schema": "ckparity.bench/4", "dtype": dtype, "capability": cpu.capability(), "copy_gbps": copy,
-            "threads": get_num_threads(),
+            "autograd_floor_us": autograd_floor_us(repeats), "threads": get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
 
 
 def table(data: dict) -> str:
+    floor = data.get("autograd_floor_us")  # not in reports older than it
     lines = [f"copy bandwidth {data['copy_gbps']:.1f} GB/s (best of {data['repeats']}), {data['threads']} threads, "
-             f"torch at {data['capability']['torch']}",
+             f"torch at {data['capability']['torch']}" +
+             (f"; a Python autograd.Function that computes nothing: {floor:.1f} us fwd+bwd" if floor else ""),
              "", "| kernel | shape | ckparity ms | torch eager ms | speedup | torch.compile ms | speedup vs compile "
              "| of copy | C kernel ms | kernel of copy | overhead us/call |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
