@@ -31,11 +31,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Checks every argument before anything is written; computes the mean
- * denominator (summed weight of the non-ignored class targets) on the way. */
-static ckp_status validate(const float *logits, const int64_t *target, const float *target_probs,
+/* Checks every argument before anything is written. logits, target_probs and
+ * dlogits hold elem bytes a value (float32, or bf16 for the default variant's
+ * bf16 entry point); loss is float32. */
+static ckp_status validate(const void *logits, const int64_t *target, const void *target_probs,
                            int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
-                           const float *loss, const float *dlogits) {
+                           const float *loss, const void *dlogits, size_t elem) {
     if (logits == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "logits is NULL");
     if (opt == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "options is NULL");
     if (loss == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "loss is NULL");
@@ -45,7 +46,7 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     if (N <= 0 || V <= 0)
         return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive, got N=%lld V=%lld",
                         (long long)N, (long long)V);
-    if (N > INT64_MAX / V || N * V > (int64_t)(SIZE_MAX / sizeof(float)))
+    if (N > INT64_MAX / V || N * V > (int64_t)(SIZE_MAX / elem))
         return ckp_fail(CKP_ERR_BAD_SIZE, "N*V overflows: N=%lld V=%lld", (long long)N,
                         (long long)V);
     if (opt->reduction != CKP_REDUCTION_NONE && opt->reduction != CKP_REDUCTION_MEAN &&
@@ -63,7 +64,7 @@ static ckp_status validate(const float *logits, const int64_t *target, const flo
     ckp_status threads_ok = ckp_check_torch_threads(opt->torch_threads);
     if (threads_ok != CKP_OK) return threads_ok;
 
-    size_t matrix_bytes = (size_t)(N * V) * sizeof(float);
+    size_t matrix_bytes = (size_t)(N * V) * elem;
     size_t loss_bytes = (opt->reduction == CKP_REDUCTION_NONE ? (size_t)N : 1) * sizeof(float);
     if (dlogits != NULL && dlogits != logits && ckp_overlaps(dlogits, matrix_bytes, logits, matrix_bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dlogits partially overlaps logits (only exact in-place is allowed)");
@@ -256,9 +257,19 @@ CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V,
     return loss;
 }
 
-static ckp_status ce_default(const float *logits, const int64_t *target, const float *target_probs,
+/* The default variant on float32 rows (elem 4), or on bf16 rows (elem 2): each row widened exactly
+ * into the thread's float rows (its target probabilities too), the float32 arithmetic, the row's
+ * gradient rounded once as it is stored -- what the float32 kernel on the widened logits, then a
+ * cast of dlogits to bf16, gives, without an (N, V) float copy of either. */
+static ckp_status ce_default(const void *logits, const int64_t *target, const void *target_probs,
                              int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
-                             float *loss, float *dlogits) {
+                             float *loss, void *dlogits, size_t elem) {
+    const int bf16 = elem == sizeof(uint16_t), threads = ckp_threads();
+    /* bf16: each thread's x, dx and target-probability rows, allocated before any output is written */
+    float *rows = bf16 ? malloc((size_t)threads * 3 * (size_t)V * sizeof(float)) : NULL;
+    if (bf16 && rows == NULL)
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the float rows of a bf16 cross_entropy (V=%lld)",
+                        (long long)V);
     ce_ctx c = {opt->weight, (double)V, opt->label_smoothing, (double)(CKP_MUTANT(CE_SMOOTHING_WRONG_V) ? V - 1 : V),
                 opt->z_loss, 1.0};
     if (opt->weight != NULL) {
@@ -280,29 +291,43 @@ static ckp_status ce_default(const float *logits, const int64_t *target, const f
     int64_t nblocks = ckp_num_blocks(N);
     double block_sum[CKP_MAX_BLOCKS];
     int parallel = N * V >= 16384 && nblocks > 1;
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (parallel)
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t lo, hi;
         ckp_block_range(N, nblocks, b, &lo, &hi);
+        float *xr = bf16 ? rows + (size_t)omp_get_thread_num() * 3 * (size_t)V : NULL, *dxr = xr + V, *pr = dxr + V;
         double acc = 0.0;
         for (int64_t i = lo; i < hi; i++) {
-            const float *x = logits + i * V;
-            float *dx = dlogits ? dlogits + i * V : NULL;
+            const float *x, *P = NULL;
+            float *dx = NULL;
+            if (bf16) { /* the row widened first: dlogits may be the logits themselves */
+                ckp_widen_bf16((const uint16_t *)logits + i * V, V, xr);
+                if (target_probs) ckp_widen_bf16((const uint16_t *)target_probs + i * V, V, pr);
+                x = xr;
+                P = target_probs ? pr : NULL;
+                dx = dlogits ? dxr : NULL;
+            } else {
+                x = (const float *)logits + i * V;
+                P = target_probs ? (const float *)target_probs + i * V : NULL;
+                dx = dlogits ? (float *)dlogits + i * V : NULL;
+            }
             double upstream = opt->row_grad ? (double)opt->row_grad[opt->reduction == CKP_REDUCTION_NONE ? i : 0] : 1.0;
             double row_loss, scale = c.grad_scale * upstream;
             if (target == NULL) {
-                row_loss = ce_row_probs(x, target_probs + i * V, V, &c, scale, dx);
+                row_loss = ce_row_probs(x, P, V, &c, scale, dx);
             } else if (target[i] == opt->ignore_index) {
                 row_loss = 0.0;
                 if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) memset(dx, 0, (size_t)V * sizeof(float));
             } else {
                 row_loss = ce_row_class(x, target[i], V, &c, scale, dx);
             }
+            if (bf16 && dx) ckp_narrow_bf16(dx, V, (uint16_t *)dlogits + i * V);
             if (opt->reduction == CKP_REDUCTION_NONE) loss[i] = (float)row_loss;
             acc += row_loss;
         }
         block_sum[b] = acc;
     }
+    free(rows);
     if (opt->reduction != CKP_REDUCTION_NONE) {
         double total = 0.0;
         for (int64_t b = 0; b < nblocks; b++) total += block_sum[CKP_MUTANT(CE_BLOCKS_REVERSED) ? nblocks - 1 - b : b];
@@ -639,12 +664,24 @@ ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt) {
 ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const float *target_probs,
                              int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
                              float *loss, float *dlogits) {
-    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits);
+    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(float));
     if (s != CKP_OK) return s;
     ckp_clear_error();
     if (opt->variant == CKP_CE_PTREF)
         return ce_ptref(logits, target, target_probs, N, V, opt, loss, dlogits);
-    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits);
+    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(float));
+}
+
+ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t *target, const uint16_t *target_probs,
+                                          int64_t N, int64_t V, const ckp_cross_entropy_options *opt, float *loss,
+                                          uint16_t *dlogits) {
+    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t));
+    if (s != CKP_OK) return s;
+    if (opt->variant != CKP_CE_DEFAULT)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "ckp_cross_entropy_default_bf16 is the default variant (ptref in bf16: "
+                        "ckp_cross_entropy_bf16), got variant %d", (int)opt->variant);
+    ckp_clear_error();
+    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t));
 }
 
 /* ------------------------------------------------------------------------

@@ -417,22 +417,6 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
 
 /* ---- bfloat16 ---------------------------------------------------------------- */
 
-CKP_CLONES static void widen(const uint16_t *h, int64_t n, float *f) {
-    for (int64_t i = 0; i < n; i++) f[i] = ckp_bf16_to_f(h[i]); /* the compiler's own vector loop */
-}
-
-CKP_CLONES static void narrow(const float *f, int64_t n, uint16_t *h) {
-    int64_t i = 0;
-    if (ckp_lanes16())
-        for (; i + 16 <= n; i += 16) {
-            ckp_v16f v;
-            memcpy(&v, f + i, sizeof v);
-            ckp_bf16_store16(h + i, v);
-        }
-    for (; i + CKP_VLANES <= n; i += CKP_VLANES) ckp_bf16_store8(h + i, ckp_load8(f + i));
-    for (; i < n; i++) h[i] = ckp_f_to_bf16(f[i]);
-}
-
 static ckp_status out_of_memory(int64_t D) {
     return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the float rows of a bf16 rms_norm (D=%lld)", (long long)D);
 }
@@ -445,7 +429,7 @@ static float *float_rows(int threads, int rows, int64_t D, int extra) {
 
 /* weight (D) of w_elem bytes a value (2: bf16, 4: float32) into D floats */
 static void weight_as_float(const void *weight, size_t w_elem, int64_t D, float *wf) {
-    if (w_elem == sizeof(uint16_t)) widen(weight, D, wf);
+    if (w_elem == sizeof(uint16_t)) ckp_widen_bf16(weight, D, wf);
     else memcpy(wf, weight, (size_t)D * sizeof(float));
 }
 
@@ -475,9 +459,9 @@ static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_e
         float *xr = rows + (size_t)omp_get_thread_num() * 2 * (size_t)D, *yr = xr + D;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < N; i++) {
-            widen(x + i * D, D, xr);
+            ckp_widen_bf16(x + i * D, D, xr);
             rstd[i] = forward_row(xr, wf, D, eps_f, N == 1 ? torch_threads : 1, yr);
-            narrow(yr, D, y + i * D);
+            ckp_narrow_bf16(yr, D, y + i * D);
         }
     }
     free(rows);
@@ -498,10 +482,10 @@ static void dx_row_bf16(const void *ctx, int64_t i, int thread) {
     const backward_rows *r = ctx;
     const int64_t D = r->D;
     float *dyr = r->rows + (size_t)thread * 3 * (size_t)D, *xr = dyr + D, *dxr = xr + D;
-    widen((const uint16_t *)r->dy + i * D, D, dyr);
-    widen((const uint16_t *)r->x + i * D, D, xr);
+    ckp_widen_bf16((const uint16_t *)r->dy + i * D, D, dyr);
+    ckp_widen_bf16((const uint16_t *)r->x + i * D, D, xr);
     backward_row(dyr, xr, r->weight, r->rstd[i], D, r->N == 1 ? r->torch_threads : 1, dxr, NULL);
-    narrow(dxr, D, (uint16_t *)r->dx + i * D);
+    ckp_narrow_bf16(dxr, D, (uint16_t *)r->dx + i * D);
 }
 
 /* The bf16 backward with a bf16 or float32 weight (w_elem), dweight of the weight's dtype. */
@@ -530,7 +514,7 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL, rows};
     s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r);
     if (s == CKP_OK && sums) {
-        if (w_elem == sizeof(uint16_t)) narrow(sums, D, dweight);
+        if (w_elem == sizeof(uint16_t)) ckp_narrow_bf16(sums, D, dweight);
         else memcpy(dweight, sums, (size_t)D * sizeof(float));
     }
     free(rows);

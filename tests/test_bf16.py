@@ -422,6 +422,51 @@ def test_the_default_cross_entropy_in_bf16_is_no_less_accurate_than_torchs():
     assert differing > 0
 
 
+def test_the_default_cross_entropy_in_bf16_is_the_float32_kernel_on_the_widened_logits():
+    """The default variant's bf16 entry point widens a row at a time in C: its loss and dlogits are the
+    float32 kernel's on logits.float(), rounded once -- class and bf16 probability targets, weights,
+    smoothing, z-loss, every reduction, an upstream gradient folded in before the rounding, (N, C, d)
+    logits, widths across the vector tails; in place (dlogits over the logits) too, at the C level."""
+    from ckparity.ops.cross_entropy import cross_entropy_forward_backward
+
+    g = torch.Generator().manual_seed(12)
+    for V, probs, reduction, extra in itertools.product(
+            (1, 7, 8, 9, 31, 300, 1001), (False, True), ("mean", "sum", "none"),
+            (dict(), dict(label_smoothing=0.1, z_loss=1e-3), dict(weight="w"))):
+        x = (torch.randn(6, V, generator=g) * 3).bfloat16()
+        t = (torch.softmax(torch.randn(6, V, generator=g), 1).bfloat16() if probs else
+             torch.tensor([0, V - 1, -100, 0, V // 2, 1 % V]))
+        kwargs = dict(extra, weight=(torch.rand(V, generator=g) + 0.5).bfloat16()) if "weight" in extra else extra
+        up = (torch.randn(6 if reduction == "none" else (), generator=g) * 3).bfloat16()
+        a = x.clone().requires_grad_(True)
+        loss = ckparity.cross_entropy(a, t, reduction=reduction, **kwargs)
+        (dx,) = torch.autograd.grad(loss, a, up)
+        wide = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        f_loss, f_dx = cross_entropy_forward_backward(x.float(), t.float() if probs else t, reduction=reduction,
+                                                      row_grad=up.float().reshape(-1), **wide)
+        assert loss.dtype == dx.dtype == torch.bfloat16
+        assert torch.equal(_bits(loss.detach()), _bits(f_loss.bfloat16())), (V, probs, reduction, extra)
+        assert torch.equal(_bits(dx), _bits(f_dx.bfloat16())), (V, probs, reduction, extra)
+    x = (torch.randn(2, 33, 5, generator=g) * 3).bfloat16()  # (N, C, d): the class dimension moved last
+    t = torch.randint(0, 33, (2, 5), generator=g)
+    wide = ckparity.cross_entropy(x.float(), t, reduction="none").bfloat16()
+    assert torch.equal(_bits(ckparity.cross_entropy(x, t, reduction="none")), _bits(wide))
+    x = (torch.randn(4, 300, generator=g) * 3).bfloat16()
+    t = torch.tensor([3, -100, 0, 299])
+    options = _bindings.cross_entropy_options()
+    loss, d = torch.empty(()), torch.empty_like(x)
+    _bindings.cross_entropy_default_bf16(x, t, options, loss, d)
+    in_place = x.clone()
+    _bindings.cross_entropy_default_bf16(in_place, t, options, torch.empty(()), in_place)
+    assert torch.equal(_bits(in_place), _bits(d)) and loss.isfinite()
+    with pytest.raises(InvalidArgument, match="default variant"):
+        _bindings.cross_entropy_default_bf16(x, t, _bindings.cross_entropy_options(variant="ptref"), loss, d)
+    with pytest.raises(InvalidType, match="bf16 class probabilities"):
+        ckparity.cross_entropy(x, torch.softmax(x.float(), 1))
+    with pytest.raises(InvalidType, match="weight"):
+        ckparity.cross_entropy(x, t, weight=torch.ones(300))
+
+
 def test_avx512_bf16s_conversion_is_torchs_rounding_except_subnormals_and_nan():
     """Why ckparity rounds to bf16 with integer operations where the CPU has VCVTNEPS2BF16
     (scripts/bf16_instructions.py; every float32 in reports/bf16_instructions/): the instruction

@@ -233,8 +233,9 @@ def fuzz_bf16(rng: random.Random) -> int:
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
     hp = lambda t: ptr(t, 0, "uint16_t *")  # noqa: E731
     kind = rng.randrange(7)
-    if kind == 6:  # cross_entropy: ptref, class targets or bf16 probabilities, weights, smoothing
+    if kind == 6:  # cross_entropy on bf16: ptref, or the default's entry; class targets or bf16 probabilities
         x = bf16(data(rng, n))
+        default = rng.random() < 0.4
         probs = rng.random() < 0.4
         target = (bf16(data(rng, n).abs()) if probs else
                   torch.tensor([pick(rng, [-100, 0, max(W - 1, 0)], -1, max(W, 0)) for _ in range(max(N, 1))],
@@ -242,19 +243,24 @@ def fuzz_bf16(rng: random.Random) -> int:
         weight = bf16(data(rng, max(W, 1)).abs()).float() if rng.random() < 0.5 else None  # bf16 values as floats
         opt = ffi.new("ckp_cross_entropy_options *")
         lib.ckp_cross_entropy_options_init(opt)
-        opt.variant = pick(rng, [1], 0)
+        opt.variant = pick(rng, [0], 1) if default else pick(rng, [1], 0)
         opt.reduction = pick(rng, [0, 1, 2], 7)
         opt.label_smoothing = pick(rng, [0.0, 0.1, 1.0], -0.5, 1.5, float("nan"))
-        opt.z_loss = pick(rng, [0.0], 1e-4)
+        opt.z_loss = pick(rng, [0.0, 1e-4], -1.0) if default else pick(rng, [0.0], 1e-4)
         opt.torch_threads = pick(rng, [1, 2], 0)
         opt.weight = ptr(weight)
-        loss = torch.empty(max(N, 1) + 1, dtype=torch.bfloat16)
+        loss = torch.empty(max(N, 1) + 1, dtype=torch.float32 if default else torch.bfloat16)
         dlogits = x if rng.random() < 0.05 else (None if rng.random() < 0.2 else torch.empty(n + 1, dtype=torch.bfloat16))
-        entry = lib.ckp_cross_entropy_probs_bf16 if probs else lib.ckp_cross_entropy_bf16
         target_ptr = hp(target) if probs else ptr(target, 0, "int64_t *")
-        return call_and_check(rng, lambda: entry(
-            hp(maybe_null(rng, x)), target_ptr, N, W, opt, hp(maybe_null(rng, loss)), hp(dlogits)),
-            [t for t in (loss, dlogits) if t is not None and t is not x])
+        if default:
+            call = lambda: lib.ckp_cross_entropy_default_bf16(  # noqa: E731
+                hp(maybe_null(rng, x)), ffi.NULL if probs else target_ptr, target_ptr if probs else ffi.NULL, N, W,
+                opt, ptr(maybe_null(rng, loss)), hp(dlogits))
+        else:
+            entry = lib.ckp_cross_entropy_probs_bf16 if probs else lib.ckp_cross_entropy_bf16
+            call = lambda: entry(hp(maybe_null(rng, x)), target_ptr, N, W, opt, hp(maybe_null(rng, loss)),  # noqa: E731
+                                 hp(dlogits))
+        return call_and_check(rng, call, [t for t in (loss, dlogits) if t is not None and t is not x])
     if kind == 5:  # adamw: param, grad and moments of n
         p, grad, m = (bf16(data(rng, max(N, 1))) for _ in range(3))
         v, vmax = bf16(data(rng, max(N, 1)).abs()), bf16(data(rng, max(N, 1)).abs()) if rng.random() < 0.5 else None

@@ -143,6 +143,16 @@ ckp_status ckp_cross_entropy(const float *logits, const int64_t *target,
 ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target, int64_t N, int64_t V,
                                   const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits);
 
+/* The default variant on bfloat16 logits (and bf16 target_probs): the float32 kernel's arithmetic
+ * on the values widened exactly, a row at a time, loss in float32, dlogits rounded to bf16 once as
+ * each row is stored (opt->row_grad folded in before, as in float32) -- the float32 kernel on
+ * logits.float(), then dlogits cast to bf16, without the float copies. Options as ckp_cross_entropy's
+ * (z_loss, weights, smoothing; opt->variant must be CKP_CE_DEFAULT); dlogits may be NULL or the
+ * logits buffer itself (in place), and may not otherwise overlap an input. */
+ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t *target,
+                                          const uint16_t *target_probs, int64_t N, int64_t V,
+                                          const ckp_cross_entropy_options *opt, float *loss, uint16_t *dlogits);
+
 /* The same with probability targets: target_probs (N, V) bf16, torch's
  * cross_entropy_loss_prob_target on bf16 tensors (its smoothed target, products
  * and torch.sum rounded to bf16 as torch rounds them; opt->ignore_index is not

@@ -95,6 +95,16 @@ def cross_entropy_bf16(logits, target, options, loss, dlogits=None, *, library=l
           library)
 
 
+def cross_entropy_default_bf16(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
+    """The default variant on bfloat16 logits: target (N) int64 or (N, V) bf16 probabilities; loss
+    float32 (N) or (); dlogits bf16 (N, V), logits itself, or None; options' weight and row_grad float32."""
+    N, V = logits.shape
+    probs = target.is_floating_point()
+    check(library.ckp_cross_entropy_default_bf16(pointer(logits), ffi.NULL if probs else pointer(target),
+                                                 pointer(target) if probs else ffi.NULL, N, V, options, pointer(loss),
+                                                 pointer(dlogits)), "cross_entropy", library)
+
+
 # ---- rms_norm ---------------------------------------------------------------
 
 def rms_norm_forward(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _bindings
-from .._tensors import empty_like, plain_float32, require_cpu, require_float32
+from .._tensors import empty_like, plain_float32, require_cpu, require_float32, require_floating
 from ..errors import InvalidArgument, InvalidType
 from ._function import CFunction, first_order_only
 
@@ -33,8 +33,10 @@ def cross_entropy_forward_backward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One call of the C kernel on 2-D tensors, no autograd.
 
-    logits is (N, V) float32 contiguous; target is (N) int64 class indices or
-    (N, V) float32 probabilities. Returns (loss, dlogits): loss is (N) for
+    logits is (N, V) float32 contiguous, or bfloat16 with the default variant
+    (its arithmetic on the widened values, dlogits rounded once; the loss
+    stays float32); target is (N) int64 class indices or (N, V)
+    probabilities of the logits' dtype. Returns (loss, dlogits): loss is (N) for
     reduction "none", else 0-dim; dlogits is the gradient for an upstream
     gradient of 1, written into ``dlogits`` if given (it may be ``logits``
     itself: the in-place mode that saves an (N, V) buffer) or a new tensor,
@@ -47,6 +49,8 @@ def cross_entropy_forward_backward(
         raise InvalidArgument(f"row_grad must have {N if reduction == 'none' else 1} elements with reduction "
                               f"{reduction!r}, got {row_grad.numel()}")
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.float32)
+    if weight is not None and weight.dtype == torch.bfloat16:
+        weight = weight.float()  # bf16 values, held as floats (the C API's weight)
     if compute_grad and dlogits is None:
         dlogits = empty_like(logits)
     if not compute_grad:
@@ -55,7 +59,8 @@ def cross_entropy_forward_backward(
     threads = torch.get_num_threads() if variant == "ptref" else 1
     options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, z_loss, variant,
                                               row_grad, threads)
-    _bindings.cross_entropy(logits, target, options, loss, dlogits)
+    call = _bindings.cross_entropy_default_bf16 if logits.dtype == torch.bfloat16 else _bindings.cross_entropy
+    call(logits, target, options, loss, dlogits)
     return loss, dlogits
 
 
@@ -90,6 +95,11 @@ class _CrossEntropyFunction(torch.autograd.Function):
         loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings,
                                                        compute_grad=compute_grad and not reduction_none)
         ctx.settings, ctx.reduction_none = settings, reduction_none
+        # bf16 logits: the loss rounded as the float32 one cast to bf16; their dlogits are rounded, so
+        # another upstream gradient runs the kernel again with it (a rescaled bf16 gradient would round twice)
+        ctx.rounded = logits.dtype == torch.bfloat16
+        if ctx.rounded:
+            loss = loss.to(torch.bfloat16)
         # dlogits saved, not kept on ctx: autograd releases saved tensors as
         # soon as this backward has run (unless retain_graph), so a leaf's
         # AccumulateGrad finds the gradient unshared and takes it instead of
@@ -99,7 +109,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         # not by scaling the finished gradient. The logits are always saved (a
         # reference, no copy): first_order_only ties a create_graph gradient
         # to them, so differentiating it again raises instead of giving None.
-        keep_inputs = reduction_none or ctx.needs_input_grad[1] or settings["variant"] == "ptref"
+        keep_inputs = reduction_none or ctx.needs_input_grad[1] or settings["variant"] == "ptref" or ctx.rounded
         ctx.save_for_backward(dlogits, *((logits, target, weight) if keep_inputs else (logits,)))
         return loss
 
@@ -113,7 +123,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss)
         if not ctx.needs_input_grad[0]:
             dlogits = None
-        elif ctx.reduction_none or (ctx.settings["variant"] == "ptref" and float(grad_loss) != 1.0):
+        elif ctx.reduction_none or ((ctx.settings["variant"] == "ptref" or ctx.rounded) and float(grad_loss) != 1.0):
             logits, target, weight = inputs
             row_grad = grad_loss.reshape(-1).contiguous().float()
             _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
@@ -163,7 +173,11 @@ def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) 
     """Validates target against input; True for probability targets."""
     require_cpu(target, "target")
     if target.shape == input.shape and target.is_floating_point():
-        require_float32(target, "target (class probabilities)")
+        if input.dtype != torch.bfloat16:
+            require_float32(target, "target (class probabilities)")
+        elif target.dtype != torch.bfloat16:
+            raise InvalidType(f"bfloat16 cross_entropy takes bf16 class probabilities, got {target.dtype} (torch "
+                              f"promotes the loss to their dtype: pass float32 logits for a float32 loss)")
         if ignore_index >= 0:
             raise InvalidArgument("ignore_index is not supported for floating point target (as in torch)")
         return True
@@ -262,26 +276,14 @@ class _CrossEntropyBF16Function(CFunction):
         return dlogits, dtarget, None, None, None, None, None, None
 
 
-def _default_bf16(input, target, weight, **settings):
-    """variant="default" on bf16 logits: fused and accurate, as in float32 --
-    the float32 kernel (its sums in double) on the logits widened exactly,
-    the loss and dlogits rounded to bf16 where they are stored (the casts'
-    autograd: dlogits is rounded once from the float32 gradient times the
-    upstream one). bf16 weights and probability targets are widened alike."""
-    def widened(t):
-        return t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t
-    return cross_entropy(input.float(), widened(target), widened(weight), **settings).to(torch.bfloat16)
-
-
 def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,
                         inplace_backward):
-    """The bf16 path: what it takes, refused by name otherwise."""
-    if variant == "default" and not inplace_backward:
-        return _default_bf16(input, target, weight, ignore_index=ignore_index, reduction=reduction,
-                             label_smoothing=label_smoothing, z_loss=z_loss)
+    """The bf16 ptref path (the default variant takes cross_entropy's own path): what it takes,
+    refused by name otherwise."""
     probs = isinstance(target, torch.Tensor) and target.is_floating_point()
-    missing = [name for name, given in (("variant='default' with inplace_backward (a float32 copy takes the "
-                                         "gradient, not the logits' storage)", variant == "default"),
+    missing = [name for name, given in (("variant='default' with inplace_backward (its gradient is rounded in the "
+                                         "forward: another upstream gradient would round it twice)",
+                                         variant == "default"),
                                         ("z_loss (torch has none to follow in bf16)", z_loss),
                                         ("inplace_backward", inplace_backward),
                                         ("probability targets other than bf16 (torch promotes the loss to their "
@@ -333,9 +335,11 @@ def cross_entropy(
 ) -> torch.Tensor:
     """F.cross_entropy with the same arguments, plus ``z_loss``, ``variant`` and ``inplace_backward``.
 
-    input is (C), (N, C) or (N, C, d1, ...) float32 on the CPU; target is class
-    indices (int64 or uint8, input's shape without C) or class probabilities
-    (float32, input's shape). ``z_loss`` adds z_loss * logsumexp(row)**2 to each
+    input is (C), (N, C) or (N, C, d1, ...) float32 or bfloat16 on the CPU; target
+    is class indices (int64 or uint8, input's shape without C) or class
+    probabilities (input's dtype and shape). bf16 with the default variant: its
+    float32 arithmetic on the widened values in C, the loss and dlogits rounded
+    once where stored; with ptref: torch's bf16 bits. ``z_loss`` adds z_loss * logsumexp(row)**2 to each
     non-ignored row's loss before the reduction. ``variant`` is "default" (fused,
     threaded) or "ptref" (ATen's order of operations). Gradients flow to input
     and to probability targets; asking for a gradient of weight raises
@@ -348,7 +352,7 @@ def cross_entropy(
     backward; an op that saved the logits for its backward raises there
     (autograd's version counter), never reads dlogits as logits.
     """
-    if isinstance(input, torch.Tensor) and input.dtype == torch.bfloat16:
+    if isinstance(input, torch.Tensor) and input.dtype == torch.bfloat16 and (variant != "default" or inplace_backward):
         require_cpu(input, "input")
         return _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,
                                    inplace_backward)
@@ -360,13 +364,13 @@ def cross_entropy(
         # targets' range and the options, the Function the rest
         compute_grad = torch.is_grad_enabled() and input.requires_grad
         return _CrossEntropyFunction.apply(input, target, None, settings, compute_grad)
-    require_float32(input, "input")
+    require_floating(input, "input")  # bf16 here is the default variant: its kernel on the widened values
     if input.dim() == 0:
         raise InvalidArgument("input must have at least 1 dimension (C), got a 0-dim tensor")
     probs = _check_target(input, target, ignore_index)
     C = input.shape[0] if input.dim() == 1 else input.shape[1]
     if weight is not None:
-        require_float32(weight, "weight")
+        require_floating(weight, "weight", like=input)
         if weight.shape != (C,):
             raise InvalidArgument(f"weight must have shape ({C},) (one per class), got {tuple(weight.shape)}")
         weight = weight.contiguous()
