@@ -27,7 +27,8 @@ def _status_kb(key: str) -> int:
 
 
 def _main(kernel: str, shape: str, side: str) -> None:
-    case = next(cases(select=lambda k, s: (k, s) == (kernel, shape)), None)
+    dtype = "bfloat16" if shape.endswith(" bf16") else "float32"  # a bf16 row's shape says so (bench.cases)
+    case = next(cases(select=lambda k, s: (k, s) == (kernel, shape), dtype=dtype), None)
     if case is None or side not in SIDES:
         raise SystemExit(f"no bench row {kernel} {shape} or side {side} (sides: {SIDES})")
     fn = case.ours if side == "ckparity" else case.theirs

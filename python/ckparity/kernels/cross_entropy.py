@@ -304,13 +304,17 @@ def _probe(g: torch.Generator):
 
 # ---- ckparity bench's rows ---------------------------------------------------------
 
-def c_calls(x, t, in_place: bool = False):
+def c_calls(x, t, in_place: bool = False, variant: str = "default"):
     """The C kernel alone on preallocated outputs (in place: on a scratch copy made once); bf16
-    logits: the ptref kernel, split as torch's threads split it."""
-    if x.dtype == torch.bfloat16:
+    logits: the variant's bf16 entry point (ptref split as torch's threads split it)."""
+    if x.dtype == torch.bfloat16 and variant == "ptref":
         loss, d = torch.empty((), dtype=torch.bfloat16), torch.empty_like(x)
         ptref = _bindings.cross_entropy_options(variant="ptref", torch_threads=torch.get_num_threads())
         return lambda: _bindings.cross_entropy_bf16(x, t, ptref, loss, d)
+    if x.dtype == torch.bfloat16:
+        loss, d = torch.empty(()), torch.empty_like(x)
+        options = _bindings.cross_entropy_options()
+        return lambda: _bindings.cross_entropy_default_bf16(x, t, options, loss, d)
     loss, d = torch.empty(()), torch.empty_like(x)
     options = _bindings.cross_entropy_options()
     if in_place:
@@ -351,6 +355,11 @@ def _bench(g: torch.Generator, select):
     if select("cross_entropy", f"N={N},V={V} ptref bf16"):
         xb, tb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True), torch.randint(0, V, (N,), generator=g)
         yield Case("cross_entropy", f"N={N},V={V} ptref bf16", fwd_bwd(cross_entropy, xb, tb, variant="ptref"),
+                   fwd_bwd(F.cross_entropy, xb, tb), 4 * N * V, c_calls(xb.detach(), tb, variant="ptref"),
+                   compiled=compiled_fwd_bwd(F.cross_entropy, xb, tb))
+    if select("cross_entropy", f"N={N},V={V} default bf16"):  # fused and accurate, not torch's bits
+        xb, tb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True), torch.randint(0, V, (N,), generator=g)
+        yield Case("cross_entropy", f"N={N},V={V} default bf16", fwd_bwd(cross_entropy, xb, tb),
                    fwd_bwd(F.cross_entropy, xb, tb), 4 * N * V, c_calls(xb.detach(), tb),
                    compiled=compiled_fwd_bwd(F.cross_entropy, xb, tb))
     if select("cross_entropy", f"N={N},V={V},inplace_backward"):
