@@ -101,7 +101,7 @@ def test_gate_fails_on(gate, fault, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("fault", sorted(_FAULTS))
-@pytest.mark.parametrize("gate", gates.DTYPE_GATES)
+@pytest.mark.parametrize("gate", [g for g in gates.DTYPE_GATES if g != "distributed_parity"])
 def test_a_bf16_gate_fails_on(gate, fault, monkeypatch, tmp_path):
     """gate --dtype bfloat16: the same faults, in the gates that take a dtype."""
     _plant(monkeypatch, fault)
@@ -137,17 +137,21 @@ kernels.backends("rms_norm")["c"] = faulty
 """
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fault", ["raises", "nan", "inf", "rank_dependent"])
-def test_distributed_parity_fails_on(fault, monkeypatch, tmp_path):
+def test_distributed_parity_fails_on(fault, dtype, monkeypatch, tmp_path):
     plugin = tmp_path / "plant.py"
     plugin.write_text(f"FAULT = {fault!r}\n" + textwrap.dedent(_RANK_PLUGIN))
     monkeypatch.setenv("CKP_PLUGINS", str(plugin))  # the ranks load it; this process never runs the kernel
-    settings = gates.settings_for("quick")
+    settings = gates.settings_for("quick", dtype=dtype)
     settings["distributed_parity"].update(steps=3, grad_accum=2)
     (result,) = gates.run_gates(["distributed_parity"], settings, tmp_path, "quick", echo=lambda line: None)
-    assert result["passed"] is False, f"distributed_parity passed with a rank kernel planted to {fault}"
+    assert result["passed"] is False, f"distributed_parity passed in {dtype} with a rank kernel planted to {fault}"
     failures = result["details"]["failures"]
-    assert len(failures) == 2  # tp and dp
+    # tp and dp; but in bf16 one bf16 ULP on rank 1 stays within dp's parity tolerance (its params are
+    # replicated from summed gradients, so they cannot differ between ranks): there tp's replicated
+    # params catch it alone
+    assert len(failures) == (1 if (fault, dtype) == ("rank_dependent", "bfloat16") else 2), failures
     if fault == "raises":
         assert all("planted: this kernel raises" in f for f in failures), failures
     if fault in ("nan", "inf"):

@@ -59,7 +59,7 @@ DEFAULTS: dict[str, dict] = {
     "noise_envelope": {"dtype": "float32", "steps": 150, "members": 2, "ratio": 4.0,
                        "loss_backends": ["c", "c_ptref", "c_fused_linear"],
                        "ck_optimizer_backend": "c"},
-    "distributed_parity": {"world_sizes": [2], "steps": 5, "grad_accum": 4, "models": ["stacked"]},
+    "distributed_parity": {"dtype": "float32", "world_sizes": [2], "steps": 5, "grad_accum": 4, "models": ["stacked"]},
 }
 TIERS = {"quick": {}, "full": {"long_horizon": {"steps": 850}, "fd_gradients": {"coordinates": 64},
                                "drift_smoke": {"steps": 300},
@@ -740,11 +740,13 @@ def noise_envelope(settings: dict, out_dir: Path) -> dict:
 
 def distributed_parity(settings: dict, out_dir: Path) -> dict:
     """The CK twin split over ranks (gloo, processes on this machine) against
-    the single-process torch twin: --tp W (lm_head and loss by vocabulary) and
-    --dp W (micro-batches, summed gradients) must pass parity, and the ranks'
-    replicated parameters must stay bit-identical to each other."""
+    the single-process torch twin, in the gate's dtype: --tp W (lm_head and
+    loss by vocabulary) and --dp W (micro-batches, summed gradients) must pass
+    parity, and the ranks' replicated parameters must stay bit-identical to
+    each other."""
     runs = {f"{model}_{kind}{w}": RunConfig(model=model, max_steps=settings["steps"], grad_accum=settings["grad_accum"],
-                                            **({"num_layers": 2} if model != "tiny" else {}), **{kind: w})
+                                            dtype=settings["dtype"], **({"num_layers": 2} if model != "tiny" else {}),
+                                            **{kind: w})
             for model in settings["models"] for w in settings["world_sizes"] for kind in ("tp", "dp")}
     return _harness_gate(runs, out_dir, "distributed_parity", settings)
 
