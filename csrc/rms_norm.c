@@ -26,10 +26,13 @@
  * before the cast back): every bf16 result is the float32 result of the same
  * values, rounded. The _bf16 entry points run the float32 code above on the
  * widened values and round -- float32's bits, so torch's bf16 bits
- * (tests/test_bf16.py sweeps it at every capability): a row at a time through
- * each thread's float rows, and dweight's column sums reading the bf16 arrays
- * in place. (Widening whole arrays into fresh float copies cost more in page
- * faults than the arithmetic: 220 ms for (8192, 4096) forward and backward.)
+ * (tests/test_bf16.py sweeps it at every capability): the row loops and
+ * dweight's column sums read the bf16 arrays in place, widening as they load,
+ * and round each result as they store it. (Widening whole arrays into fresh
+ * float copies cost more in page faults than the arithmetic: 220 ms for
+ * (8192, 4096) forward and backward; widening a row at a time into each
+ * thread's float rows, then rounding dx out of another, cost the forward and
+ * the backward's C calls about a fifth more than reading in place.)
  */
 #include "aten_sum.h"
 
@@ -47,6 +50,26 @@ static ckp_status check_sizes(int64_t N, int64_t D) {
     return CKP_OK;
 }
 
+/* A row's element j as a float, and 8 from j: float32 (elem 4), or bf16 (elem 2) widened exactly --
+ * the bf16 kernels do float32's arithmetic on the values as they load them (elem is a constant at
+ * every call). */
+static inline __attribute__((always_inline)) float elem_at(const void *a, int64_t j, size_t elem) {
+    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[j]) : ((const float *)a)[j];
+}
+static inline __attribute__((always_inline)) ckp_v8f elems8_at(const void *a, int64_t j, size_t elem) {
+    return elem == sizeof(uint16_t) ? ckp_bf16_load8((const uint16_t *)a + j) : ckp_load8((const float *)a + j);
+}
+
+/* y[j] = v, or v rounded to bf16 (elem 2) */
+static inline __attribute__((always_inline)) void store_at(void *y, int64_t j, float v, size_t elem) {
+    if (elem == sizeof(uint16_t)) ((uint16_t *)y)[j] = ckp_f_to_bf16(v);
+    else ((float *)y)[j] = v;
+}
+static inline __attribute__((always_inline)) void store8_at(void *y, int64_t j, ckp_v8f v, size_t elem) {
+    if (elem == sizeof(uint16_t)) ckp_bf16_store8((uint16_t *)y + j, v);
+    else ckp_store8((float *)y + j, v);
+}
+
 static inline __attribute__((always_inline)) ckp_v8f square8(const void *row, int64_t j) {
     ckp_v8f v = ckp_load8((const float *)row + j);
     return v * v;
@@ -55,13 +78,20 @@ static inline __attribute__((always_inline)) float square1(const void *row, int6
     float v = ((const float *)row)[j];
     return v * v;
 }
+static inline __attribute__((always_inline)) ckp_v8f square8_bf16(const void *row, int64_t j) {
+    ckp_v8f v = ckp_bf16_load8((const uint16_t *)row + j);
+    return v * v;
+}
+static inline __attribute__((always_inline)) float square1_bf16(const void *row, int64_t j) {
+    float v = ckp_bf16_to_f(((const uint16_t *)row)[j]);
+    return v * v;
+}
 
 CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1, CKP_VLANES)
+CKP_DEFINE_ATEN_SUM(sum_of_squares_bf16, square8_bf16, square1_bf16, CKP_VLANES)
 
-static float square_at(void *ctx, int64_t j) {
-    const float *x = ctx;
-    return x[j] * x[j];
-}
+static float square_at(void *ctx, int64_t j) { return square1(ctx, j); }
+static float square_at_bf16(void *ctx, int64_t j) { return square1_bf16(ctx, j); }
 
 /* torch reduces a row of one-row input to one value: from 32768 elements on,
  * on more than one thread, split as its two-pass reduction splits it
@@ -70,28 +100,41 @@ static inline int split_row(int64_t D, int split_threads) {
     return split_threads > 1 && D >= CKP_ATEN_GRAIN_SIZE;
 }
 
-/* One row of the forward; returns rstd. split_threads: torch's thread count
- * for a one-row input, else 1. */
-CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, int split_threads,
-                                    float *y) {
-    float squares = split_row(D, split_threads) ? ckp_aten_full_sum(square_at, (void *)x, D, split_threads)
-                                                 : sum_of_squares(x, D);
+/* One row of the forward on x and y of elem bytes a value; returns rstd. split_threads: torch's
+ * thread count for a one-row input, else 1. bf16: the float32 row's arithmetic on the widened values
+ * (the sum of squares is a float32 tensor's sum in torch's composite), y rounded once. */
+static inline __attribute__((always_inline)) float forward_row_of(const void *x, const float *weight, int64_t D,
+                                                                  float eps, int split_threads, void *y, size_t elem) {
+    const int bf16 = elem == sizeof(uint16_t);
+    float squares = split_row(D, split_threads)
+                        ? ckp_aten_full_sum(bf16 ? square_at_bf16 : square_at, (void *)x, D, split_threads)
+                        : bf16 ? sum_of_squares_bf16(x, D) : sum_of_squares(x, D);
     if (CKP_MUTANT(RMS_SUM_REVERSED)) {
         squares = 0.0f;
-        for (int64_t j = D - 1; j >= 0; j--) squares += x[j] * x[j];
+        for (int64_t j = D - 1; j >= 0; j--) squares += elem_at(x, j, elem) * elem_at(x, j, elem);
     }
     float mean = squares / (float)D;
     float r = CKP_MUTANT(RMS_EPS_OUTSIDE_SQRT) ? 1.0f / (sqrtf(mean) + eps) : 1.0f / sqrtf(mean + eps);
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
-        ckp_v8f normalized = ckp_load8(x + j) * r;
-        ckp_store8(y + j, weight ? normalized * ckp_load8(weight + j) : normalized);
+        ckp_v8f normalized = elems8_at(x, j, elem) * r;
+        store8_at(y, j, weight ? normalized * ckp_load8(weight + j) : normalized, elem);
     }
     for (; j < D; j++) {
-        float normalized = x[j] * r;
-        y[j] = weight ? normalized * weight[j] : normalized;
+        float normalized = elem_at(x, j, elem) * r;
+        store_at(y, j, weight ? normalized * weight[j] : normalized, elem);
     }
     return r;
+}
+
+CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, int split_threads,
+                                    float *y) {
+    return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(float));
+}
+
+CKP_CLONES static float forward_row_bf16(const uint16_t *x, const float *weight, int64_t D, float eps,
+                                         int split_threads, uint16_t *y) {
+    return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(uint16_t));
 }
 
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
@@ -118,11 +161,6 @@ ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, 
     return CKP_OK;
 }
 
-/* Element i of a float (elem 4) or bf16 (elem 2) array, as a float: dweight's
- * sums read either in place (elem is a constant at every call). */
-static inline __attribute__((always_inline)) float load_at(const void *a, int64_t i, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[i]) : ((const float *)a)[i];
-}
 
 /* dweight's terms dy_ij * (x_ij * rstd_i): row i, column first + k. */
 typedef struct {
@@ -135,7 +173,7 @@ typedef struct {
 static float column_term(const void *ctx, int64_t i, int64_t k) {
     const column_terms *c = ctx;
     int64_t at = i * c->D + c->first + k;
-    float dy = load_at(c->dy, at, c->elem), x = load_at(c->x, at, c->elem);
+    float dy = elem_at(c->dy, at, c->elem), x = elem_at(c->x, at, c->elem);
     return CKP_MUTANT(RMS_DWEIGHT_ASSOCIATION) ? (dy * x) * c->rstd[i] : dy * (x * c->rstd[i]);
 }
 
@@ -294,61 +332,78 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
     return CKP_OK;
 }
 
-/* g_a_j * x_j (g_a = dy * weight) for the g_rstd sum of one row */
+/* g_a_j * x_j (g_a = dy * weight) for the g_rstd sum of one row: dy and x float32, or bf16 (the _bf16
+ * maps, widening as they load) */
 typedef struct {
-    const float *dy, *x, *weight;
+    const void *dy, *x;
+    const float *weight;
 } row_terms;
 
-static inline __attribute__((always_inline)) ckp_v8f grad_a_times_x8(const void *ctx, int64_t j) {
-    const row_terms *r = ctx;
-    ckp_v8f g = ckp_load8(r->dy + j);
-    if (r->weight) g = g * ckp_load8(r->weight + j);
-    return g * ckp_load8(r->x + j);
-}
-static inline __attribute__((always_inline)) float grad_a_times_x1(const void *ctx, int64_t j) {
-    const row_terms *r = ctx;
-    float g = r->weight ? r->dy[j] * r->weight[j] : r->dy[j];
-    return g * r->x[j];
-}
+#define RMS_DEFINE_GRAD_TERMS(suffix, ELEM)                                                                   \
+    static inline __attribute__((always_inline)) ckp_v8f grad_a_times_x8##suffix(const void *ctx, int64_t j) { \
+        const row_terms *r = ctx;                                                                         \
+        ckp_v8f g = elems8_at(r->dy, j, ELEM);                                                            \
+        if (r->weight) g = g * ckp_load8(r->weight + j);                                                  \
+        return g * elems8_at(r->x, j, ELEM);                                                              \
+    }                                                                                                     \
+    static inline __attribute__((always_inline)) float grad_a_times_x1##suffix(const void *ctx, int64_t j) { \
+        const row_terms *r = ctx;                                                                         \
+        float g = r->weight ? elem_at(r->dy, j, ELEM) * r->weight[j] : elem_at(r->dy, j, ELEM);          \
+        return g * elem_at(r->x, j, ELEM);                                                                \
+    }                                                                                                     \
+    CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x##suffix, grad_a_times_x8##suffix, grad_a_times_x1##suffix, CKP_VLANES) \
+    static float grad_a_times_x_at##suffix(void *ctx, int64_t j) { return grad_a_times_x1##suffix(ctx, j); }
 
-CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x, grad_a_times_x8, grad_a_times_x1, CKP_VLANES)
+RMS_DEFINE_GRAD_TERMS(, sizeof(float))
+RMS_DEFINE_GRAD_TERMS(_bf16, sizeof(uint16_t))
 
-static float grad_a_times_x_at(void *ctx, int64_t j) {
-    return grad_a_times_x1(ctx, j);
-}
-
-/* One row of dx (dx may be dy: each dy_j is read before dx_j is written);
- * with dx_rstd, dx gets the first term and dx_rstd the second, unadded.
+/* One row of dx on dy, x and dx of elem bytes a value (dx may be dy: each dy_j is read before dx_j is
+ * written); with dx_rstd (float32 only), dx gets the first term and dx_rstd the second, unadded.
+ * bf16: float32's arithmetic on the widened values, the two terms added in float and rounded once.
  * split_threads as forward_row's. */
-CKP_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
-                                    int split_threads, float *dx, float *dx_rstd) {
+static inline __attribute__((always_inline)) void backward_row_of(const void *dy, const void *x, const float *weight,
+                                                                  float r, int64_t D, int split_threads, void *dx,
+                                                                  float *dx_rstd, size_t elem) {
+    const int bf16 = elem == sizeof(uint16_t);
     row_terms terms = {dy, x, weight};
-    float grad_rstd = split_row(D, split_threads) ? ckp_aten_full_sum(grad_a_times_x_at, &terms, D, split_threads)
-                                                   : sum_grad_a_times_x(&terms, D);
+    float grad_rstd = split_row(D, split_threads)
+                          ? ckp_aten_full_sum(bf16 ? grad_a_times_x_at_bf16 : grad_a_times_x_at, &terms, D,
+                                              split_threads)
+                          : bf16 ? sum_grad_a_times_x_bf16(&terms, D) : sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);
     if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
-        ckp_v8f g = ckp_load8(dy + j);
+        ckp_v8f g = elems8_at(dy, j, elem);
         if (weight) g = g * ckp_load8(weight + j);
-        ckp_v8f normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_load8(x + j));
+        ckp_v8f normalized = g * r, through_rstd = grad_mean * (2.0f * elems8_at(x, j, elem));
         if (dx_rstd) {
-            ckp_store8(dx + j, normalized);
+            store8_at(dx, j, normalized, elem);
             ckp_store8(dx_rstd + j, through_rstd);
         } else {
-            ckp_store8(dx + j, normalized + through_rstd);
+            store8_at(dx, j, normalized + through_rstd, elem);
         }
     }
     for (; j < D; j++) {
-        float g = weight ? dy[j] * weight[j] : dy[j];
-        float normalized = g * r, through_rstd = grad_mean * (2.0f * x[j]);
+        float g = weight ? elem_at(dy, j, elem) * weight[j] : elem_at(dy, j, elem);
+        float normalized = g * r, through_rstd = grad_mean * (2.0f * elem_at(x, j, elem));
         if (dx_rstd) {
-            dx[j] = normalized;
+            store_at(dx, j, normalized, elem);
             dx_rstd[j] = through_rstd;
         } else {
-            dx[j] = normalized + through_rstd;
+            store_at(dx, j, normalized + through_rstd, elem);
         }
     }
+}
+
+CKP_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
+                                    int split_threads, float *dx, float *dx_rstd) {
+    backward_row_of(dy, x, weight, r, D, split_threads, dx, dx_rstd, sizeof(float));
+}
+
+CKP_CLONES static void backward_row_bf16(const uint16_t *dy, const uint16_t *x, const float *weight, float r,
+                                         int64_t D, int split_threads, uint16_t *dx) {
+    backward_row_of(dy, x, weight, r, D, split_threads, dx, NULL, sizeof(uint16_t));
 }
 
 /* The rows' inputs and outputs for dx_row (float32) and dx_row_bf16. */
@@ -359,7 +414,6 @@ typedef struct {
     int torch_threads;
     void *dx;
     float *dx_rstd; /* float32: the second term apart, or NULL */
-    float *rows;    /* bf16: each thread's dy, x and dx rows of D floats */
 } backward_rows;
 
 static void dx_row_f32(const void *ctx, int64_t i, int thread) {
@@ -399,7 +453,7 @@ static ckp_status backward(const float *dy, const float *x, const float *weight,
         ckp_overlaps_any((ckp_span){dweight, dweight_bytes}, read_by_all, 2))
         return ckp_fail(CKP_ERR_ALIASING, "dx, dx_rstd and dweight must not overlap rstd or weight");
     ckp_clear_error();
-    const backward_rows rows = {dy, x, weight, rstd, N, D, torch_threads, dx, dx_rstd, NULL};
+    const backward_rows rows = {dy, x, weight, rstd, N, D, torch_threads, dx, dx_rstd};
     return backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(float), dweight, dx_row_f32, &rows);
 }
 
@@ -418,13 +472,12 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
 /* ---- bfloat16 ---------------------------------------------------------------- */
 
 static ckp_status out_of_memory(int64_t D) {
-    return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the float rows of a bf16 rms_norm (D=%lld)", (long long)D);
+    return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the weight's float rows in a bf16 rms_norm (D=%lld)", (long long)D);
 }
 
-/* rows float rows of D for each of `threads` threads, then `extra` more (the weight, dweight's
- * sums); NULL when out of memory. */
-static float *float_rows(int threads, int rows, int64_t D, int extra) {
-    return malloc(((size_t)threads * (size_t)rows + (size_t)extra) * (size_t)D * sizeof(float));
+/* count float rows of D (the weight, dweight's sums); NULL when out of memory. */
+static float *float_rows(int64_t D, int count) {
+    return malloc((size_t)count * (size_t)D * sizeof(float));
 }
 
 /* weight (D) of w_elem bytes a value (2: bf16, 4: float32) into D floats */
@@ -447,24 +500,15 @@ static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_e
     const ckp_span y_s = {y, x_s.bytes}, rstd_s = {rstd, (size_t)N * sizeof(float)};
     if (ckp_overlaps_any(y_s, (ckp_span[]){x_s, w_s, rstd_s}, 3) || ckp_overlaps_any(rstd_s, (ckp_span[]){x_s, w_s}, 2))
         return ckp_fail(CKP_ERR_ALIASING, "y and rstd must not overlap x, weight or each other");
-    const int threads = ckp_threads();
-    float *rows = float_rows(threads, 2, D, 1); /* each thread's x and y rows, then the weight */
-    if (rows == NULL) return out_of_memory(D);
+    float *wf = weight ? float_rows(D, 1) : NULL; /* the weight as floats */
+    if (weight && wf == NULL) return out_of_memory(D);
     ckp_clear_error();
-    float *wf = weight ? rows + (size_t)threads * 2 * (size_t)D : NULL;
     if (wf) weight_as_float(weight, w_elem, D, wf);
     const float eps_f = (float)eps;
-#pragma omp parallel num_threads(threads) if (N * D >= 32768)
-    {
-        float *xr = rows + (size_t)omp_get_thread_num() * 2 * (size_t)D, *yr = xr + D;
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < N; i++) {
-            ckp_widen_bf16(x + i * D, D, xr);
-            rstd[i] = forward_row(xr, wf, D, eps_f, N == 1 ? torch_threads : 1, yr);
-            ckp_narrow_bf16(yr, D, y + i * D);
-        }
-    }
-    free(rows);
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * D >= 32768)
+    for (int64_t i = 0; i < N; i++)
+        rstd[i] = forward_row_bf16(x + i * D, wf, D, eps_f, N == 1 ? torch_threads : 1, y + i * D);
+    free(wf);
     return CKP_OK;
 }
 
@@ -479,13 +523,11 @@ ckp_status ckp_rms_norm_forward_bf16_f32w(const uint16_t *x, const float *weight
 }
 
 static void dx_row_bf16(const void *ctx, int64_t i, int thread) {
+    (void)thread;
     const backward_rows *r = ctx;
     const int64_t D = r->D;
-    float *dyr = r->rows + (size_t)thread * 3 * (size_t)D, *xr = dyr + D, *dxr = xr + D;
-    ckp_widen_bf16((const uint16_t *)r->dy + i * D, D, dyr);
-    ckp_widen_bf16((const uint16_t *)r->x + i * D, D, xr);
-    backward_row(dyr, xr, r->weight, r->rstd[i], D, r->N == 1 ? r->torch_threads : 1, dxr, NULL);
-    ckp_narrow_bf16(dxr, D, (uint16_t *)r->dx + i * D);
+    backward_row_bf16((const uint16_t *)r->dy + i * D, (const uint16_t *)r->x + i * D, r->weight, r->rstd[i], D,
+                      r->N == 1 ? r->torch_threads : 1, (uint16_t *)r->dx + i * D);
 }
 
 /* The bf16 backward with a bf16 or float32 weight (w_elem), dweight of the weight's dtype. */
@@ -504,14 +546,12 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     if (ckp_overlaps_any((ckp_span){dx, bytes}, inputs, 4) || ckp_overlaps_any((ckp_span){dweight, w_bytes}, inputs, 4) ||
         ckp_overlaps(dx, bytes, dweight, w_bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx and dweight must not overlap the inputs or each other");
-    const int threads = ckp_threads();
-    /* each thread's dy, x and dx rows, then the weight, then dweight's float sums */
-    float *rows = float_rows(threads, 3, D, 2);
-    if (rows == NULL) return out_of_memory(D);
+    float *rows = weight ? float_rows(D, 2) : NULL; /* the weight as floats, then dweight's float sums */
+    if (weight && rows == NULL) return out_of_memory(D);
     ckp_clear_error();
-    float *wf = weight ? rows + (size_t)threads * 3 * (size_t)D : NULL, *sums = wf ? wf + D : NULL;
+    float *wf = weight ? rows : NULL, *sums = wf ? wf + D : NULL;
     if (wf) weight_as_float(weight, w_elem, D, wf);
-    const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL, rows};
+    const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL};
     s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r);
     if (s == CKP_OK && sums) {
         if (w_elem == sizeof(uint16_t)) ckp_narrow_bf16(sums, D, dweight);
