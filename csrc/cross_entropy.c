@@ -111,21 +111,42 @@ typedef struct {
     double grad_scale;       /* r: 1 / mean denominator, or 1 (times row_grad[i] per row) */
 } ce_ctx;
 
+/* The default variant reads its rows as float32 (elem 4) or as bf16 (elem 2) widened exactly as it
+ * loads them, and stores its gradient as float32 or rounded once to bf16 (elem a constant at every
+ * call): the same float arithmetic on the same values either way. */
+static inline __attribute__((always_inline)) float ce_at(const void *x, int64_t j, size_t elem) {
+    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)x)[j]) : ((const float *)x)[j];
+}
+static inline __attribute__((always_inline)) ckp_v8f ce_load8(const void *x, int64_t j, size_t elem) {
+    return elem == sizeof(uint16_t) ? ckp_bf16_load8((const uint16_t *)x + j) : ckp_load8((const float *)x + j);
+}
+/* the first n (< 8) values from j, the other lanes fill */
+static inline __attribute__((always_inline)) ckp_v8f ce_load8_tail(const void *x, int64_t j, int64_t n, float fill,
+                                                                   size_t elem) {
+    float lanes[CKP_VLANES];
+    for (int l = 0; l < CKP_VLANES; l++) lanes[l] = l < n ? ce_at(x, j + l, elem) : fill;
+    return ckp_load8(lanes);
+}
+static inline __attribute__((always_inline)) void ce_store(void *dx, int64_t j, float v, size_t elem) {
+    if (elem == sizeof(uint16_t)) ((uint16_t *)dx)[j] = ckp_f_to_bf16(v);
+    else ((float *)dx)[j] = v;
+}
+
 /* Lanes of the per-row reductions: a fixed width (csrc/vec.h), so the bits
  * never depend on how the compiler vectorizes. A row's last V % 8 elements go
  * through the same lanes, padded with a value that does not change the result
  * (-inf: neither a new max nor, after exp, a nonzero term). */
-static inline __attribute__((always_inline)) float row_max(const float *x, int64_t V) {
-    ckp_v8f lane = ckp_splat8(x[0]);
+static inline __attribute__((always_inline)) float row_max(const void *x, int64_t V, size_t elem) {
+    ckp_v8f lane = ckp_splat8(ce_at(x, 0, elem));
     ckp_v8i nan = {0};
     int64_t j = 0;
     for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
-        ckp_v8f v = ckp_load8(x + j);
+        ckp_v8f v = ce_load8(x, j, elem);
         lane = ckp_select8(v > lane, v, lane);
         nan |= v != v;
     }
     if (j < V) {
-        ckp_v8f v = ckp_load8_tail(x + j, V - j, -INFINITY);
+        ckp_v8f v = ce_load8_tail(x, j, V - j, -INFINITY, elem);
         lane = ckp_select8(v > lane, v, lane);
         nan |= v != v;
     }
@@ -170,9 +191,10 @@ enum { CE_CHUNK = 512 };
 
 /* sum_j exp(x_j - m) in double over the 8 lanes; when e != NULL also stores
  * each exp(x_j - m) there (the row stays in cache for the gradient pass, which
- * then needs no second exp). e may be x itself: each x_j is read before e_j
- * is written. */
-static inline __attribute__((always_inline)) double row_sum_exp(const float *x, int64_t V, float m, float *e) {
+ * then needs no second exp). e may be x itself (float32): each x_j is read
+ * before e_j is written. */
+static inline __attribute__((always_inline)) double row_sum_exp(const void *x, int64_t V, float m, float *e,
+                                                                size_t elem) {
     double lane[CKP_VLANES] = {0};
     float chunk[CE_CHUNK], mutant_sum = 0.0f;
     for (int64_t j0 = 0; j0 < V; j0 += CE_CHUNK) {
@@ -180,8 +202,9 @@ static inline __attribute__((always_inline)) double row_sum_exp(const float *x, 
         float *out = e != NULL ? e + j0 : chunk;
         int64_t i = 0;
         for (; i + CKP_VLANES <= n; i += CKP_VLANES)
-            ckp_store8(out + i, exp_nonpositive(ckp_load8(x + j0 + i) - m));
-        if (i < n) ckp_store8_tail(out + i, n - i, exp_nonpositive(ckp_load8_tail(x + j0 + i, n - i, -INFINITY) - m));
+            ckp_store8(out + i, exp_nonpositive(ce_load8(x, j0 + i, elem) - m));
+        if (i < n)
+            ckp_store8_tail(out + i, n - i, exp_nonpositive(ce_load8_tail(x, j0 + i, n - i, -INFINITY, elem) - m));
         if (CKP_MUTANT(CE_FLOAT_ACCUMULATOR))
             for (int64_t k = 0; k < n; k++) mutant_sum += out[k];
         else
@@ -194,17 +217,21 @@ static inline __attribute__((always_inline)) double row_sum_exp(const float *x, 
 }
 
 /* One class-target row: returns its loss; writes dx when dx != NULL.
- * x and dx may be the same row (in place): every sum that reads x runs before
- * the pass that stores exp(x_j - m) into dx, and x[t] is read first. */
-CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
-                                     float *dx) {
+ * Its exps go to e (float32: e is dx itself; bf16: the thread's float row),
+ * then the gradient from e into dx. x and dx may be the same row (in place):
+ * every sum that reads x runs before the pass that stores exp(x_j - m) into
+ * e, and x[t] is read first. */
+static inline __attribute__((always_inline)) double ce_row_class_of(const void *x, int64_t t, int64_t V,
+                                                                    const ce_ctx *c, double scale, void *dx, float *e,
+                                                                    size_t elem) {
     const float *w = c->weight;
-    float m = row_max(x, V);
-    float x_t = x[t];
+    float m = row_max(x, V, elem);
+    float x_t = ce_at(x, t, elem);
     double weighted_shifted = 0.0; /* sum_j w_j (x_j - m), for label smoothing */
     if (c->smoothing > 0.0)
-        for (int64_t j = 0; j < V; j++) weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)x[j] - (double)m);
-    double sum_exp = row_sum_exp(x, V, m, dx); /* dx now holds exp(x_j - m) */
+        for (int64_t j = 0; j < V; j++)
+            weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)ce_at(x, j, elem) - (double)m);
+    double sum_exp = row_sum_exp(x, V, m, dx != NULL ? e : NULL, elem); /* e now holds exp(x_j - m) */
     double log_sum = log(sum_exp);
     double lse = (double)m + log_sum;
     double w_t = w ? (double)w[t] : 1.0;
@@ -218,31 +245,41 @@ CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, cons
         double k = a + b * c->weight_total + (CKP_MUTANT(CE_ZLOSS_NO_GRAD) ? 0.0 : 2.0) * c->z_loss * lse * scale;
         /* dx_j = p_j k - b w_j, in float (vectorized); p_j = exp(x_j - m) / sum */
         const float k_over_sum = (float)(k / sum_exp), b_f = (float)b;
-        float e_t = dx[t];
-        if (w != NULL)
-            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * k_over_sum - b_f * w[j];
-        else
-            for (int64_t j = 0; j < V; j++) dx[j] = dx[j] * k_over_sum - b_f;
+        float e_t = e[t];
+        if (elem == sizeof(float)) { /* in place over e (dx), the loops the compiler vectorizes */
+            float *d = dx;
+            if (w != NULL)
+                for (int64_t j = 0; j < V; j++) d[j] = e[j] * k_over_sum - b_f * w[j];
+            else
+                for (int64_t j = 0; j < V; j++) d[j] = e[j] * k_over_sum - b_f;
+        } else {
+            int64_t j = 0;
+            for (; j + CKP_VLANES <= V; j += CKP_VLANES)
+                ckp_bf16_store8((uint16_t *)dx + j,
+                                ckp_load8(e + j) * k_over_sum - (w ? b_f * ckp_load8(w + j) : ckp_splat8(b_f)));
+            for (; j < V; j++) ce_store(dx, j, e[j] * k_over_sum - b_f * (w ? w[j] : 1.0f), elem);
+        }
         /* the target's entry subtracts a from a value near a: evaluated in double */
-        dx[t] = (float)((double)e_t / sum_exp * k - b * w_t - a);
+        ce_store(dx, t, (float)((double)e_t / sum_exp * k - b * w_t - a), elem);
     }
     return loss;
 }
 
-/* One probability-target row (P is the row of target probabilities); dx may
- * be x, as for class rows. */
-CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
-                                     float *dx) {
+/* One probability-target row (P is the row of target probabilities, of x's element type); dx and
+ * e as for class rows. */
+static inline __attribute__((always_inline)) double ce_row_probs_of(const void *x, const void *P, int64_t V,
+                                                                    const ce_ctx *c, double scale, void *dx, float *e,
+                                                                    size_t elem) {
     const float *w = c->weight;
     double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;
-    float m = row_max(x, V);
+    float m = row_max(x, V, elem);
     double wq_total = 0.0, wq_shifted = 0.0; /* sum_j w_j q_j and sum_j w_j q_j (x_j - m) */
     for (int64_t j = 0; j < V; j++) {
-        double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
+        double wq = (w ? (double)w[j] : 1.0) * ((double)ce_at(P, j, elem) * keep + spread);
         wq_total += wq;
-        wq_shifted += wq * ((double)x[j] - (double)m);
+        wq_shifted += wq * ((double)ce_at(x, j, elem) - (double)m);
     }
-    double sum_exp = row_sum_exp(x, V, m, dx); /* dx now holds exp(x_j - m) */
+    double sum_exp = row_sum_exp(x, V, m, dx != NULL ? e : NULL, elem); /* e now holds exp(x_j - m) */
     double log_sum = log(sum_exp);
     double lse = (double)m + log_sum;
     double loss = wq_total * log_sum - wq_shifted + c->z_loss * lse * lse;
@@ -250,24 +287,45 @@ CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V,
         double k = (wq_total + (CKP_MUTANT(CE_ZLOSS_NO_GRAD) ? 0.0 : 2.0) * c->z_loss * lse) * scale;
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
-            double wq = (w ? (double)w[j] : 1.0) * ((double)P[j] * keep + spread);
-            dx[j] = (float)((double)dx[j] * inv_sum * k - wq * scale);
+            double wq = (w ? (double)w[j] : 1.0) * ((double)ce_at(P, j, elem) * keep + spread);
+            ce_store(dx, j, (float)((double)e[j] * inv_sum * k - wq * scale), elem);
         }
     }
     return loss;
 }
 
-/* The default variant on float32 rows (elem 4), or on bf16 rows (elem 2): each row widened exactly
- * into the thread's float rows (its target probabilities too), the float32 arithmetic, the row's
- * gradient rounded once as it is stored -- what the float32 kernel on the widened logits, then a
- * cast of dlogits to bf16, gives, without an (N, V) float copy of either. */
+CKP_CLONES static double ce_row_class(const float *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
+                                     float *dx) {
+    return ce_row_class_of(x, t, V, c, scale, dx, dx, sizeof(float));
+}
+
+CKP_CLONES static double ce_row_class_bf16(const uint16_t *x, int64_t t, int64_t V, const ce_ctx *c, double scale,
+                                          uint16_t *dx, float *e) {
+    return ce_row_class_of(x, t, V, c, scale, dx, e, sizeof(uint16_t));
+}
+
+CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
+                                     float *dx) {
+    return ce_row_probs_of(x, P, V, c, scale, dx, dx, sizeof(float));
+}
+
+CKP_CLONES static double ce_row_probs_bf16(const uint16_t *x, const uint16_t *P, int64_t V, const ce_ctx *c,
+                                          double scale, uint16_t *dx, float *e) {
+    return ce_row_probs_of(x, P, V, c, scale, dx, e, sizeof(uint16_t));
+}
+
+/* The default variant on float32 rows (elem 4), or on bf16 rows (elem 2): the bf16 rows (and their
+ * target probabilities) read in place, widened exactly as they load, the float32 arithmetic, each
+ * row's exps in the thread's float row and its gradient rounded once as it is stored -- what the
+ * float32 kernel on the widened logits, then a cast of dlogits to bf16, gives, without an (N, V)
+ * float copy of either. */
 static ckp_status ce_default(const void *logits, const int64_t *target, const void *target_probs,
                              int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
                              float *loss, void *dlogits, size_t elem) {
     const int bf16 = elem == sizeof(uint16_t), threads = ckp_threads();
-    /* bf16: each thread's x, dx and target-probability rows, allocated before any output is written */
-    float *rows = bf16 ? malloc((size_t)threads * 3 * (size_t)V * sizeof(float)) : NULL;
-    if (bf16 && rows == NULL)
+    /* bf16: each thread's row of exps, allocated before any output is written */
+    float *rows = bf16 && dlogits ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
+    if (bf16 && dlogits && rows == NULL)
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the float rows of a bf16 cross_entropy (V=%lld)",
                         (long long)V);
     ce_ctx c = {opt->weight, (double)V, opt->label_smoothing, (double)(CKP_MUTANT(CE_SMOOTHING_WRONG_V) ? V - 1 : V),
@@ -295,33 +353,24 @@ static ckp_status ce_default(const void *logits, const int64_t *target, const vo
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t lo, hi;
         ckp_block_range(N, nblocks, b, &lo, &hi);
-        float *xr = bf16 ? rows + (size_t)omp_get_thread_num() * 3 * (size_t)V : NULL, *dxr = xr + V, *pr = dxr + V;
+        float *e = rows ? rows + (size_t)omp_get_thread_num() * (size_t)V : NULL;
         double acc = 0.0;
         for (int64_t i = lo; i < hi; i++) {
-            const float *x, *P = NULL;
-            float *dx = NULL;
-            if (bf16) { /* the row widened first: dlogits may be the logits themselves */
-                ckp_widen_bf16((const uint16_t *)logits + i * V, V, xr);
-                if (target_probs) ckp_widen_bf16((const uint16_t *)target_probs + i * V, V, pr);
-                x = xr;
-                P = target_probs ? pr : NULL;
-                dx = dlogits ? dxr : NULL;
-            } else {
-                x = (const float *)logits + i * V;
-                P = target_probs ? (const float *)target_probs + i * V : NULL;
-                dx = dlogits ? (float *)dlogits + i * V : NULL;
-            }
+            const size_t at = (size_t)(i * V) * elem; /* the row's byte offset */
+            const void *x = (const char *)logits + at, *P = target_probs ? (const char *)target_probs + at : NULL;
+            void *dx = dlogits ? (char *)dlogits + at : NULL;
             double upstream = opt->row_grad ? (double)opt->row_grad[opt->reduction == CKP_REDUCTION_NONE ? i : 0] : 1.0;
             double row_loss, scale = c.grad_scale * upstream;
-            if (target == NULL) {
-                row_loss = ce_row_probs(x, P, V, &c, scale, dx);
-            } else if (target[i] == opt->ignore_index) {
+            if (target != NULL && target[i] == opt->ignore_index) {
                 row_loss = 0.0;
-                if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) memset(dx, 0, (size_t)V * sizeof(float));
+                if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) memset(dx, 0, (size_t)V * elem);
+            } else if (bf16) {
+                row_loss = target == NULL ? ce_row_probs_bf16(x, P, V, &c, scale, dx, e)
+                                          : ce_row_class_bf16(x, target[i], V, &c, scale, dx, e);
             } else {
-                row_loss = ce_row_class(x, target[i], V, &c, scale, dx);
+                row_loss = target == NULL ? ce_row_probs(x, P, V, &c, scale, dx)
+                                          : ce_row_class(x, target[i], V, &c, scale, dx);
             }
-            if (bf16 && dx) ckp_narrow_bf16(dx, V, (uint16_t *)dlogits + i * V);
             if (opt->reduction == CKP_REDUCTION_NONE) loss[i] = (float)row_loss;
             acc += row_loss;
         }
@@ -447,7 +496,7 @@ typedef struct {
 
 static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
     r->x = x;
-    r->m = row_max(x, V);
+    r->m = row_max(x, V, sizeof(float));
     float sum = pt_vec_sum(pt_exp_shifted, r, V, r->at);
     r->log_sum = r->at.sleef && !CKP_MUTANT(PTREF_LIBM_LOG) ? ckp_log_sleef(sum) : logf(sum);
 }

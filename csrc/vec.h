@@ -99,11 +99,6 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
         for (int l = 0; l < N; l++) r[l] = __builtin_fmaf(a[l], b[l], c[l]);                                   \
         return r;                                                                                               \
     }                                                                                                           \
-    CKP_ALWAYS ckp_v##N##f ckp_bf16_load##N(const uint16_t *p) {                                               \
-        ckp_v##N##h h;                                                                                          \
-        memcpy(&h, p, sizeof h);                                                                                \
-        return (ckp_v##N##f)(__builtin_convertvector(h, ckp_v##N##u) << 16);                                    \
-    }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_bf16_round##N(ckp_v##N##f v) {                                                  \
         ckp_v##N##u u = (ckp_v##N##u)v;                                                                         \
         ckp_v##N##u r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;                                         \
@@ -148,6 +143,20 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
 
 CKP_DEFINE_LANES(8, 32)
 CKP_DEFINE_LANES(16, 64)
+
+/* ckp_bf16_load<N>: see above. 8 lanes: each bf16 interleaved with a zero below it -- the float's
+ * bits; 16: one widening conversion and a shift. */
+CKP_ALWAYS ckp_v8f ckp_bf16_load8(const uint16_t *p) {
+    ckp_v8h h;
+    memcpy(&h, p, sizeof h);
+    const ckp_v8h zero = {0};
+    return (ckp_v8f)__builtin_shufflevector(zero, h, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+}
+CKP_ALWAYS ckp_v16f ckp_bf16_load16(const uint16_t *p) {
+    ckp_v16h h;
+    memcpy(&h, p, sizeof h);
+    return (ckp_v16f)(__builtin_convertvector(h, ckp_v16u) << 16);
+}
 
 static inline __attribute__((always_inline)) ckp_v8f ckp_load8(const float *p) {
     ckp_v8f v;
