@@ -57,11 +57,12 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  * ckp_fma: a * b + c with one rounding, per lane. GCC turns the lane loop into
  *   one vfmadd where the target has FMA (x86-64-v3 and up); the baseline
  *   build calls fmaf per lane: slow, but the same bits.
- * ckp_bf16_load: N bf16 values widened to floats (a zero-extending move and a shift). One vector
- *   conversion: written as a lane loop, GCC 12 built bf16 AdamW's exp_avg from sixteen scalar loads
- *   and shifts (the step at 16M: 7.4 ms against 5.3-5.8, the target_clones build). GCC's code for
- *   it varies with the loop around it; where a plain widening loop is all there is (rms_norm's
- *   widen), the compiler's own vectorization of the scalar loop was the faster.
+ * ckp_bf16_load: N bf16 values widened to floats (defined after the lane counts: the two widths
+ *   are written differently). Written for GCC 12's code, measured on the target_clones build: as a
+ *   lane loop it built bf16 AdamW's exp_avg from sixteen scalar loads and shifts (the step at 16M:
+ *   7.4 ms against 5.3-5.8); as one widening conversion, 16 lanes are a zero-extending move and a
+ *   shift, but 8 lanes became two half loads and an insert (rms_norm's bf16 backward 14.1 ms against
+ *   11.4 with the 8-lane form below, each bf16 interleaved with a zero).
  * ckp_bf16_round: v rounded to bfloat16 per lane, as floats (the low 16 bits zero).
  * ckp_bf16_round_any_nan: ckp_bf16_round without its NaN select, for a value that only feeds more
  *   arithmetic: a NaN stays a NaN (sign and payload as they come) provided its low 16 bits are zero
