@@ -1,7 +1,6 @@
 /*
- * bf16_rows.c — a row of bfloat16 values widened into floats, and floats rounded into bfloat16:
- * the kernels that do float32's arithmetic on bf16 data (rms_norm; the default cross_entropy)
- * widen a row at a time into each thread's float rows and round each result once as it is stored.
+ * bf16_rows.c — an array of bfloat16 values widened into floats, and floats rounded into bfloat16
+ * (rms_norm's weight and dweight sums; the hot loops widen and round as they load and store).
  */
 #include "ckp_internal.h"
 #include "vec.h"

@@ -31,8 +31,8 @@
  * and round each result as they store it. (Widening whole arrays into fresh
  * float copies cost more in page faults than the arithmetic: 220 ms for
  * (8192, 4096) forward and backward; widening a row at a time into each
- * thread's float rows, then rounding dx out of another, cost the forward and
- * the backward's C calls about a fifth more than reading in place.)
+ * thread's float rows, then rounding y or dx out of another, cost the forward
+ * and the backward's C calls about a fifth more than reading in place.)
  */
 #include "aten_sum.h"
 

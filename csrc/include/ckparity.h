@@ -144,8 +144,8 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
                                   const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits);
 
 /* The default variant on bfloat16 logits (and bf16 target_probs): the float32 kernel's arithmetic
- * on the values widened exactly, a row at a time, loss in float32, dlogits rounded to bf16 once as
- * each row is stored (opt->row_grad folded in before, as in float32) -- the float32 kernel on
+ * on the values widened exactly as they are read, loss in float32, dlogits rounded to bf16 once as
+ * it is stored (opt->row_grad folded in before, as in float32) -- the float32 kernel on
  * logits.float(), then dlogits cast to bf16, without the float copies. Options as ckp_cross_entropy's
  * (z_loss, weights, smoothing; opt->variant must be CKP_CE_DEFAULT); dlogits may be NULL or the
  * logits buffer itself (in place), and may not otherwise overlap an input. */
@@ -205,9 +205,10 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
  * bf16) with rstd in float: torch computes rms_norm on bf16 tensors in float
  * and rounds each result once -- y, dx (its two terms added in float) and
  * dweight are the float32 results of the same values, rounded to bf16
- * (csrc/rms_norm.c). These run the float32 kernel a row at a time on float
- * copies (each thread's rows, allocated per call: CKP_ERR_OUT_OF_MEMORY when
- * that fails). */
+ * (csrc/rms_norm.c). These run the float32 kernel's arithmetic on the rows
+ * in place, widening as they load and rounding as they store (the weight and
+ * dweight's sums as floats are allocated per call: CKP_ERR_OUT_OF_MEMORY,
+ * before anything is written, when that fails). */
 ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
                                      double eps, uint16_t *y, float *rstd, int torch_threads);
 ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
