@@ -135,25 +135,39 @@ static inline __attribute__((always_inline)) void ce_store(void *dx, int64_t j, 
 /* Lanes of the per-row reductions: a fixed width (csrc/vec.h), so the bits
  * never depend on how the compiler vectorizes. A row's last V % 8 elements go
  * through the same lanes, padded with a value that does not change the result
- * (-inf: neither a new max nor, after exp, a nonzero term). */
+ * (-inf: neither a new max nor, after exp, a nonzero term).
+ * The row's maximum runs two chains of lanes, the even vectors' and the odd ones' (one chain waits
+ * on its compare and select every vector: (2048, 32000) bf16 default loss 23.8 -> 20.7 ms, float32
+ * 21.2 -> 19.5). A maximum is exact in any order; only the sign of a zero maximum can depend on the
+ * order, and nothing downstream sees it: zeros of both signs mean two zeros or more, so the sum of
+ * exps is >= 2 and log_sum > 0, and m enters every result as x - m (a zero of either sign, exp 1)
+ * next to log_sum or inside sums where a zero term's sign does not change a nonzero total. */
 static inline __attribute__((always_inline)) float row_max(const void *x, int64_t V, size_t elem) {
-    ckp_v8f lane = ckp_splat8(ce_at(x, 0, elem));
+    ckp_v8f a = ckp_splat8(ce_at(x, 0, elem)), b = a;
     ckp_v8i nan = {0};
     int64_t j = 0;
-    for (; j + CKP_VLANES <= V; j += CKP_VLANES) {
+    for (; j + 2 * CKP_VLANES <= V; j += 2 * CKP_VLANES) {
+        ckp_v8f u = ce_load8(x, j, elem), v = ce_load8(x, j + CKP_VLANES, elem);
+        a = ckp_select8(u > a, u, a);
+        b = ckp_select8(v > b, v, b);
+        nan |= (u != u) | (v != v);
+    }
+    a = ckp_select8(b > a, b, a);
+    if (j + CKP_VLANES <= V) {
         ckp_v8f v = ce_load8(x, j, elem);
-        lane = ckp_select8(v > lane, v, lane);
+        a = ckp_select8(v > a, v, a);
         nan |= v != v;
+        j += CKP_VLANES;
     }
     if (j < V) {
         ckp_v8f v = ce_load8_tail(x, j, V - j, -INFINITY, elem);
-        lane = ckp_select8(v > lane, v, lane);
+        a = ckp_select8(v > a, v, a);
         nan |= v != v;
     }
-    float m = lane[0];
+    float m = a[0];
     int32_t any_nan = nan[0];
     for (int l = 1; l < CKP_VLANES; l++) {
-        m = lane[l] > m ? lane[l] : m;
+        m = a[l] > m ? a[l] : m;
         any_nan |= nan[l];
     }
     return any_nan ? NAN : m; /* NaN propagates, as torch's max does */
@@ -216,6 +230,30 @@ static inline __attribute__((always_inline)) double row_sum_exp(const void *x, i
     return sum;
 }
 
+/* dx_j = bf16(e_j k - b w_j) (or - b without weights) over whole vectors of N lanes: the class rows'
+ * gradient in bf16, its constants splatted once (written inline, GCC 12 rebuilt the splat from
+ * scalars in every iteration). Returns the first element not written. */
+#define CE_DEFINE_GRAD_BF16(N)                                                                              \
+    static inline __attribute__((always_inline)) int64_t ce_grad_bf16_##N(const float *e, const float *w,  \
+                                                                          int64_t V, float k, float b,      \
+                                                                          void *dx) {                       \
+        const ckp_v##N##f kv = ckp_splat##N(k), bv = ckp_splat##N(b);                                       \
+        int64_t j = 0;                                                                                      \
+        for (; j + N <= V; j += N) {                                                                        \
+            ckp_v##N##f ej, wj = bv;                                                                        \
+            memcpy(&ej, e + j, sizeof ej);                                                                  \
+            if (w) {                                                                                        \
+                memcpy(&wj, w + j, sizeof wj);                                                              \
+                wj = bv * wj;                                                                               \
+            }                                                                                               \
+            ckp_bf16_store##N((uint16_t *)dx + j, ej * kv - wj);                                            \
+        }                                                                                                   \
+        return j;                                                                                           \
+    }
+
+CE_DEFINE_GRAD_BF16(8)
+CE_DEFINE_GRAD_BF16(16)
+
 /* One class-target row: returns its loss; writes dx when dx != NULL.
  * Its exps go to e (float32: e is dx itself; bf16: the thread's float row),
  * then the gradient from e into dx. x and dx may be the same row (in place):
@@ -252,12 +290,10 @@ static inline __attribute__((always_inline)) double ce_row_class_of(const void *
                 for (int64_t j = 0; j < V; j++) d[j] = e[j] * k_over_sum - b_f * w[j];
             else
                 for (int64_t j = 0; j < V; j++) d[j] = e[j] * k_over_sum - b_f;
-        } else {
-            int64_t j = 0;
-            for (; j + CKP_VLANES <= V; j += CKP_VLANES)
-                ckp_bf16_store8((uint16_t *)dx + j,
-                                ckp_load8(e + j) * k_over_sum - (w ? b_f * ckp_load8(w + j) : ckp_splat8(b_f)));
-            for (; j < V; j++) ce_store(dx, j, e[j] * k_over_sum - b_f * (w ? w[j] : 1.0f), elem);
+        } else { /* 16 lanes where torch runs AVX512 (elementwise: the same bits), 8 elsewhere */
+            const int64_t j = ckp_lanes16() ? ce_grad_bf16_16(e, w, V, k_over_sum, b_f, dx)
+                                            : ce_grad_bf16_8(e, w, V, k_over_sum, b_f, dx);
+            for (int64_t i = j; i < V; i++) ce_store(dx, i, e[i] * k_over_sum - b_f * (w ? w[i] : 1.0f), elem);
         }
         /* the target's entry subtracts a from a value near a: evaluated in double */
         ce_store(dx, t, (float)((double)e_t / sum_exp * k - b * w_t - a), elem);
