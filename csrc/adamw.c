@@ -226,15 +226,6 @@ static void adamw_range_bf16(uint16_t *restrict param, const uint16_t *restrict 
 
 /* ---- fused=True ---------------------------------------------------------------- */
 
-static inline __attribute__((always_inline)) float load_at(const void *a, int64_t i, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[i]) : ((const float *)a)[i];
-}
-
-static inline __attribute__((always_inline)) void store_at(void *a, int64_t i, float x, size_t elem) {
-    if (elem == sizeof(uint16_t)) ((uint16_t *)a)[i] = ckp_f_to_bf16(x);
-    else ((float *)a)[i] = x;
-}
-
 /* Where torch's fused build contracts exp_avg_sq's update, by the element's
  * place (see the file's comment): [0, vector_end) the vector loop's form,
  * [vector_end, n) the scalar tail's. */
@@ -256,24 +247,24 @@ static inline __attribute__((always_inline)) void fused_run(void *restrict param
     const float decay = k->decays ? k->decay : 1.0f, w1 = k->w1, beta2 = k->beta2, w2 = k->w2;
     const float neg_step_size = k->neg_step_size, bc2_sqrt = f->bc2_sqrt, eps = f->eps, sign = k->sign;
     for (int64_t i = lo; i < hi; i++) {
-        float g = sign * load_at(grad, i, elem);
-        float p = load_at(param, i, elem) * decay;
-        float m = lerp_vec(load_at(exp_avg, i, elem), g, w1, form != FORM_NONE);
-        float v0 = load_at(exp_avg_sq, i, elem), w2g = w2 * g;
+        float g = sign * ckp_elem_load(grad, i, elem);
+        float p = ckp_elem_load(param, i, elem) * decay;
+        float m = lerp_vec(ckp_elem_load(exp_avg, i, elem), g, w1, form != FORM_NONE);
+        float v0 = ckp_elem_load(exp_avg_sq, i, elem), w2g = w2 * g;
         float v = form == FORM_NONE ? v0 * beta2 + w2g * g
                 : form == FORM_VECTOR || CKP_MUTANT(ADAMW_FUSED_TAIL_AS_VECTOR) ? fmaf(w2g, g, v0 * beta2)
                 : fmaf(v0, beta2, w2g * g);
         float vmax = v;
         if (amsgrad) {
-            vmax = load_at(max_exp_avg_sq, i, elem);
+            vmax = ckp_elem_load(max_exp_avg_sq, i, elem);
             vmax = (v > vmax || v != v) ? v : vmax; /* Vectorized maximum propagates NaN */
-            store_at(max_exp_avg_sq, i, vmax, elem);
+            ckp_elem_store(max_exp_avg_sq, i, vmax, elem);
         }
         float denom = CKP_MUTANT(ADAMW_FUSED_BC2_UNDER_SQRT) ? sqrtf(vmax / (bc2_sqrt * bc2_sqrt)) + eps
                                                             : sqrtf(vmax) / bc2_sqrt + eps;
-        store_at(param, i, p + (neg_step_size * m) / denom, elem);
-        store_at(exp_avg, i, m, elem);
-        store_at(exp_avg_sq, i, v, elem);
+        ckp_elem_store(param, i, p + (neg_step_size * m) / denom, elem);
+        ckp_elem_store(exp_avg, i, m, elem);
+        ckp_elem_store(exp_avg_sq, i, v, elem);
     }
 }
 

@@ -35,10 +35,6 @@
  * cross-entropy rows, swiglu, AdamW's default path; vec.h's CKP_DEFINE_LANES). */
 static inline int ckp_lanes16(void) { return ckp_get_capability() == CKP_CAPABILITY_AVX512; }
 
-/* n bf16 values widened into floats (exact); n floats rounded into bf16 (csrc/bf16_rows.c). */
-void ckp_widen_bf16(const uint16_t *h, int64_t n, float *f);
-void ckp_narrow_bf16(const float *f, int64_t n, uint16_t *h);
-
 /* Records a printf-style detail for ckp_last_error() and returns status. */
 ckp_status ckp_fail(ckp_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

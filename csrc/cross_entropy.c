@@ -111,25 +111,12 @@ typedef struct {
     double grad_scale;       /* r: 1 / mean denominator, or 1 (times row_grad[i] per row) */
 } ce_ctx;
 
-/* The default variant reads its rows as float32 (elem 4) or as bf16 (elem 2) widened exactly as it
- * loads them, and stores its gradient as float32 or rounded once to bf16 (elem a constant at every
- * call): the same float arithmetic on the same values either way. */
-static inline __attribute__((always_inline)) float ce_at(const void *x, int64_t j, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)x)[j]) : ((const float *)x)[j];
-}
-static inline __attribute__((always_inline)) ckp_v8f ce_load8(const void *x, int64_t j, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_load8((const uint16_t *)x + j) : ckp_load8((const float *)x + j);
-}
-/* the first n (< 8) values from j, the other lanes fill */
+/* the first n (< 8) values of a float32 or bf16 row from j (vec.h's ckp_elem_load), the other lanes fill */
 static inline __attribute__((always_inline)) ckp_v8f ce_load8_tail(const void *x, int64_t j, int64_t n, float fill,
                                                                    size_t elem) {
     float lanes[CKP_VLANES];
-    for (int l = 0; l < CKP_VLANES; l++) lanes[l] = l < n ? ce_at(x, j + l, elem) : fill;
+    for (int l = 0; l < CKP_VLANES; l++) lanes[l] = l < n ? ckp_elem_load(x, j + l, elem) : fill;
     return ckp_load8(lanes);
-}
-static inline __attribute__((always_inline)) void ce_store(void *dx, int64_t j, float v, size_t elem) {
-    if (elem == sizeof(uint16_t)) ((uint16_t *)dx)[j] = ckp_f_to_bf16(v);
-    else ((float *)dx)[j] = v;
 }
 
 /* Lanes of the per-row reductions: a fixed width (csrc/vec.h), so the bits
@@ -143,18 +130,18 @@ static inline __attribute__((always_inline)) void ce_store(void *dx, int64_t j, 
  * exps is >= 2 and log_sum > 0, and m enters every result as x - m (a zero of either sign, exp 1)
  * next to log_sum or inside sums where a zero term's sign does not change a nonzero total. */
 static inline __attribute__((always_inline)) float row_max(const void *x, int64_t V, size_t elem) {
-    ckp_v8f a = ckp_splat8(ce_at(x, 0, elem)), b = a;
+    ckp_v8f a = ckp_splat8(ckp_elem_load(x, 0, elem)), b = a;
     ckp_v8i nan = {0};
     int64_t j = 0;
     for (; j + 2 * CKP_VLANES <= V; j += 2 * CKP_VLANES) {
-        ckp_v8f u = ce_load8(x, j, elem), v = ce_load8(x, j + CKP_VLANES, elem);
+        ckp_v8f u = ckp_elem_load8(x, j, elem), v = ckp_elem_load8(x, j + CKP_VLANES, elem);
         a = ckp_select8(u > a, u, a);
         b = ckp_select8(v > b, v, b);
         nan |= (u != u) | (v != v);
     }
     a = ckp_select8(b > a, b, a);
     if (j + CKP_VLANES <= V) {
-        ckp_v8f v = ce_load8(x, j, elem);
+        ckp_v8f v = ckp_elem_load8(x, j, elem);
         a = ckp_select8(v > a, v, a);
         nan |= v != v;
         j += CKP_VLANES;
@@ -216,7 +203,7 @@ static inline __attribute__((always_inline)) double row_sum_exp(const void *x, i
         float *out = e != NULL ? e + j0 : chunk;
         int64_t i = 0;
         for (; i + CKP_VLANES <= n; i += CKP_VLANES)
-            ckp_store8(out + i, exp_nonpositive(ce_load8(x, j0 + i, elem) - m));
+            ckp_store8(out + i, exp_nonpositive(ckp_elem_load8(x, j0 + i, elem) - m));
         if (i < n)
             ckp_store8_tail(out + i, n - i, exp_nonpositive(ce_load8_tail(x, j0 + i, n - i, -INFINITY, elem) - m));
         if (CKP_MUTANT(CE_FLOAT_ACCUMULATOR))
@@ -264,11 +251,11 @@ static inline __attribute__((always_inline)) double ce_row_class_of(const void *
                                                                     size_t elem) {
     const float *w = c->weight;
     float m = row_max(x, V, elem);
-    float x_t = ce_at(x, t, elem);
+    float x_t = ckp_elem_load(x, t, elem);
     double weighted_shifted = 0.0; /* sum_j w_j (x_j - m), for label smoothing */
     if (c->smoothing > 0.0)
         for (int64_t j = 0; j < V; j++)
-            weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)ce_at(x, j, elem) - (double)m);
+            weighted_shifted += (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(x, j, elem) - (double)m);
     double sum_exp = row_sum_exp(x, V, m, dx != NULL ? e : NULL, elem); /* e now holds exp(x_j - m) */
     double log_sum = log(sum_exp);
     double lse = (double)m + log_sum;
@@ -293,10 +280,10 @@ static inline __attribute__((always_inline)) double ce_row_class_of(const void *
         } else { /* 16 lanes where torch runs AVX512 (elementwise: the same bits), 8 elsewhere */
             const int64_t j = ckp_lanes16() ? ce_grad_bf16_16(e, w, V, k_over_sum, b_f, dx)
                                             : ce_grad_bf16_8(e, w, V, k_over_sum, b_f, dx);
-            for (int64_t i = j; i < V; i++) ce_store(dx, i, e[i] * k_over_sum - b_f * (w ? w[i] : 1.0f), elem);
+            for (int64_t i = j; i < V; i++) ckp_elem_store(dx, i, e[i] * k_over_sum - b_f * (w ? w[i] : 1.0f), elem);
         }
         /* the target's entry subtracts a from a value near a: evaluated in double */
-        ce_store(dx, t, (float)((double)e_t / sum_exp * k - b * w_t - a), elem);
+        ckp_elem_store(dx, t, (float)((double)e_t / sum_exp * k - b * w_t - a), elem);
     }
     return loss;
 }
@@ -311,9 +298,9 @@ static inline __attribute__((always_inline)) double ce_row_probs_of(const void *
     float m = row_max(x, V, elem);
     double wq_total = 0.0, wq_shifted = 0.0; /* sum_j w_j q_j and sum_j w_j q_j (x_j - m) */
     for (int64_t j = 0; j < V; j++) {
-        double wq = (w ? (double)w[j] : 1.0) * ((double)ce_at(P, j, elem) * keep + spread);
+        double wq = (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(P, j, elem) * keep + spread);
         wq_total += wq;
-        wq_shifted += wq * ((double)ce_at(x, j, elem) - (double)m);
+        wq_shifted += wq * ((double)ckp_elem_load(x, j, elem) - (double)m);
     }
     double sum_exp = row_sum_exp(x, V, m, dx != NULL ? e : NULL, elem); /* e now holds exp(x_j - m) */
     double log_sum = log(sum_exp);
@@ -323,8 +310,8 @@ static inline __attribute__((always_inline)) double ce_row_probs_of(const void *
         double k = (wq_total + (CKP_MUTANT(CE_ZLOSS_NO_GRAD) ? 0.0 : 2.0) * c->z_loss * lse) * scale;
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
-            double wq = (w ? (double)w[j] : 1.0) * ((double)ce_at(P, j, elem) * keep + spread);
-            ce_store(dx, j, (float)((double)e[j] * inv_sum * k - wq * scale), elem);
+            double wq = (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(P, j, elem) * keep + spread);
+            ckp_elem_store(dx, j, (float)((double)e[j] * inv_sum * k - wq * scale), elem);
         }
     }
     return loss;

@@ -50,26 +50,6 @@ static ckp_status check_sizes(int64_t N, int64_t D) {
     return CKP_OK;
 }
 
-/* A row's element j as a float, and 8 from j: float32 (elem 4), or bf16 (elem 2) widened exactly --
- * the bf16 kernels do float32's arithmetic on the values as they load them (elem is a constant at
- * every call). */
-static inline __attribute__((always_inline)) float elem_at(const void *a, int64_t j, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[j]) : ((const float *)a)[j];
-}
-static inline __attribute__((always_inline)) ckp_v8f elems8_at(const void *a, int64_t j, size_t elem) {
-    return elem == sizeof(uint16_t) ? ckp_bf16_load8((const uint16_t *)a + j) : ckp_load8((const float *)a + j);
-}
-
-/* y[j] = v, or v rounded to bf16 (elem 2) */
-static inline __attribute__((always_inline)) void store_at(void *y, int64_t j, float v, size_t elem) {
-    if (elem == sizeof(uint16_t)) ((uint16_t *)y)[j] = ckp_f_to_bf16(v);
-    else ((float *)y)[j] = v;
-}
-static inline __attribute__((always_inline)) void store8_at(void *y, int64_t j, ckp_v8f v, size_t elem) {
-    if (elem == sizeof(uint16_t)) ckp_bf16_store8((uint16_t *)y + j, v);
-    else ckp_store8((float *)y + j, v);
-}
-
 static inline __attribute__((always_inline)) ckp_v8f square8(const void *row, int64_t j) {
     ckp_v8f v = ckp_load8((const float *)row + j);
     return v * v;
@@ -111,18 +91,18 @@ static inline __attribute__((always_inline)) float forward_row_of(const void *x,
                         : bf16 ? sum_of_squares_bf16(x, D) : sum_of_squares(x, D);
     if (CKP_MUTANT(RMS_SUM_REVERSED)) {
         squares = 0.0f;
-        for (int64_t j = D - 1; j >= 0; j--) squares += elem_at(x, j, elem) * elem_at(x, j, elem);
+        for (int64_t j = D - 1; j >= 0; j--) squares += ckp_elem_load(x, j, elem) * ckp_elem_load(x, j, elem);
     }
     float mean = squares / (float)D;
     float r = CKP_MUTANT(RMS_EPS_OUTSIDE_SQRT) ? 1.0f / (sqrtf(mean) + eps) : 1.0f / sqrtf(mean + eps);
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
-        ckp_v8f normalized = elems8_at(x, j, elem) * r;
-        store8_at(y, j, weight ? normalized * ckp_load8(weight + j) : normalized, elem);
+        ckp_v8f normalized = ckp_elem_load8(x, j, elem) * r;
+        ckp_elem_store8(y, j, weight ? normalized * ckp_load8(weight + j) : normalized, elem);
     }
     for (; j < D; j++) {
-        float normalized = elem_at(x, j, elem) * r;
-        store_at(y, j, weight ? normalized * weight[j] : normalized, elem);
+        float normalized = ckp_elem_load(x, j, elem) * r;
+        ckp_elem_store(y, j, weight ? normalized * weight[j] : normalized, elem);
     }
     return r;
 }
@@ -173,7 +153,7 @@ typedef struct {
 static float column_term(const void *ctx, int64_t i, int64_t k) {
     const column_terms *c = ctx;
     int64_t at = i * c->D + c->first + k;
-    float dy = elem_at(c->dy, at, c->elem), x = elem_at(c->x, at, c->elem);
+    float dy = ckp_elem_load(c->dy, at, c->elem), x = ckp_elem_load(c->x, at, c->elem);
     return CKP_MUTANT(RMS_DWEIGHT_ASSOCIATION) ? (dy * x) * c->rstd[i] : dy * (x * c->rstd[i]);
 }
 
@@ -207,16 +187,10 @@ enum { VECS = 128, MIN_VECS = 32 };
  * after the last whole step come last, so a walk block by block does the same additions in the
  * same order. At N, the levels are added up and stored in dweight. */
 #define RMS_DEFINE_COLUMNS(N)                                                                                \
-    static inline __attribute__((always_inline)) ckp_v##N##f load##N##_at(const void *a, int64_t i, size_t elem) { \
-        if (elem == sizeof(uint16_t)) return ckp_bf16_load##N((const uint16_t *)a + i);                      \
-        ckp_v##N##f v;                                                                                       \
-        memcpy(&v, (const float *)a + i, sizeof v);                                                          \
-        return v;                                                                                            \
-    }                                                                                                        \
     static inline __attribute__((always_inline)) ckp_v##N##f column_terms##N(const void *dy, const void *x,   \
                                                                              const float *rstd, int64_t k,   \
                                                                              int64_t i, size_t elem) {       \
-        return load##N##_at(dy, k, elem) * (load##N##_at(x, k, elem) * rstd[i]);                             \
+        return ckp_elem_load##N(dy, k, elem) * (ckp_elem_load##N(x, k, elem) * rstd[i]);                             \
     }                                                                                                        \
     static inline __attribute__((always_inline)) void dweight_columns_of##N(                                 \
         const void *dy, const void *x, const float *rstd, int64_t N_rows, int64_t D, int64_t j, int nvec,    \
@@ -342,14 +316,14 @@ typedef struct {
 #define RMS_DEFINE_GRAD_TERMS(suffix, ELEM)                                                                   \
     static inline __attribute__((always_inline)) ckp_v8f grad_a_times_x8##suffix(const void *ctx, int64_t j) { \
         const row_terms *r = ctx;                                                                         \
-        ckp_v8f g = elems8_at(r->dy, j, ELEM);                                                            \
+        ckp_v8f g = ckp_elem_load8(r->dy, j, ELEM);                                                            \
         if (r->weight) g = g * ckp_load8(r->weight + j);                                                  \
-        return g * elems8_at(r->x, j, ELEM);                                                              \
+        return g * ckp_elem_load8(r->x, j, ELEM);                                                              \
     }                                                                                                     \
     static inline __attribute__((always_inline)) float grad_a_times_x1##suffix(const void *ctx, int64_t j) { \
         const row_terms *r = ctx;                                                                         \
-        float g = r->weight ? elem_at(r->dy, j, ELEM) * r->weight[j] : elem_at(r->dy, j, ELEM);          \
-        return g * elem_at(r->x, j, ELEM);                                                                \
+        float g = r->weight ? ckp_elem_load(r->dy, j, ELEM) * r->weight[j] : ckp_elem_load(r->dy, j, ELEM);          \
+        return g * ckp_elem_load(r->x, j, ELEM);                                                                \
     }                                                                                                     \
     CKP_DEFINE_ATEN_SUM(sum_grad_a_times_x##suffix, grad_a_times_x8##suffix, grad_a_times_x1##suffix, CKP_VLANES) \
     static float grad_a_times_x_at##suffix(void *ctx, int64_t j) { return grad_a_times_x1##suffix(ctx, j); }
@@ -374,24 +348,24 @@ static inline __attribute__((always_inline)) void backward_row_of(const void *dy
     if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
     int64_t j = 0;
     for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
-        ckp_v8f g = elems8_at(dy, j, elem);
+        ckp_v8f g = ckp_elem_load8(dy, j, elem);
         if (weight) g = g * ckp_load8(weight + j);
-        ckp_v8f normalized = g * r, through_rstd = grad_mean * (2.0f * elems8_at(x, j, elem));
+        ckp_v8f normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load8(x, j, elem));
         if (dx_rstd) {
-            store8_at(dx, j, normalized, elem);
+            ckp_elem_store8(dx, j, normalized, elem);
             ckp_store8(dx_rstd + j, through_rstd);
         } else {
-            store8_at(dx, j, normalized + through_rstd, elem);
+            ckp_elem_store8(dx, j, normalized + through_rstd, elem);
         }
     }
     for (; j < D; j++) {
-        float g = weight ? elem_at(dy, j, elem) * weight[j] : elem_at(dy, j, elem);
-        float normalized = g * r, through_rstd = grad_mean * (2.0f * elem_at(x, j, elem));
+        float g = weight ? ckp_elem_load(dy, j, elem) * weight[j] : ckp_elem_load(dy, j, elem);
+        float normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load(x, j, elem));
         if (dx_rstd) {
-            store_at(dx, j, normalized, elem);
+            ckp_elem_store(dx, j, normalized, elem);
             dx_rstd[j] = through_rstd;
         } else {
-            store_at(dx, j, normalized + through_rstd, elem);
+            ckp_elem_store(dx, j, normalized + through_rstd, elem);
         }
     }
 }
@@ -482,8 +456,7 @@ static float *float_rows(int64_t D, int count) {
 
 /* weight (D) of w_elem bytes a value (2: bf16, 4: float32) into D floats */
 static void weight_as_float(const void *weight, size_t w_elem, int64_t D, float *wf) {
-    if (w_elem == sizeof(uint16_t)) ckp_widen_bf16(weight, D, wf);
-    else memcpy(wf, weight, (size_t)D * sizeof(float));
+    for (int64_t j = 0; j < D; j++) wf[j] = ckp_elem_load(weight, j, w_elem);
 }
 
 /* The bf16 forward with a bf16 (w_elem 2) or float32 (w_elem 4) weight. */
@@ -554,8 +527,7 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL};
     s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r);
     if (s == CKP_OK && sums) {
-        if (w_elem == sizeof(uint16_t)) ckp_narrow_bf16(sums, D, dweight);
-        else memcpy(dweight, sums, (size_t)D * sizeof(float));
+        for (int64_t j = 0; j < D; j++) ckp_elem_store(dweight, j, sums[j], w_elem);
     }
     free(rows);
     return s;

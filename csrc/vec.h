@@ -159,6 +159,30 @@ CKP_ALWAYS ckp_v16f ckp_bf16_load16(const uint16_t *p) {
     return (ckp_v16f)(__builtin_convertvector(h, ckp_v16u) << 16);
 }
 
+/* Element i of an array of float32 (elem 4) or bf16 (elem 2) values as a float, N from i as a
+ * vector, and a float stored into one (rounded once to bf16): the kernels that do float32's
+ * arithmetic on bf16 data read and write it in place through these, elem a constant at every call. */
+CKP_ALWAYS float ckp_elem_load(const void *a, int64_t i, size_t elem) {
+    return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[i]) : ((const float *)a)[i];
+}
+CKP_ALWAYS void ckp_elem_store(void *a, int64_t i, float v, size_t elem) {
+    if (elem == sizeof(uint16_t)) ((uint16_t *)a)[i] = ckp_f_to_bf16(v);
+    else ((float *)a)[i] = v;
+}
+#define CKP_DEFINE_ELEM_VECTORS(N)                                                                              \
+    CKP_ALWAYS ckp_v##N##f ckp_elem_load##N(const void *a, int64_t i, size_t elem) {                           \
+        if (elem == sizeof(uint16_t)) return ckp_bf16_load##N((const uint16_t *)a + i);                        \
+        ckp_v##N##f v;                                                                                          \
+        memcpy(&v, (const float *)a + i, sizeof v);                                                             \
+        return v;                                                                                               \
+    }                                                                                                           \
+    CKP_ALWAYS void ckp_elem_store##N(void *a, int64_t i, ckp_v##N##f v, size_t elem) {                        \
+        if (elem == sizeof(uint16_t)) ckp_bf16_store##N((uint16_t *)a + i, v);                                 \
+        else memcpy((float *)a + i, &v, sizeof v);                                                              \
+    }
+CKP_DEFINE_ELEM_VECTORS(8)
+CKP_DEFINE_ELEM_VECTORS(16)
+
 static inline __attribute__((always_inline)) ckp_v8f ckp_load8(const float *p) {
     ckp_v8f v;
     memcpy(&v, p, sizeof v);
