@@ -80,6 +80,39 @@ static inline int split_row(int64_t D, int split_threads) {
     return split_threads > 1 && D >= CKP_ATEN_GRAIN_SIZE;
 }
 
+/* The elementwise ends of a row, N lanes a vector from column j while a whole vector fits; return
+ * the column they stop at. Elementwise: 16 lanes (ckp_lanes16) or 8 give the same bits. The forward's
+ * y = x * r (* weight); the backward's dx = dy (* weight) * r + grad_mean * 2x, its two terms apart
+ * in dx and dx_rstd when dx_rstd is given (float32). */
+#define RMS_DEFINE_ELEMENTWISE(N)                                                                              \
+    static inline __attribute__((always_inline)) int64_t forward_vectors##N(                                  \
+        const void *x, const float *weight, float r, int64_t j, int64_t D, void *y, size_t elem) {            \
+        for (; j + N <= D; j += N) {                                                                          \
+            ckp_v##N##f normalized = ckp_elem_load##N(x, j, elem) * r;                                        \
+            ckp_elem_store##N(y, j, weight ? normalized * ckp_elem_load##N(weight, j, sizeof(float)) : normalized, elem); \
+        }                                                                                                     \
+        return j;                                                                                             \
+    }                                                                                                         \
+    static inline __attribute__((always_inline)) int64_t backward_vectors##N(                                 \
+        const void *dy, const void *x, const float *weight, float r, float grad_mean, int64_t j, int64_t D,  \
+        void *dx, float *dx_rstd, size_t elem) {                                                              \
+        for (; j + N <= D; j += N) {                                                                          \
+            ckp_v##N##f g = ckp_elem_load##N(dy, j, elem);                                                    \
+            if (weight) g = g * ckp_elem_load##N(weight, j, sizeof(float));                                   \
+            ckp_v##N##f normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load##N(x, j, elem)); \
+            if (dx_rstd) {                                                                                    \
+                ckp_elem_store##N(dx, j, normalized, elem);                                                   \
+                ckp_elem_store##N(dx_rstd, j, through_rstd, sizeof(float));                                   \
+            } else {                                                                                          \
+                ckp_elem_store##N(dx, j, normalized + through_rstd, elem);                                    \
+            }                                                                                                 \
+        }                                                                                                     \
+        return j;                                                                                             \
+    }
+
+RMS_DEFINE_ELEMENTWISE(8)
+RMS_DEFINE_ELEMENTWISE(16)
+
 /* One row of the forward on x and y of elem bytes a value; returns rstd. split_threads: torch's
  * thread count for a one-row input, else 1. bf16: the float32 row's arithmetic on the widened values
  * (the sum of squares is a float32 tensor's sum in torch's composite), y rounded once. */
@@ -95,11 +128,8 @@ static inline __attribute__((always_inline)) float forward_row_of(const void *x,
     }
     float mean = squares / (float)D;
     float r = CKP_MUTANT(RMS_EPS_OUTSIDE_SQRT) ? 1.0f / (sqrtf(mean) + eps) : 1.0f / sqrtf(mean + eps);
-    int64_t j = 0;
-    for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
-        ckp_v8f normalized = ckp_elem_load8(x, j, elem) * r;
-        ckp_elem_store8(y, j, weight ? normalized * ckp_load8(weight + j) : normalized, elem);
-    }
+    int64_t j = ckp_lanes16() ? forward_vectors16(x, weight, r, 0, D, y, elem) : 0;
+    j = forward_vectors8(x, weight, r, j, D, y, elem);
     for (; j < D; j++) {
         float normalized = ckp_elem_load(x, j, elem) * r;
         ckp_elem_store(y, j, weight ? normalized * weight[j] : normalized, elem);
@@ -262,15 +292,20 @@ typedef void (*dx_row_fn)(const void *ctx, int64_t i, int thread);
  * The backward walks dy and x twice: dweight's cascades down the columns (ATen's order, which
  * pins dweight's bits) and each row's dx. Done one after the other, both read dy and x from
  * memory: at (8192, 4096) the column walk cost more than the rows. Here both go a block of rows at
- * a time -- the block's cascades (each thread a group of columns), then the block's dx rows (each
- * thread some rows) -- so the second walk finds the block in cache. The cascades' state waits in
- * memory between blocks; a block is a whole number of the cascade's level steps (about 2 MB of dy
- * and x: the shared L3 holds it; 1 and 4 MB measured slower), so the additions are those of one
- * walk (dweight_columns_of). A block's cascades are done before dx overwrites its rows of dy (in
- * place, float32). At (8192, 4096) on 2 threads the C backward went 18 -> 14-15 ms in bf16 and
- * 23 -> 17-19 ms in float32. Without a weight there is no cascade: one walk, no blocks. */
+ * a time -- each thread some of the block's dx rows, then the block's cascades (each thread a group
+ * of columns) -- so the second walk finds the block in cache. The rows go first: they read dy and x
+ * front to back, which the prefetcher follows, where the cascades' runs of 2-4 KB a row stalled on
+ * every row's first line (in the bf16 backward at (8192, 4096) on 2 threads, 10.2 -> 8.5 ms with the
+ * rows first; float32, whose two outputs make it memory-bound, the same either way). When dx
+ * overwrites dy (float32 in place) the cascades go first, since they read dy. The cascades' state
+ * waits in memory between blocks; a block is a whole number of the cascade's level steps (about 2
+ * MB of dy and x: the shared L3 holds it; 1 and 4 MB measured slower), so the additions are those
+ * of one walk (dweight_columns_of). At (8192, 4096) on 2 threads the blocks took the C backward
+ * 18 -> 14-15 ms in bf16 and 23 -> 17-19 ms in float32. Without a weight there is no cascade: one
+ * walk, no blocks. */
 static ckp_status backward_blocks(const void *dy, const void *x, const float *rstd, int64_t N, int64_t D,
-                                  int torch_threads, size_t elem, float *dweight, dx_row_fn dx_row, const void *ctx) {
+                                  int torch_threads, size_t elem, float *dweight, dx_row_fn dx_row, const void *ctx,
+                                  int dx_first) {
     const int threads = ckp_threads();
     int64_t vecs = 0, per = 1, groups = 0;
     ckp_v8f (*state)[CKP_SUM_LEVELS][VECS] = NULL;
@@ -294,13 +329,19 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
 #pragma omp parallel num_threads(threads) if (N * D >= 32768)
     for (int64_t i0 = 0; i0 < N; i0 += block) {
         int64_t i1 = N - i0 > block ? i0 + block : N;
+        if (dx_first) {
+#pragma omp for schedule(static)
+            for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
+        }
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < groups; b++) {
             int64_t j = b * per * CKP_VLANES, left = vecs - b * per;
             dweight_columns(dy, x, rstd, N, D, j, (int)(left < per ? left : per), i0, i1, state[b], dweight, elem);
         }
+        if (!dx_first) {
 #pragma omp for schedule(static)
-        for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
+            for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
+        }
     }
     free(state);
     return CKP_OK;
@@ -346,18 +387,8 @@ static inline __attribute__((always_inline)) void backward_row_of(const void *dy
                           : bf16 ? sum_grad_a_times_x_bf16(&terms, D) : sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);
     if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
-    int64_t j = 0;
-    for (; j + CKP_VLANES <= D; j += CKP_VLANES) {
-        ckp_v8f g = ckp_elem_load8(dy, j, elem);
-        if (weight) g = g * ckp_load8(weight + j);
-        ckp_v8f normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load8(x, j, elem));
-        if (dx_rstd) {
-            ckp_elem_store8(dx, j, normalized, elem);
-            ckp_store8(dx_rstd + j, through_rstd);
-        } else {
-            ckp_elem_store8(dx, j, normalized + through_rstd, elem);
-        }
-    }
+    int64_t j = ckp_lanes16() ? backward_vectors16(dy, x, weight, r, grad_mean, 0, D, dx, dx_rstd, elem) : 0;
+    j = backward_vectors8(dy, x, weight, r, grad_mean, j, D, dx, dx_rstd, elem);
     for (; j < D; j++) {
         float g = weight ? ckp_elem_load(dy, j, elem) * weight[j] : ckp_elem_load(dy, j, elem);
         float normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load(x, j, elem));
@@ -428,7 +459,8 @@ static ckp_status backward(const float *dy, const float *x, const float *weight,
         return ckp_fail(CKP_ERR_ALIASING, "dx, dx_rstd and dweight must not overlap rstd or weight");
     ckp_clear_error();
     const backward_rows rows = {dy, x, weight, rstd, N, D, torch_threads, dx, dx_rstd};
-    return backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(float), dweight, dx_row_f32, &rows);
+    /* dx in place of dy: the cascades read the block's dy first */
+    return backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(float), dweight, dx_row_f32, &rows, dx != dy);
 }
 
 ckp_status ckp_rms_norm_backward(const float *dy, const float *x, const float *weight, const float *rstd,
@@ -525,7 +557,7 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     float *wf = weight ? rows : NULL, *sums = wf ? wf + D : NULL;
     if (wf) weight_as_float(weight, w_elem, D, wf);
     const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL};
-    s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r);
+    s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r, 1);
     if (s == CKP_OK && sums) {
         for (int64_t j = 0; j < D; j++) ckp_elem_store(dweight, j, sums[j], w_elem);
     }
