@@ -326,21 +326,26 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
     int64_t level_step = (int64_t)1 << ckp_cascade_power(N);
     int64_t fit = ((int64_t)1 << 21) / (2 * D * (int64_t)elem) / level_step; /* level steps in ~2 MB */
     int64_t block = groups == 0 ? N : (fit > 1 ? fit : 1) * level_step; /* no cascades: one walk */
+#define RMS_BLOCK_ROWS                                                                                    \
+    for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num())
+#define RMS_BLOCK_CASCADES                                                                                \
+    for (int64_t b = 0; b < groups; b++) {                                                                \
+        int64_t j = b * per * CKP_VLANES, left = vecs - b * per;                                          \
+        dweight_columns(dy, x, rstd, N, D, j, (int)(left < per ? left : per), i0, i1, state[b], dweight, elem); \
+    }
 #pragma omp parallel num_threads(threads) if (N * D >= 32768)
     for (int64_t i0 = 0; i0 < N; i0 += block) {
         int64_t i1 = N - i0 > block ? i0 + block : N;
         if (dx_first) {
+#pragma omp for schedule(static) nowait
+            RMS_BLOCK_ROWS;
+#pragma omp for schedule(static) nowait
+            RMS_BLOCK_CASCADES
+        } else {
 #pragma omp for schedule(static)
-            for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
-        }
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < groups; b++) {
-            int64_t j = b * per * CKP_VLANES, left = vecs - b * per;
-            dweight_columns(dy, x, rstd, N, D, j, (int)(left < per ? left : per), i0, i1, state[b], dweight, elem);
-        }
-        if (!dx_first) {
-#pragma omp for schedule(static)
-            for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
+            RMS_BLOCK_CASCADES
+#pragma omp for schedule(static) nowait
+            RMS_BLOCK_ROWS;
         }
     }
     free(state);
@@ -433,8 +438,8 @@ static ckp_status backward(const float *dy, const float *x, const float *weight,
                            int64_t D, float *dx, float *dx_rstd, float *dweight, int torch_threads) {
     if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
-    if ((weight == NULL) != (dweight == NULL))
-        return ckp_fail(CKP_ERR_NULL_POINTER, "dweight must be given exactly when weight is");
+    if (weight == NULL && dweight != NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "dweight is given but weight is NULL (no weight: no dweight)");
     ckp_status s = check_sizes(N, D);
     if (s == CKP_OK) s = ckp_check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
@@ -541,8 +546,8 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
                                 int torch_threads) {
     if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
-    if ((weight == NULL) != (dweight == NULL))
-        return ckp_fail(CKP_ERR_NULL_POINTER, "dweight must be given exactly when weight is");
+    if (weight == NULL && dweight != NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "dweight is given but weight is NULL (no weight: no dweight)");
     ckp_status s = check_sizes(N, D);
     if (s == CKP_OK) s = ckp_check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
@@ -551,10 +556,10 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     if (ckp_overlaps_any((ckp_span){dx, bytes}, inputs, 4) || ckp_overlaps_any((ckp_span){dweight, w_bytes}, inputs, 4) ||
         ckp_overlaps(dx, bytes, dweight, w_bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx and dweight must not overlap the inputs or each other");
-    float *rows = weight ? float_rows(D, 2) : NULL; /* the weight as floats, then dweight's float sums */
+    float *rows = weight ? float_rows(D, dweight ? 2 : 1) : NULL; /* the weight as floats, then dweight's float sums */
     if (weight && rows == NULL) return out_of_memory(D);
     ckp_clear_error();
-    float *wf = weight ? rows : NULL, *sums = wf ? wf + D : NULL;
+    float *wf = weight ? rows : NULL, *sums = dweight ? wf + D : NULL;
     if (wf) weight_as_float(weight, w_elem, D, wf);
     const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL};
     s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r, 1);

@@ -111,7 +111,8 @@ def fuzz_rms_norm(rng: random.Random) -> int:
             [y, rstd])
     dy = data(rng, n)
     rstd = data(rng, max(N, 1)).abs()  # a forward's rstd is positive
-    dweight = torch.empty(max(D, 1)) if weight is not None or rng.random() < 0.05 else None
+    # no dweight with a weight: its gradient not wanted; a dweight without a weight: refused
+    dweight = torch.empty(max(D, 1)) if (weight is not None) != (rng.random() < 0.1) else None
     dx = x if rng.random() < 0.05 else (dy if rng.random() < 0.1 else torch.empty(n + 1))  # in place on dy is allowed
     outputs = [t for t in (dx, dweight) if t is not None and t is not x and t is not dy]
     if rng.random() < 0.5:
@@ -297,7 +298,7 @@ def fuzz_bf16(rng: random.Random) -> int:
         weight = (data(rng, max(W, 1)) if f32w else bf16(data(rng, max(W, 1)))) if rng.random() < 0.7 else None
         rstd = data(rng, max(N, 1)).abs()
         dweight = (torch.empty(max(W, 1), dtype=torch.float32 if f32w else torch.bfloat16)
-                   if weight is not None or rng.random() < 0.05 else None)
+                   if (weight is not None) != (rng.random() < 0.1) else None)
         dx = dy if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
         entry = lib.ckp_rms_norm_backward_bf16_f32w if f32w else lib.ckp_rms_norm_backward_bf16
         return call_and_check(rng, lambda: entry(

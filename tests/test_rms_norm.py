@@ -161,3 +161,37 @@ def test_the_backward_in_blocks_of_rows_keeps_torchs_bits(dtype):
         _bindings.rms_norm_backward(upstream, x, w, rstd, separate_dx, separate_dweight)
         assert torch.equal(dy, separate_dx) and torch.equal(dweight, separate_dweight)
         assert torch.equal(dweight, theirs[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_without_grad_gets_no_dweight_and_dx_keeps_torchs_bits(dtype, monkeypatch):
+    """A weight that needs no gradient (frozen, or a model under inference-style fine-tuning of x only) is
+    not differentiated: the C backward is called without dweight (it skips the cascades' walk, as torch's
+    backward skips an output nobody asked for), x's gradient is still torch's bits, weight.grad stays None."""
+    from ckparity import _bindings
+
+    entry = "rms_norm_backward_bf16" if dtype == torch.bfloat16 else "rms_norm_backward_terms"
+    dweights = []
+    real = getattr(_bindings, entry)
+
+    def spy(*args, **kwargs):
+        dweights.append(args[-1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_bindings, entry, spy)
+    g = torch.Generator().manual_seed(3)
+    x, w, upstream = torch.randn(300, 1030, generator=g), torch.randn(1030, generator=g), torch.randn(300, 1030, generator=g)
+    grads = []
+    for fn in (ckparity.rms_norm, F.rms_norm):
+        xx, ww = x.to(dtype).requires_grad_(True), w.to(dtype)
+        y = fn(xx, (1030,), ww, 1e-6)
+        y.backward(upstream.to(dtype))
+        grads.append((y.detach(), xx.grad, ww.grad))
+    (y, dx, dw), (ty, tdx, tdw) = grads
+    assert dweights == [None], "the C backward was asked for a dweight nobody needs"
+    assert torch.equal(y, ty) and torch.equal(dx, tdx) and dw is None and tdw is None
+    # with dweight asked for, the same call gives the same dx
+    ww = w.to(dtype).requires_grad_(True)
+    xx = x.to(dtype).requires_grad_(True)
+    ckparity.rms_norm(xx, (1030,), ww, 1e-6).backward(upstream.to(dtype))
+    assert dweights[-1] is not None and torch.equal(xx.grad, dx) and ww.grad is not None

@@ -178,8 +178,9 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
                                 double eps, float *y, float *rstd, int torch_threads);
 
-/* dy, x, dx are (N, D); rstd is (N) from the forward; dweight is (D), or NULL
- * when weight is NULL. dx may be dy (in place). torch_threads as above. With
+/* dy, x, dx are (N, D); rstd is (N) from the forward; dweight is (D), or NULL:
+ * not computed (as torch skips a weight's gradient it does not need; must be
+ * NULL when weight is). dx may be dy (in place). torch_threads as above. With
  * a weight of D >= 8 the call allocates dweight's cascade state (16 KB per
  * group of up to 1024 columns; CKP_ERR_OUT_OF_MEMORY, nothing written, when
  * that fails): it walks the rows in blocks, carrying the cascades between them. */

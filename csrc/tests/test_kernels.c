@@ -38,7 +38,7 @@ static void test_rms_norm(void) {
     float *dy = malloc(sizeof(float) * N * D), *dx = malloc(sizeof(float) * N * D);
     float *dx2 = malloc(sizeof(float) * N * D), dw[D], dw2[D];
     for (int k = 0; k < N * D; k++) dy[k] = check_uniform(1.0f);
-    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, dx, NULL, 1) == CKP_ERR_NULL_POINTER, "dweight missing");
+    CHECK(ckp_rms_norm_backward(dy, x, NULL, rstd, N, D, dx, dw, 1) == CKP_ERR_NULL_POINTER, "dweight, no weight");
     CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, x, dw, 1) == CKP_ERR_ALIASING, "dx over x");
     CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, dx, dw, -2) == CKP_ERR_BAD_OPTION, "torch_threads -2");
     for (int threads = 1; threads <= 4; threads++) {
@@ -50,6 +50,9 @@ static void test_rms_norm(void) {
             CHECK(memcmp(dx, dx2, sizeof(float) * N * D) == 0 && memcmp(dw, dw2, sizeof dw) == 0 &&
                   memcmp(y, y2, sizeof(float) * N * D) == 0, "%d threads change bits", threads);
     }
+    /* no dweight asked for: the same dx */
+    CHECK(ckp_rms_norm_backward(dy, x, w, rstd, N, D, dx2, NULL, 1) == CKP_OK, "backward without dweight");
+    CHECK(memcmp(dx, dx2, sizeof(float) * N * D) == 0, "dx changes without dweight");
     /* the two terms, added as an autograd engine adds them, give dx to the bit */
     float *normalized = malloc(sizeof(float) * N * D), *through_rstd = malloc(sizeof(float) * N * D), dw3[D];
     CHECK(ckp_rms_norm_backward_terms(dy, x, w, rstd, N, D, normalized, NULL, dw3, 1) == CKP_ERR_NULL_POINTER,

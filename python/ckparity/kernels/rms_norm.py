@@ -124,8 +124,11 @@ def _probe(g: torch.Generator):
 
 
 def c_calls(x, w):
-    """The C forward and backward of x's dtype alone on preallocated outputs."""
-    y, rstd, dx, dw = torch.empty_like(x), torch.empty(x.shape[0]), torch.empty_like(x), torch.empty_like(w)
+    """The C forward and backward of x's dtype alone on preallocated outputs (dweight where w requires
+    grad, as the op asks for it)."""
+    y, rstd, dx = torch.empty_like(x), torch.empty(x.shape[0]), torch.empty_like(x)
+    dw = torch.empty_like(w) if w.requires_grad else None
+    w = w.detach()
     dy = torch.ones_like(x)
     bf16 = x.dtype == torch.bfloat16
     forward, backward = ((C.rms_norm_forward_bf16, C.rms_norm_backward_bf16) if bf16
@@ -138,20 +141,23 @@ def c_calls(x, w):
 
 
 def _bench(g: torch.Generator, select):
-    for N, D in ((8192, 4096), (8, 64)):
-        if select("rms_norm", f"N={N},D={D}"):
+    """The large rows twice: a frozen weight (no dweight, as torch skips it) and a trained one."""
+    for N, D, trained in ((8192, 4096, False), (8192, 4096, True), (8, 64, False)):
+        shape = f"N={N},D={D}" + (",dweight" if trained else "")
+        if select("rms_norm", shape):
             x = torch.randn(N, D, generator=g).requires_grad_(True)
-            w = torch.randn(D, generator=g)
+            w = torch.randn(D, generator=g).requires_grad_(trained)
             # forward reads x, writes y; backward reads dy and x, writes dx
-            yield Case("rms_norm", f"N={N},D={D}", fwd_bwd(rms_norm, x, (D,), w), fwd_bwd(F.rms_norm, x, (D,), w),
+            yield Case("rms_norm", shape, fwd_bwd(rms_norm, x, (D,), w), fwd_bwd(F.rms_norm, x, (D,), w),
                        20 * N * D, c_calls(x.detach(), w), 2, compiled=compiled_fwd_bwd(F.rms_norm, x, (D,), w))
     N, D = 8192, 4096
-    if select("rms_norm", f"N={N},D={D} bf16"):
-        xb = torch.randn(N, D, generator=g).bfloat16().requires_grad_(True)
-        wb = torch.randn(D, generator=g).bfloat16()
-        yield Case("rms_norm", f"N={N},D={D} bf16", fwd_bwd(rms_norm, xb, (D,), wb),
-                   fwd_bwd(F.rms_norm, xb, (D,), wb), 10 * N * D, c_calls(xb.detach(), wb), 2,
-                   compiled=compiled_fwd_bwd(F.rms_norm, xb, (D,), wb))
+    for trained in (False, True):
+        shape = f"N={N},D={D}" + (",dweight" if trained else "") + " bf16"
+        if select("rms_norm", shape):
+            xb = torch.randn(N, D, generator=g).bfloat16().requires_grad_(True)
+            wb = torch.randn(D, generator=g).bfloat16().requires_grad_(trained)
+            yield Case("rms_norm", shape, fwd_bwd(rms_norm, xb, (D,), wb), fwd_bwd(F.rms_norm, xb, (D,), wb),
+                       10 * N * D, c_calls(xb.detach(), wb), 2, compiled=compiled_fwd_bwd(F.rms_norm, xb, (D,), wb))
 
 
 KERNEL = Kernel(

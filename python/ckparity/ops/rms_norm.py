@@ -31,6 +31,12 @@ def _forward(x, weight, eps):
     return y, rstd
 
 
+def _dweight(ctx, weight, index):
+    """dweight's output, or None where weight (input ``index`` of the Function) needs no gradient:
+    the C backward then skips dweight's walk, as torch's backward skips what it is not asked for."""
+    return torch.empty_like(weight) if weight is not None and ctx.needs_input_grad[index] else None
+
+
 def _save(ctx, x, weight, rstd):
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(x, weight, rstd)
@@ -62,7 +68,7 @@ class _RMSNormFunction(CFunction):
         D = x.shape[-1]
         rows = _rows(x, D)
         dx_normalized, dx_rstd = empty(x.shape, torch.float32), empty(x.shape, torch.float32)
-        dweight = torch.empty_like(weight) if weight is not None else None
+        dweight = _dweight(ctx, weight, 2)
         _bindings.rms_norm_backward_terms(_rows(dy, D), rows, weight, rstd, dx_normalized.view(-1, D),
                                           dx_rstd.view(-1, D), dweight, torch_threads=torch.get_num_threads())
         return dx_normalized, dx_rstd, dweight, None
@@ -88,7 +94,7 @@ class _RMSNormBF16Function(CFunction):
         x, weight, rstd = ctx.saved_tensors
         D = x.shape[-1]
         dx = empty(x.shape, torch.bfloat16)
-        dweight = torch.empty_like(weight) if weight is not None else None
+        dweight = _dweight(ctx, weight, 1)
         _bindings.rms_norm_backward_bf16(_rows(dy.to(torch.bfloat16), D), _rows(x, D), weight, rstd, dx.view(-1, D),
                                          dweight, torch_threads=torch.get_num_threads())
         return dx, dweight, None
