@@ -798,37 +798,68 @@ ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t 
 
 static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-/* The bf16 rows' vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS: 16 or 8 (ckp_lanes16).
- * The width never changes a bit: an exp does not depend on the lanes beside it, a max is exact, and
- * the exp-sum keeps torch's accumulator lanes whatever the width (bf_sum_exp).
+/* The bf16 rows' vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS: 16 or 8 (ckp_lanes16),
+ * which is torch's float vector at the capability (pt_layout's lanes). The width never changes a bit:
+ * an exp does not depend on the lanes beside it, a max is exact, and the exp-sum keeps torch's
+ * accumulators whatever the width (bf_sum_exp).
  *   bf_exp<N>: exp per lane as pt_exp_at does each one (SLEEF's on the vector, or libm's lane by lane).
- *   bf_sum_blocks<N>: lanes[i] = sum over whole blocks d of exp(x[d + i] - m), i < B (B a multiple of
- *     N); returns the first element past the blocks. They start at 0, and 0 + e is e (never -0).
- *   bf_max<N>: the max over the whole vectors of N from x (NaN ignored, flagged in *nan); *j past them.
- *   bf_grad<N>: bf_grad_row's dx over whole vectors of N; returns the first element not written. */
+ *   bf_sum_blocks<N>: lanes[0..2N) = vec::map_reduce_all's two float accumulators over the whole
+ *     bf16 vectors of 2N from x, the sums of exp(x[d + i] - m); returns the first element past them.
+ *     They start at 0, and 0 + e is e (never -0).
+ *   bf_max<N>: the max over the whole vectors of N from x, NaN ignored; *nan set where one may be (a
+ *     NaN, or an inf beside a -inf: the caller takes such a row again in order); *j past them.
+ *   bf_grad<N>: bf_grad_row's dx over whole vectors of N; returns the first element not written.
+ * The exp's kind is a constant in each loop (the _of forms, called with sleef 0 or 1): GCC 12 left the
+ * test in the loop and reloaded SLEEF's constants every vector, and kept the two accumulators of a
+ * variable-length array in memory (a store and a load on every add). logp only feeds the exp, so it
+ * skips the NaN select (ckp_bf16_round_any_nan: its NaNs come from a bf16 load or x86's arithmetic);
+ * dx is stored through ckp_bf16_store, which writes torch's NaN. */
 #define BF_DEFINE_ROW_LOOPS(N)                                                                              \
-    static inline __attribute__((always_inline)) ckp_v##N##f bf_exp##N(pt_layout at, ckp_v##N##f v) {     \
-        if (at.sleef) return ckp_exp_sleef##N(v);                                                           \
+    static inline __attribute__((always_inline)) ckp_v##N##f bf_exp##N(int sleef, ckp_v##N##f v) {        \
+        if (sleef) return ckp_exp_sleef##N(v);                                                              \
         for (int l = 0; l < N; l++) v[l] = expf(v[l]);                                                      \
         return v;                                                                                           \
     }                                                                                                       \
-    static inline __attribute__((always_inline)) int64_t bf_sum_blocks##N(const uint16_t *x, int64_t V,     \
-                                                                          int64_t B, float m, pt_layout at, \
-                                                                          float *lanes) {                   \
+    static inline __attribute__((always_inline)) int64_t bf_sum_blocks_of##N(const uint16_t *x, int64_t V,  \
+                                                                             float m, int sleef,            \
+                                                                             const uint16_t *ahead,         \
+                                                                             float *lanes) {                \
         const ckp_v##N##f mv = ckp_splat##N(m);                                                             \
-        ckp_v##N##f acc[32 / N];                                                                            \
-        const int chunks = (int)(B / N);                                                                    \
-        for (int c = 0; c < chunks; c++) acc[c] = ckp_splat##N(0.0f);                                       \
+        ckp_v##N##f a0 = ckp_splat##N(0.0f), a1 = a0;                                                       \
         int64_t d = 0;                                                                                      \
-        for (; d < V - V % B; d += B)                                                                       \
-            for (int c = 0; c < chunks; c++) acc[c] += bf_exp##N(at, ckp_bf16_load##N(x + d + c * N) - mv); \
-        memcpy(lanes, acc, (size_t)chunks * sizeof acc[0]);                                                 \
+        for (; d < V - V % (2 * N); d += 2 * N) {                                                           \
+            __builtin_prefetch(ahead + d);                                                                  \
+            a0 += bf_exp##N(sleef, ckp_bf16_load##N(x + d) - mv);                                           \
+            a1 += bf_exp##N(sleef, ckp_bf16_load##N(x + d + N) - mv);                                       \
+        }                                                                                                   \
+        memcpy(lanes, &a0, sizeof a0);                                                                      \
+        memcpy(lanes + N, &a1, sizeof a1);                                                                  \
         return d;                                                                                           \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bf_sum_blocks##N(const uint16_t *x, int64_t V,     \
+                                                                          float m, pt_layout at,            \
+                                                                          const uint16_t *ahead,            \
+                                                                          float *lanes) {                   \
+        return at.sleef ? bf_sum_blocks_of##N(x, V, m, 1, ahead, lanes)                                     \
+                        : bf_sum_blocks_of##N(x, V, m, 0, ahead, lanes);                                    \
     }                                                                                                       \
     static inline __attribute__((always_inline)) float bf_max##N(const uint16_t *x, int64_t V, int64_t *j,  \
                                                                  int *nan) {                                \
-        ckp_v##N##f mv = ckp_splat##N(-INFINITY);                                                           \
+        ckp_v##N##f mv = ckp_splat##N(-INFINITY), mv1 = mv, mv2 = mv, mv3 = mv;                             \
         ckp_v##N##i nans = (ckp_v##N##i){0};                                                                \
+        for (; *j + 4 * N <= V; *j += 4 * N) { /* four chains: one waited on its compare every vector */   \
+            ckp_v##N##f v = ckp_bf16_load##N(x + *j), v1 = ckp_bf16_load##N(x + *j + N);                    \
+            ckp_v##N##f v2 = ckp_bf16_load##N(x + *j + 2 * N), v3 = ckp_bf16_load##N(x + *j + 3 * N);       \
+            ckp_v##N##f probe = (v + v1) + (v2 + v3); /* NaN if any is (or inf - inf: the slow path too) */ \
+            nans |= probe != probe;                                                                         \
+            mv = ckp_select##N(v > mv, v, mv);                                                              \
+            mv1 = ckp_select##N(v1 > mv1, v1, mv1);                                                         \
+            mv2 = ckp_select##N(v2 > mv2, v2, mv2);                                                         \
+            mv3 = ckp_select##N(v3 > mv3, v3, mv3);                                                         \
+        }                                                                                                   \
+        mv = ckp_select##N(mv1 > mv, mv1, mv);                                                              \
+        mv2 = ckp_select##N(mv3 > mv2, mv3, mv2);                                                           \
+        mv = ckp_select##N(mv2 > mv, mv2, mv);                                                              \
         for (; *j + N <= V; *j += N) {                                                                      \
             ckp_v##N##f v = ckp_bf16_load##N(x + *j);                                                       \
             nans |= v != v;                                                                                 \
@@ -841,17 +872,23 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
         }                                                                                                   \
         return mx;                                                                                          \
     }                                                                                                       \
-    static inline __attribute__((always_inline)) int64_t bf_grad##N(const uint16_t *x, int64_t V, float m,  \
-                                                                    float log_sum, float grad_sum,          \
-                                                                    pt_layout at, uint16_t *dx) {           \
+    static inline __attribute__((always_inline)) int64_t bf_grad_of##N(const uint16_t *x, int64_t V, float m, \
+                                                                       float log_sum, float grad_sum,       \
+                                                                       int sleef, uint16_t *dx) {           \
         const ckp_v##N##f mv = ckp_splat##N(m), lv = ckp_splat##N(log_sum), sv = ckp_splat##N(grad_sum);    \
         const ckp_v##N##f zero = ckp_splat##N(0.0f);                                                        \
         int64_t j = 0;                                                                                      \
         for (; j + N <= V; j += N) {                                                                        \
-            ckp_v##N##f logp = ckp_bf16_round##N((ckp_bf16_load##N(x + j) - mv) - lv);                      \
-            ckp_bf16_store##N(dx + j, zero - bf_exp##N(at, logp) * sv);                                     \
+            ckp_v##N##f logp = ckp_bf16_round_any_nan##N((ckp_bf16_load##N(x + j) - mv) - lv);              \
+            ckp_bf16_store##N(dx + j, zero - bf_exp##N(sleef, logp) * sv);                                  \
         }                                                                                                   \
         return j;                                                                                           \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bf_grad##N(const uint16_t *x, int64_t V, float m,  \
+                                                                    float log_sum, float grad_sum,          \
+                                                                    pt_layout at, uint16_t *dx) {           \
+        return at.sleef ? bf_grad_of##N(x, V, m, log_sum, grad_sum, 1, dx)                                  \
+                        : bf_grad_of##N(x, V, m, log_sum, grad_sum, 0, dx);                                 \
     }
 
 BF_DEFINE_ROW_LOOPS(8)
@@ -874,7 +911,7 @@ static float bf_fold(float *a0, const float *a1, pt_layout at) {
 
 /* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum
  * in its order, 8 or 16 lanes of exps at a time (the lane sums do not depend on that). */
-CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at) {
+CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at, const uint16_t *ahead) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
     float a0[16] = {0}, a1[16] = {0};
@@ -887,9 +924,9 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
         for (int64_t l = 1; l < n; l++) acc += a0[l];
         return acc;
     }
-    /* the two accumulators side by side: a0's L lanes, then a1's */
+    /* the two accumulators side by side: a0's L lanes, then a1's (the loops' width is L) */
     float lanes[32];
-    int64_t d = ckp_lanes16() ? bf_sum_blocks16(x, V, B, m, at, lanes) : bf_sum_blocks8(x, V, B, m, at, lanes);
+    int64_t d = ckp_lanes16() ? bf_sum_blocks16(x, V, m, at, ahead, lanes) : bf_sum_blocks8(x, V, m, at, ahead, lanes);
     memcpy(a0, lanes, (size_t)L * sizeof *a0);
     memcpy(a1, lanes + L, (size_t)L * sizeof *a1);
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
@@ -923,10 +960,12 @@ CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
     return mx;
 }
 
-/* One row's max and bf16 log_sum. */
-static void bf_row(const uint16_t *x, int64_t V, pt_layout at, float *m, float *log_sum) {
+/* One row's max and bf16 log_sum. ahead: the row that comes next (x itself for the last), brought into
+ * the cache while the exps run: its max then finds it there (the max, which waits on memory, took a tenth
+ * of the (2048, 32000) loss; the exps leave the memory idle). */
+static void bf_row(const uint16_t *x, int64_t V, pt_layout at, const uint16_t *ahead, float *m, float *log_sum) {
     float mx = bf_row_max(x, V);
-    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at));
+    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at, ahead));
     *m = mx;
     *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
 }
@@ -1127,7 +1166,7 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
                 if (smoothed) smooth[i] = 0.0f;
                 continue;
             }
-            bf_row(x, V, at, &r.m, &r.log_sum);
+            bf_row(x, V, at, i + 1 < N ? x + V : x, &r.m, &r.log_sum);
             logp_t[i] = t < 0 ? 0.0f : (w ? ckp_bf16_round(bf_logp(x, t, r.m, r.log_sum) * w[t])
                                           : bf_logp(x, t, r.m, r.log_sum));
             if (smoothed) smooth[i] = t < 0 ? 0.0f : -ckp_aten_full_sum_bf16(bf_wlogp, &r, V, row_threads);
@@ -1236,7 +1275,7 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
             bf_prob_row r = proto;
             r.row.x = logits + i * V;
             r.q = target_probs + i * V;
-            bf_row(r.row.x, V, at, &r.row.m, &r.row.log_sum);
+            bf_row(r.row.x, V, at, i + 1 < N ? r.row.x + V : r.row.x, &r.row.m, &r.row.log_sum);
             m[i] = r.row.m;
             log_sum[i] = r.row.log_sum;
             if (none) loss[i] = ckp_f_to_bf16(-ckp_aten_full_sum_bf16(bf_logp_q_w, &r, V, row_threads));

@@ -216,8 +216,11 @@ static inline __attribute__((always_inline)) void ckp_accumulate8d(double lane[C
 }
 
 /* log(d) with SLEEF's logf_u10 algorithm (xlogf_u1, FMA form), as torch's
- * Vectorized<float>::log computes it, for normal finite d > 0 (the softmax's
- * sum of exponentials, which is >= 1). d = m 2^e with m in [0.75, 1.5);
+ * Vectorized<float>::log computes it: for normal finite d > 0 (the softmax's
+ * sum of exponentials, which is >= 1 unless it is NaN: a row whose max is +inf
+ * sums exp(inf - inf)), then SLEEF's special cases -- inf for inf, NaN for a
+ * NaN or d < 0, -inf for 0; without them log(NaN) came out 25081.6 and a row
+ * holding +inf lost inf where torch's is NaN. d = m 2^e with m in [0.75, 1.5);
  * x = (m - 1) / (m + 1) and e ln2 in double-float (hi, lo) pairs; then
  * log d = e ln2 + 2x + x^3 t(x^2). The pair arithmetic is SLEEF's df.h with
  * FMA: exact products through fmaf, sums through two-sum. Scalar: it runs
@@ -269,7 +272,9 @@ static inline float ckp_log_sleef(float d) {
     t = fmaf(t, x2, 0.6666694880e+0f);
     s = ckp_f2_add_ff(s, (ckp_f2){x.hi * 2.0f, x.lo * 2.0f});
     s = ckp_f2_add_f(s, (x2 * x.hi) * t);
-    return s.hi + s.lo;
+    if (d != d || d < 0.0f) return NAN;
+    if (d == 0.0f) return -INFINITY;
+    return d == INFINITY ? INFINITY : s.hi + s.lo;
 }
 
 #endif

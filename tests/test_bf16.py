@@ -311,6 +311,49 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
         assert torch.equal(_bits(dx), _bits(tdx)), reduction
 
 
+@pytest.mark.parametrize("V", [97, 300, 1003])
+def test_bf16_ptref_rows_with_nan_inf_and_zero_maxima_are_torchs_bits(V):
+    """The row max runs four chains of lanes and flags a row that may hold a NaN (a NaN, or an inf beside
+    a -inf), which it then takes again in order; rows of those kinds at every place of the chains, the
+    tail and the last vector, and rows whose maximum is a zero of either sign: loss (per row) and
+    dlogits are torch's bits, NaN where torch's are NaN. (A NaN's own bits are not claimed: torch writes
+    0xFFFF from its vectorized float-to-bf16 conversion, as in this dlogits, and 0x7FC0 from its scalar
+    one, as in this loss; ckparity writes 0x7FC0.) Before the fix of SLEEF's log for a NaN sum, a row
+    holding +inf lost inf here where torch's loses NaN (float32 too)."""
+    g = torch.Generator().manual_seed(12)
+    N = 24
+    x = torch.randn(N, V, generator=g) * 3
+    inf = float("inf")
+    for row, at in enumerate((0, 17, 63, 64, V // 2, V - 17, V - 1)):
+        x[row, at] = float("nan")
+        x[7 + row, at], x[7 + row, (at + 1) % V] = inf, -inf
+        x[14 + row, at] = inf
+    x[21] = -inf
+    x[22] = -x[22].abs()
+    x[22, 5] = -0.0
+    x[22, V - 2] = 0.0
+    x[23] = -x[23].abs()
+    x[23, 3] = 0.0
+    x[23, 40 % V] = -0.0
+    x = x.bfloat16().requires_grad_(True)
+    target = torch.randint(0, V, (N,), generator=g)
+    target[20] = -100
+    ours = ckparity.cross_entropy(x, target, reduction="none", variant="ptref")
+    theirs = F.cross_entropy(x, target, reduction="none")
+    assert theirs.isnan().sum() > 7 and torch.equal(_bits(ours.detach()), _bits(theirs.detach()))
+    up = torch.randn(N, generator=g).bfloat16()
+    (dx,), (tdx,) = torch.autograd.grad(ours, x, up), torch.autograd.grad(theirs, x, up)
+    nan = tdx.isnan()
+    assert nan.any() and torch.equal(dx.isnan(), nan) and torch.equal(_bits(dx)[~nan], _bits(tdx)[~nan])
+    # float32: the same rows (exactly widened) give torch's loss, NaN where torch's is
+    x32 = x.detach().float()
+    ours32, theirs32 = (f(x32, target, reduction="none", **kw) for f, kw in ((ckparity.cross_entropy,
+                                                                              dict(variant="ptref")),
+                                                                             (F.cross_entropy, {})))
+    assert torch.equal(ours32.isnan(), theirs32.isnan()) and torch.equal(ours32[~ours32.isnan()],
+                                                                          theirs32[~theirs32.isnan()])
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_bf16_probability_targets_get_torchs_gradient(reduction):
     """bf16 probability targets that require grad (distillation): their gradient is torch's bf16 chain's,
