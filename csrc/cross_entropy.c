@@ -160,6 +160,18 @@ static inline __attribute__((always_inline)) float row_max(const void *x, int64_
     return any_nan ? NAN : m; /* NaN propagates, as torch's max does */
 }
 
+/* The gradient of an ignored row (x and dx of elem bytes a value). torch still runs log_softmax's
+ * backward on it, 0 - exp(logp_j) * 0: +0 on a row whose max is finite, NaN on every element of one
+ * whose max is not (a NaN; an inf: inf - inf; -inf everywhere: -inf - -inf), so a NaN in padding
+ * logits reaches the gradient as in torch instead of vanishing into zeros. */
+static void ignored_row_grad(const void *x, int64_t V, size_t elem, void *dx) {
+    if (isfinite(row_max(x, V, elem))) {
+        memset(dx, 0, (size_t)V * elem);
+        return;
+    }
+    for (int64_t j = 0; j < V; j++) ckp_elem_store(dx, j, NAN, elem);
+}
+
 /* exp(x) for x <= 0 (x = logit - row max) on 8 lanes: Cody-Waite reduction
  * x = n ln2 + r, Cephes' degree-6 polynomial for e^r in Horner form with
  * fused multiply-adds (about 1 ULP, like torch's Sleef expf, which also uses
@@ -386,7 +398,7 @@ static ckp_status ce_default(const void *logits, const int64_t *target, const vo
             double row_loss, scale = c.grad_scale * upstream;
             if (target != NULL && target[i] == opt->ignore_index) {
                 row_loss = 0.0;
-                if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) memset(dx, 0, (size_t)V * elem);
+                if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) ignored_row_grad(x, V, elem, dx);
             } else if (bf16) {
                 row_loss = target == NULL ? ce_row_probs_bf16(x, P, V, &c, scale, dx, e)
                                           : ce_row_class_bf16(x, target[i], V, &c, scale, dx, e);
@@ -694,7 +706,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
     for (int64_t i = 0; i < N; i++) {
         float *dx = dlogits + i * V;
         if (target != NULL && target[i] == opt->ignore_index) {
-            memset(dx, 0, (size_t)V * sizeof(float));
+            ignored_row_grad(logits + i * V, V, sizeof(float), dx);
             continue;
         }
         pt_row r = proto;

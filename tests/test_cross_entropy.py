@@ -561,3 +561,25 @@ def test_ptref_folds_an_upstream_gradient_as_torch_does(upstream, kwargs):
         (fn(leaf) * upstream).backward()
         grads.append(leaf.grad)
     assert torch.equal(grads[0], grads[1]), f"{int((grads[0] != grads[1]).sum())} elements differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["default", "ptref"])
+def test_nan_and_inf_logits_give_nan_where_torch_does_ignored_rows_included(variant, dtype):
+    """Rows holding a NaN, an inf beside a -inf, an inf alone, all -inf, among them ignored rows: the loss
+    and dlogits are NaN exactly where torch's are. An ignored row's gradient is torch's 0 - exp(logp) * 0:
+    NaN on a row whose max is not finite (it was zeros: a NaN in padding logits vanished)."""
+    from ckparity.kernels.cross_entropy import _special_rows
+
+    g = torch.Generator().manual_seed(5)
+    for V in (1, 97, 1003):
+        x = _special_rows(g, V, dtype)
+        target = torch.randint(0, V, (24,), generator=g)
+        target[[3, 10, 20, 21]] = -100  # a NaN row, an inf/-inf row, an inf row, the -inf row
+        for reduction in ("none", "sum"):
+            ours_x, theirs_x = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+            ours = ckparity.cross_entropy(ours_x, target, reduction=reduction, variant=variant)
+            theirs = F.cross_entropy(theirs_x, target, reduction=reduction)
+            assert torch.equal(ours.isnan(), theirs.isnan()), (V, reduction)
+            (dx,), (tdx,) = torch.autograd.grad(ours.sum(), ours_x), torch.autograd.grad(theirs.sum(), theirs_x)
+            assert tdx[20].isnan().all() and torch.equal(dx.isnan(), tdx.isnan()), (V, reduction)

@@ -5,6 +5,7 @@ claimed bit-identical) -- and fused with the lm_head (``c_fused_linear``)."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +152,38 @@ def _class_targets(g: torch.Generator):
     return classes
 
 
+def _special_rows(g: torch.Generator, V: int, dtype: torch.dtype) -> torch.Tensor:
+    """(24, V) logits of ``dtype`` whose rows hold what a row max and its exp-sum treat apart: a NaN, an
+    inf beside a -inf, an inf alone (at the row's start, inside, and its last elements: the vector
+    loops' lanes and tails), a row of -inf, and rows whose maximum is a zero of either sign."""
+    x = torch.randn(24, V, generator=g) * 3
+    for row, at in enumerate((0, 17, 63, 64, V // 2, V - 17, V - 1)):
+        at %= V
+        x[row, at] = math.nan
+        x[7 + row, at], x[7 + row, (at + 1) % V] = math.inf, -math.inf
+        x[14 + row, at] = math.inf
+    x[21] = -math.inf
+    x[22:] = -x[22:].abs()
+    x[22, 5 % V], x[22, (V - 2) % V] = -0.0, 0.0  # the first zero -0: which zero the max keeps
+    x[23, 3 % V], x[23, 40 % V] = 0.0, -0.0
+    return x.to(dtype)
+
+
+def _special_cases(tally: Tally, g: torch.Generator, dtype: torch.dtype) -> None:
+    """_special_rows at a few widths, every reduction: loss and dlogits NaN where torch's are (same_bits),
+    the rest torch's bits."""
+    for V, reduction in itertools.product((1, 7, 64, 97, 300, 1003, 32000), ("mean", "sum", "none")):
+        x = _special_rows(g, V, dtype).requires_grad_(True)
+        target = torch.randint(0, V, (24,), generator=g)
+        target[20] = -100
+        up = (torch.randn(24 if reduction == "none" else (), generator=g) * 3).to(dtype)
+        ours = grad_run(lambda logits: cross_entropy(logits, target, reduction=reduction, variant="ptref"), [x], up)
+        with torch_threads(1):
+            theirs = grad_run(lambda logits: F.cross_entropy(logits, target, reduction=reduction), [x], up)
+        for q, a, b in zip(("loss", "dlogits"), ours, theirs):
+            tally.add(q, f"special rows V={V} {reduction}", a, b)
+
+
 def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
     """variant="ptref" against F.cross_entropy, loss and gradient: class
     targets over reductions, ignore_index, class weights and smoothing, with
@@ -173,6 +206,7 @@ def sweep_ptref(tally: Tally, g: torch.Generator) -> None:
     prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
     for (N, V, threads), kwargs in itertools.product(prob_shapes, PROB_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, threads, probabilities)
+    _special_cases(tally, g, torch.float32)
 
 
 def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
@@ -211,6 +245,7 @@ def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
     prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
     for (N, V, threads), kwargs in itertools.product(prob_shapes, PROB_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, threads, probabilities, torch.bfloat16)
+    _special_cases(tally, g, torch.bfloat16)
 
 
 # ---- the probe: every C entry point through a given library -----------------------
