@@ -285,7 +285,7 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
     assert loss.dtype == torch.bfloat16 and torch.equal(_bits(loss), _bits(theirs.detach()))
     assert torch.equal(_bits(dx), _bits(tdx))  # bits: an ignored row's zeros are +0, as torch's
     weight = (torch.rand(97, generator=g) + 0.5).bfloat16()
-    for kwargs, what in ((dict(inplace_backward=True), "variant='default' with inplace_backward"),
+    for kwargs, what in ((dict(variant="ptref", inplace_backward=True), "inplace_backward"),
                          (dict(variant="ptref", z_loss=1e-4), "z_loss"),
                          (dict(variant="ptref", target=torch.softmax(x.float(), 1)), "probability targets other"),
                          (dict(variant="ptref", weight=torch.ones(97)), "bf16 weight")):
@@ -508,6 +508,35 @@ def test_the_default_cross_entropy_in_bf16_is_the_float32_kernel_on_the_widened_
         ckparity.cross_entropy(x, torch.softmax(x.float(), 1))
     with pytest.raises(InvalidType, match="weight"):
         ckparity.cross_entropy(x, t, weight=torch.ones(300))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_the_default_cross_entropy_in_bf16_in_place_is_the_same_loss_and_gradient(reduction):
+    """inplace_backward in bf16 (the default variant): dlogits written over the logits' storage, the loss
+    bf16; for loss.backward() and an upstream gradient that is a power of two (a gradient accumulation's
+    1/4) the same bits as without inplace_backward; another upstream gradient scales the stored gradient,
+    a second rounding: within one bf16 ulp of the kernel's single rounding, and not always equal to it."""
+    g = torch.Generator().manual_seed(13)
+    src = (torch.randn(37, 1003, generator=g) * 4).bfloat16()
+    target = torch.randint(0, 1003, (37,), generator=g)
+    target[::5] = -100
+    for up in (1.0, 0.25, 1 / 3):
+        plain = src.clone().requires_grad_(True)
+        loss = ckparity.cross_entropy(plain, target, reduction=reduction)
+        (want,) = torch.autograd.grad(loss, plain, torch.tensor(up).bfloat16())
+        logits = src.clone().requires_grad_(True)
+        storage = logits.data_ptr()
+        got_loss = ckparity.cross_entropy(logits, target, reduction=reduction, inplace_backward=True)
+        assert got_loss.dtype == torch.bfloat16 and torch.equal(_bits(got_loss.detach()), _bits(loss.detach()))
+        (got,) = torch.autograd.grad(got_loss, logits, torch.tensor(up).bfloat16())
+        if up == 1.0:
+            assert got.data_ptr() == storage  # the logits' own buffer, nothing allocated
+        if up != 1 / 3:
+            assert torch.equal(_bits(got), _bits(want)), up
+        else:
+            apart = (got.float() - want.float()).abs()
+            ulp = (want.float().abs() * 2.0 ** -7).clamp_min(2.0 ** -133)
+            assert (apart <= ulp).all() and (apart > 0).any()
 
 
 def test_avx512_bf16s_conversion_is_torchs_rounding_except_subnormals_and_nan():

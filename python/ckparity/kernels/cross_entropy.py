@@ -346,16 +346,13 @@ def c_calls(x, t, in_place: bool = False, variant: str = "default"):
         loss, d = torch.empty((), dtype=torch.bfloat16), torch.empty_like(x)
         ptref = _bindings.cross_entropy_options(variant="ptref", torch_threads=torch.get_num_threads())
         return lambda: _bindings.cross_entropy_bf16(x, t, ptref, loss, d)
-    if x.dtype == torch.bfloat16:
-        loss, d = torch.empty(()), torch.empty_like(x)
-        options = _bindings.cross_entropy_options()
-        return lambda: _bindings.cross_entropy_default_bf16(x, t, options, loss, d)
+    call = _bindings.cross_entropy_default_bf16 if x.dtype == torch.bfloat16 else _bindings.cross_entropy
     loss, d = torch.empty(()), torch.empty_like(x)
     options = _bindings.cross_entropy_options()
     if in_place:
         scratch = x.clone()
-        return lambda: _bindings.cross_entropy(scratch, t, options, loss, scratch)
-    return lambda: _bindings.cross_entropy(x, t, options, loss, d)
+        return lambda: call(scratch, t, options, loss, scratch)
+    return lambda: call(x, t, options, loss, d)
 
 
 # the fused linear + cross-entropy row: N, D, V (a Llama-3 vocabulary)
@@ -403,6 +400,12 @@ def _bench(g: torch.Generator, select):
         yield Case("cross_entropy", f"N={N},V={V},inplace_backward",
                    fresh_fwd_bwd(cross_entropy, src, t, inplace_backward=True),
                    fresh_fwd_bwd(F.cross_entropy, src, t), 8 * N * V, c_calls(src, t, in_place=True),
+                   compiled=lambda: fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
+    if select("cross_entropy", f"N={N},V={V},inplace_backward bf16"):  # the default variant, dlogits over the logits
+        src, t = torch.randn(N, V, generator=g).bfloat16(), torch.randint(0, V, (N,), generator=g)
+        yield Case("cross_entropy", f"N={N},V={V},inplace_backward bf16",
+                   fresh_fwd_bwd(cross_entropy, src, t, inplace_backward=True),
+                   fresh_fwd_bwd(F.cross_entropy, src, t), 4 * N * V, c_calls(src, t, in_place=True),
                    compiled=lambda: fresh_fwd_bwd(torch.compile(F.cross_entropy), src, t))
     # lm_head + loss at a 128k vocabulary: timed once per side, in its fresh process (bench_memory.py)
     if select("fused_linear_cross_entropy", f"N={FUSED[0]},D={FUSED[1]},V={FUSED[2]}"):

@@ -142,7 +142,7 @@ class _InplaceCrossEntropyFunction(CFunction):
     @staticmethod
     def compute(logits, target, weight, settings):
         loss, _ = cross_entropy_forward_backward(logits, target, weight, **settings, dlogits=logits)
-        return loss
+        return loss.to(torch.bfloat16) if logits.dtype == torch.bfloat16 else loss
 
     @staticmethod
     def save(ctx, inputs, output):
@@ -153,6 +153,9 @@ class _InplaceCrossEntropyFunction(CFunction):
     @staticmethod
     @first_order_only
     def backward(ctx, grad_loss):
+        # another upstream gradient scales the finished gradient: exact for a power of two (1/2, 1/4 of a
+        # gradient accumulation) in float32 and bf16; any other value rounds dlogits a second time (the
+        # logits that a rerun of the kernel would need are gone)
         dlogits = ctx.dlogits
         return (dlogits if float(grad_loss) == 1.0 else dlogits * grad_loss), None, None, None
 
@@ -281,11 +284,9 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     """The bf16 ptref path (the default variant takes cross_entropy's own path): what it takes,
     refused by name otherwise."""
     probs = isinstance(target, torch.Tensor) and target.is_floating_point()
-    missing = [name for name, given in (("variant='default' with inplace_backward (its gradient is rounded in the "
-                                         "forward: another upstream gradient would round it twice)",
-                                         variant == "default"),
-                                        ("z_loss (torch has none to follow in bf16)", z_loss),
-                                        ("inplace_backward", inplace_backward),
+    missing = [name for name, given in (("z_loss (torch has none to follow in bf16)", z_loss),
+                                        ("inplace_backward (ptref folds the upstream gradient in where torch's "
+                                         "chain does, which needs the logits)", inplace_backward),
                                         ("probability targets other than bf16 (torch promotes the loss to their "
                                          "dtype)", probs and target.dtype != torch.bfloat16))
                if given]
@@ -352,7 +353,7 @@ def cross_entropy(
     backward; an op that saved the logits for its backward raises there
     (autograd's version counter), never reads dlogits as logits.
     """
-    if isinstance(input, torch.Tensor) and input.dtype == torch.bfloat16 and (variant != "default" or inplace_backward):
+    if isinstance(input, torch.Tensor) and input.dtype == torch.bfloat16 and variant != "default":
         require_cpu(input, "input")
         return _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,
                                    inplace_backward)
