@@ -83,11 +83,18 @@ static inline int split_row(int64_t D, int split_threads) {
 /* The elementwise ends of a row, N lanes a vector from column j while a whole vector fits; return
  * the column they stop at. Elementwise: 16 lanes (ckp_lanes16) or 8 give the same bits. The forward's
  * y = x * r (* weight); the backward's dx = dy (* weight) * r + grad_mean * 2x, its two terms apart
- * in dx and dx_rstd when dx_rstd is given (float32). */
+ * in dx and dx_rstd when dx_rstd is given (float32). ahead: where the next row starts, in elements
+ * from this one (0: none), brought into the cache meanwhile -- the row's sum then finds it there
+ * instead of waiting on memory while this loop's arithmetic leaves the memory idle. bf16 rows only:
+ * C calls at (8192, 4096) forward 3.8 -> 3.1-3.4 ms, backward without dweight 5.7 -> 3.6-5.0; float32
+ * rows move twice the bytes for the same arithmetic, already at the memory's speed, and its forward
+ * went 4.5 -> 5.0 with it. */
 #define RMS_DEFINE_ELEMENTWISE(N)                                                                              \
     static inline __attribute__((always_inline)) int64_t forward_vectors##N(                                  \
-        const void *x, const float *weight, float r, int64_t j, int64_t D, void *y, size_t elem) {            \
+        const void *x, const float *weight, float r, int64_t j, int64_t D, void *y, size_t elem,              \
+        int64_t ahead) {                                                                                      \
         for (; j + N <= D; j += N) {                                                                          \
+            if (ahead) __builtin_prefetch((const char *)x + (j + ahead) * (int64_t)elem);                     \
             ckp_v##N##f normalized = ckp_elem_load##N(x, j, elem) * r;                                        \
             ckp_elem_store##N(y, j, weight ? normalized * ckp_elem_load##N(weight, j, sizeof(float)) : normalized, elem); \
         }                                                                                                     \
@@ -95,8 +102,12 @@ static inline int split_row(int64_t D, int split_threads) {
     }                                                                                                         \
     static inline __attribute__((always_inline)) int64_t backward_vectors##N(                                 \
         const void *dy, const void *x, const float *weight, float r, float grad_mean, int64_t j, int64_t D,  \
-        void *dx, float *dx_rstd, size_t elem) {                                                              \
+        void *dx, float *dx_rstd, size_t elem, int64_t ahead) {                                               \
         for (; j + N <= D; j += N) {                                                                          \
+            if (ahead) {                                                                                      \
+                __builtin_prefetch((const char *)dy + (j + ahead) * (int64_t)elem);                           \
+                __builtin_prefetch((const char *)x + (j + ahead) * (int64_t)elem);                            \
+            }                                                                                                 \
             ckp_v##N##f g = ckp_elem_load##N(dy, j, elem);                                                    \
             if (weight) g = g * ckp_elem_load##N(weight, j, sizeof(float));                                   \
             ckp_v##N##f normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load##N(x, j, elem)); \
@@ -117,7 +128,8 @@ RMS_DEFINE_ELEMENTWISE(16)
  * thread count for a one-row input, else 1. bf16: the float32 row's arithmetic on the widened values
  * (the sum of squares is a float32 tensor's sum in torch's composite), y rounded once. */
 static inline __attribute__((always_inline)) float forward_row_of(const void *x, const float *weight, int64_t D,
-                                                                  float eps, int split_threads, void *y, size_t elem) {
+                                                                  float eps, int split_threads, void *y, size_t elem,
+                                                                  int64_t ahead) {
     const int bf16 = elem == sizeof(uint16_t);
     float squares = split_row(D, split_threads)
                         ? ckp_aten_full_sum(bf16 ? square_at_bf16 : square_at, (void *)x, D, split_threads)
@@ -128,8 +140,8 @@ static inline __attribute__((always_inline)) float forward_row_of(const void *x,
     }
     float mean = squares / (float)D;
     float r = CKP_MUTANT(RMS_EPS_OUTSIDE_SQRT) ? 1.0f / (sqrtf(mean) + eps) : 1.0f / sqrtf(mean + eps);
-    int64_t j = ckp_lanes16() ? forward_vectors16(x, weight, r, 0, D, y, elem) : 0;
-    j = forward_vectors8(x, weight, r, j, D, y, elem);
+    int64_t j = ckp_lanes16() ? forward_vectors16(x, weight, r, 0, D, y, elem, ahead) : 0;
+    j = forward_vectors8(x, weight, r, j, D, y, elem, ahead);
     for (; j < D; j++) {
         float normalized = ckp_elem_load(x, j, elem) * r;
         ckp_elem_store(y, j, weight ? normalized * weight[j] : normalized, elem);
@@ -139,12 +151,12 @@ static inline __attribute__((always_inline)) float forward_row_of(const void *x,
 
 CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t D, float eps, int split_threads,
                                     float *y) {
-    return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(float));
+    return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(float), 0);
 }
 
 CKP_CLONES static float forward_row_bf16(const uint16_t *x, const float *weight, int64_t D, float eps,
-                                         int split_threads, uint16_t *y) {
-    return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(uint16_t));
+                                         int split_threads, uint16_t *y, int64_t ahead) {
+    return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(uint16_t), ahead);
 }
 
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
@@ -383,7 +395,7 @@ RMS_DEFINE_GRAD_TERMS(_bf16, sizeof(uint16_t))
  * split_threads as forward_row's. */
 static inline __attribute__((always_inline)) void backward_row_of(const void *dy, const void *x, const float *weight,
                                                                   float r, int64_t D, int split_threads, void *dx,
-                                                                  float *dx_rstd, size_t elem) {
+                                                                  float *dx_rstd, size_t elem, int64_t ahead) {
     const int bf16 = elem == sizeof(uint16_t);
     row_terms terms = {dy, x, weight};
     float grad_rstd = split_row(D, split_threads)
@@ -392,8 +404,8 @@ static inline __attribute__((always_inline)) void backward_row_of(const void *dy
                           : bf16 ? sum_grad_a_times_x_bf16(&terms, D) : sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);
     if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
-    int64_t j = ckp_lanes16() ? backward_vectors16(dy, x, weight, r, grad_mean, 0, D, dx, dx_rstd, elem) : 0;
-    j = backward_vectors8(dy, x, weight, r, grad_mean, j, D, dx, dx_rstd, elem);
+    int64_t j = ckp_lanes16() ? backward_vectors16(dy, x, weight, r, grad_mean, 0, D, dx, dx_rstd, elem, ahead) : 0;
+    j = backward_vectors8(dy, x, weight, r, grad_mean, j, D, dx, dx_rstd, elem, ahead);
     for (; j < D; j++) {
         float g = weight ? ckp_elem_load(dy, j, elem) * weight[j] : ckp_elem_load(dy, j, elem);
         float normalized = g * r, through_rstd = grad_mean * (2.0f * ckp_elem_load(x, j, elem));
@@ -408,12 +420,12 @@ static inline __attribute__((always_inline)) void backward_row_of(const void *dy
 
 CKP_CLONES static void backward_row(const float *dy, const float *x, const float *weight, float r, int64_t D,
                                     int split_threads, float *dx, float *dx_rstd) {
-    backward_row_of(dy, x, weight, r, D, split_threads, dx, dx_rstd, sizeof(float));
+    backward_row_of(dy, x, weight, r, D, split_threads, dx, dx_rstd, sizeof(float), 0);
 }
 
 CKP_CLONES static void backward_row_bf16(const uint16_t *dy, const uint16_t *x, const float *weight, float r,
-                                         int64_t D, int split_threads, uint16_t *dx) {
-    backward_row_of(dy, x, weight, r, D, split_threads, dx, NULL, sizeof(uint16_t));
+                                         int64_t D, int split_threads, uint16_t *dx, int64_t ahead) {
+    backward_row_of(dy, x, weight, r, D, split_threads, dx, NULL, sizeof(uint16_t), ahead);
 }
 
 /* The rows' inputs and outputs for dx_row (float32) and dx_row_bf16. */
@@ -517,7 +529,7 @@ static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_e
     const float eps_f = (float)eps;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * D >= 32768)
     for (int64_t i = 0; i < N; i++)
-        rstd[i] = forward_row_bf16(x + i * D, wf, D, eps_f, N == 1 ? torch_threads : 1, y + i * D);
+        rstd[i] = forward_row_bf16(x + i * D, wf, D, eps_f, N == 1 ? torch_threads : 1, y + i * D, i + 1 < N ? D : 0);
     free(wf);
     return CKP_OK;
 }
@@ -537,7 +549,7 @@ static void dx_row_bf16(const void *ctx, int64_t i, int thread) {
     const backward_rows *r = ctx;
     const int64_t D = r->D;
     backward_row_bf16((const uint16_t *)r->dy + i * D, (const uint16_t *)r->x + i * D, r->weight, r->rstd[i], D,
-                      r->N == 1 ? r->torch_threads : 1, (uint16_t *)r->dx + i * D);
+                      r->N == 1 ? r->torch_threads : 1, (uint16_t *)r->dx + i * D, i + 1 < r->N ? D : 0);
 }
 
 /* The bf16 backward with a bf16 or float32 weight (w_elem), dweight of the weight's dtype. */
