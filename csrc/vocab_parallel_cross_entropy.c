@@ -157,7 +157,11 @@ ckp_status ckp_vocab_parallel_ce_backward(const float *logits, const int64_t *ta
         const float *x = logits + i * V_local;
         float *dx = dlogits + i * V_local;
         if (target[i] == ignore_index) {
-            for (int64_t j = 0; j < V_local; j++) dx[j] = 0.0f;
+            /* 0 - exp(logp_j) * 0, as torch's chain gives it: NaN on a row whose max or exp-sum is not
+             * finite (a NaN, an inf, a row of -inf on every rank), +0 otherwise (cross_entropy.c's
+             * ignored_row_grad; the sum is checked too: an all-reduce MAX may drop a shard's NaN) */
+            const float fill = isfinite(global_max[i]) && isfinite(global_sums[3 * i]) ? 0.0f : NAN;
+            for (int64_t j = 0; j < V_local; j++) dx[j] = fill;
             continue;
         }
         double lse = (double)global_max[i] + log(global_sums[3 * i]), g = (double)row_grad[i];

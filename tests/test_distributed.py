@@ -203,3 +203,22 @@ def test_world_sizes_land_close(by_world_size):
                        "grad_error64_world1": float((base_grad.double() - x.grad).abs().max())}
             MEASUREMENTS.append(figures)
             assert figures["loss_ulp"] <= 1 and figures["grad_ulp"] <= 1, figures
+
+
+def test_an_ignored_rows_gradient_is_nan_where_its_row_is_not_finite():
+    """The shard backward of an ignored row is torch's 0 - exp(logp) * 0: +0 when the row's global max and
+    exp-sum are finite, NaN on every element when either is not (a NaN or an inf in some shard, a row of
+    -inf: what single-process ckparity.cross_entropy and torch give). The sum is checked as well as the max:
+    an all-reduce MAX may drop a shard's NaN, the SUM cannot."""
+    from ckparity import _bindings
+
+    logits = torch.randn(4, 5)
+    target = torch.full((4,), -100)
+    inf, nan = float("inf"), float("nan")
+    global_max = torch.tensor([1.0, inf, nan, 2.0])
+    global_sums = torch.tensor([[3.0, 0, 0], [nan, 0, 0], [nan, 0, 0], [nan, 0, 0]], dtype=torch.float64)
+    dlogits = torch.full_like(logits, 7.0)
+    _bindings.vocab_parallel_ce_backward(logits, target, 0, 5, -100, 0.0, 0.0, global_max, global_sums,
+                                         torch.ones(4), dlogits)
+    assert torch.equal(dlogits[0], torch.zeros(5)) and not dlogits[0].signbit().any()
+    assert dlogits[1:].isnan().all()
