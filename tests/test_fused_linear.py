@@ -224,3 +224,23 @@ def test_backward_allocates_no_second_weight_sized_buffer():
     finally:
         module._gradient_buffers = original
     assert ww.grad.data_ptr() == filled["weight"]
+
+
+def test_a_non_finite_padding_row_poisons_the_gradients_as_in_torch():
+    """An ignored row whose hidden state holds an inf: its logits are not finite, torch's gradient of them is
+    NaN (0 - exp(logp) * 0), and the matmuls carry it into grad_hidden's row and all of grad_weight. ckparity's
+    NaNs stand where torch's do (it gave that row zeros, and a finite grad_weight, before)."""
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(6, 16, generator=g), torch.randn(40, 16, generator=g)
+    t = torch.randint(0, 40, (6,), generator=g)
+    t[2] = -100
+    h[2, 3] = float("inf")
+    grads = []
+    for fn in (lambda a, b: ckparity.fused_linear_cross_entropy(a, b, t), lambda a, b: F.cross_entropy(F.linear(a, b), t)):
+        hh, ww = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        loss = fn(hh, ww)
+        loss.backward()
+        grads.append((loss.detach(), hh.grad, ww.grad))
+    (loss, dh, dw), (tloss, tdh, tdw) = grads
+    assert torch.isfinite(loss) and torch.isfinite(tloss)
+    assert tdw.isnan().all() and torch.equal(dh.isnan(), tdh.isnan()) and torch.equal(dw.isnan(), tdw.isnan())

@@ -12,7 +12,8 @@ gradient is a power of two, as ``loss / K`` of gradient accumulation with K
 a power of two is); a gradient only has to exist once. Reduction none cannot
 know each row's upstream gradient in the forward, so backward runs the
 chunks again with it (one more matmul per chunk) and folds it into dlogits
-before any rounding, as torch does — ignored rows get zero gradient.
+before any rounding, as torch does — ignored rows get zero gradient (NaN
+where their logits are not finite, as torch's: cross_entropy.c's ignored_row_grad).
 
 The arithmetic differs from the unfused composition in two places: the mean
 scale is 1/n rounded to float32 and applied per row, and grad_weight is a sum
