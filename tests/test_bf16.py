@@ -320,22 +320,11 @@ def test_bf16_ptref_rows_with_nan_inf_and_zero_maxima_are_torchs_bits(V):
     0xFFFF from its vectorized float-to-bf16 conversion, as in this dlogits, and 0x7FC0 from its scalar
     one, as in this loss; ckparity writes 0x7FC0.) Before the fix of SLEEF's log for a NaN sum, a row
     holding +inf lost inf here where torch's loses NaN (float32 too)."""
+    from ckparity.kernels.sweeping import special_rows
+
     g = torch.Generator().manual_seed(12)
     N = 24
-    x = torch.randn(N, V, generator=g) * 3
-    inf = float("inf")
-    for row, at in enumerate((0, 17, 63, 64, V // 2, V - 17, V - 1)):
-        x[row, at] = float("nan")
-        x[7 + row, at], x[7 + row, (at + 1) % V] = inf, -inf
-        x[14 + row, at] = inf
-    x[21] = -inf
-    x[22] = -x[22].abs()
-    x[22, 5] = -0.0
-    x[22, V - 2] = 0.0
-    x[23] = -x[23].abs()
-    x[23, 3] = 0.0
-    x[23, 40 % V] = -0.0
-    x = x.bfloat16().requires_grad_(True)
+    x = special_rows(g, V, torch.bfloat16).requires_grad_(True)
     target = torch.randint(0, V, (N,), generator=g)
     target[20] = -100
     ours = ckparity.cross_entropy(x, target, reduction="none", variant="ptref")

@@ -569,11 +569,11 @@ def test_nan_and_inf_logits_give_nan_where_torch_does_ignored_rows_included(vari
     """Rows holding a NaN, an inf beside a -inf, an inf alone, all -inf, among them ignored rows: the loss
     and dlogits are NaN exactly where torch's are. An ignored row's gradient is torch's 0 - exp(logp) * 0:
     NaN on a row whose max is not finite (it was zeros: a NaN in padding logits vanished)."""
-    from ckparity.kernels.cross_entropy import _special_rows
+    from ckparity.kernels.sweeping import special_rows
 
     g = torch.Generator().manual_seed(5)
     for V in (1, 97, 1003):
-        x = _special_rows(g, V, dtype)
+        x = special_rows(g, V, dtype)
         target = torch.randint(0, V, (24,), generator=g)
         target[[3, 10, 20, 21]] = -100  # a NaN row, an inf/-inf row, an inf row, the -inf row
         for reduction in ("none", "sum"):

@@ -5,7 +5,6 @@ claimed bit-identical) -- and fused with the lm_head (``c_fused_linear``)."""
 from __future__ import annotations
 
 import itertools
-import math
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +16,7 @@ from .contract import expect, grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fresh_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
-from .sweeping import Tally, grad_run, torch_threads
+from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
 
 def _variant(variant: str):
@@ -152,28 +151,11 @@ def _class_targets(g: torch.Generator):
     return classes
 
 
-def _special_rows(g: torch.Generator, V: int, dtype: torch.dtype) -> torch.Tensor:
-    """(24, V) logits of ``dtype`` whose rows hold what a row max and its exp-sum treat apart: a NaN, an
-    inf beside a -inf, an inf alone (at the row's start, inside, and its last elements: the vector
-    loops' lanes and tails), a row of -inf, and rows whose maximum is a zero of either sign."""
-    x = torch.randn(24, V, generator=g) * 3
-    for row, at in enumerate((0, 17, 63, 64, V // 2, V - 17, V - 1)):
-        at %= V
-        x[row, at] = math.nan
-        x[7 + row, at], x[7 + row, (at + 1) % V] = math.inf, -math.inf
-        x[14 + row, at] = math.inf
-    x[21] = -math.inf
-    x[22:] = -x[22:].abs()
-    x[22, 5 % V], x[22, (V - 2) % V] = -0.0, 0.0  # the first zero -0: which zero the max keeps
-    x[23, 3 % V], x[23, 40 % V] = 0.0, -0.0
-    return x.to(dtype)
-
-
 def _special_cases(tally: Tally, g: torch.Generator, dtype: torch.dtype) -> None:
-    """_special_rows at a few widths, every reduction: loss and dlogits NaN where torch's are (same_bits),
+    """special_rows at a few widths, every reduction: loss and dlogits NaN where torch's are (same_bits),
     the rest torch's bits."""
-    for V, reduction in itertools.product((1, 7, 64, 97, 300, 1003, 32000), ("mean", "sum", "none")):
-        x = _special_rows(g, V, dtype).requires_grad_(True)
+    for V, reduction in itertools.product(SPECIAL_WIDTHS + (32000,), ("mean", "sum", "none")):
+        x = special_rows(g, V, dtype).requires_grad_(True)
         target = torch.randint(0, V, (24,), generator=g)
         target[20] = -100
         up = (torch.randn(24 if reduction == "none" else (), generator=g) * 3).to(dtype)

@@ -14,7 +14,7 @@ from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
-from .sweeping import Tally, grad_run, torch_threads
+from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
 
 def _contract(fn) -> None:
@@ -87,6 +87,13 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
                             for fn in (rms_norm, F.rms_norm))
         for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
             tally.add(q, f"N={N} D={D} torch threads {threads}", a, b)
+    for D in SPECIAL_WIDTHS:  # rows of NaN, inf, -inf and zeros
+        x = special_rows(g, D, dtype).requires_grad_(True)
+        w = torch.randn(D, generator=g).to(dtype).requires_grad_(True)
+        up = torch.randn(24, D, generator=g).to(dtype)
+        ours, theirs = (grad_run(lambda xx, ww, fn=fn: fn(xx, (D,), ww, 1e-5), [x, w], up) for fn in (rms_norm, F.rms_norm))
+        for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+            tally.add(q, f"special rows D={D}", a, b)
 
 
 def probe_call(L, fill, x, w, dy, torch_threads=1):

@@ -14,7 +14,7 @@ from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
-from .sweeping import Tally, grad_run
+from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows
 
 
 def _contract(fn) -> None:
@@ -62,6 +62,15 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
             theirs = grad_run(lambda xx: reference.rope(xx, cos, sin, layout), [x], up)
             for q, a, b in zip(("out", "dx"), ours, theirs):
                 tally.add(q, f"{layout} d={d}", a, b)
+        for d in [2, 46] + [d for d in SPECIAL_WIDTHS if d % 2 == 0]:  # rows of NaN, inf, -inf and zeros
+            x = special_rows(g, d, dtype).reshape(4, 6, d).requires_grad_(True)
+            angles = torch.rand(6, d // 2, generator=g) * 50
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            up = torch.randn(4, 6, d, generator=g).to(dtype)
+            ours = grad_run(lambda xx: rope(xx, cos, sin, layout=layout), [x], up)
+            theirs = grad_run(lambda xx: reference.rope(xx, cos, sin, layout), [x], up)
+            for q, a, b in zip(("out", "dx"), ours, theirs):
+                tally.add(q, f"special rows {layout} d={d}", a, b)
 
 
 def probe_call(L, fill, x, cos, sin, layout):

@@ -5,6 +5,7 @@ torch at a given thread count. ckparity.sweep runs the sweeps."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -51,3 +52,27 @@ def grad_run(fn, inputs, upstream):
     out = fn(*leaves)
     out.backward(upstream)
     return [out.detach()] + [t.grad for t in leaves if t.requires_grad]
+
+
+# widths for special_rows: one element, under a vector, one 8- and 16-lane vector's worth and more,
+# odd tails, and a row past the vector loops' blocks
+SPECIAL_WIDTHS = (1, 7, 64, 97, 300, 1003)
+
+
+def special_rows(g: torch.Generator, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """(24, width) values of ``dtype`` whose rows hold what the kernels treat apart: a NaN, an inf beside
+    a -inf, an inf alone (at the row's start, inside, and its last elements: the vector loops' lanes and
+    tails), a row of -inf, rows whose maximum is a zero of either sign (which zero a max keeps), and the
+    rest normal. Every sweep runs them: a bit-identity claim then covers non-finite input (NaN matching
+    any NaN: same_bits)."""
+    x = torch.randn(24, width, generator=g) * 3
+    for row, at in enumerate((0, 17, 63, 64, width // 2, width - 17, width - 1)):
+        at %= width
+        x[row, at] = math.nan
+        x[7 + row, at], x[7 + row, (at + 1) % width] = math.inf, -math.inf
+        x[14 + row, at] = math.inf
+    x[21] = -math.inf
+    x[22:] = -x[22:].abs()
+    x[22, 5 % width], x[22, (width - 2) % width] = -0.0, 0.0  # the first zero -0
+    x[23, 3 % width], x[23, 40 % width] = 0.0, -0.0
+    return x.to(dtype)

@@ -13,7 +13,7 @@ from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
-from .sweeping import Tally, grad_run, torch_threads
+from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
 
 def _contract(fn) -> None:
@@ -58,6 +58,14 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
                 theirs = grad_run(reference.swiglu, [x], up)
             for q, a, b in zip(("out", "dx"), ours, theirs):
                 tally.add(q, f"N={N} H={H}", a, b)
+    for H in SPECIAL_WIDTHS:  # NaN, inf, -inf and zeros in the gate and (other rows) in the up half
+        x = torch.cat([special_rows(g, H, dtype), special_rows(g, H, dtype).roll(5, 0)], 1).requires_grad_(True)
+        up = torch.randn(24, H, generator=g).to(dtype)
+        ours = grad_run(swiglu, [x], up)
+        with torch_threads(1):
+            theirs = grad_run(reference.swiglu, [x], up)
+        for q, a, b in zip(("out", "dx"), ours, theirs):
+            tally.add(q, f"special rows H={H}", a, b)
 
 
 def probe_call(L, fill, x, dout):
