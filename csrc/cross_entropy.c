@@ -493,7 +493,10 @@ static float pt_grad_logp(void *ctx, int64_t j) {
     const pt_row *r = ctx;
     float g = r->w ? r->smooth_grad * r->w[j] : r->smooth_grad;
     if (r->P != NULL) return g * pt_q(r, j);
-    return j == r->t ? g + r->nll_grad : g;
+    /* + 0 off the target: torch's nll gradient there is a +0 that the smoothing's (or, without
+     * smoothing, nothing) adds to, so a -0 is +0 -- seen where exp(logp) underflows to 0 and the
+     * gradient is g_j itself */
+    return j == r->t ? g + r->nll_grad : g + 0.0f;
 }
 
 /* vec::map_reduce_all(map, +) and vec::reduce_all(+): one partial per lane
@@ -819,21 +822,32 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
  *     bf16 vectors of 2N from x, the sums of exp(x[d + i] - m); returns the first element past them.
  *     They start at 0, and 0 + e is e (never -0).
  *   bf_max<N>: the max over the whole vectors of N from x, NaN ignored; *nan set where one may be (a
- *     NaN, or an inf beside a -inf: the caller takes such a row again in order); *j past them.
+ *     NaN, or an inf beside a -inf: the caller takes such a row again in order); *lo lowered to their
+ *     least value; *j past them.
  *   bf_grad<N>: bf_grad_row's dx over whole vectors of N; returns the first element not written.
  * The exp's kind is a constant in each loop (the _of forms, called with sleef 0 or 1): GCC 12 left the
  * test in the loop and reloaded SLEEF's constants every vector, and kept the two accumulators of a
  * variable-length array in memory (a store and a load on every add). logp only feeds the exp, so it
  * skips the NaN select (ckp_bf16_round_any_nan: its NaNs come from a bf16 load or x86's arithmetic);
  * dx is stored through ckp_bf16_store, which writes torch's NaN. */
+/* The exp a bf16 row loop computes: libm's per lane (DEFAULT), SLEEF's on the vector, or SLEEF's
+ * without its range selects where every argument is in [-87, 0] (ckp_exp_sleef_normal: the same bits).
+ * bf_exp_kind picks it for a row from the least argument the row can give. */
+enum { BF_EXP_LIBM, BF_EXP_SLEEF, BF_EXP_SLEEF_NORMAL };
+
+static int bf_exp_kind(pt_layout at, float least) {
+    return !at.sleef ? BF_EXP_LIBM : least >= -86.0f ? BF_EXP_SLEEF_NORMAL : BF_EXP_SLEEF;
+}
+
 #define BF_DEFINE_ROW_LOOPS(N)                                                                              \
-    static inline __attribute__((always_inline)) ckp_v##N##f bf_exp##N(int sleef, ckp_v##N##f v) {        \
-        if (sleef) return ckp_exp_sleef##N(v);                                                              \
+    static inline __attribute__((always_inline)) ckp_v##N##f bf_exp##N(int kind, ckp_v##N##f v) {         \
+        if (kind == BF_EXP_SLEEF_NORMAL) return ckp_exp_sleef_normal##N(v);                                 \
+        if (kind == BF_EXP_SLEEF) return ckp_exp_sleef##N(v);                                               \
         for (int l = 0; l < N; l++) v[l] = expf(v[l]);                                                      \
         return v;                                                                                           \
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_sum_blocks_of##N(const uint16_t *x, int64_t V,  \
-                                                                             float m, int sleef,            \
+                                                                             float m, int kind,             \
                                                                              const uint16_t *ahead,         \
                                                                              float *lanes) {                \
         const ckp_v##N##f mv = ckp_splat##N(m);                                                             \
@@ -841,23 +855,26 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
         int64_t d = 0;                                                                                      \
         for (; d < V - V % (2 * N); d += 2 * N) {                                                           \
             __builtin_prefetch(ahead + d);                                                                  \
-            a0 += bf_exp##N(sleef, ckp_bf16_load##N(x + d) - mv);                                           \
-            a1 += bf_exp##N(sleef, ckp_bf16_load##N(x + d + N) - mv);                                       \
+            a0 += bf_exp##N(kind, ckp_bf16_load##N(x + d) - mv);                                            \
+            a1 += bf_exp##N(kind, ckp_bf16_load##N(x + d + N) - mv);                                        \
         }                                                                                                   \
         memcpy(lanes, &a0, sizeof a0);                                                                      \
         memcpy(lanes + N, &a1, sizeof a1);                                                                  \
         return d;                                                                                           \
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_sum_blocks##N(const uint16_t *x, int64_t V,     \
-                                                                          float m, pt_layout at,            \
+                                                                          float m, int kind,                \
                                                                           const uint16_t *ahead,            \
                                                                           float *lanes) {                   \
-        return at.sleef ? bf_sum_blocks_of##N(x, V, m, 1, ahead, lanes)                                     \
-                        : bf_sum_blocks_of##N(x, V, m, 0, ahead, lanes);                                    \
+        switch (kind) {                                                                                     \
+        case BF_EXP_SLEEF_NORMAL: return bf_sum_blocks_of##N(x, V, m, BF_EXP_SLEEF_NORMAL, ahead, lanes);   \
+        case BF_EXP_SLEEF: return bf_sum_blocks_of##N(x, V, m, BF_EXP_SLEEF, ahead, lanes);                 \
+        default: return bf_sum_blocks_of##N(x, V, m, BF_EXP_LIBM, ahead, lanes);                            \
+        }                                                                                                   \
     }                                                                                                       \
     static inline __attribute__((always_inline)) float bf_max##N(const uint16_t *x, int64_t V, int64_t *j,  \
-                                                                 int *nan) {                                \
-        ckp_v##N##f mv = ckp_splat##N(-INFINITY), mv1 = mv, mv2 = mv, mv3 = mv;                             \
+                                                                 int *nan, float *lo) {                     \
+        ckp_v##N##f mv = ckp_splat##N(-INFINITY), mv1 = mv, mv2 = mv, mv3 = mv, lv = ckp_splat##N(INFINITY); \
         ckp_v##N##i nans = (ckp_v##N##i){0};                                                                \
         for (; *j + 4 * N <= V; *j += 4 * N) { /* four chains: one waited on its compare every vector */   \
             ckp_v##N##f v = ckp_bf16_load##N(x + *j), v1 = ckp_bf16_load##N(x + *j + N);                    \
@@ -868,6 +885,9 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
             mv1 = ckp_select##N(v1 > mv1, v1, mv1);                                                         \
             mv2 = ckp_select##N(v2 > mv2, v2, mv2);                                                         \
             mv3 = ckp_select##N(v3 > mv3, v3, mv3);                                                         \
+            ckp_v##N##f l01 = ckp_select##N(v < v1, v, v1), l23 = ckp_select##N(v2 < v3, v2, v3);           \
+            l01 = ckp_select##N(l01 < l23, l01, l23);                                                       \
+            lv = ckp_select##N(l01 < lv, l01, lv);                                                          \
         }                                                                                                   \
         mv = ckp_select##N(mv1 > mv, mv1, mv);                                                              \
         mv2 = ckp_select##N(mv3 > mv2, mv3, mv2);                                                           \
@@ -876,31 +896,38 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
             ckp_v##N##f v = ckp_bf16_load##N(x + *j);                                                       \
             nans |= v != v;                                                                                 \
             mv = ckp_select##N(v > mv, v, mv);                                                              \
+            lv = ckp_select##N(v < lv, v, lv);                                                              \
         }                                                                                                   \
         float mx = -INFINITY;                                                                               \
         for (int l = 0; l < N; l++) {                                                                       \
             *nan |= nans[l] != 0;                                                                           \
             mx = mv[l] > mx ? mv[l] : mx;                                                                   \
+            *lo = lv[l] < *lo ? lv[l] : *lo;                                                                \
         }                                                                                                   \
         return mx;                                                                                          \
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_grad_of##N(const uint16_t *x, int64_t V, float m, \
                                                                        float log_sum, float grad_sum,       \
-                                                                       int sleef, uint16_t *dx) {           \
+                                                                       int kind, int fused, uint16_t *dx) { \
         const ckp_v##N##f mv = ckp_splat##N(m), lv = ckp_splat##N(log_sum), sv = ckp_splat##N(grad_sum);    \
         const ckp_v##N##f zero = ckp_splat##N(0.0f);                                                        \
         int64_t j = 0;                                                                                      \
         for (; j + N <= V; j += N) {                                                                        \
             ckp_v##N##f logp = ckp_bf16_round_any_nan##N((ckp_bf16_load##N(x + j) - mv) - lv);              \
-            ckp_bf16_store##N(dx + j, zero - bf_exp##N(sleef, logp) * sv);                                  \
+            ckp_v##N##f p = bf_exp##N(kind, logp);                                                          \
+            ckp_bf16_store##N(dx + j, fused ? ckp_fma##N(-p, sv, zero) : zero - p * sv);                    \
         }                                                                                                   \
         return j;                                                                                           \
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_grad##N(const uint16_t *x, int64_t V, float m,  \
                                                                     float log_sum, float grad_sum,          \
-                                                                    pt_layout at, uint16_t *dx) {           \
-        return at.sleef ? bf_grad_of##N(x, V, m, log_sum, grad_sum, 1, dx)                                  \
-                        : bf_grad_of##N(x, V, m, log_sum, grad_sum, 0, dx);                                 \
+                                                                    int kind, uint16_t *dx) {               \
+        /* fused where torch fuses it: at.fma, which pt_layout sets exactly where at.sleef is */           \
+        switch (kind) {                                                                                     \
+        case BF_EXP_SLEEF_NORMAL: return bf_grad_of##N(x, V, m, log_sum, grad_sum, BF_EXP_SLEEF_NORMAL, 1, dx); \
+        case BF_EXP_SLEEF: return bf_grad_of##N(x, V, m, log_sum, grad_sum, BF_EXP_SLEEF, 1, dx);           \
+        default: return bf_grad_of##N(x, V, m, log_sum, grad_sum, BF_EXP_LIBM, 0, dx);                      \
+        }                                                                                                   \
     }
 
 BF_DEFINE_ROW_LOOPS(8)
@@ -923,7 +950,8 @@ static float bf_fold(float *a0, const float *a1, pt_layout at) {
 
 /* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum
  * in its order, 8 or 16 lanes of exps at a time (the lane sums do not depend on that). */
-CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at, const uint16_t *ahead) {
+CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_layout at, int kind,
+                                   const uint16_t *ahead) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
     float a0[16] = {0}, a1[16] = {0};
@@ -938,7 +966,7 @@ CKP_CLONES static float bf_sum_exp(const uint16_t *x, int64_t V, float m, pt_lay
     }
     /* the two accumulators side by side: a0's L lanes, then a1's (the loops' width is L) */
     float lanes[32];
-    int64_t d = ckp_lanes16() ? bf_sum_blocks16(x, V, m, at, ahead, lanes) : bf_sum_blocks8(x, V, m, at, ahead, lanes);
+    int64_t d = ckp_lanes16() ? bf_sum_blocks16(x, V, m, kind, ahead, lanes) : bf_sum_blocks8(x, V, m, kind, ahead, lanes);
     memcpy(a0, lanes, (size_t)L * sizeof *a0);
     memcpy(a1, lanes + L, (size_t)L * sizeof *a1);
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += BF_MAP(d + l);
@@ -958,26 +986,36 @@ static float bf_row_max_scalar(const uint16_t *x, int64_t V) {
 }
 
 /* The same, 8 or 16 lanes at a time: a max is exact in any order, except which zero a row of zeros
- * keeps (the order above keeps the first), so a zero maximum is taken again left to right. */
-CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V) {
+ * keeps (the order above keeps the first), so a zero maximum is taken again left to right. *lo: the
+ * row's least value, -inf where the row was taken again (a NaN, a zero maximum). */
+CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V, float *lo) {
     int64_t j = 0;
     int any_nan = 0;
-    float mx = ckp_lanes16() ? bf_max16(x, V, &j, &any_nan) : bf_max8(x, V, &j, &any_nan);
+    *lo = INFINITY;
+    float mx = ckp_lanes16() ? bf_max16(x, V, &j, &any_nan, lo) : bf_max8(x, V, &j, &any_nan, lo);
     for (; j < V; j++) {
         float v = ckp_bf16_to_f(x[j]);
         any_nan |= v != v;
         mx = v > mx ? v : mx;
+        *lo = v < *lo ? v : *lo;
     }
-    if (any_nan || mx == 0.0f) return bf_row_max_scalar(x, V);
+    if (any_nan || mx == 0.0f) {
+        *lo = -INFINITY; /* unknown: no row-wide shortcut */
+        return bf_row_max_scalar(x, V);
+    }
     return mx;
 }
 
-/* One row's max and bf16 log_sum. ahead: the row that comes next (x itself for the last), brought into
- * the cache while the exps run: its max then finds it there (the max, which waits on memory, took a tenth
- * of the (2048, 32000) loss; the exps leave the memory idle). */
-static void bf_row(const uint16_t *x, int64_t V, pt_layout at, const uint16_t *ahead, float *m, float *log_sum) {
-    float mx = bf_row_max(x, V);
-    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at, ahead));
+/* One row's max and bf16 log_sum, and *least: the least x - m of the row (-inf where unknown; NaN where
+ * the max is not finite), from which the exps' kind is picked (bf_exp_kind). ahead: the row that comes
+ * next (x itself for the last), brought into the cache while the exps run: its max then finds it there
+ * (the max, which waits on memory, took a tenth of the (2048, 32000) loss; the exps leave the memory
+ * idle). */
+static void bf_row(const uint16_t *x, int64_t V, pt_layout at, const uint16_t *ahead, float *m, float *log_sum,
+                   float *least) {
+    float lo, mx = bf_row_max(x, V, &lo);
+    *least = lo - mx;
+    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at, bf_exp_kind(at, *least), ahead));
     *m = mx;
     *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
 }
@@ -988,14 +1026,20 @@ static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
 
 /* One row of log_softmax's backward: dx_j = bf16(g_j - exp(logp_j) * sum_k g_k), where g is gi at the
  * target t (none: t < 0, an ignored row) and 0 elsewhere; 8 or 16 lanes at a time, the target's element
- * again on its own (fma(-p, s, 0) and 0 - p * s are both -(p * s) rounded once, and +0 where that
- * product is a zero: not -(p * s), which would be -0 in an ignored row). */
-CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, int64_t t, float gi,
-                                   pt_layout at, uint16_t *dx) {
+ * again on its own. Fused where torch fuses it (at.fma): fma(-p, s, 0) keeps the sign of a product
+ * too small for a float, where 0 - p * s rounds the product to a zero first and gives +0 (found with
+ * exps in the subnormals); neither gives -(p * s) for an exact zero product (-0 in an ignored row).
+ * least: bf_row's; the least logp is bf16(least - log_sum) (log_sum >= 0: every logp <= 0). */
+CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, float least, int64_t t,
+                                   float gi, pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
-    int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, at, dx)
-                              : bf_grad8(x, V, m, log_sum, grad_sum, at, dx);
-    for (; j < V; j++) dx[j] = ckp_f_to_bf16(0.0f - pt_exp_at(at, bf_logp(x, j, m, log_sum)) * grad_sum);
+    const int kind = bf_exp_kind(at, least - log_sum); /* -86 or more rounds to -86.5 or more */
+    int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, kind, dx)
+                              : bf_grad8(x, V, m, log_sum, grad_sum, kind, dx);
+    for (; j < V; j++) {
+        float p = pt_exp_at(at, bf_logp(x, j, m, log_sum));
+        dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, 0.0f) : 0.0f - p * grad_sum);
+    }
     if (t >= 0) {
         float p = pt_exp_at(at, bf_logp(x, t, m, log_sum));
         dx[t] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, gi) : gi - p * grad_sum);
@@ -1178,7 +1222,8 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
                 if (smoothed) smooth[i] = 0.0f;
                 continue;
             }
-            bf_row(x, V, at, i + 1 < N ? x + V : x, &r.m, &r.log_sum);
+            float least;
+            bf_row(x, V, at, i + 1 < N ? x + V : x, &r.m, &r.log_sum, &least);
             logp_t[i] = t < 0 ? 0.0f : (w ? ckp_bf16_round(bf_logp(x, t, r.m, r.log_sum) * w[t])
                                           : bf_logp(x, t, r.m, r.log_sum));
             if (smoothed) smooth[i] = t < 0 ? 0.0f : -ckp_aten_full_sum_bf16(bf_wlogp, &r, V, row_threads);
@@ -1187,7 +1232,7 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
                                                                  : opt->row_grad[i]) : u_nll) : g_nll;
             const float gi = w && t >= 0 ? ckp_bf16_round(w[t] * gn) : gn;
             if (!smoothed) {
-                bf_grad_row(x, V, r.m, r.log_sum, t, gi, at, dlogits + i * V);
+                bf_grad_row(x, V, r.m, r.log_sum, least, t, gi, at, dlogits + i * V);
             } else {
                 const float s = t < 0 ? 0.0f : none ? (opt->row_grad ? ckp_bf16_round(opt->row_grad[i] * spread)
                                                                       : u_smooth) : s_all;
@@ -1287,7 +1332,8 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
             bf_prob_row r = proto;
             r.row.x = logits + i * V;
             r.q = target_probs + i * V;
-            bf_row(r.row.x, V, at, i + 1 < N ? r.row.x + V : r.row.x, &r.row.m, &r.row.log_sum);
+            float least; /* the probability rows' exps are per element: no row-wide shortcut to pick */
+            bf_row(r.row.x, V, at, i + 1 < N ? r.row.x + V : r.row.x, &r.row.m, &r.row.log_sum, &least);
             m[i] = r.row.m;
             log_sum[i] = r.row.log_sum;
             if (none) loss[i] = ckp_f_to_bf16(-ckp_aten_full_sum_bf16(bf_logp_q_w, &r, V, row_threads));

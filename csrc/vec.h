@@ -80,7 +80,10 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  *   inf) or NaN is converted as 0 (an out-of-range float-to-int conversion is
  *   undefined in C); the last selects give those lanes 0, inf or NaN anyway.
  *   The range is one comparison of |q|: GCC 12 turned the & of two 16-lane
- *   comparisons into sixteen scalar ones. */
+ *   comparisons into sixteen scalar ones.
+ * ckp_exp_sleef_normal: the same bits for -87 <= d <= 0 without the range's selects: q is then in
+ *   [-126, 0], 2^q a normal float, and one multiply by it is SLEEF's two (the first of them, by
+ *   2^(q/2), exact: only the last can round). ckp_exp_sleef_mantissa: their shared part, u and q. */
 #define CKP_ALWAYS static inline __attribute__((always_inline))
 #define CKP_DEFINE_LANES(N, BYTES)                                                                              \
     typedef float ckp_v##N##f __attribute__((vector_size(BYTES)));                                             \
@@ -117,7 +120,7 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
         ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)v >> 16, ckp_v##N##h);                             \
         memcpy(p, &h, sizeof h);                                                                                \
     }                                                                                                           \
-    CKP_ALWAYS ckp_v##N##f ckp_exp_sleef##N(ckp_v##N##f d) {                                                   \
+    CKP_ALWAYS ckp_v##N##f ckp_exp_sleef_mantissa##N(ckp_v##N##f d, ckp_v##N##f *q_out) {                     \
         const float round_magic = 12582912.0f; /* 1.5 * 2^23: round to nearest even */                          \
         ckp_v##N##f q =                                                                                         \
             (d * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -         \
@@ -130,7 +133,16 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
         u = ckp_fma##N(u, s, ckp_splat##N(0.0416664853692054748535156f));                                      \
         u = ckp_fma##N(u, s, ckp_splat##N(0.166666671633720397949219f));                                       \
         u = ckp_fma##N(u, s, ckp_splat##N(0.5f));                                                              \
-        u = 1.0f + ckp_fma##N(s * s, u, s);                                                                    \
+        *q_out = q;                                                                                             \
+        return 1.0f + ckp_fma##N(s * s, u, s);                                                                 \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_exp_sleef_normal##N(ckp_v##N##f d) {                                            \
+        ckp_v##N##f q, u = ckp_exp_sleef_mantissa##N(d, &q);                                                   \
+        ckp_v##N##i qi = __builtin_convertvector(q, ckp_v##N##i);                                              \
+        return u * (ckp_v##N##f)((ckp_v##N##u)(qi + 0x7f) << 23);                                              \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_exp_sleef##N(ckp_v##N##f d) {                                                   \
+        ckp_v##N##f q, u = ckp_exp_sleef_mantissa##N(d, &q);                                                   \
         ckp_v##N##f abs_q = (ckp_v##N##f)((ckp_v##N##u)q & 0x7FFFFFFFu); /* one comparison, not two: */      \
         ckp_v##N##f q_in_range = ckp_select##N(abs_q <= 150.0f, q, ckp_splat##N(0.0f)); /* see below */       \
         ckp_v##N##i qi = __builtin_convertvector(q_in_range, ckp_v##N##i);                                     \

@@ -63,10 +63,10 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
             for q, a, b in zip(("out", "dx"), ours, theirs):
                 tally.add(q, f"{layout} d={d}", a, b)
         for d in [2, 46] + [d for d in SPECIAL_WIDTHS if d % 2 == 0]:  # rows of NaN, inf, -inf and zeros
-            x = special_rows(g, d, dtype).reshape(4, 6, d).requires_grad_(True)
-            angles = torch.rand(6, d // 2, generator=g) * 50
+            x = special_rows(g, d, dtype).reshape(2, -1, d).requires_grad_(True)  # (2, 13, d): 13 positions
+            angles = torch.rand(x.shape[1], d // 2, generator=g) * 50
             cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-            up = torch.randn(4, 6, d, generator=g).to(dtype)
+            up = torch.randn(x.shape, generator=g).to(dtype)
             ours = grad_run(lambda xx: rope(xx, cos, sin, layout=layout), [x], up)
             theirs = grad_run(lambda xx: reference.rope(xx, cos, sin, layout), [x], up)
             for q, a, b in zip(("out", "dx"), ours, theirs):

@@ -60,7 +60,7 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
                 tally.add(q, f"N={N} H={H}", a, b)
     for H in SPECIAL_WIDTHS:  # NaN, inf, -inf and zeros in the gate and (other rows) in the up half
         x = torch.cat([special_rows(g, H, dtype), special_rows(g, H, dtype).roll(5, 0)], 1).requires_grad_(True)
-        up = torch.randn(24, H, generator=g).to(dtype)
+        up = torch.randn(x.shape[0], H, generator=g).to(dtype)
         ours = grad_run(swiglu, [x], up)
         with torch_threads(1):
             theirs = grad_run(reference.swiglu, [x], up)
