@@ -63,13 +63,13 @@ def special_rows(g: torch.Generator, width: int, dtype: torch.dtype) -> torch.Te
     """(26, width) values of ``dtype`` whose rows hold what the kernels treat apart: a NaN, an inf beside
     a -inf, an inf alone (at the row's start, inside, and its last elements: the vector loops' lanes and
     tails), a row of -inf, rows whose maximum is a zero of either sign (which zero a max keeps), a row
-    spread over 120 below its maximum (exps that underflow through the subnormals) and one whose spread
-    steps across 86-88 below it (where a row's exps may skip SLEEF's range selects, and where they may
-    not). Every sweep runs them: a bit-identity claim then covers such input (NaN matching any NaN:
-    same_bits)."""
+    spread over 120 below its maximum (exps that underflow through the subnormals, SLEEF's range selects
+    at work) and one whose least value is 85.5 below it, exact in bf16 (at the edge of the rows whose
+    exps skip those selects: ckp_exp_sleef_normal). Every sweep runs them: a bit-identity claim then covers such input
+    (NaN matching any NaN: same_bits)."""
     x = torch.randn(26, width, generator=g) * 3
     x[24] = torch.linspace(5.0, -115.0, width) if width > 1 else 5.0
-    x[25] = 4.0 - torch.tensor([0.0, 85.9, 86.0, 86.1, 86.6, 87.0, 87.4, 88.0, 90.0])[torch.arange(width) % 9]
+    x[25] = 4.0 - torch.tensor([0.0, 20.0, 50.0, 80.0, 84.0, 85.0, 85.25, 85.5])[torch.arange(width) % 8]
     for row, at in enumerate((0, 17, 63, 64, width // 2, width - 17, width - 1)):
         at %= width
         x[row, at] = math.nan
