@@ -290,3 +290,20 @@ def test_pytest_plugin_holds_a_users_kernel_to_the_checks(pytester):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*expected 'as accurate as torch' or better*",
                                  "*ckparity check rms_norm --backend pytest:test_user.sloppy_rms_norm: wrong*"])
+
+
+@pytest.mark.parametrize("kernel", ["cross_entropy", "rms_norm", "swiglu"])
+def test_a_kernel_that_hides_nan_and_inf_is_wrong_on_non_finite_rows(few_widths, planted, kernel):
+    """The planted backends are torch's op on inputs with NaN and inf replaced by finite numbers (what a
+    kernel does that clamps, or skips a row it thinks is padding): every finite case passes, and only the
+    non_finite property's rows of special_rows (NaN, inf, -inf) find them."""
+    torch_fn = kernels.backends(kernel)["torch"]
+
+    def hides_non_finite(x, *args, **kwargs):
+        return torch_fn(torch.nan_to_num(x), *args, **kwargs)
+    report = conformance.check(kernel, planted(kernel, "hides_non_finite", hides_non_finite))
+    verdicts = _verdicts(report)
+    assert verdicts["non_finite"] == "wrong" and not report["passed"]
+    assert all(v in ("bitwise", "as accurate as torch") for p, v in verdicts.items() if p != "non_finite"), verdicts
+    own = conformance.check(kernel, "c")
+    assert _verdicts(own)["non_finite"] in ("bitwise", "as accurate as torch") and own["passed"]

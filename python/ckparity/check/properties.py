@@ -344,6 +344,35 @@ def differing_elements_all(a: dict, b: dict) -> int:
     return sum(differing_elements(a[k], b[k]) for k in a)
 
 
+def _with_special_rows(tensors: dict, name: str, g: torch.Generator) -> dict:
+    """tensors with ``name``'s rows (its last dimension) taken from special_rows, cycling."""
+    from ..kernels.sweeping import special_rows
+
+    t = tensors[name]
+    flat = t.reshape(-1, t.shape[-1]).clone()
+    special = special_rows(g, t.shape[-1], torch.float32)
+    flat.copy_(special[torch.arange(flat.shape[0]) % special.shape[0]])
+    return {**tensors, name: flat.reshape(t.shape)}
+
+
+def non_finite(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
+    """The slot's first differentiated input (the activations, the logits) holding what kernels get wrong
+    quietly: rows with a NaN, an inf beside a -inf, an inf alone (at the vector lanes and tails), all
+    -inf, a zero maximum of either sign, a spread of 120 (exps in the subnormals) -- special_rows, the
+    rows every ckparity sweep runs. The backend's outputs and gradients are compared as every case is:
+    NaN and infinities where torch's are (a kernel that turns a NaN row into zeros, or drops an inf, is
+    "wrong"), the rest by the rule."""
+    from ..kernels.sweeping import SPECIAL_ROWS, SPECIAL_WIDTHS
+
+    prop = Property("non_finite")
+    name = kernel_slot.differentiated[0]
+    widths = [w for w in kernel_slot.widths if w in SPECIAL_WIDTHS] or kernel_slot.widths[:3]
+    for width in widths:
+        tensors = _with_special_rows(kernel_slot.make(width, SPECIAL_ROWS, g), name, g)
+        run_case(prop, f"width={width}", _slot_case(kernel_slot, tensors), fn, torch_fn, dtype=dtype)
+    return prop
+
+
 def bad_input(kernel_slot, fn, kinds: set[str]) -> Property:
     """Each of the slot's bad inputs of ``kinds`` must raise; returning is wrong."""
     prop = Property("bad_input")

@@ -126,7 +126,9 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
                      lambda: properties.threads(kernel_slot, fn, g, torch_dtype)]
         # its own generator: the properties before it draw the same cases with or without it
         runs += [lambda: properties.batch_invariance(kernel_slot, fn, torch_fn, torch.Generator().manual_seed(seed),
-                                                     torch_dtype)]
+                                                     torch_dtype),
+                 lambda: properties.non_finite(kernel_slot, fn, torch_fn, torch.Generator().manual_seed(seed),
+                                               torch_dtype)]
         runs += [lambda: properties.bad_input(kernel_slot, fn, {"value"} if helper else {"shape", "value"}),
                  lambda: properties.torch_inputs(kernel_slot, fn, torch_fn, not_run, torch_dtype)]
     rows = []

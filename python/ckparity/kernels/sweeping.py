@@ -57,17 +57,18 @@ def grad_run(fn, inputs, upstream):
 # widths for special_rows: one element, under a vector, one 8- and 16-lane vector's worth and more,
 # odd tails, and a row past the vector loops' blocks
 SPECIAL_WIDTHS = (1, 7, 64, 97, 300, 1003)
+SPECIAL_ROWS = 26  # special_rows' rows
 
 
 def special_rows(g: torch.Generator, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """(26, width) values of ``dtype`` whose rows hold what the kernels treat apart: a NaN, an inf beside
+    """(SPECIAL_ROWS, width) values of ``dtype`` whose rows hold what the kernels treat apart: a NaN, an inf beside
     a -inf, an inf alone (at the row's start, inside, and its last elements: the vector loops' lanes and
     tails), a row of -inf, rows whose maximum is a zero of either sign (which zero a max keeps), a row
     spread over 120 below its maximum (exps that underflow through the subnormals, SLEEF's range selects
     at work) and one whose least value is 85.5 below it, exact in bf16 (at the edge of the rows whose
     exps skip those selects: ckp_exp_sleef_normal). Every sweep runs them: a bit-identity claim then covers such input
     (NaN matching any NaN: same_bits)."""
-    x = torch.randn(26, width, generator=g) * 3
+    x = torch.randn(SPECIAL_ROWS, width, generator=g) * 3
     x[24] = torch.linspace(5.0, -115.0, width) if width > 1 else 5.0
     x[25] = 4.0 - torch.tensor([0.0, 20.0, 50.0, 80.0, 84.0, 85.0, 85.25, 85.5])[torch.arange(width) % 8]
     for row, at in enumerate((0, 17, 63, 64, width // 2, width - 17, width - 1)):
