@@ -338,26 +338,21 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
     int64_t level_step = (int64_t)1 << ckp_cascade_power(N);
     int64_t fit = ((int64_t)1 << 21) / (2 * D * (int64_t)elem) / level_step; /* level steps in ~2 MB */
     int64_t block = groups == 0 ? N : (fit > 1 ? fit : 1) * level_step; /* no cascades: one walk */
-#define RMS_BLOCK_ROWS                                                                                    \
-    for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num())
-#define RMS_BLOCK_CASCADES                                                                                \
-    for (int64_t b = 0; b < groups; b++) {                                                                \
-        int64_t j = b * per * CKP_VLANES, left = vecs - b * per;                                          \
-        dweight_columns(dy, x, rstd, N, D, j, (int)(left < per ? left : per), i0, i1, state[b], dweight, elem); \
-    }
 #pragma omp parallel num_threads(threads) if (N * D >= 32768)
     for (int64_t i0 = 0; i0 < N; i0 += block) {
         int64_t i1 = N - i0 > block ? i0 + block : N;
         if (dx_first) {
-#pragma omp for schedule(static) nowait
-            RMS_BLOCK_ROWS;
-#pragma omp for schedule(static) nowait
-            RMS_BLOCK_CASCADES
-        } else {
 #pragma omp for schedule(static)
-            RMS_BLOCK_CASCADES
-#pragma omp for schedule(static) nowait
-            RMS_BLOCK_ROWS;
+            for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < groups; b++) {
+            int64_t j = b * per * CKP_VLANES, left = vecs - b * per;
+            dweight_columns(dy, x, rstd, N, D, j, (int)(left < per ? left : per), i0, i1, state[b], dweight, elem);
+        }
+        if (!dx_first) {
+#pragma omp for schedule(static)
+            for (int64_t i = i0; i < i1; i++) dx_row(ctx, i, omp_get_thread_num());
         }
     }
     free(state);

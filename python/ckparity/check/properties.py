@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..kernels.record import Conformance
+from ..kernels.sweeping import SPECIAL_ROWS, SPECIAL_WIDTHS, special_rows
 from ..measure import RULES, differing_elements, max_ulp, parity
 from .rule import VERDICTS
 
@@ -346,8 +347,6 @@ def differing_elements_all(a: dict, b: dict) -> int:
 
 def _with_special_rows(tensors: dict, name: str, g: torch.Generator) -> dict:
     """tensors with ``name``'s rows (its last dimension) taken from special_rows, cycling."""
-    from ..kernels.sweeping import special_rows
-
     t = tensors[name]
     flat = t.reshape(-1, t.shape[-1]).clone()
     special = special_rows(g, t.shape[-1], torch.float32)
@@ -362,8 +361,6 @@ def non_finite(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
     rows every ckparity sweep runs. The backend's outputs and gradients are compared as every case is:
     NaN and infinities where torch's are (a kernel that turns a NaN row into zeros, or drops an inf, is
     "wrong"), the rest by the rule."""
-    from ..kernels.sweeping import SPECIAL_ROWS, SPECIAL_WIDTHS
-
     prop = Property("non_finite")
     name = kernel_slot.differentiated[0]
     widths = [w for w in kernel_slot.widths if w in SPECIAL_WIDTHS] or kernel_slot.widths[:3]
