@@ -452,6 +452,7 @@ typedef struct {
     const float *w;        /* class weights or NULL */
     int64_t t;             /* class target (class rows) */
     float m, log_sum;      /* row max and log(sum exp(x - m)) */
+    float least;           /* the least x - m: pt_row_stats */
     float keep, spread;    /* (1-ls) and ls/V as float scalars, as torch's scalar ops */
     int smoothed;
     pt_layout at;          /* torch's arithmetic at the running capability */
@@ -475,10 +476,6 @@ static float pt_q(const pt_row *r, int64_t j) {
 CKP_CLONES static float pt_exp_sleef(float x) { return ckp_exp_sleef8(ckp_splat8(x))[0]; }
 static float pt_exp(const pt_row *r, float x) { return r->at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-static float pt_exp_shifted(void *ctx, int64_t j) {
-    const pt_row *r = ctx;
-    return pt_exp(r, r->x[j] - r->m);
-}
 static float pt_wlogp(void *ctx, int64_t j) {
     const pt_row *r = ctx;
     return r->w ? pt_logp(r, j) * r->w[j] : pt_logp(r, j);
@@ -499,6 +496,17 @@ static float pt_grad_logp(void *ctx, int64_t j) {
     return j == r->t ? g + r->nll_grad : g + 0.0f;
 }
 
+/* vec_reduce_all's fold of an accumulator's lanes: a halving tree, or left to right at DEFAULT. */
+static float pt_fold(float *lane, pt_layout at) {
+    if (!at.tree_fold) {
+        for (int l = 1; l < at.lanes; l++) lane[0] += lane[l];
+        return lane[0];
+    }
+    for (int step = at.lanes / 2; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) lane[l] += lane[l + step];
+    return lane[0];
+}
+
 /* vec::map_reduce_all(map, +) and vec::reduce_all(+): one partial per lane
  * (the tail's partial vector adds to the first lanes only), the lanes folded
  * by vec_reduce_all; under one vector, a plain left-to-right sum. */
@@ -514,35 +522,184 @@ static float pt_vec_sum(pt_map map, void *ctx, int64_t n, pt_layout at) {
     for (; d < n - n % at.lanes; d += at.lanes)
         for (int l = 0; l < at.lanes; l++) lane[l] += map(ctx, d + l);
     for (int64_t l = 0; d + l < n; l++) lane[l] += map(ctx, d + l);
-    if (!at.tree_fold) {
-        for (int l = 1; l < at.lanes; l++) lane[0] += lane[l];
-        return lane[0];
+    return pt_fold(lane, at);
+}
+
+/* The exp a row loop computes: libm's per lane (DEFAULT), SLEEF's on the vector, or SLEEF's without its
+ * range selects where every argument is in [-87, 0] (ckp_exp_sleef_normal: the same bits).
+ * pt_exp_kind picks it for a row from the least argument the row can give (NaN: SLEEF's). */
+enum { PT_EXP_LIBM, PT_EXP_SLEEF, PT_EXP_SLEEF_NORMAL };
+
+static int pt_exp_kind(pt_layout at, float least) {
+    return !at.sleef ? PT_EXP_LIBM : least >= -86.0f ? PT_EXP_SLEEF_NORMAL : PT_EXP_SLEEF;
+}
+
+static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
+
+/* The rows' vector loops at N lanes, float32 and bf16 (PT_DEFINE_ROW_LOOPS): 16 or 8 (ckp_lanes16),
+ * which is torch's float vector at the capability (pt_layout's lanes), so a loop's accumulator is
+ * torch's. An exp does not depend on the lanes beside it and a max is exact.
+ *   pt_exp<N>: exp per lane as pt_exp_at does each one, of the given kind (a constant in each loop:
+ *     GCC 12 left the test in the loop and reloaded SLEEF's constants every vector).
+ *   pt_max<N>: the max over the whole vectors of N from x (float32 or bf16: elem bytes a value), NaN
+ *     ignored; *nan set where one may be (a NaN, or an inf beside a -inf: the caller takes such a row
+ *     again); *lo lowered to their least value; *j past them. Four chains: one waited on its compare
+ *     every vector.
+ *   pt_sum_blocks<N>: float32 rows: vec::map_reduce_all's accumulator over the whole vectors of x,
+ *     the sums of exp(x[d + l] - m) into lanes[0..N); returns the first element past them. It starts
+ *     at 0, and 0 + e is e (an exp is never -0).
+ *   pt_grad_sum<N>, pt_grad<N>: a float32 class row's sum_k g_k, lanes as vec::reduce_all's, and its
+ *     dx over whole vectors (pt_class_row_grad). */
+#define PT_DEFINE_ROW_LOOPS(N)                                                                                        \
+    static inline __attribute__((always_inline)) ckp_v##N##f pt_exp##N(int kind, ckp_v##N##f v) {                     \
+        if (kind == PT_EXP_SLEEF_NORMAL) return ckp_exp_sleef_normal##N(v);                                           \
+        if (kind == PT_EXP_SLEEF) return ckp_exp_sleef##N(v);                                                         \
+        for (int l = 0; l < N; l++) v[l] = expf(v[l]);                                                                \
+        return v;                                                                                                     \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) float pt_max##N(const void *x, size_t elem,                          \
+                                                                 int64_t V, int64_t *j, int *nan, float *lo) {        \
+        ckp_v##N##f mv = ckp_splat##N(-INFINITY), mv1 = mv, mv2 = mv, mv3 = mv, lv = ckp_splat##N(INFINITY);          \
+        ckp_v##N##i nans = (ckp_v##N##i){0};                                                                          \
+        for (; *j + 4 * N <= V; *j += 4 * N) { /* four chains: one waited on its compare every vector */              \
+            ckp_v##N##f v = ckp_elem_load##N(x, *j, elem), v1 = ckp_elem_load##N(x, *j + N, elem);                    \
+            ckp_v##N##f v2 = ckp_elem_load##N(x, *j + 2 * N, elem), v3 = ckp_elem_load##N(x, *j + 3 * N, elem);       \
+            ckp_v##N##f probe = (v + v1) + (v2 + v3); /* NaN if any is (or inf - inf: the slow path too) */           \
+            nans |= probe != probe;                                                                                   \
+            mv = ckp_select##N(v > mv, v, mv);                                                                        \
+            mv1 = ckp_select##N(v1 > mv1, v1, mv1);                                                                   \
+            mv2 = ckp_select##N(v2 > mv2, v2, mv2);                                                                   \
+            mv3 = ckp_select##N(v3 > mv3, v3, mv3);                                                                   \
+            ckp_v##N##f l01 = ckp_select##N(v < v1, v, v1), l23 = ckp_select##N(v2 < v3, v2, v3);                     \
+            l01 = ckp_select##N(l01 < l23, l01, l23);                                                                 \
+            lv = ckp_select##N(l01 < lv, l01, lv);                                                                    \
+        }                                                                                                             \
+        mv = ckp_select##N(mv1 > mv, mv1, mv);                                                                        \
+        mv2 = ckp_select##N(mv3 > mv2, mv3, mv2);                                                                     \
+        mv = ckp_select##N(mv2 > mv, mv2, mv);                                                                        \
+        for (; *j + N <= V; *j += N) {                                                                                \
+            ckp_v##N##f v = ckp_elem_load##N(x, *j, elem);                                                            \
+            nans |= v != v;                                                                                           \
+            mv = ckp_select##N(v > mv, v, mv);                                                                        \
+            lv = ckp_select##N(v < lv, v, lv);                                                                        \
+        }                                                                                                             \
+        float mx = -INFINITY;                                                                                         \
+        for (int l = 0; l < N; l++) {                                                                                 \
+            *nan |= nans[l] != 0;                                                                                     \
+            mx = mv[l] > mx ? mv[l] : mx;                                                                             \
+            *lo = lv[l] < *lo ? lv[l] : *lo;                                                                          \
+        }                                                                                                             \
+        return mx;                                                                                                    \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) int64_t pt_sum_blocks_of##N(const float *x, int64_t V, float m,      \
+                                                                             int kind, float *lanes) {                \
+        const ckp_v##N##f mv = ckp_splat##N(m);                                                                       \
+        ckp_v##N##f a = ckp_splat##N(0.0f);                                                                           \
+        int64_t d = 0;                                                                                                \
+        for (; d + N <= V; d += N) a += pt_exp##N(kind, ckp_elem_load##N(x, d, sizeof *x) - mv);                      \
+        memcpy(lanes, &a, sizeof a);                                                                                  \
+        return d;                                                                                                     \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) int64_t pt_sum_blocks##N(const float *x, int64_t V, float m,         \
+                                                                          int kind, float *lanes) {                   \
+        switch (kind) {                                                                                               \
+        case PT_EXP_SLEEF_NORMAL: return pt_sum_blocks_of##N(x, V, m, PT_EXP_SLEEF_NORMAL, lanes);                    \
+        case PT_EXP_SLEEF: return pt_sum_blocks_of##N(x, V, m, PT_EXP_SLEEF, lanes);                                  \
+        default: return pt_sum_blocks_of##N(x, V, m, PT_EXP_LIBM, lanes);                                             \
+        }                                                                                                             \
+    }                                                                                                                 \
+    /* pt_grad_logp on the lanes j..j+N of a class row */                                                             \
+    static inline __attribute__((always_inline)) ckp_v##N##f pt_g##N(const pt_row *r, int64_t j) {                    \
+        ckp_v##N##f g = ckp_splat##N(r->smooth_grad);                                                                 \
+        if (r->w) g = g * ckp_elem_load##N(r->w, j, sizeof *r->w);                                                    \
+        g = g + ckp_splat##N(0.0f);                                                                                   \
+        if (r->t >= j && r->t < j + N) g[r->t - j] = pt_grad_logp((void *)r, r->t);                                   \
+        return g;                                                                                                     \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) int64_t pt_grad_sum##N(const pt_row *r, int64_t V, float *lanes) {   \
+        ckp_v##N##f a = pt_g##N(r, 0);                                                                                \
+        int64_t d = N;                                                                                                \
+        for (; d + N <= V; d += N) a += pt_g##N(r, d);                                                                \
+        memcpy(lanes, &a, sizeof a);                                                                                  \
+        return d;                                                                                                     \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) int64_t pt_grad_of##N(const pt_row *r, int64_t V, float grad_sum,    \
+                                                                       float z_coef, int kind, int fused,             \
+                                                                       float *dx) {                                   \
+        const ckp_v##N##f mv = ckp_splat##N(r->m), lv = ckp_splat##N(r->log_sum);                                     \
+        const ckp_v##N##f sv = ckp_splat##N(grad_sum), zv = ckp_splat##N(z_coef), zero = ckp_splat##N(0.0f);          \
+        ckp_v##N##f gv = ckp_splat##N(r->smooth_grad);                                                                \
+        int64_t j = 0;                                                                                                \
+        for (; j + N <= V; j += N) {                                                                                  \
+            ckp_v##N##f p = pt_exp##N(kind, (ckp_elem_load##N(r->x, j, sizeof *r->x) - mv) - lv);                     \
+            ckp_v##N##f g = (r->w ? gv * ckp_elem_load##N(r->w, j, sizeof *r->w) : gv) + zero;                        \
+            ckp_v##N##f v = fused ? ckp_fma##N(-p, sv, g) : g - p * sv;                                               \
+            ckp_elem_store##N(dx, j, z_coef != 0.0f ? v + zv * p : v, sizeof *dx);                                    \
+        }                                                                                                             \
+        return j;                                                                                                     \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) int64_t pt_grad##N(const pt_row *r, int64_t V, float grad_sum,       \
+                                                                    float z_coef, int kind, int fused, float *dx) {   \
+        switch (kind) {                                                                                               \
+        case PT_EXP_SLEEF_NORMAL: return pt_grad_of##N(r, V, grad_sum, z_coef, PT_EXP_SLEEF_NORMAL, fused, dx);       \
+        case PT_EXP_SLEEF: return pt_grad_of##N(r, V, grad_sum, z_coef, PT_EXP_SLEEF, fused, dx);                     \
+        default: return pt_grad_of##N(r, V, grad_sum, z_coef, PT_EXP_LIBM, fused, dx);                                \
+        }                                                                                                             \
     }
-    for (int step = at.lanes / 2; step >= 1; step /= 2)
-        for (int l = 0; l < step; l++) lane[l] += lane[l + step];
-    return lane[0];
+
+PT_DEFINE_ROW_LOOPS(8)
+PT_DEFINE_ROW_LOOPS(16)
+
+/* A float32 row's max and log(sum exp(x - max)) as torch's log_softmax computes them (pt_vec_sum's
+ * lanes, by the loops above), and its least x - m (-inf where unknown: a NaN or an inf beside a -inf,
+ * whose max is then taken again in order; NaN where the max is not finite), from which the exps' kind
+ * is picked. */
+CKP_CLONES static void pt_row_stats(const float *x, int64_t V, pt_layout at, float *m, float *log_sum,
+                                    float *least) {
+    int64_t j = 0;
+    int any_nan = 0;
+    float lo = INFINITY;
+    float mx = ckp_lanes16() ? pt_max16(x, sizeof *x, V, &j, &any_nan, &lo) : pt_max8(x, sizeof *x, V, &j, &any_nan, &lo);
+    for (; j < V; j++) {
+        any_nan |= x[j] != x[j];
+        mx = x[j] > mx ? x[j] : mx;
+        lo = x[j] < lo ? x[j] : lo;
+    }
+    if (any_nan) {
+        mx = row_max(x, V, sizeof *x);
+        lo = -INFINITY;
+    }
+    *least = lo - mx;
+    float sum;
+    if (V < at.lanes) { /* one partial vector, folded left to right (vec_reduce_all with a size) */
+        sum = pt_exp_at(at, x[0] - mx);
+        for (int64_t k = 1; k < V; k++) sum += pt_exp_at(at, x[k] - mx);
+    } else {
+        float lane[16];
+        const int kind = pt_exp_kind(at, *least);
+        int64_t d = ckp_lanes16() ? pt_sum_blocks16(x, V, mx, kind, lane) : pt_sum_blocks8(x, V, mx, kind, lane);
+        for (int64_t l = 0; d + l < V; l++) lane[l] += pt_exp_at(at, x[d + l] - mx);
+        sum = pt_fold(lane, at);
+    }
+    *m = mx;
+    *log_sum = at.sleef && !CKP_MUTANT(PTREF_LIBM_LOG) ? ckp_log_sleef(sum) : logf(sum);
 }
 
 /* The whole batch, for the reductions that sum over rows or over every element. */
 typedef struct {
     const float *logits, *probs;
-    const int64_t *target;
-    int64_t V, ignore_index;
-    pt_row row;            /* the row last prepared (rows are visited in order) */
+    const float *m, *log_sum; /* each row's, from the rows' pass */
+    int64_t V;
+    pt_row row;            /* the row last visited (rows are visited in order) */
     int64_t row_index;
 } pt_batch;
 
-static void pt_row_prepare(pt_row *r, const float *x, int64_t V) {
-    r->x = x;
-    r->m = row_max(x, V, sizeof(float));
-    float sum = pt_vec_sum(pt_exp_shifted, r, V, r->at);
-    r->log_sum = r->at.sleef && !CKP_MUTANT(PTREF_LIBM_LOG) ? ckp_log_sleef(sum) : logf(sum);
-}
-
 static pt_row *pt_batch_row(pt_batch *b, int64_t i) {
     if (b->row_index != i) {
+        b->row.x = b->logits + i * b->V;
         b->row.P = b->probs ? b->probs + i * b->V : NULL;
-        pt_row_prepare(&b->row, b->logits + i * b->V, b->V);
+        b->row.m = b->m[i];
+        b->row.log_sum = b->log_sum[i];
         b->row_index = i;
     }
     return &b->row;
@@ -554,13 +711,8 @@ static float pt_batch_logp_q_w(void *ctx, int64_t j) {
     return pt_logp_q_w(pt_batch_row(b, j / b->V), j % b->V);
 }
 
-/* smooth_loss_i = -(logp_i * w).sum(), masked to 0 on ignored rows */
-static float pt_batch_smooth(void *ctx, int64_t i) {
-    pt_batch *b = ctx;
-    if (b->target[i] == b->ignore_index) return 0.0f;
-    pt_row *r = pt_batch_row(b, i);
-    return -ckp_aten_full_sum(pt_wlogp, r, b->V, r->sum_threads);
-}
+/* values held in a float array, for torch.sum over them */
+static float pt_array_value(void *ctx, int64_t j) { return ((const float *)ctx)[j]; }
 
 /* The class weights of the non-ignored targets, in row order: element j is
  * the weight of the j-th kept row's target. A cursor that steps to row j from
@@ -612,17 +764,71 @@ static float pt_levels_total(const float *levels) {
     return s;
 }
 
-/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k (+ the z-loss term). */
-static void pt_row_grad(pt_row *r, int64_t V, float z_coef, float *dx) {
-    float grad_sum = pt_vec_sum(pt_grad_logp, r, V, r->at);
-    for (int64_t j = 0; j < V; j++) {
-        float p = pt_exp(r, pt_logp(r, j));
-        float g = pt_grad_logp(r, j);
-        float v = r->at.fma && !CKP_MUTANT(PTREF_UNFUSED_BACKWARD) ? fmaf(-p, grad_sum, g) : g - p * grad_sum;
-        dx[j] = z_coef != 0.0f ? v + z_coef * p : v;
-    }
+/* dx_j of log_softmax's backward from x_j (read before dx_j is written: dx may be the logits). */
+static float pt_grad_one(const pt_row *r, float xj, int64_t j, float grad_sum, float z_coef, int fused) {
+    float p = pt_exp(r, (xj - r->m) - r->log_sum);
+    float g = pt_grad_logp((void *)r, j);
+    float v = fused ? fmaf(-p, grad_sum, g) : g - p * grad_sum;
+    return z_coef != 0.0f ? v + z_coef * p : v;
 }
 
+/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k (+ the z-loss term), g = pt_grad_logp. A
+ * class row runs the vector loops, its target's element again on its own from x_t read first; a
+ * probability row, or one shorter than a vector, element by element. */
+CKP_CLONES static void pt_row_grad(const pt_row *r, int64_t V, float z_coef, float *dx) {
+    const int fused = r->at.fma && !CKP_MUTANT(PTREF_UNFUSED_BACKWARD), lanes16 = ckp_lanes16();
+    if (r->P != NULL || V < r->at.lanes) {
+        const float grad_sum = pt_vec_sum(pt_grad_logp, (void *)r, V, r->at);
+        for (int64_t j = 0; j < V; j++) dx[j] = pt_grad_one(r, r->x[j], j, grad_sum, z_coef, fused);
+        return;
+    }
+    float lane[16];
+    int64_t d = lanes16 ? pt_grad_sum16(r, V, lane) : pt_grad_sum8(r, V, lane);
+    for (int64_t l = 0; d + l < V; l++) lane[l] += pt_grad_logp((void *)r, d + l);
+    const float grad_sum = pt_fold(lane, r->at), x_t = r->x[r->t];
+    const int kind = pt_exp_kind(r->at, r->least - r->log_sum); /* the least logp, as the loop computes it */
+    int64_t j = lanes16 ? pt_grad16(r, V, grad_sum, z_coef, kind, fused, dx)
+                        : pt_grad8(r, V, grad_sum, z_coef, kind, fused, dx);
+    for (; j < V; j++) dx[j] = pt_grad_one(r, r->x[j], j, grad_sum, z_coef, fused);
+    dx[r->t] = pt_grad_one(r, x_t, r->t, grad_sum, z_coef, fused);
+}
+
+/* What ce_ptref's backward needs for every row, known before any row is read: the reduction's
+ * divisors and the upstream gradient (1 without row_grad). */
+typedef struct {
+    const int64_t *target;
+    const float *row_grad;
+    int none, mean, smoothed;
+    float z_loss, total_weight, smooth_weight;
+} pt_backward;
+
+/* Row i's gradient (upstream gradient 1, or row_grad's), chained the way autograd chains it. */
+static void pt_row_backward(const pt_backward *b, pt_row *r, int64_t i, int64_t V, float *dx) {
+    const float upstream = b->row_grad ? b->row_grad[b->none ? i : 0] : 1.0f;
+    const float scale = b->mean ? 1.0f / b->total_weight : 1.0f;
+    const float z_coef = 2.0f * b->z_loss * (r->m + r->log_sum) * scale * upstream;
+    if (b->target == NULL) {
+        /* -(logp * q * w).sum() / N: each product receives -1/N */
+        r->smooth_grad = -(b->mean ? upstream / b->total_weight : upstream);
+    } else {
+        r->t = b->target[i];
+        float nll_upstream = b->smoothed ? upstream * r->keep : upstream;
+        float grad = -(b->mean ? nll_upstream / b->total_weight : nll_upstream);
+        r->nll_grad = r->w ? r->w[r->t] * grad : grad;
+        float smooth_upstream = b->smoothed ? upstream * r->spread : 0.0f;
+        r->smooth_grad = -(b->mean ? smooth_upstream / b->smooth_weight : smooth_upstream);
+    }
+    pt_row_grad(r, V, z_coef, dx);
+}
+
+/* ptref in float32. Three steps:
+ * - from the targets alone: the kept rows' count, nll_loss's total_weight (the weights' cascade) and
+ *   smoothing's mean divisor, which every row's gradient needs;
+ * - the rows, on the library's threads (a row's bits do not depend on which thread runs it): max and
+ *   log_sum, the forward's per-row terms (logp_t; a row's smoothing or probability sum) and, while the
+ *   row is in cache, its gradient -- after the forward instead where the forward reads the logits
+ *   again (a probability target's batch sum) and dlogits overwrites them;
+ * - the forward in row order: nll_loss's cascade, z-loss's beside it, the reductions. */
 static ckp_status ce_ptref(const float *logits, const int64_t *target, const float *target_probs,
                            int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
                            float *loss, float *dlogits) {
@@ -637,40 +843,23 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
     proto.smoothed = smoothed;
     proto.at = pt_layout_for_capability();
     proto.sum_threads = N == 1 ? opt->torch_threads : 1; /* more rows: torch splits by rows, a row whole */
+    /* each row's m, log_sum and forward term, allocated before any output is written */
+    float *terms = malloc((size_t)N * 4 * sizeof(float));
+    if (terms == NULL)
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the %lld rows' terms of a ptref cross_entropy",
+                        (long long)N);
+    float *m = terms, *log_sum = terms + N, *logp_t = terms + 2 * N, *row_term = terms + 3 * N;
 
-    /* Forward: per-row terms, nll_loss's cascade, z-loss beside it. */
-    pt_nll_sum nll_sum = {{0}, {0}, 0}, z_sum = {{0}, {0}, 0};
-    nll_sum.level_power = z_sum.level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4;
     int64_t counted = 0;
-    for (int64_t i = 0; i < N; i++) {
-        if (target != NULL && target[i] == opt->ignore_index) {
-            if (none) loss[i] = 0.0f;
-            continue;
-        }
-        pt_row r = proto;
-        r.P = target_probs ? target_probs + i * V : NULL;
-        pt_row_prepare(&r, logits + i * V, V);
-        float lse = r.m + r.log_sum;
-        float z = z_loss * lse * lse;
-        pt_nll_sum_add(&z_sum, i, -z, 0.0f);
-        if (target_probs != NULL) {
-            float value = -ckp_aten_full_sum(pt_logp_q_w, &r, V, r.sum_threads);
-            if (none) loss[i] = z_loss != 0.0f ? value + z : value;
-            continue;
-        }
-        float w_t = opt->weight ? opt->weight[target[i]] : 1.0f;
-        float logp_t = pt_logp(&r, target[i]);
-        pt_nll_sum_add(&nll_sum, i, logp_t * w_t, w_t);
+    pt_nll_sum weights = {{0}, {0}, 0};
+    weights.level_power = ckp_ceil_log2(N) / 8 > 4 ? ckp_ceil_log2(N) / 8 : 4;
+    for (int64_t i = 0; target != NULL && i < N; i++) {
+        if (target[i] == opt->ignore_index) continue;
         counted++;
-        if (none) {
-            float nll = -logp_t * w_t;
-            float value = smoothed ? r.keep * nll + -ckp_aten_full_sum(pt_wlogp, &r, V, r.sum_threads) * r.spread
-                                   : nll;
-            loss[i] = z_loss != 0.0f ? value + z : value; /* + 0 would turn torch's -0 (logp_t 0) into +0 */
-        }
+        if (opt->weight) pt_nll_sum_add(&weights, i, 0.0f, opt->weight[target[i]]);
     }
-    float total_weight = target_probs != NULL ? (float)N
-                         : opt->weight ? pt_levels_total(nll_sum.weight) : (float)counted;
+    const float total_weight = target_probs != NULL ? (float)N
+                               : opt->weight ? pt_levels_total(weights.weight) : (float)counted;
     /* Label smoothing's mean divides by its own sum of the kept targets'
      * weights, weight.gather(0, target[~ignored]).sum() (LossNLL.cpp,
      * cross_entropy_loss_label_smoothing), not by nll_loss's cascade total. */
@@ -680,18 +869,65 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         pt_kept_weights kept = {target, opt->weight, opt->ignore_index, -1, -1};
         smooth_weight = ckp_aten_full_sum(pt_kept_weight, &kept, counted, opt->torch_threads);
     }
+    const pt_backward back = {target, opt->row_grad, none, mean, smoothed, z_loss, total_weight, smooth_weight};
+    const int late = dlogits == logits && target_probs != NULL && !none;
+
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
+    for (int64_t i = 0; i < N; i++) {
+        float *dx = dlogits != NULL && !late ? dlogits + i * V : NULL;
+        if (target != NULL && target[i] == opt->ignore_index) {
+            row_term[i] = 0.0f;
+            if (dx) ignored_row_grad(logits + i * V, V, sizeof(float), dx);
+            continue;
+        }
+        pt_row r = proto;
+        r.x = logits + i * V;
+        r.P = target_probs ? target_probs + i * V : NULL;
+        pt_row_stats(r.x, V, r.at, &r.m, &r.log_sum, &r.least);
+        m[i] = r.m;
+        log_sum[i] = r.log_sum;
+        if (target_probs != NULL) /* the row's loss with none (the batch's sum is over every element) */
+            row_term[i] = none ? -ckp_aten_full_sum(pt_logp_q_w, &r, V, r.sum_threads) : 0.0f;
+        else /* smooth_loss_i = -(logp_i * w).sum(), beside logp_t */
+            row_term[i] = smoothed ? -ckp_aten_full_sum(pt_wlogp, &r, V, r.sum_threads) : 0.0f;
+        if (target != NULL) logp_t[i] = pt_logp(&r, target[i]);
+        if (dx) pt_row_backward(&back, &r, i, V, dx);
+    }
+
+    pt_nll_sum nll_sum = {{0}, {0}, 0}, z_sum = {{0}, {0}, 0};
+    nll_sum.level_power = z_sum.level_power = weights.level_power;
+    for (int64_t i = 0; i < N; i++) {
+        if (target != NULL && target[i] == opt->ignore_index) {
+            if (none) loss[i] = 0.0f;
+            continue;
+        }
+        float lse = m[i] + log_sum[i];
+        float z = z_loss * lse * lse;
+        pt_nll_sum_add(&z_sum, i, -z, 0.0f);
+        if (target_probs != NULL) {
+            if (none) loss[i] = z_loss != 0.0f ? row_term[i] + z : row_term[i];
+            continue;
+        }
+        float w_t = opt->weight ? opt->weight[target[i]] : 1.0f;
+        pt_nll_sum_add(&nll_sum, i, logp_t[i] * w_t, w_t);
+        if (none) {
+            float nll = -logp_t[i] * w_t;
+            float value = smoothed ? proto.keep * nll + row_term[i] * proto.spread : nll;
+            loss[i] = z_loss != 0.0f ? value + z : value; /* + 0 would turn torch's -0 (logp_t 0) into +0 */
+        }
+    }
     if (!none) {
-        pt_batch batch = {logits, target_probs, target, V, opt->ignore_index, proto, -1};
         float z = pt_levels_total(z_sum.loss);
         float out;
         if (target_probs != NULL) {
             /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
+            pt_batch batch = {logits, target_probs, m, log_sum, V, proto, -1};
             out = -ckp_aten_full_sum(pt_batch_logp_q_w, &batch, N * V, opt->torch_threads);
         } else {
             out = pt_levels_total(nll_sum.loss);
             if (mean) out /= total_weight;
             if (smoothed) {
-                float smooth = ckp_aten_full_sum(pt_batch_smooth, &batch, N, opt->torch_threads);
+                float smooth = ckp_aten_full_sum(pt_array_value, row_term, N, opt->torch_threads);
                 if (mean) smooth /= smooth_weight;
                 out = proto.keep * out + smooth * proto.spread;
             }
@@ -702,35 +938,18 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         }
         loss[0] = z_loss != 0.0f ? out + z : out; /* + 0 would turn a -0 into +0 */
     }
-    if (dlogits == NULL) return CKP_OK;
-
-    /* Backward with upstream gradient 1, chained the way autograd chains it. */
-    float scale = mean ? 1.0f / total_weight : 1.0f;
-    for (int64_t i = 0; i < N; i++) {
-        float *dx = dlogits + i * V;
-        if (target != NULL && target[i] == opt->ignore_index) {
-            ignored_row_grad(logits + i * V, V, sizeof(float), dx);
-            continue;
+    if (late) {
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * V >= 32768)
+        for (int64_t i = 0; i < N; i++) {
+            pt_row r = proto;
+            r.x = logits + i * V;
+            r.P = target_probs + i * V;
+            r.m = m[i];
+            r.log_sum = log_sum[i]; /* a probability row's gradient goes element by element: no least needed */
+            pt_row_backward(&back, &r, i, V, dlogits + i * V);
         }
-        pt_row r = proto;
-        r.P = target_probs ? target_probs + i * V : NULL;
-        pt_row_prepare(&r, logits + i * V, V);
-        /* this row's upstream gradient (none) or the reduced loss's (mean, sum); 1 unless row_grad is given */
-        float upstream = opt->row_grad ? opt->row_grad[none ? i : 0] : 1.0f;
-        float z_coef = 2.0f * z_loss * (r.m + r.log_sum) * scale * upstream;
-        if (target_probs != NULL) {
-            /* -(logp * q * w).sum() / N: each product receives -1/N */
-            r.smooth_grad = -(mean ? upstream / total_weight : upstream);
-        } else {
-            r.t = target[i];
-            float nll_upstream = smoothed ? upstream * r.keep : upstream;
-            float grad = -(mean ? nll_upstream / total_weight : nll_upstream);
-            r.nll_grad = opt->weight ? opt->weight[r.t] * grad : grad;
-            float smooth_upstream = smoothed ? upstream * r.spread : 0.0f;
-            r.smooth_grad = -(mean ? smooth_upstream / smooth_weight : smooth_upstream);
-        }
-        pt_row_grad(&r, V, z_coef, dx);
     }
+    free(terms);
     return CKP_OK;
 }
 
@@ -811,41 +1030,18 @@ ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t 
  * times q_j, each rounded, then log_softmax's backward as above.
  * ---------------------------------------------------------------------- */
 
-static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x) : expf(x); }
-
-/* The bf16 rows' vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS: 16 or 8 (ckp_lanes16),
- * which is torch's float vector at the capability (pt_layout's lanes). The width never changes a bit:
- * an exp does not depend on the lanes beside it, a max is exact, and the exp-sum keeps torch's
- * accumulators whatever the width (bf_sum_exp).
- *   bf_exp<N>: exp per lane as pt_exp_at does each one (SLEEF's on the vector, or libm's lane by lane).
+/* The bf16 rows' own vector loops, defined at N lanes by BF_DEFINE_ROW_LOOPS beside the shared ones
+ * (PT_DEFINE_ROW_LOOPS: pt_exp<N>, pt_max<N>), the width torch's float vector's. The exp-sum keeps
+ * torch's accumulators whatever the width (bf_sum_exp).
  *   bf_sum_blocks<N>: lanes[0..2N) = vec::map_reduce_all's two float accumulators over the whole
  *     bf16 vectors of 2N from x, the sums of exp(x[d + i] - m); returns the first element past them.
  *     They start at 0, and 0 + e is e (never -0).
- *   bf_max<N>: the max over the whole vectors of N from x, NaN ignored; *nan set where one may be (a
- *     NaN, or an inf beside a -inf: the caller takes such a row again in order); *lo lowered to their
- *     least value; *j past them.
  *   bf_grad<N>: bf_grad_row's dx over whole vectors of N; returns the first element not written.
- * The exp's kind is a constant in each loop (the _of forms, called with sleef 0 or 1): GCC 12 left the
- * test in the loop and reloaded SLEEF's constants every vector, and kept the two accumulators of a
+ * The exp's kind is a constant in each loop (the _of forms); GCC 12 kept the two accumulators of a
  * variable-length array in memory (a store and a load on every add). logp only feeds the exp, so it
  * skips the NaN select (ckp_bf16_round_any_nan: its NaNs come from a bf16 load or x86's arithmetic);
  * dx is stored through ckp_bf16_store, which writes torch's NaN. */
-/* The exp a bf16 row loop computes: libm's per lane (DEFAULT), SLEEF's on the vector, or SLEEF's
- * without its range selects where every argument is in [-87, 0] (ckp_exp_sleef_normal: the same bits).
- * bf_exp_kind picks it for a row from the least argument the row can give. */
-enum { BF_EXP_LIBM, BF_EXP_SLEEF, BF_EXP_SLEEF_NORMAL };
-
-static int bf_exp_kind(pt_layout at, float least) {
-    return !at.sleef ? BF_EXP_LIBM : least >= -86.0f ? BF_EXP_SLEEF_NORMAL : BF_EXP_SLEEF;
-}
-
 #define BF_DEFINE_ROW_LOOPS(N)                                                                              \
-    static inline __attribute__((always_inline)) ckp_v##N##f bf_exp##N(int kind, ckp_v##N##f v) {         \
-        if (kind == BF_EXP_SLEEF_NORMAL) return ckp_exp_sleef_normal##N(v);                                 \
-        if (kind == BF_EXP_SLEEF) return ckp_exp_sleef##N(v);                                               \
-        for (int l = 0; l < N; l++) v[l] = expf(v[l]);                                                      \
-        return v;                                                                                           \
-    }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_sum_blocks_of##N(const uint16_t *x, int64_t V,  \
                                                                              float m, int kind,             \
                                                                              const uint16_t *ahead,         \
@@ -855,8 +1051,8 @@ static int bf_exp_kind(pt_layout at, float least) {
         int64_t d = 0;                                                                                      \
         for (; d < V - V % (2 * N); d += 2 * N) {                                                           \
             __builtin_prefetch(ahead + d);                                                                  \
-            a0 += bf_exp##N(kind, ckp_bf16_load##N(x + d) - mv);                                            \
-            a1 += bf_exp##N(kind, ckp_bf16_load##N(x + d + N) - mv);                                        \
+            a0 += pt_exp##N(kind, ckp_bf16_load##N(x + d) - mv);                                            \
+            a1 += pt_exp##N(kind, ckp_bf16_load##N(x + d + N) - mv);                                        \
         }                                                                                                   \
         memcpy(lanes, &a0, sizeof a0);                                                                      \
         memcpy(lanes + N, &a1, sizeof a1);                                                                  \
@@ -867,44 +1063,10 @@ static int bf_exp_kind(pt_layout at, float least) {
                                                                           const uint16_t *ahead,            \
                                                                           float *lanes) {                   \
         switch (kind) {                                                                                     \
-        case BF_EXP_SLEEF_NORMAL: return bf_sum_blocks_of##N(x, V, m, BF_EXP_SLEEF_NORMAL, ahead, lanes);   \
-        case BF_EXP_SLEEF: return bf_sum_blocks_of##N(x, V, m, BF_EXP_SLEEF, ahead, lanes);                 \
-        default: return bf_sum_blocks_of##N(x, V, m, BF_EXP_LIBM, ahead, lanes);                            \
+        case PT_EXP_SLEEF_NORMAL: return bf_sum_blocks_of##N(x, V, m, PT_EXP_SLEEF_NORMAL, ahead, lanes);   \
+        case PT_EXP_SLEEF: return bf_sum_blocks_of##N(x, V, m, PT_EXP_SLEEF, ahead, lanes);                 \
+        default: return bf_sum_blocks_of##N(x, V, m, PT_EXP_LIBM, ahead, lanes);                            \
         }                                                                                                   \
-    }                                                                                                       \
-    static inline __attribute__((always_inline)) float bf_max##N(const uint16_t *x, int64_t V, int64_t *j,  \
-                                                                 int *nan, float *lo) {                     \
-        ckp_v##N##f mv = ckp_splat##N(-INFINITY), mv1 = mv, mv2 = mv, mv3 = mv, lv = ckp_splat##N(INFINITY); \
-        ckp_v##N##i nans = (ckp_v##N##i){0};                                                                \
-        for (; *j + 4 * N <= V; *j += 4 * N) { /* four chains: one waited on its compare every vector */   \
-            ckp_v##N##f v = ckp_bf16_load##N(x + *j), v1 = ckp_bf16_load##N(x + *j + N);                    \
-            ckp_v##N##f v2 = ckp_bf16_load##N(x + *j + 2 * N), v3 = ckp_bf16_load##N(x + *j + 3 * N);       \
-            ckp_v##N##f probe = (v + v1) + (v2 + v3); /* NaN if any is (or inf - inf: the slow path too) */ \
-            nans |= probe != probe;                                                                         \
-            mv = ckp_select##N(v > mv, v, mv);                                                              \
-            mv1 = ckp_select##N(v1 > mv1, v1, mv1);                                                         \
-            mv2 = ckp_select##N(v2 > mv2, v2, mv2);                                                         \
-            mv3 = ckp_select##N(v3 > mv3, v3, mv3);                                                         \
-            ckp_v##N##f l01 = ckp_select##N(v < v1, v, v1), l23 = ckp_select##N(v2 < v3, v2, v3);           \
-            l01 = ckp_select##N(l01 < l23, l01, l23);                                                       \
-            lv = ckp_select##N(l01 < lv, l01, lv);                                                          \
-        }                                                                                                   \
-        mv = ckp_select##N(mv1 > mv, mv1, mv);                                                              \
-        mv2 = ckp_select##N(mv3 > mv2, mv3, mv2);                                                           \
-        mv = ckp_select##N(mv2 > mv, mv2, mv);                                                              \
-        for (; *j + N <= V; *j += N) {                                                                      \
-            ckp_v##N##f v = ckp_bf16_load##N(x + *j);                                                       \
-            nans |= v != v;                                                                                 \
-            mv = ckp_select##N(v > mv, v, mv);                                                              \
-            lv = ckp_select##N(v < lv, v, lv);                                                              \
-        }                                                                                                   \
-        float mx = -INFINITY;                                                                               \
-        for (int l = 0; l < N; l++) {                                                                       \
-            *nan |= nans[l] != 0;                                                                           \
-            mx = mv[l] > mx ? mv[l] : mx;                                                                   \
-            *lo = lv[l] < *lo ? lv[l] : *lo;                                                                \
-        }                                                                                                   \
-        return mx;                                                                                          \
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_grad_of##N(const uint16_t *x, int64_t V, float m, \
                                                                        float log_sum, float grad_sum,       \
@@ -914,7 +1076,7 @@ static int bf_exp_kind(pt_layout at, float least) {
         int64_t j = 0;                                                                                      \
         for (; j + N <= V; j += N) {                                                                        \
             ckp_v##N##f logp = ckp_bf16_round_any_nan##N((ckp_bf16_load##N(x + j) - mv) - lv);              \
-            ckp_v##N##f p = bf_exp##N(kind, logp);                                                          \
+            ckp_v##N##f p = pt_exp##N(kind, logp);                                                          \
             ckp_bf16_store##N(dx + j, fused ? ckp_fma##N(-p, sv, zero) : zero - p * sv);                    \
         }                                                                                                   \
         return j;                                                                                           \
@@ -924,9 +1086,9 @@ static int bf_exp_kind(pt_layout at, float least) {
                                                                     int kind, uint16_t *dx) {               \
         /* fused where torch fuses it: at.fma, which pt_layout sets exactly where at.sleef is */           \
         switch (kind) {                                                                                     \
-        case BF_EXP_SLEEF_NORMAL: return bf_grad_of##N(x, V, m, log_sum, grad_sum, BF_EXP_SLEEF_NORMAL, 1, dx); \
-        case BF_EXP_SLEEF: return bf_grad_of##N(x, V, m, log_sum, grad_sum, BF_EXP_SLEEF, 1, dx);           \
-        default: return bf_grad_of##N(x, V, m, log_sum, grad_sum, BF_EXP_LIBM, 0, dx);                      \
+        case PT_EXP_SLEEF_NORMAL: return bf_grad_of##N(x, V, m, log_sum, grad_sum, PT_EXP_SLEEF_NORMAL, 1, dx); \
+        case PT_EXP_SLEEF: return bf_grad_of##N(x, V, m, log_sum, grad_sum, PT_EXP_SLEEF, 1, dx);           \
+        default: return bf_grad_of##N(x, V, m, log_sum, grad_sum, PT_EXP_LIBM, 0, dx);                      \
         }                                                                                                   \
     }
 
@@ -992,7 +1154,7 @@ CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V, float *lo) {
     int64_t j = 0;
     int any_nan = 0;
     *lo = INFINITY;
-    float mx = ckp_lanes16() ? bf_max16(x, V, &j, &any_nan, lo) : bf_max8(x, V, &j, &any_nan, lo);
+    float mx = ckp_lanes16() ? pt_max16(x, sizeof *x, V, &j, &any_nan, lo) : pt_max8(x, sizeof *x, V, &j, &any_nan, lo);
     for (; j < V; j++) {
         float v = ckp_bf16_to_f(x[j]);
         any_nan |= v != v;
@@ -1007,7 +1169,7 @@ CKP_CLONES static float bf_row_max(const uint16_t *x, int64_t V, float *lo) {
 }
 
 /* One row's max and bf16 log_sum, and *least: the least x - m of the row (-inf where unknown; NaN where
- * the max is not finite), from which the exps' kind is picked (bf_exp_kind). ahead: the row that comes
+ * the max is not finite), from which the exps' kind is picked (pt_exp_kind). ahead: the row that comes
  * next (x itself for the last), brought into the cache while the exps run: its max then finds it there
  * (the max, which waits on memory, took a tenth of the (2048, 32000) loss; the exps leave the memory
  * idle). */
@@ -1015,7 +1177,7 @@ static void bf_row(const uint16_t *x, int64_t V, pt_layout at, const uint16_t *a
                    float *least) {
     float lo, mx = bf_row_max(x, V, &lo);
     *least = lo - mx;
-    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at, bf_exp_kind(at, *least), ahead));
+    float sum = ckp_bf16_round(bf_sum_exp(x, V, mx, at, pt_exp_kind(at, *least), ahead));
     *m = mx;
     *log_sum = ckp_bf16_round(at.sleef ? ckp_log_sleef(sum) : logf(sum));
 }
@@ -1033,7 +1195,7 @@ static float bf_logp(const uint16_t *x, int64_t j, float m, float log_sum) {
 CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float log_sum, float least, int64_t t,
                                    float gi, pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
-    const int kind = bf_exp_kind(at, least - log_sum); /* -86 or more rounds to -86.5 or more */
+    const int kind = pt_exp_kind(at, least - log_sum); /* -86 or more rounds to -86.5 or more */
     int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, kind, dx)
                               : bf_grad8(x, V, m, log_sum, grad_sum, kind, dx);
     for (; j < V; j++) {
@@ -1083,9 +1245,6 @@ static float bf_wlogp(void *ctx, int64_t j) {
     float lp = bf_logp(r->x, j, r->m, r->log_sum);
     return r->w ? ckp_bf16_round(lp * r->w[j]) : lp;
 }
-
-/* bf16 values held in a float array, for torch.sum over them */
-static float bf_array_value(void *ctx, int64_t j) { return ((const float *)ctx)[j]; }
 
 /* One row of log_softmax's backward with the smoothing's gradient on every element: g_j = bf16(e_j +
  * [j == t] gi), e_j = bf16(-s * w_j) (-s without weights); dx_j = bf16(g_j - exp(logp_j) * sum_k g_k). g
@@ -1252,7 +1411,7 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
         bf_nll_cascade(target, N, opt->ignore_index, logp_t, NULL, &total, &unused);
         float nll = mean ? ckp_bf16_round(total / total_weight) : total;
         if (smoothed) {
-            float ret = ckp_aten_full_sum_bf16(bf_array_value, smooth, N, opt->torch_threads);
+            float ret = ckp_aten_full_sum_bf16(pt_array_value, smooth, N, opt->torch_threads);
             if (mean) ret = ckp_bf16_round(ret / divisor);
             nll = ckp_bf16_round(nll * keep) + ckp_bf16_round(ret * spread);
         }
