@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity import bench, reference
+from ckparity import _bindings, bench, reference
 from ckparity.cli import main
 from ckparity.kernels import benching
 from ckparity.kernels import cross_entropy as ce_record
@@ -134,3 +134,17 @@ def test_torch_compile_gets_a_cache_per_capability_unless_the_user_chose_one(mon
     assert chosen.endswith("capability_" + torch.backends.cpu.get_cpu_capability().lower())
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     assert inductor_cache_per_capability() == str(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_column_of_a_ptref_row_runs_ptref(monkeypatch, dtype):
+    """A row's C column times the variant its op runs (it timed the default variant's kernel under a
+    float32 ptref row's name until the row existed)."""
+    seen = []
+    for name in ("cross_entropy", "cross_entropy_bf16", "cross_entropy_default_bf16"):
+        real = getattr(_bindings, name)
+        monkeypatch.setattr(_bindings, name, lambda *a, real=real, **k: seen.append(a[2].variant) or real(*a, **k))
+    x, t = torch.randn(4, 40).to(dtype), torch.randint(0, 40, (4,))
+    ce_record.c_calls(x, t, variant="ptref")()
+    ce_record.c_calls(x, t)()
+    assert seen == [_bindings.CE_VARIANTS["ptref"], _bindings.CE_VARIANTS["default"]]

@@ -322,15 +322,14 @@ def _probe(g: torch.Generator):
 # ---- ckparity bench's rows ---------------------------------------------------------
 
 def c_calls(x, t, in_place: bool = False, variant: str = "default"):
-    """The C kernel alone on preallocated outputs (in place: on a scratch copy made once); bf16
-    logits: the variant's bf16 entry point (ptref split as torch's threads split it)."""
+    """The C kernel alone on preallocated outputs (in place: on a scratch copy made once), the
+    variant's entry point for the logits' dtype (ptref split as torch's threads split it)."""
+    options = _bindings.cross_entropy_options(variant=variant, torch_threads=torch.get_num_threads())
     if x.dtype == torch.bfloat16 and variant == "ptref":
         loss, d = torch.empty((), dtype=torch.bfloat16), torch.empty_like(x)
-        ptref = _bindings.cross_entropy_options(variant="ptref", torch_threads=torch.get_num_threads())
-        return lambda: _bindings.cross_entropy_bf16(x, t, ptref, loss, d)
+        return lambda: _bindings.cross_entropy_bf16(x, t, options, loss, d)
     call = _bindings.cross_entropy_default_bf16 if x.dtype == torch.bfloat16 else _bindings.cross_entropy
     loss, d = torch.empty(()), torch.empty_like(x)
-    options = _bindings.cross_entropy_options()
     if in_place:
         scratch = x.clone()
         return lambda: call(scratch, t, options, loss, scratch)
@@ -366,6 +365,11 @@ def _bench(g: torch.Generator, select):
             yield Case("cross_entropy", f"N={N},V={V}", fwd_bwd(cross_entropy, x, t), fwd_bwd(F.cross_entropy, x, t),
                        8 * N * V, c_calls(x.detach(), t), compiled=compiled_fwd_bwd(F.cross_entropy, x, t))
     N, V = 2048, 32000
+    if select("cross_entropy", f"N={N},V={V} ptref"):  # torch's bits, where the row above is fused and more accurate
+        x, t = torch.randn(N, V, generator=g).requires_grad_(True), torch.randint(0, V, (N,), generator=g)
+        yield Case("cross_entropy", f"N={N},V={V} ptref", fwd_bwd(cross_entropy, x, t, variant="ptref"),
+                   fwd_bwd(F.cross_entropy, x, t), 8 * N * V, c_calls(x.detach(), t, variant="ptref"),
+                   compiled=compiled_fwd_bwd(F.cross_entropy, x, t))
     if select("cross_entropy", f"N={N},V={V} ptref bf16"):
         xb, tb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True), torch.randint(0, V, (N,), generator=g)
         yield Case("cross_entropy", f"N={N},V={V} ptref bf16", fwd_bwd(cross_entropy, xb, tb, variant="ptref"),
