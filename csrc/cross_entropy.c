@@ -548,8 +548,9 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
  *   pt_sum_blocks<N>: float32 rows: vec::map_reduce_all's accumulator over the whole vectors of x,
  *     the sums of exp(x[d + l] - m) into lanes[0..N); returns the first element past them. It starts
  *     at 0, and 0 + e is e (an exp is never -0).
- *   pt_grad_sum<N>, pt_grad<N>: a float32 class row's sum_k g_k, lanes as vec::reduce_all's, and its
- *     dx over whole vectors (pt_class_row_grad). */
+ *   pt_g<N>: pt_grad_logp on N lanes (a class row's target lane, a probability row's q_j).
+ *   pt_grad_sum<N>, pt_grad<N>: a float32 row's sum_k g_k, lanes as vec::reduce_all's, and its dx over
+ *     whole vectors (pt_row_grad). */
 #define PT_DEFINE_ROW_LOOPS(N)                                                                                        \
     static inline __attribute__((always_inline)) ckp_v##N##f pt_exp##N(int kind, ckp_v##N##f v) {                     \
         if (kind == PT_EXP_SLEEF_NORMAL) return ckp_exp_sleef_normal##N(v);                                           \
@@ -608,10 +609,14 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
         default: return pt_sum_blocks_of##N(x, V, m, PT_EXP_LIBM, lanes);                                             \
         }                                                                                                             \
     }                                                                                                                 \
-    /* pt_grad_logp on the lanes j..j+N of a class row */                                                             \
+    /* pt_grad_logp on the lanes j..j+N of a row */                                                                   \
     static inline __attribute__((always_inline)) ckp_v##N##f pt_g##N(const pt_row *r, int64_t j) {                    \
         ckp_v##N##f g = ckp_splat##N(r->smooth_grad);                                                                 \
         if (r->w) g = g * ckp_elem_load##N(r->w, j, sizeof *r->w);                                                    \
+        if (r->P) {                                                                                                   \
+            ckp_v##N##f q = ckp_elem_load##N(r->P, j, sizeof *r->P);                                                  \
+            return g * (r->smoothed ? q * ckp_splat##N(r->keep) + ckp_splat##N(r->spread) : q);                       \
+        }                                                                                                             \
         g = g + ckp_splat##N(0.0f);                                                                                   \
         if (r->t >= j && r->t < j + N) g[r->t - j] = pt_grad_logp((void *)r, r->t);                                   \
         return g;                                                                                                     \
@@ -627,12 +632,11 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
                                                                        float z_coef, int kind, int fused,             \
                                                                        float *dx) {                                   \
         const ckp_v##N##f mv = ckp_splat##N(r->m), lv = ckp_splat##N(r->log_sum);                                     \
-        const ckp_v##N##f sv = ckp_splat##N(grad_sum), zv = ckp_splat##N(z_coef), zero = ckp_splat##N(0.0f);          \
-        ckp_v##N##f gv = ckp_splat##N(r->smooth_grad);                                                                \
+        const ckp_v##N##f sv = ckp_splat##N(grad_sum), zv = ckp_splat##N(z_coef);          \
         int64_t j = 0;                                                                                                \
         for (; j + N <= V; j += N) {                                                                                  \
             ckp_v##N##f p = pt_exp##N(kind, (ckp_elem_load##N(r->x, j, sizeof *r->x) - mv) - lv);                     \
-            ckp_v##N##f g = (r->w ? gv * ckp_elem_load##N(r->w, j, sizeof *r->w) : gv) + zero;                        \
+            ckp_v##N##f g = pt_g##N(r, j);                                                                            \
             ckp_v##N##f v = fused ? ckp_fma##N(-p, sv, g) : g - p * sv;                                               \
             ckp_elem_store##N(dx, j, z_coef != 0.0f ? v + zv * p : v, sizeof *dx);                                    \
         }                                                                                                             \
@@ -772,12 +776,11 @@ static float pt_grad_one(const pt_row *r, float xj, int64_t j, float grad_sum, f
     return z_coef != 0.0f ? v + z_coef * p : v;
 }
 
-/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k (+ the z-loss term), g = pt_grad_logp. A
- * class row runs the vector loops, its target's element again on its own from x_t read first; a
- * probability row, or one shorter than a vector, element by element. */
+/* log_softmax backward: dx_j = g_j - exp(logp_j) * sum_k g_k (+ the z-loss term), g = pt_grad_logp, on
+ * the vector loops; a row shorter than one vector element by element. */
 CKP_CLONES static void pt_row_grad(const pt_row *r, int64_t V, float z_coef, float *dx) {
     const int fused = r->at.fma && !CKP_MUTANT(PTREF_UNFUSED_BACKWARD), lanes16 = ckp_lanes16();
-    if (r->P != NULL || V < r->at.lanes) {
+    if (V < r->at.lanes) {
         const float grad_sum = pt_vec_sum(pt_grad_logp, (void *)r, V, r->at);
         for (int64_t j = 0; j < V; j++) dx[j] = pt_grad_one(r, r->x[j], j, grad_sum, z_coef, fused);
         return;
@@ -785,12 +788,11 @@ CKP_CLONES static void pt_row_grad(const pt_row *r, int64_t V, float z_coef, flo
     float lane[16];
     int64_t d = lanes16 ? pt_grad_sum16(r, V, lane) : pt_grad_sum8(r, V, lane);
     for (int64_t l = 0; d + l < V; l++) lane[l] += pt_grad_logp((void *)r, d + l);
-    const float grad_sum = pt_fold(lane, r->at), x_t = r->x[r->t];
+    const float grad_sum = pt_fold(lane, r->at);
     const int kind = pt_exp_kind(r->at, r->least - r->log_sum); /* the least logp, as the loop computes it */
     int64_t j = lanes16 ? pt_grad16(r, V, grad_sum, z_coef, kind, fused, dx)
                         : pt_grad8(r, V, grad_sum, z_coef, kind, fused, dx);
     for (; j < V; j++) dx[j] = pt_grad_one(r, r->x[j], j, grad_sum, z_coef, fused);
-    dx[r->t] = pt_grad_one(r, x_t, r->t, grad_sum, z_coef, fused);
 }
 
 /* What ce_ptref's backward needs for every row, known before any row is read: the reduction's
@@ -945,7 +947,8 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             r.x = logits + i * V;
             r.P = target_probs + i * V;
             r.m = m[i];
-            r.log_sum = log_sum[i]; /* a probability row's gradient goes element by element: no least needed */
+            r.log_sum = log_sum[i];
+            r.least = -INFINITY; /* not kept: SLEEF's exp with its range selects, the same bits */
             pt_row_backward(&back, &r, i, V, dlogits + i * V);
         }
     }
