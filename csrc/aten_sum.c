@@ -3,7 +3,9 @@
  * aten_sum.h) over any element map: ckp_aten_sum, the inner sum, for the
  * reductions of cross_entropy's ptref variant whose elements are computed on
  * the fly, and ckp_aten_full_sum, the same split as torch splits it across
- * threads; ckp_multi_row_sum and ckp_row_sum, the scalar sums over rows.
+ * threads (ckp_aten_split_sum: any inner sum per chunk, e.g. the caller's
+ * vector code; ckp_aten_full_sum_array: over an array of floats, on vectors);
+ * ckp_multi_row_sum and ckp_row_sum, the scalar sums over rows.
  */
 #include "aten_sum.h"
 
@@ -54,23 +56,16 @@ float ckp_aten_sum_bf16(ckp_float_map map, void *ctx, int64_t n) {
  * slot's 0 (-0.0 becomes +0.0, as there); the slots past the last chunk stay
  * 0. Computed when the final sum asks for it: each slot is read once. */
 typedef struct {
-    ckp_float_map map;
-    void *ctx;
-    int64_t n, chunk, begin;
-    float (*sum)(ckp_float_map, void *, int64_t); /* ckp_aten_sum or ckp_aten_sum_bf16 */
+    ckp_range_sum sum;
+    const void *ctx;
+    int64_t n, chunk;
 } split_sum;
 
-static float split_element(void *ctx, int64_t j) {
-    split_sum *s = ctx;
-    return s->map(s->ctx, s->begin + j);
-}
-
 static float split_slot(void *ctx, int64_t t) {
-    split_sum *s = ctx;
+    const split_sum *s = ctx;
     if (t * s->chunk >= s->n) return 0.0f;
-    s->begin = t * s->chunk;
-    int64_t len = s->n - s->begin < s->chunk ? s->n - s->begin : s->chunk;
-    return 0.0f + s->sum(split_element, s, len);
+    int64_t begin = t * s->chunk;
+    return 0.0f + s->sum(s->ctx, begin, s->n - begin < s->chunk ? s->n - begin : s->chunk);
 }
 
 /* TensorIteratorReduce.cpp, parallel_reduce: a reduction to one value of at
@@ -81,22 +76,73 @@ static float split_slot(void *ctx, int64_t t) {
  * into slot t of a buffer of `threads` zeros, and the buffer is then summed
  * the same way. The bits depend on `threads`, not on the threads this runs
  * on (one). In bf16 the buffer is bf16: each slot is rounded. */
-static float full_sum(ckp_float_map map, void *ctx, int64_t n, int threads,
-                      float (*sum)(ckp_float_map, void *, int64_t)) {
-    if (n < CKP_ATEN_GRAIN_SIZE || threads <= 1 || CKP_MUTANT(PTREF_FULL_SUM_UNSPLIT))
-        return sum(map, ctx, n);
+float ckp_aten_split_sum(ckp_range_sum sum, const void *ctx, int64_t n, int threads, int bf16) {
+    if (n < CKP_ATEN_GRAIN_SIZE || threads <= 1 || CKP_MUTANT(PTREF_FULL_SUM_UNSPLIT)) return sum(ctx, 0, n);
     int64_t chunks = (n + CKP_ATEN_GRAIN_SIZE - 1) / CKP_ATEN_GRAIN_SIZE;
     if (chunks > threads) chunks = threads;
-    split_sum s = {map, ctx, n, (n + chunks - 1) / chunks, 0, sum};
-    return sum(split_slot, &s, threads);
+    split_sum s = {sum, ctx, n, (n + chunks - 1) / chunks};
+    return (bf16 ? ckp_aten_sum_bf16 : ckp_aten_sum)(split_slot, &s, threads);
+}
+
+/* A map's elements from an offset, summed by ckp_aten_sum or ckp_aten_sum_bf16. */
+typedef struct {
+    ckp_float_map map;
+    void *ctx;
+    int64_t begin;
+    float (*inner)(ckp_float_map, void *, int64_t);
+} offset_map;
+
+static float offset_element(void *ctx, int64_t j) {
+    const offset_map *o = ctx;
+    return o->map(o->ctx, o->begin + j);
+}
+
+static float map_range(const void *ctx, int64_t begin, int64_t n) {
+    offset_map o = *(const offset_map *)ctx;
+    if (begin == 0) return o.inner(o.map, o.ctx, n); /* unsplit: the map itself */
+    o.begin = begin;
+    return o.inner(offset_element, &o, n);
 }
 
 float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads) {
-    return full_sum(map, ctx, n, threads, ckp_aten_sum);
+    offset_map o = {map, ctx, 0, ckp_aten_sum};
+    return ckp_aten_split_sum(map_range, &o, n, threads, 0);
 }
 
 float ckp_aten_full_sum_bf16(ckp_float_map map, void *ctx, int64_t n, int threads) {
-    return full_sum(map, ctx, n, threads, ckp_aten_sum_bf16);
+    offset_map o = {map, ctx, 0, ckp_aten_sum_bf16};
+    return ckp_aten_split_sum(map_range, &o, n, threads, 1);
+}
+
+/* Arrays of floats: the inner sums on vectors loaded from them (a bf16 vector's 16 values as its two
+ * halves, as any_map8_bf16 takes them). */
+static inline __attribute__((always_inline)) ckp_v8f array8(const void *ctx, int64_t j) {
+    return ckp_load8((const float *)ctx + j);
+}
+static inline __attribute__((always_inline)) float array1(const void *ctx, int64_t j) {
+    return ((const float *)ctx)[j];
+}
+static inline __attribute__((always_inline)) ckp_v8f array8_bf16(const void *ctx, int64_t j) {
+    return array8(ctx, j) + array8(ctx, j + CKP_VLANES);
+}
+
+CKP_DEFINE_ATEN_SUM(array_sum, array8, array1, CKP_VLANES)
+CKP_DEFINE_ATEN_SUM(array_sum_bf16, array8_bf16, array1, 2 * CKP_VLANES)
+
+CKP_CLONES static float array_range(const void *ctx, int64_t begin, int64_t n) {
+    return array_sum((const float *)ctx + begin, n);
+}
+
+CKP_CLONES static float array_range_bf16(const void *ctx, int64_t begin, int64_t n) {
+    return ckp_bf16_round(array_sum_bf16((const float *)ctx + begin, n));
+}
+
+float ckp_aten_full_sum_array(const float *a, int64_t n, int threads) {
+    return ckp_aten_split_sum(array_range, a, n, threads, 0);
+}
+
+float ckp_aten_full_sum_array_bf16(const float *a, int64_t n, int threads) {
+    return ckp_aten_split_sum(array_range_bf16, a, n, threads, 1);
 }
 
 void ckp_multi_row_sum(ckp_float_map2 map, const void *ctx, int64_t size, int nrows, float *out) {

@@ -79,6 +79,14 @@ float ckp_aten_full_sum(ckp_float_map map, void *ctx, int64_t n, int threads);
  * the total (and a split's every chunk) rounded to bf16, as torch stores it. */
 float ckp_aten_sum_bf16(ckp_float_map map, void *ctx, int64_t n);
 float ckp_aten_full_sum_bf16(ckp_float_map map, void *ctx, int64_t n, int threads);
+/* The sum of the elements [begin, begin + n) of some sequence in ATen's inner-sum order (bf16
+ * sums: rounded), the elements computed by the caller's vector code: one chunk of a split sum. */
+typedef float (*ckp_range_sum)(const void *ctx, int64_t begin, int64_t n);
+/* ckp_aten_full_sum's split with each chunk summed by `sum` (its bf16 form with bf16). */
+float ckp_aten_split_sum(ckp_range_sum sum, const void *ctx, int64_t n, int threads, int bf16);
+/* The full sums of n floats held in an array (bf16 values for the _bf16 form), on vectors. */
+float ckp_aten_full_sum_array(const float *a, int64_t n, int threads);
+float ckp_aten_full_sum_array_bf16(const float *a, int64_t n, int threads);
 /* CKP_ERR_BAD_OPTION unless torch_threads >= 1 (the count ckp_aten_full_sum splits for). */
 ckp_status ckp_check_torch_threads(int torch_threads);
 
