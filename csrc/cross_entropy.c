@@ -23,6 +23,7 @@
  *            grad - exp(logp) * sum(grad); sums over the class dimension as
  *            SumKernel.cpp orders them. Single-threaded, for A/B parity.
  */
+#include "aten_sum.h"
 #include "ckp_internal.h"
 #include "vec.h"
 
@@ -715,9 +716,6 @@ static float pt_batch_logp_q_w(void *ctx, int64_t j) {
     return pt_logp_q_w(pt_batch_row(b, j / b->V), j % b->V);
 }
 
-/* values held in a float array, for torch.sum over them */
-static float pt_array_value(void *ctx, int64_t j) { return ((const float *)ctx)[j]; }
-
 /* The class weights of the non-ignored targets, in row order: element j is
  * the weight of the j-th kept row's target. A cursor that steps to row j from
  * where the last call left it, so any call order is right and ascending order
@@ -929,7 +927,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
             out = pt_levels_total(nll_sum.loss);
             if (mean) out /= total_weight;
             if (smoothed) {
-                float smooth = ckp_aten_full_sum(pt_array_value, row_term, N, opt->torch_threads);
+                float smooth = ckp_aten_full_sum_array(row_term, N, opt->torch_threads);
                 if (mean) smooth /= smooth_weight;
                 out = proto.keep * out + smooth * proto.spread;
             }
@@ -1044,6 +1042,20 @@ ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t 
  * variable-length array in memory (a store and a load on every add). logp only feeds the exp, so it
  * skips the NaN select (ckp_bf16_round_any_nan: its NaNs come from a bf16 load or x86's arithmetic);
  * dx is stored through ckp_bf16_store, which writes torch's NaN. */
+/* One bf16 row's terms as a float row (bf_terms_row), for torch.sum over them or for log_softmax's
+ * backward, each product rounded to bf16 as torch's bf16 ops round it:
+ *   logp: bf16(bf16(logp_j * q'_j) * w_j), without q or w as far as given (label smoothing's
+ *     bf16(logp_j * w_j); a probability row's loss terms);
+ *   else: bf16(bf16(scale * w_j) * q'_j), likewise (smoothing's gradient bf16(-s * w_j); a probability
+ *     row's gradient);
+ * q'_j = bf16(bf16(q_j * keep) + spread) when smoothed (a smoothed probability target), else q_j. */
+typedef struct {
+    const uint16_t *x, *q; /* the logits row (logp); the probability row or NULL */
+    const float *w;        /* class weights or NULL */
+    float m, log_sum, keep, spread, scale;
+    int logp, smoothed;
+} bf_terms;
+
 #define BF_DEFINE_ROW_LOOPS(N)                                                                              \
     static inline __attribute__((always_inline)) int64_t bf_sum_blocks_of##N(const uint16_t *x, int64_t V,  \
                                                                              float m, int kind,             \
@@ -1073,26 +1085,63 @@ ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t 
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_grad_of##N(const uint16_t *x, int64_t V, float m, \
                                                                        float log_sum, float grad_sum,       \
-                                                                       int kind, int fused, uint16_t *dx) { \
+                                                                       const float *gs, int kind, int fused, \
+                                                                       uint16_t *dx) {                      \
         const ckp_v##N##f mv = ckp_splat##N(m), lv = ckp_splat##N(log_sum), sv = ckp_splat##N(grad_sum);    \
         const ckp_v##N##f zero = ckp_splat##N(0.0f);                                                        \
         int64_t j = 0;                                                                                      \
         for (; j + N <= V; j += N) {                                                                        \
             ckp_v##N##f logp = ckp_bf16_round_any_nan##N((ckp_bf16_load##N(x + j) - mv) - lv);              \
             ckp_v##N##f p = pt_exp##N(kind, logp);                                                          \
-            ckp_bf16_store##N(dx + j, fused ? ckp_fma##N(-p, sv, zero) : zero - p * sv);                    \
+            ckp_v##N##f g = gs ? ckp_elem_load##N(gs, j, sizeof *gs) : zero;                                \
+            ckp_bf16_store##N(dx + j, fused ? ckp_fma##N(-p, sv, g) : g - p * sv);                          \
         }                                                                                                   \
         return j;                                                                                           \
     }                                                                                                       \
     static inline __attribute__((always_inline)) int64_t bf_grad##N(const uint16_t *x, int64_t V, float m,  \
                                                                     float log_sum, float grad_sum,          \
-                                                                    int kind, uint16_t *dx) {               \
-        /* fused where torch fuses it: at.fma, which pt_layout sets exactly where at.sleef is */           \
+                                                                    const float *gs, int kind, uint16_t *dx) { \
+        /* fused where torch fuses it: at.fma, which pt_layout sets exactly where at.sleef is */            \
         switch (kind) {                                                                                     \
-        case PT_EXP_SLEEF_NORMAL: return bf_grad_of##N(x, V, m, log_sum, grad_sum, PT_EXP_SLEEF_NORMAL, 1, dx); \
-        case PT_EXP_SLEEF: return bf_grad_of##N(x, V, m, log_sum, grad_sum, PT_EXP_SLEEF, 1, dx);           \
-        default: return bf_grad_of##N(x, V, m, log_sum, grad_sum, PT_EXP_LIBM, 0, dx);                      \
+        case PT_EXP_SLEEF_NORMAL: return bf_grad_of##N(x, V, m, log_sum, grad_sum, gs, PT_EXP_SLEEF_NORMAL, 1, dx); \
+        case PT_EXP_SLEEF: return bf_grad_of##N(x, V, m, log_sum, grad_sum, gs, PT_EXP_SLEEF, 1, dx);       \
+        default: return bf_grad_of##N(x, V, m, log_sum, grad_sum, gs, PT_EXP_LIBM, 0, dx);                  \
         }                                                                                                   \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bf_reduce_blocks##N(const float *g, int64_t V,     \
+                                                                            float *lanes) {                 \
+        ckp_v##N##f a0 = ckp_elem_load##N(g, 0, sizeof *g), a1 = ckp_elem_load##N(g, N, sizeof *g);         \
+        int64_t d = 2 * N;                                                                                  \
+        for (; d + 2 * N <= V; d += 2 * N) {                                                                \
+            a0 += ckp_elem_load##N(g, d, sizeof *g);                                                        \
+            a1 += ckp_elem_load##N(g, d + N, sizeof *g);                                                    \
+        }                                                                                                   \
+        memcpy(lanes, &a0, sizeof a0);                                                                      \
+        memcpy(lanes + N, &a1, sizeof a1);                                                                  \
+        return d;                                                                                           \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bf_terms_of##N(const bf_terms *r, int64_t V, float *e) { \
+        const ckp_v##N##f mv = ckp_splat##N(r->m), lv = ckp_splat##N(r->log_sum);                           \
+        const ckp_v##N##f keep = ckp_splat##N(r->keep), spread = ckp_splat##N(r->spread);                   \
+        const ckp_v##N##f scale = ckp_splat##N(r->scale);                                                   \
+        int64_t j = 0;                                                                                      \
+        for (; j + N <= V; j += N) {                                                                        \
+            ckp_v##N##f v;                                                                                  \
+            if (r->logp) { /* bf16(logp_j * q_j) or logp_j */                                               \
+                v = ckp_bf16_round##N((ckp_bf16_load##N(r->x + j) - mv) - lv);                              \
+            } else { /* a gradient's bf16(scale * w_j) * q_j: scale alone, or rounded times w_j */          \
+                v = scale;                                                                                  \
+                if (r->w) v = ckp_bf16_round##N(v * ckp_elem_load##N(r->w, j, sizeof *r->w));               \
+            }                                                                                               \
+            if (r->q) {                                                                                     \
+                ckp_v##N##f q = ckp_bf16_load##N(r->q + j);                                                 \
+                if (r->smoothed) q = ckp_bf16_round##N(ckp_bf16_round##N(q * keep) + spread);               \
+                v = ckp_bf16_round##N(v * q);                                                               \
+            }                                                                                               \
+            if (r->logp && r->w) v = ckp_bf16_round##N(v * ckp_elem_load##N(r->w, j, sizeof *r->w));        \
+            ckp_elem_store##N(e, j, v, sizeof *e);                                                          \
+        }                                                                                                   \
+        return j;                                                                                           \
     }
 
 BF_DEFINE_ROW_LOOPS(8)
@@ -1199,8 +1248,8 @@ CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float 
                                    float gi, pt_layout at, uint16_t *dx) {
     const float grad_sum = t >= 0 ? gi : 0.0f;
     const int kind = pt_exp_kind(at, least - log_sum); /* -86 or more rounds to -86.5 or more */
-    int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, kind, dx)
-                              : bf_grad8(x, V, m, log_sum, grad_sum, kind, dx);
+    int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, NULL, kind, dx)
+                              : bf_grad8(x, V, m, log_sum, grad_sum, NULL, kind, dx);
     for (; j < V; j++) {
         float p = pt_exp_at(at, bf_logp(x, j, m, log_sum));
         dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, 0.0f) : 0.0f - p * grad_sum);
@@ -1213,7 +1262,7 @@ CKP_CLONES static void bf_grad_row(const uint16_t *x, int64_t V, float m, float 
 
 /* vec::reduce_all(+) over one row of bf16 values held as floats: bf_sum_exp's lane structure without
  * the map (the exp-sum keeps its own vector loop). */
-static float bf_reduce_all(const float *g, int64_t V, pt_layout at) {
+CKP_CLONES static float bf_reduce_all(const float *g, int64_t V, pt_layout at) {
     const int L = at.lanes;
     const int64_t B = 2 * (int64_t)L;
     float a0[16] = {0}, a1[16] = {0};
@@ -1225,40 +1274,41 @@ static float bf_reduce_all(const float *g, int64_t V, pt_layout at) {
         for (int64_t l = 1; l < n; l++) acc += a0[l];
         return acc;
     }
-    int64_t d = 0;
-    for (; d < V - V % B; d += B)
-        for (int l = 0; l < L; l++) {
-            a0[l] = d == 0 ? g[d + l] : a0[l] + g[d + l];
-            a1[l] = d == 0 ? g[d + L + l] : a1[l] + g[d + L + l];
-        }
+    float lanes[32];
+    int64_t d = ckp_lanes16() ? bf_reduce_blocks16(g, V, lanes) : bf_reduce_blocks8(g, V, lanes);
+    memcpy(a0, lanes, (size_t)L * sizeof *a0);
+    memcpy(a1, lanes + L, (size_t)L * sizeof *a1);
     for (int64_t l = 0; d + l < V && l < L; l++) a0[l] += g[d + l];
     for (int64_t l = 0; d + L + l < V; l++) a1[l] += g[d + L + l];
     return bf_fold(a0, a1, at);
 }
 
-/* One bf16 row after log_softmax, for torch.sum over its bf16(logp_j * w_j). */
-typedef struct {
-    const uint16_t *x;
-    const float *w;
-    float m, log_sum;
-} bf_row_ctx;
-
-static float bf_wlogp(void *ctx, int64_t j) {
-    const bf_row_ctx *r = ctx;
-    float lp = bf_logp(r->x, j, r->m, r->log_sum);
-    return r->w ? ckp_bf16_round(lp * r->w[j]) : lp;
+/* bf_terms' element j, as bf_terms_of<N> computes each lane */
+static float bf_term(const bf_terms *r, int64_t j) {
+    float v = r->logp ? bf_logp(r->x, j, r->m, r->log_sum) : r->w ? ckp_bf16_round(r->scale * r->w[j]) : r->scale;
+    if (r->q) {
+        float q = ckp_bf16_to_f(r->q[j]);
+        if (r->smoothed) q = ckp_bf16_round(ckp_bf16_round(q * r->keep) + r->spread);
+        v = ckp_bf16_round(v * q);
+    }
+    return r->logp && r->w ? ckp_bf16_round(v * r->w[j]) : v;
 }
 
-/* One row of log_softmax's backward with the smoothing's gradient on every element: g_j = bf16(e_j +
- * [j == t] gi), e_j = bf16(-s * w_j) (-s without weights); dx_j = bf16(g_j - exp(logp_j) * sum_k g_k). g
- * is the caller's scratch row of V floats. */
-static void bf_grad_row_dense(const bf_row_ctx *r, int64_t V, int64_t t, float gi, float s, pt_layout at,
-                              float *g, uint16_t *dx) {
-    for (int64_t j = 0; j < V; j++) g[j] = r->w ? ckp_bf16_round(-s * r->w[j]) : -s;
-    if (t >= 0) g[t] = ckp_bf16_round(g[t] + gi);
+CKP_CLONES static void bf_terms_row(const bf_terms *r, int64_t V, float *e) {
+    int64_t j = ckp_lanes16() ? bf_terms_of16(r, V, e) : bf_terms_of8(r, V, e);
+    for (; j < V; j++) e[j] = bf_term(r, j);
+}
+
+/* One row of log_softmax's backward with a gradient on every element, g (bf16 values as floats):
+ * dx_j = bf16(g_j - exp(logp_j) * sum_k g_k), as bf_grad_row computes it. */
+CKP_CLONES static void bf_grad_row_dense(const uint16_t *x, int64_t V, float m, float log_sum, float least,
+                                         const float *g, pt_layout at, uint16_t *dx) {
     const float grad_sum = bf_reduce_all(g, V, at);
-    for (int64_t j = 0; j < V; j++) {
-        float p = pt_exp_at(at, bf_logp(r->x, j, r->m, r->log_sum));
+    const int kind = pt_exp_kind(at, least - log_sum);
+    int64_t j = ckp_lanes16() ? bf_grad16(x, V, m, log_sum, grad_sum, g, kind, dx)
+                              : bf_grad8(x, V, m, log_sum, grad_sum, g, kind, dx);
+    for (; j < V; j++) {
+        float p = pt_exp_at(at, bf_logp(x, j, m, log_sum));
         dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, g[j]) : g[j] - p * grad_sum);
     }
 }
@@ -1363,9 +1413,10 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     const float s_all = mean ? ckp_bf16_round(u_smooth / divisor) : u_smooth;
     const int row_threads = N == 1 ? opt->torch_threads : 1; /* a (1, V) row sum is a reduction to one value */
     const int threads = ckp_threads();
-    /* each thread's gradient row, allocated before any output is written: a failure loses nothing */
-    float *scratch = smoothed && dlogits != NULL ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
-    if (smoothed && dlogits != NULL && scratch == NULL) {
+    /* each thread's row of terms (smoothing's, then its gradient's), allocated before any output is
+     * written: a failure loses nothing */
+    float *scratch = smoothed ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
+    if (smoothed && scratch == NULL) {
         free(logp_t);
         free(smooth);
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for %d gradient rows of a bf16 cross_entropy (V=%lld)",
@@ -1378,7 +1429,7 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
         for (int64_t i = 0; i < N; i++) {
             const uint16_t *x = logits + i * V;
             const int64_t t = target[i] == opt->ignore_index ? -1 : target[i];
-            bf_row_ctx r = {x, w, 0.0f, 0.0f};
+            bf_terms r = {x, NULL, w, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f, 1, 0};
             if (t < 0 && dlogits == NULL) {
                 logp_t[i] = 0.0f;
                 if (smoothed) smooth[i] = 0.0f;
@@ -1388,7 +1439,8 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
             bf_row(x, V, at, i + 1 < N ? x + V : x, &r.m, &r.log_sum, &least);
             logp_t[i] = t < 0 ? 0.0f : (w ? ckp_bf16_round(bf_logp(x, t, r.m, r.log_sum) * w[t])
                                           : bf_logp(x, t, r.m, r.log_sum));
-            if (smoothed) smooth[i] = t < 0 ? 0.0f : -ckp_aten_full_sum_bf16(bf_wlogp, &r, V, row_threads);
+            if (smoothed && t >= 0) bf_terms_row(&r, V, g); /* bf16(logp_j * w_j) */
+            if (smoothed) smooth[i] = t < 0 ? 0.0f : -ckp_aten_full_sum_array_bf16(g, V, row_threads);
             if (dlogits == NULL) continue;
             const float gn = none ? -(opt->row_grad ? (smoothed ? ckp_bf16_round(opt->row_grad[i] * keep)
                                                                  : opt->row_grad[i]) : u_nll) : g_nll;
@@ -1398,7 +1450,11 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
             } else {
                 const float s = t < 0 ? 0.0f : none ? (opt->row_grad ? ckp_bf16_round(opt->row_grad[i] * spread)
                                                                       : u_smooth) : s_all;
-                bf_grad_row_dense(&r, V, t, gi, s, at, g, dlogits + i * V);
+                r.logp = 0;
+                r.scale = -s;
+                bf_terms_row(&r, V, g); /* bf16(-s * w_j) */
+                if (t >= 0) g[t] = ckp_bf16_round(g[t] + gi);
+                bf_grad_row_dense(x, V, r.m, r.log_sum, least, g, at, dlogits + i * V);
             }
         }
     }
@@ -1414,7 +1470,7 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
         bf_nll_cascade(target, N, opt->ignore_index, logp_t, NULL, &total, &unused);
         float nll = mean ? ckp_bf16_round(total / total_weight) : total;
         if (smoothed) {
-            float ret = ckp_aten_full_sum_bf16(pt_array_value, smooth, N, opt->torch_threads);
+            float ret = ckp_aten_full_sum_array_bf16(smooth, N, opt->torch_threads);
             if (mean) ret = ckp_bf16_round(ret / divisor);
             nll = ckp_bf16_round(nll * keep) + ckp_bf16_round(ret * spread);
         }
@@ -1425,41 +1481,69 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
     return CKP_OK;
 }
 
-/* One bf16 row after log_softmax with its probability targets, for torch.sum over bf16(bf16(logp_j * q_j) * w_j). */
+/* The batch's loss terms as one flattened (N * V) sequence, for torch.sum over every element (split
+ * as torch splits it: ckp_aten_split_sum): element j is row j / V's bf_term j % V, 8 at a time where
+ * they lie in one row. The sum visits j in ascending order, so the row is found from the last one. */
 typedef struct {
-    bf_row_ctx row;
-    const uint16_t *q;
-    float keep, spread; /* (1 - ls) as a float, bf16(ls / V); keep 1 and spread 0 without smoothing */
-} bf_prob_row;
-
-static float bf_target(const bf_prob_row *r, int64_t j) {
-    float q = ckp_bf16_to_f(r->q[j]);
-    return r->spread != 0.0f || r->keep != 1.0f ? ckp_bf16_round(ckp_bf16_round(q * r->keep) + r->spread) : q;
-}
-
-static float bf_logp_q_w(void *ctx, int64_t j) {
-    const bf_prob_row *r = ctx;
-    float v = ckp_bf16_round(bf_logp(r->row.x, j, r->row.m, r->row.log_sum) * bf_target(r, j));
-    return r->row.w ? ckp_bf16_round(v * r->row.w[j]) : v;
-}
-
-/* The whole batch as one flattened (N * V) map, each row's max and log_sum computed beforehand. */
-typedef struct {
-    bf_prob_row proto;
+    bf_terms proto;
     const uint16_t *logits, *probs;
     const float *m, *log_sum;
-    int64_t V;
-} bf_prob_batch;
+    int64_t V, begin; /* begin: the chunk's first element */
+    int64_t row;      /* the row of the last element visited, and its first element */
+    int64_t row_start;
+    bf_terms r;
+} bf_batch;
 
-static float bf_batch_logp_q_w(void *ctx, int64_t j) {
-    bf_prob_batch *b = ctx;
-    int64_t i = j / b->V;
-    bf_prob_row r = b->proto;
-    r.row.x = b->logits + i * b->V;
-    r.q = b->probs + i * b->V;
-    r.row.m = b->m[i];
-    r.row.log_sum = b->log_sum[i];
-    return bf_logp_q_w(&r, j % b->V);
+static inline __attribute__((always_inline)) const bf_terms *bf_batch_row(bf_batch *b, int64_t j) {
+    if (b->row < 0 || j < b->row_start || j >= b->row_start + b->V) {
+        b->row = j / b->V;
+        b->row_start = b->row * b->V;
+        b->r = b->proto;
+        b->r.x = b->logits + b->row_start;
+        b->r.q = b->probs + b->row_start;
+        b->r.m = b->m[b->row];
+        b->r.log_sum = b->log_sum[b->row];
+    }
+    return &b->r;
+}
+
+static inline __attribute__((always_inline)) float bf_batch1(const void *ctx, int64_t j) {
+    bf_batch *b = (bf_batch *)ctx; /* the row cursor moves; nothing the sum reads */
+    j += b->begin;
+    const bf_terms *r = bf_batch_row(b, j); /* before row_start is read: it moves the cursor */
+    return bf_term(r, j - b->row_start);
+}
+
+static inline __attribute__((always_inline)) ckp_v8f bf_batch8(const void *ctx, int64_t j) {
+    bf_batch *b = (bf_batch *)ctx;
+    int64_t at = j + b->begin;
+    const bf_terms *r = bf_batch_row(b, at);
+    int64_t c = at - b->row_start;
+    if (c + 8 > b->V) { /* across rows */
+        float e[8];
+        for (int l = 0; l < 8; l++) e[l] = bf_batch1(ctx, j + l);
+        return ckp_load8(e);
+    }
+    bf_terms shifted = *r;
+    shifted.x += c;
+    shifted.q += c;
+    if (shifted.w) shifted.w += c;
+    float e[8];
+    bf_terms_of8(&shifted, 8, e);
+    return ckp_load8(e);
+}
+
+static inline __attribute__((always_inline)) ckp_v8f bf_batch8_bf16(const void *ctx, int64_t j) {
+    return bf_batch8(ctx, j) + bf_batch8(ctx, j + CKP_VLANES);
+}
+
+CKP_DEFINE_ATEN_SUM(bf_batch_sum, bf_batch8_bf16, bf_batch1, 2 * CKP_VLANES)
+
+CKP_CLONES static float bf_batch_range(const void *ctx, int64_t begin, int64_t n) {
+    bf_batch b = *(const bf_batch *)ctx;
+    b.begin = begin;
+    b.row = -1;
+    return ckp_bf16_round(bf_batch_sum(&b, n));
 }
 
 ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *target_probs, int64_t N, int64_t V,
@@ -1470,16 +1554,18 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
     const pt_layout at = pt_layout_for_capability();
     const int none = opt->reduction == CKP_REDUCTION_NONE, mean = opt->reduction == CKP_REDUCTION_MEAN;
     const int smoothed = opt->label_smoothing > 0.0;
-    const bf_prob_row proto = {{NULL, opt->weight, 0.0f, 0.0f}, NULL, smoothed ? (float)(1.0 - opt->label_smoothing) : 1.0f,
-                               smoothed ? ckp_bf16_round((float)(opt->label_smoothing / (double)V)) : 0.0f};
+    const float keep = smoothed ? (float)(1.0 - opt->label_smoothing) : 1.0f;
+    const float spread = smoothed ? ckp_bf16_round((float)(opt->label_smoothing / (double)V)) : 0.0f;
+    const bf_terms proto = {NULL, NULL, opt->weight, 0.0f, 0.0f, keep, spread, 0.0f, 1, spread != 0.0f || keep != 1.0f};
     const float u = opt->row_grad != NULL && !none ? opt->row_grad[0] : 1.0f;
     const float g_all = mean ? -ckp_bf16_round(u / (float)N) : -u;
     const int row_threads = N == 1 ? opt->torch_threads : 1; /* a (1, V) row sum is a reduction to one value */
     const int threads = ckp_threads();
     /* every buffer allocated before any output is written: a failure loses nothing */
     float *m = malloc((size_t)N * sizeof(float)), *log_sum = malloc((size_t)N * sizeof(float));
-    float *scratch = dlogits != NULL ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
-    if (m == NULL || log_sum == NULL || (dlogits != NULL && scratch == NULL)) {
+    const int rows = none || dlogits != NULL; /* each thread's row of terms: the loss's (none), the gradient's */
+    float *scratch = rows ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
+    if (m == NULL || log_sum == NULL || (rows && scratch == NULL)) {
         free(m);
         free(log_sum);
         free(scratch);
@@ -1491,32 +1577,28 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
         float *g = scratch != NULL ? scratch + (size_t)omp_get_thread_num() * (size_t)V : NULL;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < N; i++) {
-            bf_prob_row r = proto;
-            r.row.x = logits + i * V;
+            bf_terms r = proto;
+            r.x = logits + i * V;
             r.q = target_probs + i * V;
-            float least; /* the probability rows' exps are per element: no row-wide shortcut to pick */
-            bf_row(r.row.x, V, at, i + 1 < N ? r.row.x + V : r.row.x, &r.row.m, &r.row.log_sum, &least);
-            m[i] = r.row.m;
-            log_sum[i] = r.row.log_sum;
-            if (none) loss[i] = ckp_f_to_bf16(-ckp_aten_full_sum_bf16(bf_logp_q_w, &r, V, row_threads));
-            if (g == NULL) continue;
-            const float gn = none ? -(opt->row_grad ? opt->row_grad[i] : 1.0f) : g_all;
-            for (int64_t j = 0; j < V; j++) {
-                float gw = r.row.w ? ckp_bf16_round(gn * r.row.w[j]) : gn;
-                g[j] = ckp_bf16_round(gw * bf_target(&r, j));
+            float least;
+            bf_row(r.x, V, at, i + 1 < N ? r.x + V : r.x, &r.m, &r.log_sum, &least);
+            m[i] = r.m;
+            log_sum[i] = r.log_sum;
+            if (none) {
+                bf_terms_row(&r, V, g); /* bf16(bf16(logp_j * q_j) * w_j) */
+                loss[i] = ckp_f_to_bf16(-ckp_aten_full_sum_array_bf16(g, V, row_threads));
             }
-            const float grad_sum = bf_reduce_all(g, V, at);
-            uint16_t *dx = dlogits + i * V;
-            for (int64_t j = 0; j < V; j++) {
-                float p = pt_exp_at(at, bf_logp(r.row.x, j, r.row.m, r.row.log_sum));
-                dx[j] = ckp_f_to_bf16(at.fma ? fmaf(-p, grad_sum, g[j]) : g[j] - p * grad_sum);
-            }
+            if (dlogits == NULL) continue;
+            r.logp = 0;
+            r.scale = none ? -(opt->row_grad ? opt->row_grad[i] : 1.0f) : g_all;
+            bf_terms_row(&r, V, g); /* bf16(bf16(g * w_j) * q_j) */
+            bf_grad_row_dense(r.x, V, r.m, r.log_sum, least, g, at, dlogits + i * V);
         }
     }
     free(scratch);
     if (!none) { /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
-        bf_prob_batch b = {proto, logits, target_probs, m, log_sum, V};
-        float total = -ckp_aten_full_sum_bf16(bf_batch_logp_q_w, &b, N * V, opt->torch_threads);
+        bf_batch b = {proto, logits, target_probs, m, log_sum, V, 0, -1, 0, proto};
+        float total = -ckp_aten_split_sum(bf_batch_range, &b, N * V, opt->torch_threads, 1);
         loss[0] = ckp_f_to_bf16(mean ? total / (float)N : total);
     }
     free(m);

@@ -266,10 +266,12 @@ def vocab_parallel_ce(L, fill, x, target, shards):
     return (global_max, global_sums, loss_rows, *grads)
 
 
-def probe_call_bf16(L, fill, x, target, reduction):
+def probe_call_bf16(L, fill, x, target, reduction, weight=None, label_smoothing=0.0, torch_threads=1):
+    """The bf16 ptref entry point for class targets, or for bf16 probabilities (target of x's shape)."""
     loss, d = out((x.shape[0],) if reduction == "none" else (), fill, torch.bfloat16), out(x, fill)
-    _bindings.cross_entropy_bf16(x, target, _bindings.cross_entropy_options(reduction=reduction, variant="ptref"), loss,
-                                 d, library=L)
+    options = _bindings.cross_entropy_options(weight, reduction=reduction, label_smoothing=label_smoothing,
+                                              variant="ptref", torch_threads=torch_threads)
+    _bindings.cross_entropy_bf16(x, target, options, loss, d, library=L)
     return loss, d
 
 
@@ -281,6 +283,19 @@ def _probe(g: torch.Generator):
             xv, tv = xb[:, :V].contiguous(), tb.clamp(max=V - 1)
             yield (f"ce ptref bf16 V={V} {reduction}",
                    lambda L, f, r=reduction, a=xv, b=tv: probe_call_bf16(L, f, a, b, r))
+            # label smoothing's and probability targets' rows of terms (weighted, smoothed), and the
+            # probabilities' sum over the flattened batch, across rows and vector boundaries
+            wv = (torch.rand(V, generator=g) + 0.5).bfloat16().float()
+            pv = torch.softmax(torch.randn(300, V, generator=g), -1).bfloat16()
+            yield (f"ce ptref bf16 V={V} {reduction} smoothing, weights",
+                   lambda L, f, r=reduction, a=xv, b=tv, w=wv: probe_call_bf16(L, f, a, b, r, w, 0.1))
+            yield (f"ce ptref bf16 V={V} {reduction} probabilities",
+                   lambda L, f, r=reduction, a=xv, p=pv, w=wv: probe_call_bf16(L, f, a, p, r, w, 0.1))
+    xs = (torch.randn(64, 4097, generator=g) * 4).bfloat16()
+    ps = torch.softmax(torch.randn(64, 4097, generator=g), -1).bfloat16()
+    for threads in (2, 3):  # the probabilities' sum split in chunks as torch's threads split it
+        yield (f"ce ptref bf16 probabilities torch_threads={threads}",
+               lambda L, f, k=threads, a=xs, p=ps: probe_call_bf16(L, f, a, p, "mean", torch_threads=k))
     x = torch.randn(37, 1003, generator=g) * 4
     x[3, :] = -1e4  # a row far from its max
     t = torch.randint(0, 1003, (37,), generator=g)
