@@ -1,0 +1,85 @@
+"""Every path through ckparity.cross_entropy against torch's eager loss: each variant, dtype and option
+(label smoothing, class weights, probability targets, reduction none) forward and backward at one
+large shape, the two sides timed in turn (medians), so that no option is a slow path the bench's rows
+never take:
+
+    python scripts/ce_options.py [--shape 2048,32000] [--repeats 5] [--json-out reports/bench/ce_options.json]
+
+A path ckparity refuses (say, z-loss in bf16 ptref) is listed with its refusal instead of a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity import cpu
+from ckparity.bench import interleaved_median_ms
+from ckparity.kernels.benching import fwd_bwd
+
+OPTIONS = {  # name -> (keyword arguments, probability targets)
+    "plain": ({}, False),
+    "label_smoothing": ({"label_smoothing": 0.1}, False),
+    "weight": ({"weight": True}, False),
+    "reduction none": ({"reduction": "none"}, False),
+    "probabilities": ({}, True),
+    "probabilities, label_smoothing": ({"label_smoothing": 0.1}, True),
+}
+
+
+def rows(N: int, V: int, repeats: int):
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(N, V, generator=g).to(dtype).requires_grad_(True)
+        classes = torch.randint(0, V, (N,), generator=g)
+        classes[::7] = -100  # ignored rows, as padding makes them
+        probs = torch.softmax(torch.randn(N, V, generator=g), -1).to(dtype)
+        weight = (torch.rand(V, generator=g) + 0.5).to(dtype)
+        for variant in ("default", "ptref"):
+            for name, (kwargs, soft) in OPTIONS.items():
+                kw = {**kwargs, **({"weight": weight} if "weight" in kwargs else {})}
+                target = probs if soft else classes
+                row = {"dtype": str(dtype).removeprefix("torch."), "variant": variant, "option": name}
+                ours = fwd_bwd(lambda a, **k: ckparity.cross_entropy(a, target, variant=variant, **k), x, **kw)
+                try:
+                    ours()
+                except (TypeError, ValueError, NotImplementedError) as e:
+                    yield {**row, "refused": str(e)}
+                    continue
+                theirs = fwd_bwd(lambda a, **k: F.cross_entropy(a, target, **k), x, **kw)
+                ck, pt = interleaved_median_ms([ours, theirs], repeats)
+                yield {**row, "ckparity_ms": ck, "torch_ms": pt, "speedup": pt / ck}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="2048,32000", help="N,V")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json-out", default="-")
+    args = parser.parse_args(argv)
+    N, V = (int(v) for v in args.shape.split(","))
+    results = []
+    for row in rows(N, V, args.repeats):
+        results.append(row)
+        print(f"{row['dtype']:8} {row['variant']:7} {row['option']:31} " +
+              (f"refused: {row['refused']}" if "refused" in row else
+               f"ckparity {row['ckparity_ms']:8.1f} ms  torch {row['torch_ms']:8.1f} ms  {row['speedup']:5.2f}x"),
+              file=sys.stderr, flush=True)
+    text = json.dumps({"schema": "ckparity.ce_options/1", "shape": [N, V], "capability": cpu.capability(),
+                       "threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
+                       "results": results}, indent=1)
+    if args.json_out == "-":
+        print(text)
+    else:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
