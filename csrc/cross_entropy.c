@@ -463,7 +463,7 @@ typedef struct {
                               reduction to one value, split on torch's threads (ckp_aten_full_sum) */
 } pt_row;
 
-/* A map from element index to value; ctx is a pt_row or a pt_batch. */
+/* A map from element index to value; ctx is a pt_row. */
 typedef ckp_float_map pt_map;
 
 static float pt_logp(const pt_row *r, int64_t j) { return r->x[j] - r->m - r->log_sum; }
@@ -477,13 +477,10 @@ static float pt_q(const pt_row *r, int64_t j) {
 CKP_CLONES static float pt_exp_sleef(float x) { return ckp_exp_sleef8(ckp_splat8(x))[0]; }
 static float pt_exp(const pt_row *r, float x) { return r->at.sleef ? pt_exp_sleef(x) : expf(x); }
 
-static float pt_wlogp(void *ctx, int64_t j) {
-    const pt_row *r = ctx;
-    return r->w ? pt_logp(r, j) * r->w[j] : pt_logp(r, j);
-}
-static float pt_logp_q_w(void *ctx, int64_t j) {
-    const pt_row *r = ctx;
-    float v = pt_logp(r, j) * pt_q(r, j);
+/* A row's loss term j for torch.sum: logp_j * q_j * w_j with probabilities (q smoothed), logp_j * w_j
+ * for label smoothing's class rows; without weights, no w_j. */
+static float pt_term(const pt_row *r, int64_t j) {
+    float v = r->P ? pt_logp(r, j) * pt_q(r, j) : pt_logp(r, j);
     return r->w ? v * r->w[j] : v;
 }
 /* d loss / d logp_j, the input of log_softmax's backward. */
@@ -593,6 +590,15 @@ static float pt_exp_at(pt_layout at, float x) { return at.sleef ? pt_exp_sleef(x
         }                                                                                                             \
         return mx;                                                                                                    \
     }                                                                                                                 \
+    /* pt_term on the lanes j..j+N of a row */                                                                        \
+    static inline __attribute__((always_inline)) ckp_v##N##f pt_terms##N(const pt_row *r, int64_t j) {                \
+        ckp_v##N##f v = (ckp_elem_load##N(r->x, j, sizeof *r->x) - ckp_splat##N(r->m)) - ckp_splat##N(r->log_sum);    \
+        if (r->P) {                                                                                                   \
+            ckp_v##N##f q = ckp_elem_load##N(r->P, j, sizeof *r->P);                                                  \
+            v = v * (r->smoothed ? q * ckp_splat##N(r->keep) + ckp_splat##N(r->spread) : q);                          \
+        }                                                                                                             \
+        return r->w ? v * ckp_elem_load##N(r->w, j, sizeof *r->w) : v;                                                \
+    }                                                                                                                 \
     static inline __attribute__((always_inline)) int64_t pt_sum_blocks_of##N(const float *x, int64_t V, float m,      \
                                                                              int kind, float *lanes) {                \
         const ckp_v##N##f mv = ckp_splat##N(m);                                                                       \
@@ -690,30 +696,62 @@ CKP_CLONES static void pt_row_stats(const float *x, int64_t V, pt_layout at, flo
     *log_sum = at.sleef && !CKP_MUTANT(PTREF_LIBM_LOG) ? ckp_log_sleef(sum) : logf(sum);
 }
 
-/* The whole batch, for the reductions that sum over rows or over every element. */
+/* Rows' loss terms (pt_term) as one flattened sequence for torch.sum: a whole batch's (probability
+ * targets' sum over every element) or one row's (a batch of one row). Element j is row j / V's term
+ * j % V, 8 at a time where they lie in one row; the sum visits j in ascending order, so the row is
+ * found from the last one. */
 typedef struct {
     const float *logits, *probs;
     const float *m, *log_sum; /* each row's, from the rows' pass */
-    int64_t V;
-    pt_row row;            /* the row last visited (rows are visited in order) */
-    int64_t row_index;
+    int64_t V, begin;         /* begin: the chunk's first element (ckp_aten_split_sum) */
+    pt_row row;               /* the row of the last element visited, from its first element on */
+    int64_t row_index, row_start;
 } pt_batch;
 
-static pt_row *pt_batch_row(pt_batch *b, int64_t i) {
-    if (b->row_index != i) {
-        b->row.x = b->logits + i * b->V;
-        b->row.P = b->probs ? b->probs + i * b->V : NULL;
-        b->row.m = b->m[i];
-        b->row.log_sum = b->log_sum[i];
-        b->row_index = i;
+static inline __attribute__((always_inline)) const pt_row *pt_batch_at(pt_batch *b, int64_t j) {
+    if (b->row_index < 0 || j < b->row_start || j >= b->row_start + b->V) {
+        b->row_index = j / b->V;
+        b->row_start = b->row_index * b->V;
+        b->row.x = b->logits + b->row_start;
+        b->row.P = b->probs ? b->probs + b->row_start : NULL;
+        b->row.m = b->m[b->row_index];
+        b->row.log_sum = b->log_sum[b->row_index];
     }
     return &b->row;
 }
 
-/* element j of (logp * q * w) over the flattened (N, V) batch */
-static float pt_batch_logp_q_w(void *ctx, int64_t j) {
-    pt_batch *b = ctx;
-    return pt_logp_q_w(pt_batch_row(b, j / b->V), j % b->V);
+static inline __attribute__((always_inline)) float pt_batch1(const void *ctx, int64_t j) {
+    pt_batch *b = (pt_batch *)ctx; /* the row cursor moves; nothing the sum reads */
+    j += b->begin;
+    const pt_row *r = pt_batch_at(b, j); /* before row_start is read: it moves the cursor */
+    return pt_term(r, j - b->row_start);
+}
+
+static inline __attribute__((always_inline)) ckp_v8f pt_batch8(const void *ctx, int64_t j) {
+    pt_batch *b = (pt_batch *)ctx;
+    const pt_row *r = pt_batch_at(b, j + b->begin);
+    int64_t c = j + b->begin - b->row_start;
+    if (c + 8 > b->V) { /* across rows */
+        float e[8];
+        for (int l = 0; l < 8; l++) e[l] = pt_batch1(ctx, j + l);
+        return ckp_load8(e);
+    }
+    return pt_terms8(r, c);
+}
+
+CKP_DEFINE_ATEN_SUM(pt_batch_sum, pt_batch8, pt_batch1, CKP_VLANES)
+
+CKP_CLONES static float pt_batch_range(const void *ctx, int64_t begin, int64_t n) {
+    pt_batch b = *(const pt_batch *)ctx;
+    b.begin = begin;
+    b.row_index = -1;
+    return pt_batch_sum(&b, n);
+}
+
+/* torch.sum over one row's terms, split as torch splits a (1, V) input's (r->sum_threads) */
+static float pt_row_terms_sum(const pt_row *r, int64_t V) {
+    pt_batch one = {r->x, r->P, &r->m, &r->log_sum, V, 0, *r, -1, 0};
+    return ckp_aten_split_sum(pt_batch_range, &one, V, r->sum_threads, 0);
 }
 
 /* The class weights of the non-ignored targets, in row order: element j is
@@ -887,9 +925,9 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         m[i] = r.m;
         log_sum[i] = r.log_sum;
         if (target_probs != NULL) /* the row's loss with none (the batch's sum is over every element) */
-            row_term[i] = none ? -ckp_aten_full_sum(pt_logp_q_w, &r, V, r.sum_threads) : 0.0f;
+            row_term[i] = none ? -pt_row_terms_sum(&r, V) : 0.0f;
         else /* smooth_loss_i = -(logp_i * w).sum(), beside logp_t */
-            row_term[i] = smoothed ? -ckp_aten_full_sum(pt_wlogp, &r, V, r.sum_threads) : 0.0f;
+            row_term[i] = smoothed ? -pt_row_terms_sum(&r, V) : 0.0f;
         if (target != NULL) logp_t[i] = pt_logp(&r, target[i]);
         if (dx) pt_row_backward(&back, &r, i, V, dx);
     }
@@ -921,8 +959,8 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float out;
         if (target_probs != NULL) {
             /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
-            pt_batch batch = {logits, target_probs, m, log_sum, V, proto, -1};
-            out = -ckp_aten_full_sum(pt_batch_logp_q_w, &batch, N * V, opt->torch_threads);
+            pt_batch batch = {logits, target_probs, m, log_sum, V, 0, proto, -1, 0};
+            out = -ckp_aten_split_sum(pt_batch_range, &batch, N * V, opt->torch_threads, 0);
         } else {
             out = pt_levels_total(nll_sum.loss);
             if (mean) out /= total_weight;
