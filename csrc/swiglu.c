@@ -35,6 +35,9 @@
  * Vectorized<BFloat16> -- 64 values at AVX-512, 32 at AVX2, twice the float
  * loop's -- each converted to two float vectors and evaluated as above; the
  * rest of the row is scalar, with libm's expf.
+ * float16 (the _f16 entry points): torch's Half runs the same code as its BFloat16 (both reduced
+ * floating types: float math, a rounding where each op stores), so the same rows with float16's
+ * rounding (a product of two float16 values is exact in float too).
  */
 #include "ckp_internal.h"
 #include "vec.h"
@@ -99,70 +102,78 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
     }
 }
 
-/* The bfloat16 rows' vector loops over [0, vec_end), defined at N lanes by SWIGLU_DEFINE_BF16_LOOPS:
- * 16 or 8 (ckp_lanes16). Elementwise: the width changes no bit. */
-#define SWIGLU_DEFINE_BF16_LOOPS(N)                                                                         \
-    static inline __attribute__((always_inline)) void forward_bf16_loop##N(                                 \
+/* The 16-bit formats' rows (F: bf16 or f16, vec.h's ckp_<F>_ helpers), their vector loops over
+ * [0, vec_end) at N lanes, 16 or 8 (ckp_lanes16). Elementwise: the width changes no bit. */
+#define SWIGLU_DEFINE_HALF_LOOPS(F, N)                                                                      \
+    static inline __attribute__((always_inline)) void forward_##F##_loop##N(                                \
         const uint16_t *g, const uint16_t *u, int64_t vec_end, uint16_t *out) {                             \
         for (int64_t j = 0; j < vec_end; j += N) {                                                          \
-            ckp_v##N##f gv = ckp_bf16_load##N(g + j);                                                       \
-            ckp_v##N##f silu = ckp_bf16_round##N(gv / (1.0f + ckp_exp_sleef##N(-gv)));                      \
-            ckp_bf16_store##N(out + j, silu * ckp_bf16_load##N(u + j));                                     \
+            ckp_v##N##f gv = ckp_##F##_load##N(g + j);                                                      \
+            ckp_v##N##f silu = ckp_##F##_round##N(gv / (1.0f + ckp_exp_sleef##N(-gv)));                     \
+            ckp_##F##_store##N(out + j, silu * ckp_##F##_load##N(u + j));                                   \
         }                                                                                                   \
     }                                                                                                       \
-    static inline __attribute__((always_inline)) void backward_bf16_loop##N(                                \
+    static inline __attribute__((always_inline)) void backward_##F##_loop##N(                               \
         const uint16_t *dy, const uint16_t *g, const uint16_t *u, int64_t vec_end, uint16_t *dg,            \
         uint16_t *du) {                                                                                     \
         for (int64_t j = 0; j < vec_end; j += N) {                                                          \
-            ckp_v##N##f gv = ckp_bf16_load##N(g + j), dyv = ckp_bf16_load##N(dy + j);                       \
+            ckp_v##N##f gv = ckp_##F##_load##N(g + j), dyv = ckp_##F##_load##N(dy + j);                     \
             ckp_v##N##f one_plus = 1.0f + ckp_exp_sleef##N(-gv);                                            \
             ckp_v##N##f sig = 1.0f / one_plus;                                                              \
-            ckp_v##N##f dsilu = ckp_bf16_round##N(dyv * ckp_bf16_load##N(u + j));                           \
+            ckp_v##N##f dsilu = ckp_##F##_round##N(dyv * ckp_##F##_load##N(u + j));                         \
             ckp_v##N##f slope = ckp_fma##N(gv, 1.0f - sig, ckp_splat##N(1.0f));                             \
-            ckp_bf16_store##N(dg + j, ckp_bf16_round##N(dsilu * sig * slope) + 0.0f);                       \
-            ckp_bf16_store##N(du + j, ckp_bf16_round##N(dyv * ckp_bf16_round##N(gv / one_plus)) + 0.0f);    \
+            ckp_##F##_store##N(dg + j, ckp_##F##_round##N(dsilu * sig * slope) + 0.0f);                     \
+            ckp_##F##_store##N(du + j, ckp_##F##_round##N(dyv * ckp_##F##_round##N(gv / one_plus)) + 0.0f); \
         }                                                                                                   \
-    }
+    }                                                                                                       \
 
-SWIGLU_DEFINE_BF16_LOOPS(8)
-SWIGLU_DEFINE_BF16_LOOPS(16)
+#define SWIGLU_DEFINE_HALF_ROWS(F)                                                                                  \
+    /* One row of the forward. */                                                                                   \
+    CKP_CLONES static void forward_row_##F(const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at,         \
+                                           uint16_t *out) {                                                         \
+        int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;                            \
+        if (ckp_lanes16())                                                                                          \
+            forward_##F##_loop16(g, u, vec_end, out);                                                               \
+        else                                                                                                        \
+            forward_##F##_loop8(g, u, vec_end, out);                                                                \
+        for (; j < H; j++) {                                                                                        \
+            float gj = ckp_##F##_to_f(g[j]);                                                                        \
+            out[j] = ckp_f_to_##F(ckp_##F##_round(gj / (1.0f + expf(-gj))) * ckp_##F##_to_f(u[j]));                 \
+        }                                                                                                           \
+    }                                                                                                               \
+    /* One row of the backward. */                                                                                  \
+    CKP_CLONES static void backward_row_##F(const uint16_t *dy, const uint16_t *g, const uint16_t *u, int64_t H,    \
+                                            aten_layout at, uint16_t *dg, uint16_t *du) {                           \
+        int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;                            \
+        if (ckp_lanes16())                                                                                          \
+            backward_##F##_loop16(dy, g, u, vec_end, dg, du);                                                       \
+        else                                                                                                        \
+            backward_##F##_loop8(dy, g, u, vec_end, dg, du);                                                        \
+        for (; j < H; j++) {                                                                                        \
+            float gj = ckp_##F##_to_f(g[j]), dyj = ckp_##F##_to_f(dy[j]);                                           \
+            float one_plus = 1.0f + expf(-gj), sig = 1.0f / one_plus;                                               \
+            float slope = at.fma ? fmaf(gj, 1.0f - sig, 1.0f) : gj * (1.0f - sig) + 1.0f;                           \
+            dg[j] = ckp_f_to_##F(ckp_##F##_round(ckp_##F##_round(dyj * ckp_##F##_to_f(u[j])) * sig * slope) + 0.0f); \
+            du[j] = ckp_f_to_##F(ckp_##F##_round(dyj * ckp_##F##_round(gj / one_plus)) + 0.0f);                     \
+        }                                                                                                           \
+    }                                                                                                               \
 
-/* One row of the bfloat16 forward. */
-CKP_CLONES
-static void forward_row_bf16(const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at, uint16_t *out) {
-    int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;
-    if (ckp_lanes16())
-        forward_bf16_loop16(g, u, vec_end, out);
-    else
-        forward_bf16_loop8(g, u, vec_end, out);
-    for (; j < H; j++) {
-        float gj = ckp_bf16_to_f(g[j]);
-        out[j] = ckp_f_to_bf16(ckp_bf16_round(gj / (1.0f + expf(-gj))) * ckp_bf16_to_f(u[j]));
-    }
-}
+SWIGLU_DEFINE_HALF_LOOPS(bf16, 8)
+SWIGLU_DEFINE_HALF_LOOPS(bf16, 16)
+SWIGLU_DEFINE_HALF_LOOPS(f16, 8)
+SWIGLU_DEFINE_HALF_LOOPS(f16, 16)
+SWIGLU_DEFINE_HALF_ROWS(bf16)
+SWIGLU_DEFINE_HALF_ROWS(f16)
 
-/* One row of the bfloat16 backward. */
-CKP_CLONES
-static void backward_row_bf16(const uint16_t *dy, const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at,
-                              uint16_t *dg, uint16_t *du) {
-    int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;
-    if (ckp_lanes16())
-        backward_bf16_loop16(dy, g, u, vec_end, dg, du);
-    else
-        backward_bf16_loop8(dy, g, u, vec_end, dg, du);
-    for (; j < H; j++) {
-        float gj = ckp_bf16_to_f(g[j]), dyj = ckp_bf16_to_f(dy[j]);
-        float one_plus = 1.0f + expf(-gj), sig = 1.0f / one_plus;
-        float slope = at.fma ? fmaf(gj, 1.0f - sig, 1.0f) : gj * (1.0f - sig) + 1.0f;
-        dg[j] = ckp_f_to_bf16(ckp_bf16_round(ckp_bf16_round(dyj * ckp_bf16_to_f(u[j])) * sig * slope) + 0.0f);
-        du[j] = ckp_f_to_bf16(ckp_bf16_round(dyj * ckp_bf16_round(gj / one_plus)) + 0.0f);
-    }
-}
+/* The element formats of the entry points: float32, bfloat16, float16. */
+typedef enum { SW_F32, SW_BF16, SW_F16 } sw_format;
 
-/* elem: 4 (float) or 2 (bf16) bytes per element. */
-static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, size_t elem) {
+static size_t sw_bytes(sw_format fmt) { return fmt == SW_F32 ? sizeof(float) : sizeof(uint16_t); }
+
+static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, sw_format fmt) {
     ckp_status s = check_args(x, out, N, H);
     if (s != CKP_OK) return s;
+    const size_t elem = sw_bytes(fmt);
     if (ckp_overlaps(out, (size_t)(N * H) * elem, x, (size_t)(N * 2 * H) * elem))
         return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
     ckp_clear_error();
@@ -170,20 +181,24 @@ static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, size_t
     /* x (N, 2H), out (N, H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
-        if (elem == sizeof(float))
+        if (fmt == SW_F32) {
             forward_row((const float *)x + i * 2 * H, (const float *)x + i * 2 * H + H, H, at, (float *)out + i * H);
+            continue;
+        }
+        const uint16_t *gate = (const uint16_t *)x + i * 2 * H;
+        if (fmt == SW_BF16)
+            forward_row_bf16(gate, gate + H, H, at, (uint16_t *)out + i * H);
         else
-            forward_row_bf16((const uint16_t *)x + i * 2 * H, (const uint16_t *)x + i * 2 * H + H, H, at,
-                             (uint16_t *)out + i * H);
+            forward_row_f16(gate, gate + H, H, at, (uint16_t *)out + i * H);
     }
     return CKP_OK;
 }
 
-static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H, void *dx, size_t elem) {
+static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H, void *dx, sw_format fmt) {
     ckp_status s = check_args(dout, x, N, H);
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    size_t x_bytes = (size_t)(N * 2 * H) * elem;
+    const size_t elem = sw_bytes(fmt), x_bytes = (size_t)(N * 2 * H) * elem;
     if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * elem))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
     ckp_clear_error();
@@ -191,10 +206,13 @@ static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H
     /* dout (N, H), x (N, 2H), dx (N, 2H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
-        if (elem != sizeof(float)) {
-            const uint16_t *gate = (const uint16_t *)x + i * 2 * H;
+        if (fmt != SW_F32) {
+            const uint16_t *gate = (const uint16_t *)x + i * 2 * H, *dy = (const uint16_t *)dout + i * H;
             uint16_t *dgate = (uint16_t *)dx + i * 2 * H;
-            backward_row_bf16((const uint16_t *)dout + i * H, gate, gate + H, H, at, dgate, dgate + H);
+            if (fmt == SW_BF16)
+                backward_row_bf16(dy, gate, gate + H, H, at, dgate, dgate + H);
+            else
+                backward_row_f16(dy, gate, gate + H, H, at, dgate, dgate + H);
             continue;
         }
         const float *gate = (const float *)x + i * 2 * H;
@@ -208,17 +226,25 @@ static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H
 }
 
 ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out) {
-    return forward(x, N, H, out, sizeof(float));
+    return forward(x, N, H, out, SW_F32);
 }
 
 ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int64_t H, float *dx) {
-    return backward(dout, x, N, H, dx, sizeof(float));
+    return backward(dout, x, N, H, dx, SW_F32);
 }
 
 ckp_status ckp_swiglu_forward_bf16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out) {
-    return forward(x, N, H, out, sizeof(uint16_t));
+    return forward(x, N, H, out, SW_BF16);
 }
 
 ckp_status ckp_swiglu_backward_bf16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H, uint16_t *dx) {
-    return backward(dout, x, N, H, dx, sizeof(uint16_t));
+    return backward(dout, x, N, H, dx, SW_BF16);
+}
+
+ckp_status ckp_swiglu_forward_f16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out) {
+    return forward(x, N, H, out, SW_F16);
+}
+
+ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H, uint16_t *dx) {
+    return backward(dout, x, N, H, dx, SW_F16);
 }

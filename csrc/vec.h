@@ -46,6 +46,26 @@ static inline __attribute__((always_inline)) uint16_t ckp_f_to_bf16(float f) {
 /* f rounded to bfloat16 and read back as a float: what a bf16 tensor holds. */
 static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { return ckp_bf16_to_f(ckp_f_to_bf16(f)); }
 
+/* float16 (IEEE binary16, stored as uint16), through GCC's _Float16: to float exact, from float
+ * rounded to nearest even (overflow to inf, subnormals kept), as torch's conversions do (c10::Half's
+ * fp16_ieee_from_fp32_value, and the vectorized cvtfp32_fp16: F16C's vcvtps2ph with round to
+ * nearest). GCC 12 emits F16C's instructions in the x86-64-v3 and v4 clones and libgcc's
+ * __truncsfhf2 in the baseline build: the same bits. A NaN's bits are not claimed. */
+static inline __attribute__((always_inline)) float ckp_f16_to_f(uint16_t h) {
+    _Float16 v;
+    memcpy(&v, &h, sizeof v);
+    return (float)v;
+}
+
+static inline __attribute__((always_inline)) uint16_t ckp_f_to_f16(float f) {
+    _Float16 v = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &v, sizeof h);
+    return h;
+}
+
+static inline __attribute__((always_inline)) float ckp_f16_round(float f) { return (float)(_Float16)f; }
+
 /* The vector helpers, defined once for each lane count by CKP_DEFINE_LANES:
  * ckp_v<N>f/i/u/h (float, int32, uint32, bf16 storage), ckp_splat<N>,
  * ckp_select<N>, ckp_fma<N>, ckp_bf16_load<N>/round<N>/store<N> and
@@ -72,6 +92,8 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
  * ckp_bf16_store: v rounded to bfloat16, stored: the high halves of the rounded lanes.
  * ckp_bf16_store_exact: v already bf16 values (a ckp_bf16_round's result, NaN as 0x7FC0), stored:
  *   their high halves, without rounding again.
+ * ckp_f16_load, ckp_f16_round, ckp_f16_store: the same for float16 (ckp_f16_to_f above), one vector
+ *   conversion each way.
  * ckp_exp_sleef: exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
  *   Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
  *   s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as
@@ -118,6 +140,19 @@ static inline __attribute__((always_inline)) float ckp_bf16_round(float f) { ret
     }                                                                                                           \
     CKP_ALWAYS void ckp_bf16_store_exact##N(uint16_t *p, ckp_v##N##f v) {                                      \
         ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)v >> 16, ckp_v##N##h);                             \
+        memcpy(p, &h, sizeof h);                                                                                \
+    }                                                                                                           \
+    typedef _Float16 ckp_v##N##hf __attribute__((vector_size(BYTES / 2)));                                      \
+    CKP_ALWAYS ckp_v##N##f ckp_f16_load##N(const uint16_t *p) {                                                 \
+        ckp_v##N##hf h;                                                                                         \
+        memcpy(&h, p, sizeof h);                                                                                \
+        return __builtin_convertvector(h, ckp_v##N##f);                                                         \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##f ckp_f16_round##N(ckp_v##N##f v) {                                                    \
+        return __builtin_convertvector(__builtin_convertvector(v, ckp_v##N##hf), ckp_v##N##f);                  \
+    }                                                                                                           \
+    CKP_ALWAYS void ckp_f16_store##N(uint16_t *p, ckp_v##N##f v) {                                              \
+        ckp_v##N##hf h = __builtin_convertvector(v, ckp_v##N##hf);                                              \
         memcpy(p, &h, sizeof h);                                                                                \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_exp_sleef_mantissa##N(ckp_v##N##f d, ckp_v##N##f *q_out) {                     \

@@ -241,6 +241,12 @@ ckp_status ckp_swiglu_forward_bf16(const uint16_t *x, int64_t N, int64_t H, uint
 ckp_status ckp_swiglu_backward_bf16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H,
                                     uint16_t *dx);
 
+/* The same in float16 (uint16_t: IEEE binary16 bits, as torch stores Half), bit-identical to torch's
+ * float16 ops, which round as its bf16 ones do: out = f16(f16(silu(gate)) * up). */
+ckp_status ckp_swiglu_forward_f16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out);
+ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H,
+                                   uint16_t *dx);
+
 /* ------------------------------------------------------------------------
  * adamw (csrc/adamw.c) = one step of torch.optim.AdamW's single-tensor path
  * on one parameter tensor, updating param and the moments in place.

@@ -21,7 +21,8 @@ from ._native import check, ffi, lib
 
 # resolved once: a cast with a ctype object skips parsing the type's name on every call
 _C_TYPES = {torch.float32: ffi.typeof("float *"), torch.int64: ffi.typeof("int64_t *"),
-            torch.float64: ffi.typeof("double *"), torch.bfloat16: ffi.typeof("uint16_t *")}
+            torch.float64: ffi.typeof("double *"), torch.bfloat16: ffi.typeof("uint16_t *"),
+            torch.float16: ffi.typeof("uint16_t *")}
 
 CE_VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
 REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}
@@ -175,6 +176,24 @@ def swiglu_backward_bf16(dout, x, dx, *, library=lib) -> None:
     N, H = dout.shape
     check(library.ckp_swiglu_backward_bf16(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward",
           library)
+
+
+def swiglu_forward_f16(x, out, *, library=lib) -> None:
+    """As swiglu_forward on float16 tensors."""
+    N, H = out.shape
+    check(library.ckp_swiglu_forward_f16(pointer(x), N, H, pointer(out)), "swiglu", library)
+
+
+def swiglu_backward_f16(dout, x, dx, *, library=lib) -> None:
+    """As swiglu_backward on float16 tensors."""
+    N, H = dout.shape
+    check(library.ckp_swiglu_backward_f16(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward",
+          library)
+
+
+# swiglu's forward and backward entry points by the tensors' dtype
+SWIGLU = {torch.float32: (swiglu_forward, swiglu_backward), torch.bfloat16: (swiglu_forward_bf16, swiglu_backward_bf16),
+          torch.float16: (swiglu_forward_f16, swiglu_backward_f16)}
 
 
 # ---- vocab-parallel cross_entropy ------------------------------------------

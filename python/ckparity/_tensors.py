@@ -35,18 +35,23 @@ def require_float32(tensor: torch.Tensor, name: str) -> None:
         )
 
 
-# the dtypes a kernel with bfloat16 entry points takes (rms_norm, swiglu); the others take float32 alone
+# the dtypes a kernel with bfloat16 entry points takes (rms_norm, swiglu); the others take float32 alone;
+# swiglu takes float16 too (WITH_FLOAT16)
 FLOATING = (torch.float32, torch.bfloat16)
+WITH_FLOAT16 = FLOATING + (torch.float16,)
 # the dtypes by the names the commands take (--dtype)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def require_floating(tensor: torch.Tensor, name: str, like: torch.Tensor | None = None) -> None:
-    """float32 or bfloat16 (and ``like``'s dtype, if given: mixed dtypes are not taken)."""
+def require_floating(tensor: torch.Tensor, name: str, like: torch.Tensor | None = None,
+                     dtypes: tuple[torch.dtype, ...] = FLOATING) -> None:
+    """One of ``dtypes`` (float32 or bfloat16 unless the op takes more), and ``like``'s dtype, if given:
+    mixed dtypes are not taken."""
     require_cpu(tensor, name)
-    if tensor.dtype not in FLOATING:
-        raise InvalidType(f"{name} must be float32 or bfloat16, got {tensor.dtype} (convert with .float() or "
-                          ".bfloat16() if that is what you mean)")
+    if tensor.dtype not in dtypes:
+        names = [str(d).removeprefix("torch.") for d in dtypes]
+        raise InvalidType(f"{name} must be {', '.join(names[:-1])} or {names[-1]}, got {tensor.dtype} (convert with "
+                          f".float() or .bfloat16() if that is what you mean)")
     if like is not None and tensor.dtype != like.dtype:
         raise InvalidType(f"{name} is {tensor.dtype} and the input {like.dtype}: ckparity takes one dtype for both "
                           "(convert one of them)")
@@ -72,6 +77,11 @@ def plain_float32(tensor, dim: int) -> bool:
 # bytes on (one madvise; where THP is "always" or "never", or off Linux, it
 # changes nothing). Only advice: the bits and the memory held are the same.
 # torch's own allocator does the same for every tensor under THP_MEM_ALLOC_ENABLE=1.
+# The first huge-page buffers a process faults in cost more, not less: a 262 MB
+# output took 100-300 ms for the first three to five times in a fresh process on
+# this machine (4 KB pages: 45-70 ms every time), then 11 ms -- the kernel
+# assembling 2 MB pages from memory the process has not held before, once. A
+# training run pays it in its first steps; a timing's first calls show it.
 HUGE_PAGES_FROM = 4 << 20
 _PAGE = 4096
 _MADV_HUGEPAGE = 14

@@ -34,7 +34,7 @@ from . import cpu, kernels
 from .kernels.sweeping import Tally
 
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")  # float16: swiglu alone
 
 
 def claims(dtype: str = "float32") -> dict[str, kernels.Claim]:

@@ -47,7 +47,8 @@ def _gate_cases():
 
 
 def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """out and dx against F.silu(g) * u on ``dtype`` tensors (bfloat16: torch's bf16 eager, two ops)."""
+    """out and dx against F.silu(g) * u on ``dtype`` tensors (bfloat16, float16: torch's eager in that dtype,
+    two ops)."""
     for N in (1, 3, 17):
         for H in WIDTHS:
             x = (torch.randn(N, 2 * H, generator=g) * 4).to(dtype).requires_grad_(True)
@@ -70,9 +71,9 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
 
 def probe_call(L, fill, x, dout):
     y, dx = out(dout, fill), out(x, fill)
-    bf16 = x.dtype == torch.bfloat16
-    (C.swiglu_forward_bf16 if bf16 else C.swiglu_forward)(x, y, library=L)
-    (C.swiglu_backward_bf16 if bf16 else C.swiglu_backward)(dout, x, dx, library=L)
+    forward, backward = C.SWIGLU[x.dtype]
+    forward(x, y, library=L)
+    backward(dout, x, dx, library=L)
     return y, dx
 
 
@@ -84,18 +85,17 @@ def _probe(g: torch.Generator):
         yield f"swiglu H={H}", lambda L, f, a=xh, b=dh: probe_call(L, f, a, b)
     xt, dt = torch.randn(64, 2 * 1025, generator=g) * 4, torch.randn(64, 1025, generator=g)
     yield "swiglu threaded", lambda L, f: probe_call(L, f, xt, dt)
-    for H in (1, 33, 64, 65, 1025):  # bf16: the vector loop steps 64 (AVX-512) or 32 (AVX2) values
-        xb, db = (torch.randn(5, 2 * H, generator=g) * 8).bfloat16(), torch.randn(5, H, generator=g).bfloat16()
-        yield f"swiglu bf16 H={H}", lambda L, f, a=xb, b=db: probe_call(L, f, a, b)
+    for H in (1, 33, 64, 65, 1025):  # bf16, float16: the vector loop steps 64 (AVX-512) or 32 (AVX2) values
+        for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "float16")):
+            xb, db = (torch.randn(5, 2 * H, generator=g) * 8).to(dtype), torch.randn(5, H, generator=g).to(dtype)
+            yield f"swiglu {name} H={H}", lambda L, f, a=xb, b=db: probe_call(L, f, a, b)
 
 
 def c_calls(x):
     """The C forward and backward of x's dtype alone on preallocated outputs."""
     N, H = x.shape[0], x.shape[1] // 2
     y, dout, dx = torch.empty(N, H, dtype=x.dtype), torch.ones(N, H, dtype=x.dtype), torch.empty_like(x)
-    bf16 = x.dtype == torch.bfloat16
-    forward, backward = (C.swiglu_forward_bf16, C.swiglu_backward_bf16) if bf16 else (C.swiglu_forward,
-                                                                                       C.swiglu_backward)
+    forward, backward = C.SWIGLU[x.dtype]
 
     def run():
         forward(x, y)
@@ -128,7 +128,8 @@ KERNEL = Kernel(
         opinfo=("nn.functional.silu", _silu_sample)),
     gate_cases={"swiglu": GateCase(swiglu, reference.swiglu, _gate_cases, "default")},
     claims=(Claim("swiglu", ("out", "dx"), sweep),
-            Claim("swiglu", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
+            Claim("swiglu", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
+            Claim("swiglu", ("out", "dx"), functools.partial(sweep, dtype=torch.float16), dtype="float16")),
     probe=_probe,
     bench=_bench,
 )

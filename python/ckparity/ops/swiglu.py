@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import empty, empty_like, plain_float32, require_floating
+from .._tensors import WITH_FLOAT16, empty, empty_like, plain_float32, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -16,7 +16,7 @@ class _SwiGLUFunction(CFunction):
     @staticmethod
     def compute(x):
         out = empty((x.shape[0], x.shape[1] // 2), x.dtype)
-        (_bindings.swiglu_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.swiglu_forward)(x, out)
+        _bindings.SWIGLU[x.dtype][0](x, out)
         return out
 
     @staticmethod
@@ -28,17 +28,16 @@ class _SwiGLUFunction(CFunction):
     def backward(ctx, dout):
         (x,) = ctx.saved_tensors
         dx = empty_like(x)  # x is contiguous (the op made it so)
-        bf16 = x.dtype == torch.bfloat16
-        (_bindings.swiglu_backward_bf16 if bf16 else _bindings.swiglu_backward)(dout.contiguous().to(x.dtype), x, dx)
+        _bindings.SWIGLU[x.dtype][1](dout.contiguous().to(x.dtype), x, dx)
         return dx
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:], in x's dtype
-    (float32, or bfloat16 with torch's bf16 rounding: out = bf16(bf16(silu) * up))."""
+    (float32, or bfloat16 or float16 with torch's rounding in that dtype: out = bf16(bf16(silu) * up))."""
     if plain_float32(x, 2) and x.shape[1] % 2 == 0 and x.shape[0] and x.shape[1]:
         return _SwiGLUFunction.apply(x)  # the common case, without the views
-    require_floating(x, "x")
+    require_floating(x, "x", dtypes=WITH_FLOAT16)
     if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
         raise InvalidArgument(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
     H2 = x.shape[-1]
