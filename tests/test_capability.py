@@ -56,7 +56,7 @@ def capability(request):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_sweep_is_bit_identical_at(capability, dtype):
     result = json.loads(run_at(capability, f"import ckparity.sweep as s, json; print(json.dumps(s.run(dtype={dtype!r})))"))
     assert result["capability"] == {"torch": capability.upper(), "library": capability.upper(), "matched": True}

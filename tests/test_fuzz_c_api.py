@@ -228,7 +228,8 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 def fuzz_bf16(rng: random.Random) -> int:
-    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy): uint16 buffers, the float32 ones' sizes and aliasing."""
+    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy) and swiglu's float16 ones: uint16
+    buffers, the float32 ones' sizes and aliasing."""
     N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
     n = max(N, 0) * max(W, 0)
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
@@ -304,14 +305,19 @@ def fuzz_bf16(rng: random.Random) -> int:
         return call_and_check(rng, lambda: entry(
             hp(dy), hp(maybe_null(rng, x)), wp(weight), ptr(rstd), N, W, hp(maybe_null(rng, dx)), wp(dweight), 1),
             [t for t in (dx, dweight) if t is not None and t is not dy])
-    x = bf16(data(rng, max(N, 0) * 2 * max(W, 0)))
+    # swiglu: its bf16 or its float16 entry points (the same uint16 buffers)
+    half = rng.random() < 0.5
+    dtype = torch.float16 if half else torch.bfloat16
+    forward, backward = ((lib.ckp_swiglu_forward_f16, lib.ckp_swiglu_backward_f16) if half else
+                         (lib.ckp_swiglu_forward_bf16, lib.ckp_swiglu_backward_bf16))
+    x = data(rng, max(N, 0) * 2 * max(W, 0)).to(dtype)
     if kind == 2:
-        out = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
-        return call_and_check(rng, lambda: lib.ckp_swiglu_forward_bf16(hp(maybe_null(rng, x)), N, W, hp(out)),
+        out = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=dtype)
+        return call_and_check(rng, lambda: forward(hp(maybe_null(rng, x)), N, W, hp(out)),
                               [out] if out is not x else [])
-    dout = bf16(data(rng, n))
-    dx = x if rng.random() < 0.05 else torch.empty(x.numel() + 1, dtype=torch.bfloat16)
-    return call_and_check(rng, lambda: lib.ckp_swiglu_backward_bf16(hp(maybe_null(rng, dout)), hp(x), N, W, hp(dx)),
+    dout = data(rng, n).to(dtype)
+    dx = x if rng.random() < 0.05 else torch.empty(x.numel() + 1, dtype=dtype)
+    return call_and_check(rng, lambda: backward(hp(maybe_null(rng, dout)), hp(x), N, W, hp(dx)),
                           [dx] if dx is not x else [])
 
 

@@ -381,6 +381,7 @@ def _info(argv: list[str]) -> int:
 
     print(json.dumps({**environment(), "bit_identical": kernels.bit_identical(),
                       "bit_identical_bfloat16": kernels.bit_identical("bfloat16"),
+                      "bit_identical_float16": kernels.bit_identical("float16"),
                       "not_bit_identical": kernels.not_bit_identical()}, indent=2))
     return EXIT_PASS
 
