@@ -21,11 +21,12 @@
  * every op rounds its result to bf16 -- each product, then the sum (in float,
  * then rounded): out[i] = bf16(bf16(x[i] * c) - bf16(x[i+h] * s)), and the
  * backward's two gradient terms are rounded each before autograd adds them.
+ * float16 (the _f16 entry points): the same, each op rounding to float16, as torch's Half ops do.
  */
 #include "ckp_internal.h"
 #include "vec.h"
 
-/* elem: the bytes of one element (4: float, 2: bf16) */
+/* elem: the bytes of one element (4: float, 2: bf16 or float16) */
 static ckp_status check_args(const void *x, const void *cos_, const void *sin_, const void *out, int64_t N,
                              int64_t T, int64_t d, int layout, size_t elem) {
     if (x == NULL || cos_ == NULL || sin_ == NULL || out == NULL)
@@ -71,55 +72,79 @@ CKP_CLONES static void rotate_row(const float *x, const float *c, const float *s
     }
 }
 
-/* rotate_row in bfloat16: every product rounded, then the sum. */
-CKP_CLONES static void rotate_row_bf16(const uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t d, int layout,
-                                       float sign, uint16_t *out) {
-    int64_t h = d / 2;
-    int64_t lo_step = layout == CKP_ROPE_HALF ? 1 : 2, hi_offset = layout == CKP_ROPE_HALF ? h : 1;
-    for (int64_t i = 0; i < h; i++) {
-        int64_t a = i * lo_step, b = a + hi_offset;
-        float xa = ckp_bf16_to_f(x[a]), xb = ckp_bf16_to_f(x[b]);
-        float ci = ckp_bf16_to_f(c[i]), si = ckp_bf16_to_f(s[i]);
-        out[a] = ckp_f_to_bf16(ckp_bf16_round(xa * ci) + sign * ckp_bf16_round(xb * si));
-        out[b] = ckp_f_to_bf16(ckp_bf16_round(xb * ci) - sign * ckp_bf16_round(xa * si));
+/* rotate_row in a 16-bit format F (bf16, f16: vec.h's ckp_<F>_ helpers): every product rounded, then
+ * the sum. */
+#define ROPE_DEFINE_HALF_ROW(F)                                                                              \
+    CKP_CLONES static void rotate_row_##F(const uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t d,  \
+                                          int layout, float sign, uint16_t *out) {                           \
+        int64_t h = d / 2;                                                                                   \
+        int64_t lo_step = layout == CKP_ROPE_HALF ? 1 : 2, hi_offset = layout == CKP_ROPE_HALF ? h : 1;      \
+        for (int64_t i = 0; i < h; i++) {                                                                    \
+            int64_t a = i * lo_step, b = a + hi_offset;                                                      \
+            float xa = ckp_##F##_to_f(x[a]), xb = ckp_##F##_to_f(x[b]);                                      \
+            float ci = ckp_##F##_to_f(c[i]), si = ckp_##F##_to_f(s[i]);                                      \
+            out[a] = ckp_f_to_##F(ckp_##F##_round(xa * ci) + sign * ckp_##F##_round(xb * si));               \
+            out[b] = ckp_f_to_##F(ckp_##F##_round(xb * ci) - sign * ckp_##F##_round(xa * si));               \
+        }                                                                                                    \
     }
-}
 
-/* elem: 4 (float) or 2 (bf16) bytes per element; the rows as rotate_row or rotate_row_bf16 does them. */
+ROPE_DEFINE_HALF_ROW(bf16)
+ROPE_DEFINE_HALF_ROW(f16)
+
+/* The element formats of the entry points: float32, bfloat16, float16. */
+typedef enum { ROPE_F32, ROPE_BF16, ROPE_F16 } rope_format;
+
+/* The rows as rotate_row or rotate_row_<F> does them. */
 static ckp_status rotate(const void *x, const void *cos_, const void *sin_, int64_t N, int64_t T, int64_t d,
-                         int layout, float sign, void *out, size_t elem) {
-    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, elem);
+                         int layout, float sign, void *out, rope_format fmt) {
+    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, fmt == ROPE_F32 ? sizeof(float)
+                                                                                         : sizeof(uint16_t));
     if (status != CKP_OK) return status;
     /* x and out (N, T, d); cos and sin (T, d/2) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
     for (int64_t row = 0; row < N * T; row++) {
         int64_t t = row % T, at = row * d, table = t * (d / 2);
-        if (elem == sizeof(float))
+        if (fmt == ROPE_F32) {
             rotate_row((const float *)x + at, (const float *)cos_ + table, (const float *)sin_ + table, d, layout,
                        sign, (float *)out + at);
+            continue;
+        }
+        const uint16_t *xr = (const uint16_t *)x + at, *c = (const uint16_t *)cos_ + table;
+        const uint16_t *s = (const uint16_t *)sin_ + table;
+        if (fmt == ROPE_BF16)
+            rotate_row_bf16(xr, c, s, d, layout, sign, (uint16_t *)out + at);
         else
-            rotate_row_bf16((const uint16_t *)x + at, (const uint16_t *)cos_ + table, (const uint16_t *)sin_ + table,
-                            d, layout, sign, (uint16_t *)out + at);
+            rotate_row_f16(xr, c, s, d, layout, sign, (uint16_t *)out + at);
     }
     return CKP_OK;
 }
 
 ckp_status ckp_rope_forward(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
                             int layout, float *out) {
-    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, sizeof(float));
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, ROPE_F32);
 }
 
 ckp_status ckp_rope_backward(const float *dout, const float *cos_, const float *sin_, int64_t N, int64_t T,
                              int64_t d, int layout, float *dx) {
-    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, sizeof(float));
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, ROPE_F32);
 }
 
 ckp_status ckp_rope_forward_bf16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
                                  int64_t d, int layout, uint16_t *out) {
-    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, sizeof(uint16_t));
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, ROPE_BF16);
 }
 
 ckp_status ckp_rope_backward_bf16(const uint16_t *dout, const uint16_t *cos_, const uint16_t *sin_, int64_t N,
                                   int64_t T, int64_t d, int layout, uint16_t *dx) {
-    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, sizeof(uint16_t));
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, ROPE_BF16);
+}
+
+ckp_status ckp_rope_forward_f16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
+                                int64_t d, int layout, uint16_t *out) {
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, ROPE_F16);
+}
+
+ckp_status ckp_rope_backward_f16(const uint16_t *dout, const uint16_t *cos_, const uint16_t *sin_, int64_t N,
+                                 int64_t T, int64_t d, int layout, uint16_t *dx) {
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, ROPE_F16);
 }

@@ -548,3 +548,30 @@ def test_avx512_bf16s_conversion_is_torchs_rounding_except_subnormals_and_nan():
     assert classes["other"]["compared"] > 10000 and classes["other"]["differing"] == 0
     assert classes["subnormal"]["differing"] > classes["subnormal"]["compared"] * 0.9
     assert classes["nan"]["differing"] > 0
+
+
+def test_float16_swiglu_and_rope_are_torchs_bits_and_the_other_kernels_refuse_float16():
+    """float16 where the bf16 machinery gives it (torch's Half rounds where its BFloat16 does): swiglu and
+    rope return float16 with torch's bits (their float16 sweeps hold it at every width and capability);
+    the kernels without float16 entry points refuse it by name, never a silent float32 answer."""
+    from ckparity.kernels.sweeping import grad_run, same_bits
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(5, 2 * 301, generator=g) * 4).half().requires_grad_(True)
+    up = torch.randn(5, 301, generator=g).half()
+    for a, b in zip(grad_run(ckparity.swiglu, [x], up), grad_run(reference.swiglu, [x], up)):
+        assert a.dtype == torch.float16 and same_bits(a, b)
+    q = torch.randn(2, 7, 46, generator=g).half().requires_grad_(True)
+    angles = torch.rand(7, 23, generator=g) * 50
+    cos, sin = angles.cos().half(), angles.sin().half()
+    rotated = torch.randn(2, 7, 46, generator=g).half()
+    for layout in ("half", "interleaved"):
+        ours = grad_run(lambda t: ckparity.rope(t, cos, sin, layout=layout), [q], rotated)
+        theirs = grad_run(lambda t: reference.rope(t, cos, sin, layout), [q], rotated)
+        assert all(a.dtype == torch.float16 and same_bits(a, b) for a, b in zip(ours, theirs))
+    with pytest.raises(InvalidType, match="float32 or bfloat16"):
+        ckparity.rms_norm(torch.randn(3, 8).half(), (8,))
+    with pytest.raises(InvalidType, match="float16"):
+        ckparity.cross_entropy(torch.randn(3, 8).half(), torch.tensor([0, 1, 2]))
+    with pytest.raises(InvalidType, match="one dtype for both"):
+        ckparity.rope(q, cos.bfloat16(), sin.bfloat16())

@@ -228,8 +228,8 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 def fuzz_bf16(rng: random.Random) -> int:
-    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy) and swiglu's float16 ones: uint16
-    buffers, the float32 ones' sizes and aliasing."""
+    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy) and swiglu's and rope's float16
+    ones: uint16 buffers, the float32 ones' sizes and aliasing."""
     N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
     n = max(N, 0) * max(W, 0)
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
@@ -278,7 +278,8 @@ def fuzz_bf16(rng: random.Random) -> int:
         x = bf16(data(rng, max(N, 0) * max(T, 0) * max(d, 0)))
         table = [bf16(data(rng, max(T, 0) * max(d, 0) // 2)) for _ in range(2)]
         out = x if rng.random() < 0.05 else torch.empty(x.numel() + 1, dtype=torch.bfloat16)
-        entry = rng.choice([lib.ckp_rope_forward_bf16, lib.ckp_rope_backward_bf16])
+        entry = rng.choice([lib.ckp_rope_forward_bf16, lib.ckp_rope_backward_bf16, lib.ckp_rope_forward_f16,
+                            lib.ckp_rope_backward_f16])
         return call_and_check(rng, lambda: entry(hp(maybe_null(rng, x)), hp(table[0]), hp(table[1]), N, T, d,
                                                  pick(rng, [0, 1], 2), hp(out)), [out] if out is not x else [])
     # rms_norm: a bf16 weight, or a float32 one (the _f32w entry points: torch's mixed-dtype call)

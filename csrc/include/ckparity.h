@@ -306,6 +306,13 @@ ckp_status ckp_rope_forward_bf16(const uint16_t *x, const uint16_t *cos, const u
 ckp_status ckp_rope_backward_bf16(const uint16_t *dout, const uint16_t *cos, const uint16_t *sin, int64_t N,
                                   int64_t T, int64_t d, int layout, uint16_t *dx);
 
+/* The same in float16 (uint16_t: IEEE binary16 bits), each op rounding to float16 as torch's Half
+ * ops do. */
+ckp_status ckp_rope_forward_f16(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t N, int64_t T,
+                                int64_t d, int layout, uint16_t *out);
+ckp_status ckp_rope_backward_f16(const uint16_t *dout, const uint16_t *cos, const uint16_t *sin, int64_t N,
+                                 int64_t T, int64_t d, int layout, uint16_t *dx);
+
 /* ------------------------------------------------------------------------
  * vocab-parallel cross_entropy (csrc/vocab_parallel_cross_entropy.c): class
  * targets, logits split by vocabulary; this rank holds columns

@@ -264,6 +264,25 @@ def rope_backward_bf16(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
                                          pointer(dx)), "rope backward", library)
 
 
+def rope_forward_f16(x, cos, sin, layout: str, out, *, library=lib) -> None:
+    """As rope_forward on float16 tensors."""
+    N, T, d = x.shape
+    check(library.ckp_rope_forward_f16(pointer(x), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
+                                       pointer(out)), "rope", library)
+
+
+def rope_backward_f16(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
+    """As rope_backward on float16 tensors."""
+    N, T, d = dout.shape
+    check(library.ckp_rope_backward_f16(pointer(dout), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
+                                        pointer(dx)), "rope backward", library)
+
+
+# rope's forward and backward entry points by the tensors' dtype
+ROPE = {torch.float32: (rope_forward, rope_backward), torch.bfloat16: (rope_forward_bf16, rope_backward_bf16),
+        torch.float16: (rope_forward_f16, rope_backward_f16)}
+
+
 # ---- adamw ------------------------------------------------------------------
 
 def adamw_options(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,

@@ -34,7 +34,7 @@ from . import cpu, kernels
 from .kernels.sweeping import Tally
 
 
-DTYPES = ("float32", "bfloat16", "float16")  # float16: swiglu alone
+DTYPES = ("float32", "bfloat16", "float16")  # float16: swiglu and rope
 
 
 def claims(dtype: str = "float32") -> dict[str, kernels.Claim]:

@@ -75,9 +75,9 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
 
 def probe_call(L, fill, x, cos, sin, layout):
     y, dx = out(x, fill), out(x, fill)
-    bf16 = x.dtype == torch.bfloat16
-    (C.rope_forward_bf16 if bf16 else C.rope_forward)(x, cos, sin, layout, y, library=L)
-    (C.rope_backward_bf16 if bf16 else C.rope_backward)(y, cos, sin, layout, dx, library=L)
+    forward, backward = C.ROPE[x.dtype]
+    forward(x, cos, sin, layout, y, library=L)
+    backward(y, cos, sin, layout, dx, library=L)
     return y, dx
 
 
@@ -87,16 +87,16 @@ def _probe(g: torch.Generator):
         yield f"rope {layout}", lambda L, f, lay=layout: probe_call(L, f, xq, angles.cos(), angles.sin(), lay)
     xqt, anglest = torch.randn(16, 64, 66, generator=g), torch.rand(64, 33, generator=g) * 6
     yield "rope threaded", lambda L, f: probe_call(L, f, xqt, anglest.cos(), anglest.sin(), "half")
-    xb, cb, sb = xq.bfloat16(), angles.cos().bfloat16(), angles.sin().bfloat16()
-    for layout in ("half", "interleaved"):
-        yield f"rope bf16 {layout}", lambda L, f, lay=layout: probe_call(L, f, xb, cb, sb, lay)
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "float16")):
+        xb, cb, sb = xq.to(dtype), angles.cos().to(dtype), angles.sin().to(dtype)
+        for layout in ("half", "interleaved"):
+            yield f"rope {name} {layout}", lambda L, f, lay=layout, a=xb, c=cb, s=sb: probe_call(L, f, a, c, s, lay)
 
 
 def c_calls(x, cos, sin):
     """The C forward and backward of x's dtype alone on preallocated outputs."""
     y, dx = torch.empty_like(x), torch.empty_like(x)
-    bf16 = x.dtype == torch.bfloat16
-    forward, backward = (C.rope_forward_bf16, C.rope_backward_bf16) if bf16 else (C.rope_forward, C.rope_backward)
+    forward, backward = C.ROPE[x.dtype]
 
     def run():
         forward(x, cos, sin, "half", y)
@@ -135,7 +135,8 @@ KERNEL = Kernel(
         widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_BAD),
     gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
     claims=(Claim("rope", ("out", "dx"), sweep),
-            Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
+            Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
+            Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.float16), dtype="float16")),
     probe=_probe,
     bench=_bench,
 )

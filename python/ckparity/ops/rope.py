@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import empty_like, require_floating
+from .._tensors import WITH_FLOAT16, empty_like, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -17,7 +17,7 @@ class _RoPEFunction(CFunction):
     @staticmethod
     def compute(x, cos, sin, layout):
         out = empty_like(x)  # x is contiguous (the op made it so)
-        (_bindings.rope_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.rope_forward)(x, cos, sin, layout, out)
+        _bindings.ROPE[x.dtype][0](x, cos, sin, layout, out)
         return out
 
     @staticmethod
@@ -32,8 +32,7 @@ class _RoPEFunction(CFunction):
         cos, sin = ctx.saved_tensors
         dout = dout.contiguous().to(cos.dtype)
         dx = empty_like(dout)
-        (_bindings.rope_backward_bf16 if dout.dtype == torch.bfloat16 else _bindings.rope_backward)(
-            dout, cos, sin, ctx.layout, dx)
+        _bindings.ROPE[dout.dtype][1](dout, cos, sin, ctx.layout, dx)
         return dx, None, None, None
 
 
@@ -42,11 +41,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str =
     angles whose cosines and sines are cos, sin (T, d/2). layout "half"
     rotates (x[i], x[i + d/2]) as Llama does, "interleaved" (x[2i], x[2i+1]).
     Gradients flow to x; cos and sin are tables (a gradient of them raises).
-    float32, or bfloat16 (x, cos and sin alike) with torch's bf16 rounding:
-    each product, then the sum."""
-    require_floating(x, "x")
-    require_floating(cos, "cos", like=x)
-    require_floating(sin, "sin", like=x)
+    float32, or bfloat16 or float16 (x, cos and sin alike) with torch's rounding in
+    that dtype: each product, then the sum."""
+    require_floating(x, "x", dtypes=WITH_FLOAT16)
+    require_floating(cos, "cos", like=x, dtypes=WITH_FLOAT16)
+    require_floating(sin, "sin", like=x, dtypes=WITH_FLOAT16)
     if layout not in _bindings.ROPE_LAYOUTS:
         raise InvalidArgument(f"layout must be one of {sorted(_bindings.ROPE_LAYOUTS)}, got {layout!r}")
     if x.dim() < 2 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
