@@ -696,61 +696,75 @@ CKP_CLONES static void pt_row_stats(const float *x, int64_t V, pt_layout at, flo
     *log_sum = at.sleef && !CKP_MUTANT(PTREF_LIBM_LOG) ? ckp_log_sleef(sum) : logf(sum);
 }
 
+/* Where element j of a flattened (N, V) batch lies: its row and the row's first element, found from
+ * the last element's (the sums visit j in ascending order; begin: the chunk's first element, as
+ * ckp_aten_split_sum hands chunks out). ce_cursor_move says whether the row changed. */
+typedef struct {
+    int64_t V, begin, row, row_start; /* row -1: none yet */
+} ce_cursor;
+
+static inline __attribute__((always_inline)) int ce_cursor_move(ce_cursor *c, int64_t j) {
+    if (c->row >= 0 && j >= c->row_start && j < c->row_start + c->V) return 0;
+    c->row = j / c->V;
+    c->row_start = c->row * c->V;
+    return 1;
+}
+
+/* The element maps of a sum over a flattened batch (CKP_DEFINE_ATEN_SUM's map1 and map8): element j's
+ * row (AT, from the cursor at), its term (TERM), or 8 terms on a vector where they lie in one row
+ * (TERMS8). */
+#define CE_DEFINE_BATCH_MAPS(P, ROW, AT, TERM, TERMS8)                                                      \
+    static inline __attribute__((always_inline)) float P##_batch1(const void *ctx, int64_t j) {            \
+        P##_batch *b = (P##_batch *)ctx; /* the row cursor moves; nothing the sum reads */                  \
+        j += b->at.begin;                                                                                   \
+        const ROW *r = AT(b, j); /* before row_start is read: it moves the cursor */                       \
+        return TERM(r, j - b->at.row_start);                                                                \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) ckp_v8f P##_batch8(const void *ctx, int64_t j) {          \
+        P##_batch *b = (P##_batch *)ctx;                                                                    \
+        const ROW *r = AT(b, j + b->at.begin);                                                              \
+        int64_t c = j + b->at.begin - b->at.row_start;                                                      \
+        if (c + 8 > b->at.V) { /* across rows */                                                            \
+            float e[8];                                                                                     \
+            for (int l = 0; l < 8; l++) e[l] = P##_batch1(ctx, j + l);                                      \
+            return ckp_load8(e);                                                                            \
+        }                                                                                                   \
+        return TERMS8(r, c);                                                                                \
+    }
+
 /* Rows' loss terms (pt_term) as one flattened sequence for torch.sum: a whole batch's (probability
- * targets' sum over every element) or one row's (a batch of one row). Element j is row j / V's term
- * j % V, 8 at a time where they lie in one row; the sum visits j in ascending order, so the row is
- * found from the last one. */
+ * targets' sum over every element) or one row's (a batch of one row). */
 typedef struct {
     const float *logits, *probs;
     const float *m, *log_sum; /* each row's, from the rows' pass */
-    int64_t V, begin;         /* begin: the chunk's first element (ckp_aten_split_sum) */
-    pt_row row;               /* the row of the last element visited, from its first element on */
-    int64_t row_index, row_start;
+    ce_cursor at;
+    pt_row row;               /* the row at the cursor */
 } pt_batch;
 
 static inline __attribute__((always_inline)) const pt_row *pt_batch_at(pt_batch *b, int64_t j) {
-    if (b->row_index < 0 || j < b->row_start || j >= b->row_start + b->V) {
-        b->row_index = j / b->V;
-        b->row_start = b->row_index * b->V;
-        b->row.x = b->logits + b->row_start;
-        b->row.P = b->probs ? b->probs + b->row_start : NULL;
-        b->row.m = b->m[b->row_index];
-        b->row.log_sum = b->log_sum[b->row_index];
+    if (ce_cursor_move(&b->at, j)) {
+        b->row.x = b->logits + b->at.row_start;
+        b->row.P = b->probs ? b->probs + b->at.row_start : NULL;
+        b->row.m = b->m[b->at.row];
+        b->row.log_sum = b->log_sum[b->at.row];
     }
     return &b->row;
 }
 
-static inline __attribute__((always_inline)) float pt_batch1(const void *ctx, int64_t j) {
-    pt_batch *b = (pt_batch *)ctx; /* the row cursor moves; nothing the sum reads */
-    j += b->begin;
-    const pt_row *r = pt_batch_at(b, j); /* before row_start is read: it moves the cursor */
-    return pt_term(r, j - b->row_start);
-}
-
-static inline __attribute__((always_inline)) ckp_v8f pt_batch8(const void *ctx, int64_t j) {
-    pt_batch *b = (pt_batch *)ctx;
-    const pt_row *r = pt_batch_at(b, j + b->begin);
-    int64_t c = j + b->begin - b->row_start;
-    if (c + 8 > b->V) { /* across rows */
-        float e[8];
-        for (int l = 0; l < 8; l++) e[l] = pt_batch1(ctx, j + l);
-        return ckp_load8(e);
-    }
-    return pt_terms8(r, c);
-}
+CE_DEFINE_BATCH_MAPS(pt, pt_row, pt_batch_at, pt_term, pt_terms8)
 
 CKP_DEFINE_ATEN_SUM(pt_batch_sum, pt_batch8, pt_batch1, CKP_VLANES)
 
 CKP_CLONES static float pt_batch_range(const void *ctx, int64_t begin, int64_t n) {
     pt_batch b = *(const pt_batch *)ctx;
-    b.begin = begin;
-    b.row_index = -1;
+    b.at.begin = begin;
+    b.at.row = -1;
     return pt_batch_sum(&b, n);
 }
 
 /* torch.sum over one row's terms, split as torch splits a (1, V) input's (r->sum_threads) */
 static float pt_row_terms_sum(const pt_row *r, int64_t V) {
-    pt_batch one = {r->x, r->P, &r->m, &r->log_sum, V, 0, *r, -1, 0};
+    pt_batch one = {r->x, r->P, &r->m, &r->log_sum, {V, 0, -1, 0}, *r};
     return ckp_aten_split_sum(pt_batch_range, &one, V, r->sum_threads, 0);
 }
 
@@ -959,7 +973,7 @@ static ckp_status ce_ptref(const float *logits, const int64_t *target, const flo
         float out;
         if (target_probs != NULL) {
             /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
-            pt_batch batch = {logits, target_probs, m, log_sum, V, 0, proto, -1, 0};
+            pt_batch batch = {logits, target_probs, m, log_sum, {V, 0, -1, 0}, proto};
             out = -ckp_aten_split_sum(pt_batch_range, &batch, N * V, opt->torch_threads, 0);
         } else {
             out = pt_levels_total(nll_sum.loss);
@@ -1520,48 +1534,28 @@ ckp_status ckp_cross_entropy_bf16(const uint16_t *logits, const int64_t *target,
 }
 
 /* The batch's loss terms as one flattened (N * V) sequence, for torch.sum over every element (split
- * as torch splits it: ckp_aten_split_sum): element j is row j / V's bf_term j % V, 8 at a time where
- * they lie in one row. The sum visits j in ascending order, so the row is found from the last one. */
+ * as torch splits it: ckp_aten_split_sum). */
 typedef struct {
     bf_terms proto;
     const uint16_t *logits, *probs;
     const float *m, *log_sum;
-    int64_t V, begin; /* begin: the chunk's first element */
-    int64_t row;      /* the row of the last element visited, and its first element */
-    int64_t row_start;
-    bf_terms r;
+    ce_cursor at;
+    bf_terms r; /* the row at the cursor */
 } bf_batch;
 
-static inline __attribute__((always_inline)) const bf_terms *bf_batch_row(bf_batch *b, int64_t j) {
-    if (b->row < 0 || j < b->row_start || j >= b->row_start + b->V) {
-        b->row = j / b->V;
-        b->row_start = b->row * b->V;
+static inline __attribute__((always_inline)) const bf_terms *bf_batch_at(bf_batch *b, int64_t j) {
+    if (ce_cursor_move(&b->at, j)) {
         b->r = b->proto;
-        b->r.x = b->logits + b->row_start;
-        b->r.q = b->probs + b->row_start;
-        b->r.m = b->m[b->row];
-        b->r.log_sum = b->log_sum[b->row];
+        b->r.x = b->logits + b->at.row_start;
+        b->r.q = b->probs + b->at.row_start;
+        b->r.m = b->m[b->at.row];
+        b->r.log_sum = b->log_sum[b->at.row];
     }
     return &b->r;
 }
 
-static inline __attribute__((always_inline)) float bf_batch1(const void *ctx, int64_t j) {
-    bf_batch *b = (bf_batch *)ctx; /* the row cursor moves; nothing the sum reads */
-    j += b->begin;
-    const bf_terms *r = bf_batch_row(b, j); /* before row_start is read: it moves the cursor */
-    return bf_term(r, j - b->row_start);
-}
-
-static inline __attribute__((always_inline)) ckp_v8f bf_batch8(const void *ctx, int64_t j) {
-    bf_batch *b = (bf_batch *)ctx;
-    int64_t at = j + b->begin;
-    const bf_terms *r = bf_batch_row(b, at);
-    int64_t c = at - b->row_start;
-    if (c + 8 > b->V) { /* across rows */
-        float e[8];
-        for (int l = 0; l < 8; l++) e[l] = bf_batch1(ctx, j + l);
-        return ckp_load8(e);
-    }
+/* bf_terms' elements c..c+8 of a row, on a vector */
+static inline __attribute__((always_inline)) ckp_v8f bf_terms8(const bf_terms *r, int64_t c) {
     bf_terms shifted = *r;
     shifted.x += c;
     shifted.q += c;
@@ -1571,6 +1565,8 @@ static inline __attribute__((always_inline)) ckp_v8f bf_batch8(const void *ctx, 
     return ckp_load8(e);
 }
 
+CE_DEFINE_BATCH_MAPS(bf, bf_terms, bf_batch_at, bf_term, bf_terms8)
+
 static inline __attribute__((always_inline)) ckp_v8f bf_batch8_bf16(const void *ctx, int64_t j) {
     return bf_batch8(ctx, j) + bf_batch8(ctx, j + CKP_VLANES);
 }
@@ -1579,8 +1575,8 @@ CKP_DEFINE_ATEN_SUM(bf_batch_sum, bf_batch8_bf16, bf_batch1, 2 * CKP_VLANES)
 
 CKP_CLONES static float bf_batch_range(const void *ctx, int64_t begin, int64_t n) {
     bf_batch b = *(const bf_batch *)ctx;
-    b.begin = begin;
-    b.row = -1;
+    b.at.begin = begin;
+    b.at.row = -1;
     return ckp_bf16_round(bf_batch_sum(&b, n));
 }
 
@@ -1635,7 +1631,7 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
     }
     free(scratch);
     if (!none) { /* -(logp * q * w).sum(): one reduction over every element, split as torch splits it */
-        bf_batch b = {proto, logits, target_probs, m, log_sum, V, 0, -1, 0, proto};
+        bf_batch b = {proto, logits, target_probs, m, log_sum, {V, 0, -1, 0}, proto};
         float total = -ckp_aten_split_sum(bf_batch_range, &b, N * V, opt->torch_threads, 1);
         loss[0] = ckp_f_to_bf16(mean ? total / (float)N : total);
     }

@@ -153,47 +153,22 @@ def rms_norm_backward_bf16(dy, x, weight, rstd, dx, dweight, *, torch_threads: i
 
 # ---- swiglu -----------------------------------------------------------------
 
+# the suffix of swiglu's and rope's C entry points for the tensors' dtype (bf16 and float16 as uint16)
+_FORMATS = {torch.float32: "", torch.bfloat16: "_bf16", torch.float16: "_f16"}
+
+
 def swiglu_forward(x, out, *, library=lib) -> None:
-    """x (N, 2H), out (N, H)."""
+    """x (N, 2H), out (N, H): float32, bfloat16 or float16 alike."""
     N, H = out.shape
-    check(library.ckp_swiglu_forward(pointer(x), N, H, pointer(out)), "swiglu", library)
+    check(getattr(library, "ckp_swiglu_forward" + _FORMATS[x.dtype])(pointer(x), N, H, pointer(out)), "swiglu",
+          library)
 
 
 def swiglu_backward(dout, x, dx, *, library=lib) -> None:
-    """dout (N, H); x, dx (N, 2H)."""
+    """dout (N, H); x, dx (N, 2H): float32, bfloat16 or float16 alike."""
     N, H = dout.shape
-    check(library.ckp_swiglu_backward(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward", library)
-
-
-def swiglu_forward_bf16(x, out, *, library=lib) -> None:
-    """As swiglu_forward on bfloat16 tensors."""
-    N, H = out.shape
-    check(library.ckp_swiglu_forward_bf16(pointer(x), N, H, pointer(out)), "swiglu", library)
-
-
-def swiglu_backward_bf16(dout, x, dx, *, library=lib) -> None:
-    """As swiglu_backward on bfloat16 tensors."""
-    N, H = dout.shape
-    check(library.ckp_swiglu_backward_bf16(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward",
-          library)
-
-
-def swiglu_forward_f16(x, out, *, library=lib) -> None:
-    """As swiglu_forward on float16 tensors."""
-    N, H = out.shape
-    check(library.ckp_swiglu_forward_f16(pointer(x), N, H, pointer(out)), "swiglu", library)
-
-
-def swiglu_backward_f16(dout, x, dx, *, library=lib) -> None:
-    """As swiglu_backward on float16 tensors."""
-    N, H = dout.shape
-    check(library.ckp_swiglu_backward_f16(pointer(dout), pointer(x), N, H, pointer(dx)), "swiglu backward",
-          library)
-
-
-# swiglu's forward and backward entry points by the tensors' dtype
-SWIGLU = {torch.float32: (swiglu_forward, swiglu_backward), torch.bfloat16: (swiglu_forward_bf16, swiglu_backward_bf16),
-          torch.float16: (swiglu_forward_f16, swiglu_backward_f16)}
+    check(getattr(library, "ckp_swiglu_backward" + _FORMATS[x.dtype])(pointer(dout), pointer(x), N, H, pointer(dx)),
+          "swiglu backward", library)
 
 
 # ---- vocab-parallel cross_entropy ------------------------------------------
@@ -237,50 +212,18 @@ ROPE_LAYOUTS = {"half": lib.CKP_ROPE_HALF, "interleaved": lib.CKP_ROPE_INTERLEAV
 
 
 def rope_forward(x, cos, sin, layout: str, out, *, library=lib) -> None:
-    """x, out (N, T, d); cos, sin (T, d/2)."""
+    """x, out (N, T, d); cos, sin (T, d/2): float32, bfloat16 or float16 alike."""
     N, T, d = x.shape
-    check(library.ckp_rope_forward(pointer(x), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
-                                   pointer(out)), "rope", library)
+    check(getattr(library, "ckp_rope_forward" + _FORMATS[x.dtype])(pointer(x), pointer(cos), pointer(sin), N, T, d,
+                                                                  ROPE_LAYOUTS[layout], pointer(out)), "rope", library)
 
 
 def rope_backward(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
-    """dout, dx (N, T, d); cos, sin (T, d/2)."""
+    """dout, dx (N, T, d); cos, sin (T, d/2): float32, bfloat16 or float16 alike."""
     N, T, d = dout.shape
-    check(library.ckp_rope_backward(pointer(dout), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
-                                    pointer(dx)), "rope backward", library)
-
-
-def rope_forward_bf16(x, cos, sin, layout: str, out, *, library=lib) -> None:
-    """As rope_forward on bfloat16 tensors."""
-    N, T, d = x.shape
-    check(library.ckp_rope_forward_bf16(pointer(x), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
-                                        pointer(out)), "rope", library)
-
-
-def rope_backward_bf16(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
-    """As rope_backward on bfloat16 tensors."""
-    N, T, d = dout.shape
-    check(library.ckp_rope_backward_bf16(pointer(dout), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
-                                         pointer(dx)), "rope backward", library)
-
-
-def rope_forward_f16(x, cos, sin, layout: str, out, *, library=lib) -> None:
-    """As rope_forward on float16 tensors."""
-    N, T, d = x.shape
-    check(library.ckp_rope_forward_f16(pointer(x), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
-                                       pointer(out)), "rope", library)
-
-
-def rope_backward_f16(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
-    """As rope_backward on float16 tensors."""
-    N, T, d = dout.shape
-    check(library.ckp_rope_backward_f16(pointer(dout), pointer(cos), pointer(sin), N, T, d, ROPE_LAYOUTS[layout],
-                                        pointer(dx)), "rope backward", library)
-
-
-# rope's forward and backward entry points by the tensors' dtype
-ROPE = {torch.float32: (rope_forward, rope_backward), torch.bfloat16: (rope_forward_bf16, rope_backward_bf16),
-        torch.float16: (rope_forward_f16, rope_backward_f16)}
+    check(getattr(library, "ckp_rope_backward" + _FORMATS[dout.dtype])(pointer(dout), pointer(cos), pointer(sin), N,
+                                                                      T, d, ROPE_LAYOUTS[layout], pointer(dx)),
+          "rope backward", library)
 
 
 # ---- adamw ------------------------------------------------------------------

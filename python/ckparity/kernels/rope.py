@@ -75,9 +75,8 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
 
 def probe_call(L, fill, x, cos, sin, layout):
     y, dx = out(x, fill), out(x, fill)
-    forward, backward = C.ROPE[x.dtype]
-    forward(x, cos, sin, layout, y, library=L)
-    backward(y, cos, sin, layout, dx, library=L)
+    C.rope_forward(x, cos, sin, layout, y, library=L)
+    C.rope_backward(y, cos, sin, layout, dx, library=L)
     return y, dx
 
 
@@ -96,11 +95,10 @@ def _probe(g: torch.Generator):
 def c_calls(x, cos, sin):
     """The C forward and backward of x's dtype alone on preallocated outputs."""
     y, dx = torch.empty_like(x), torch.empty_like(x)
-    forward, backward = C.ROPE[x.dtype]
 
     def run():
-        forward(x, cos, sin, "half", y)
-        backward(y, cos, sin, "half", dx)
+        C.rope_forward(x, cos, sin, "half", y)
+        C.rope_backward(y, cos, sin, "half", dx)
     return run
 
 

@@ -71,9 +71,8 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
 
 def probe_call(L, fill, x, dout):
     y, dx = out(dout, fill), out(x, fill)
-    forward, backward = C.SWIGLU[x.dtype]
-    forward(x, y, library=L)
-    backward(dout, x, dx, library=L)
+    C.swiglu_forward(x, y, library=L)
+    C.swiglu_backward(dout, x, dx, library=L)
     return y, dx
 
 
@@ -95,11 +94,10 @@ def c_calls(x):
     """The C forward and backward of x's dtype alone on preallocated outputs."""
     N, H = x.shape[0], x.shape[1] // 2
     y, dout, dx = torch.empty(N, H, dtype=x.dtype), torch.ones(N, H, dtype=x.dtype), torch.empty_like(x)
-    forward, backward = C.SWIGLU[x.dtype]
 
     def run():
-        forward(x, y)
-        backward(dout, x, dx)
+        C.swiglu_forward(x, y)
+        C.swiglu_backward(dout, x, dx)
     return run
 
 

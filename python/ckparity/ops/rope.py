@@ -17,7 +17,7 @@ class _RoPEFunction(CFunction):
     @staticmethod
     def compute(x, cos, sin, layout):
         out = empty_like(x)  # x is contiguous (the op made it so)
-        _bindings.ROPE[x.dtype][0](x, cos, sin, layout, out)
+        _bindings.rope_forward(x, cos, sin, layout, out)
         return out
 
     @staticmethod
@@ -32,7 +32,7 @@ class _RoPEFunction(CFunction):
         cos, sin = ctx.saved_tensors
         dout = dout.contiguous().to(cos.dtype)
         dx = empty_like(dout)
-        _bindings.ROPE[dout.dtype][1](dout, cos, sin, ctx.layout, dx)
+        _bindings.rope_backward(dout, cos, sin, ctx.layout, dx)
         return dx, None, None, None
 
 

@@ -16,7 +16,7 @@ class _SwiGLUFunction(CFunction):
     @staticmethod
     def compute(x):
         out = empty((x.shape[0], x.shape[1] // 2), x.dtype)
-        _bindings.SWIGLU[x.dtype][0](x, out)
+        _bindings.swiglu_forward(x, out)
         return out
 
     @staticmethod
@@ -28,7 +28,7 @@ class _SwiGLUFunction(CFunction):
     def backward(ctx, dout):
         (x,) = ctx.saved_tensors
         dx = empty_like(x)  # x is contiguous (the op made it so)
-        _bindings.SWIGLU[x.dtype][1](dout.contiguous().to(x.dtype), x, dx)
+        _bindings.swiglu_backward(dout.contiguous().to(x.dtype), x, dx)
         return dx
 
 
