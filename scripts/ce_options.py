@@ -11,7 +11,6 @@ A path ckparity refuses (say, z-loss in bf16 ptref) is listed with its refusal i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import cpu
 from ckparity.bench import interleaved_median_ms
+from ckparity.harness.loop.report import check_writable, write_json
 from ckparity.kernels.benching import fwd_bwd
 
 OPTIONS = {  # name -> (keyword arguments, probability targets)
@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json-out", default="-")
     args = parser.parse_args(argv)
     N, V = (int(v) for v in args.shape.split(","))
+    check_writable(args.json_out, "--json-out")  # before minutes of timing
     results = []
     for row in rows(N, V, args.repeats):
         results.append(row)
@@ -70,14 +71,9 @@ def main(argv=None) -> int:
               (f"refused: {row['refused']}" if "refused" in row else
                f"ckparity {row['ckparity_ms']:8.1f} ms  torch {row['torch_ms']:8.1f} ms  {row['speedup']:5.2f}x"),
               file=sys.stderr, flush=True)
-    text = json.dumps({"schema": "ckparity.ce_options/1", "shape": [N, V], "capability": cpu.capability(),
-                       "threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
-                       "results": results}, indent=1)
-    if args.json_out == "-":
-        print(text)
-    else:
-        with open(args.json_out, "w") as f:
-            f.write(text + "\n")
+    write_json(args.json_out, {"schema": "ckparity.ce_options/1", "shape": [N, V], "capability": cpu.capability(),
+                               "threads": torch.get_num_threads(), "torch": torch.__version__,
+                               "repeats": args.repeats, "results": results})
     return 0
 
 

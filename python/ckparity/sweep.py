@@ -25,12 +25,12 @@ were not bit-identical. It claims exactly what it swept.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 from . import cpu, kernels
+from .harness.loop.report import check_writable, write_json
 from .kernels.sweeping import Tally
 
 
@@ -65,12 +65,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(keys) - set(known))
     if unknown:
         parser.error(f"unknown kernels {unknown}; known: {', '.join(known)}")
-    text = json.dumps(run(keys, dtype=args.dtype), indent=1)
-    if args.json_out == "-":
-        print(text)
-    else:
-        with open(args.json_out, "w") as f:
-            f.write(text + "\n")
+    check_writable(args.json_out, "--json-out")  # before the sweep, not after
+    write_json(args.json_out, run(keys, dtype=args.dtype))
     return 0
 
 
