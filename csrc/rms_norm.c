@@ -50,28 +50,24 @@ static ckp_status check_sizes(int64_t N, int64_t D) {
     return CKP_OK;
 }
 
-static inline __attribute__((always_inline)) ckp_v8f square8(const void *row, int64_t j) {
-    ckp_v8f v = ckp_load8((const float *)row + j);
-    return v * v;
-}
-static inline __attribute__((always_inline)) float square1(const void *row, int64_t j) {
-    float v = ((const float *)row)[j];
-    return v * v;
-}
-static inline __attribute__((always_inline)) ckp_v8f square8_bf16(const void *row, int64_t j) {
-    ckp_v8f v = ckp_bf16_load8((const uint16_t *)row + j);
-    return v * v;
-}
-static inline __attribute__((always_inline)) float square1_bf16(const void *row, int64_t j) {
-    float v = ckp_bf16_to_f(((const uint16_t *)row)[j]);
-    return v * v;
-}
+/* A row's sum of squares in torch.sum's order, of elements ELEM (float32, bf16 or float16: the
+ * values widened as they load), defined per format by RMS_DEFINE_SQUARES; square_at<suffix> is its
+ * element map for a split sum (ckp_aten_full_sum). */
+#define RMS_DEFINE_SQUARES(suffix, ELEM)                                                                      \
+    static inline __attribute__((always_inline)) ckp_v8f square8##suffix(const void *row, int64_t j) {       \
+        ckp_v8f v = ckp_elem_load8(row, j, ELEM);                                                             \
+        return v * v;                                                                                         \
+    }                                                                                                         \
+    static inline __attribute__((always_inline)) float square1##suffix(const void *row, int64_t j) {         \
+        float v = ckp_elem_load(row, j, ELEM);                                                                \
+        return v * v;                                                                                         \
+    }                                                                                                         \
+    CKP_DEFINE_ATEN_SUM(sum_of_squares##suffix, square8##suffix, square1##suffix, CKP_VLANES)                 \
+    static float square_at##suffix(void *ctx, int64_t j) { return square1##suffix(ctx, j); }
 
-CKP_DEFINE_ATEN_SUM(sum_of_squares, square8, square1, CKP_VLANES)
-CKP_DEFINE_ATEN_SUM(sum_of_squares_bf16, square8_bf16, square1_bf16, CKP_VLANES)
-
-static float square_at(void *ctx, int64_t j) { return square1(ctx, j); }
-static float square_at_bf16(void *ctx, int64_t j) { return square1_bf16(ctx, j); }
+RMS_DEFINE_SQUARES(, sizeof(float))
+RMS_DEFINE_SQUARES(_bf16, sizeof(uint16_t))
+RMS_DEFINE_SQUARES(_f16, CKP_ELEM_F16)
 
 /* torch reduces a row of one-row input to one value: from 32768 elements on,
  * on more than one thread, split as its two-pass reduction splits it
@@ -94,7 +90,7 @@ static inline int split_row(int64_t D, int split_threads) {
         const void *x, const float *weight, float r, int64_t j, int64_t D, void *y, size_t elem,              \
         int64_t ahead) {                                                                                      \
         for (; j + N <= D; j += N) {                                                                          \
-            if (ahead) __builtin_prefetch((const char *)x + (j + ahead) * (int64_t)elem);                     \
+            if (ahead) __builtin_prefetch((const char *)x + (j + ahead) * (int64_t)ckp_elem_bytes(elem));                     \
             ckp_v##N##f normalized = ckp_elem_load##N(x, j, elem) * r;                                        \
             ckp_elem_store##N(y, j, weight ? normalized * ckp_elem_load##N(weight, j, sizeof(float)) : normalized, elem); \
         }                                                                                                     \
@@ -105,8 +101,8 @@ static inline int split_row(int64_t D, int split_threads) {
         void *dx, float *dx_rstd, size_t elem, int64_t ahead) {                                               \
         for (; j + N <= D; j += N) {                                                                          \
             if (ahead) {                                                                                      \
-                __builtin_prefetch((const char *)dy + (j + ahead) * (int64_t)elem);                           \
-                __builtin_prefetch((const char *)x + (j + ahead) * (int64_t)elem);                            \
+                __builtin_prefetch((const char *)dy + (j + ahead) * (int64_t)ckp_elem_bytes(elem));                           \
+                __builtin_prefetch((const char *)x + (j + ahead) * (int64_t)ckp_elem_bytes(elem));                            \
             }                                                                                                 \
             ckp_v##N##f g = ckp_elem_load##N(dy, j, elem);                                                    \
             if (weight) g = g * ckp_elem_load##N(weight, j, sizeof(float));                                   \
@@ -130,10 +126,11 @@ RMS_DEFINE_ELEMENTWISE(16)
 static inline __attribute__((always_inline)) float forward_row_of(const void *x, const float *weight, int64_t D,
                                                                   float eps, int split_threads, void *y, size_t elem,
                                                                   int64_t ahead) {
-    const int bf16 = elem == sizeof(uint16_t);
+    const int f16 = elem == CKP_ELEM_F16, bf16 = elem == sizeof(uint16_t);
     float squares = split_row(D, split_threads)
-                        ? ckp_aten_full_sum(bf16 ? square_at_bf16 : square_at, (void *)x, D, split_threads)
-                        : bf16 ? sum_of_squares_bf16(x, D) : sum_of_squares(x, D);
+                        ? ckp_aten_full_sum(f16 ? square_at_f16 : bf16 ? square_at_bf16 : square_at, (void *)x, D,
+                                            split_threads)
+                        : f16 ? sum_of_squares_f16(x, D) : bf16 ? sum_of_squares_bf16(x, D) : sum_of_squares(x, D);
     if (CKP_MUTANT(RMS_SUM_REVERSED)) {
         squares = 0.0f;
         for (int64_t j = D - 1; j >= 0; j--) squares += ckp_elem_load(x, j, elem) * ckp_elem_load(x, j, elem);
@@ -157,6 +154,11 @@ CKP_CLONES static float forward_row(const float *x, const float *weight, int64_t
 CKP_CLONES static float forward_row_bf16(const uint16_t *x, const float *weight, int64_t D, float eps,
                                          int split_threads, uint16_t *y, int64_t ahead) {
     return forward_row_of(x, weight, D, eps, split_threads, y, sizeof(uint16_t), ahead);
+}
+
+CKP_CLONES static float forward_row_f16(const uint16_t *x, const float *weight, int64_t D, float eps,
+                                        int split_threads, uint16_t *y, int64_t ahead) {
+    return forward_row_of(x, weight, D, eps, split_threads, y, CKP_ELEM_F16, ahead);
 }
 
 ckp_status ckp_rms_norm_forward(const float *x, const float *weight, int64_t N, int64_t D,
@@ -266,12 +268,16 @@ RMS_DEFINE_COLUMNS(16)
 CKP_CLONES static void dweight_columns(const void *dy, const void *x, const float *rstd, int64_t N, int64_t D,
                                        int64_t j, int nvec, int64_t i0, int64_t i1, ckp_v8f (*acc)[VECS],
                                        float *dweight, size_t elem) {
-    if (ckp_lanes16()) {
+    if (ckp_lanes16()) { /* elem a constant in each call: the loads inline */
         ckp_v16f (*acc16)[VECS / 2] = (ckp_v16f (*)[VECS / 2])acc;
-        if (elem == sizeof(uint16_t))
+        if (elem == CKP_ELEM_F16)
+            dweight_columns_of16(dy, x, rstd, N, D, j, nvec / 2, i0, i1, acc16, dweight, CKP_ELEM_F16);
+        else if (elem == sizeof(uint16_t))
             dweight_columns_of16(dy, x, rstd, N, D, j, nvec / 2, i0, i1, acc16, dweight, sizeof(uint16_t));
         else
             dweight_columns_of16(dy, x, rstd, N, D, j, nvec / 2, i0, i1, acc16, dweight, sizeof(float));
+    } else if (elem == CKP_ELEM_F16) {
+        dweight_columns_of8(dy, x, rstd, N, D, j, nvec, i0, i1, acc, dweight, CKP_ELEM_F16);
     } else if (elem == sizeof(uint16_t)) {
         dweight_columns_of8(dy, x, rstd, N, D, j, nvec, i0, i1, acc, dweight, sizeof(uint16_t));
     } else {
@@ -336,7 +342,7 @@ static ckp_status backward_blocks(const void *dy, const void *x, const float *rs
     }
     if (dweight != NULL) dweight_other_columns(dy, x, rstd, N, D, torch_threads, elem, dweight);
     int64_t level_step = (int64_t)1 << ckp_cascade_power(N);
-    int64_t fit = ((int64_t)1 << 21) / (2 * D * (int64_t)elem) / level_step; /* level steps in ~2 MB */
+    int64_t fit = ((int64_t)1 << 21) / (2 * D * (int64_t)ckp_elem_bytes(elem)) / level_step; /* level steps in ~2 MB */
     int64_t block = groups == 0 ? N : (fit > 1 ? fit : 1) * level_step; /* no cascades: one walk */
 #pragma omp parallel num_threads(threads) if (N * D >= 32768)
     for (int64_t i0 = 0; i0 < N; i0 += block) {
@@ -383,6 +389,7 @@ typedef struct {
 
 RMS_DEFINE_GRAD_TERMS(, sizeof(float))
 RMS_DEFINE_GRAD_TERMS(_bf16, sizeof(uint16_t))
+RMS_DEFINE_GRAD_TERMS(_f16, CKP_ELEM_F16)
 
 /* One row of dx on dy, x and dx of elem bytes a value (dx may be dy: each dy_j is read before dx_j is
  * written); with dx_rstd (float32 only), dx gets the first term and dx_rstd the second, unadded.
@@ -391,11 +398,13 @@ RMS_DEFINE_GRAD_TERMS(_bf16, sizeof(uint16_t))
 static inline __attribute__((always_inline)) void backward_row_of(const void *dy, const void *x, const float *weight,
                                                                   float r, int64_t D, int split_threads, void *dx,
                                                                   float *dx_rstd, size_t elem, int64_t ahead) {
-    const int bf16 = elem == sizeof(uint16_t);
+    const int f16 = elem == CKP_ELEM_F16, bf16 = elem == sizeof(uint16_t);
     row_terms terms = {dy, x, weight};
     float grad_rstd = split_row(D, split_threads)
-                          ? ckp_aten_full_sum(bf16 ? grad_a_times_x_at_bf16 : grad_a_times_x_at, &terms, D,
-                                              split_threads)
+                          ? ckp_aten_full_sum(f16 ? grad_a_times_x_at_f16 : bf16 ? grad_a_times_x_at_bf16
+                                                                                 : grad_a_times_x_at,
+                                              &terms, D, split_threads)
+                          : f16 ? sum_grad_a_times_x_f16(&terms, D)
                           : bf16 ? sum_grad_a_times_x_bf16(&terms, D) : sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);
     if (CKP_MUTANT(RMS_BACKWARD_NO_RSTD_TERM)) grad_mean = 0.0f;
@@ -421,6 +430,11 @@ CKP_CLONES static void backward_row(const float *dy, const float *x, const float
 CKP_CLONES static void backward_row_bf16(const uint16_t *dy, const uint16_t *x, const float *weight, float r,
                                          int64_t D, int split_threads, uint16_t *dx, int64_t ahead) {
     backward_row_of(dy, x, weight, r, D, split_threads, dx, NULL, sizeof(uint16_t), ahead);
+}
+
+CKP_CLONES static void backward_row_f16(const uint16_t *dy, const uint16_t *x, const float *weight, float r,
+                                        int64_t D, int split_threads, uint16_t *dx, int64_t ahead) {
+    backward_row_of(dy, x, weight, r, D, split_threads, dx, NULL, CKP_ELEM_F16, ahead);
 }
 
 /* The rows' inputs and outputs for dx_row (float32) and dx_row_bf16. */
@@ -487,10 +501,11 @@ ckp_status ckp_rms_norm_backward_terms(const float *dy, const float *x, const fl
     return backward(dy, x, weight, rstd, N, D, dx_normalized, dx_rstd, dweight, torch_threads);
 }
 
-/* ---- bfloat16 ---------------------------------------------------------------- */
+/* ---- bfloat16 and float16 ------------------------------------------------------ */
 
 static ckp_status out_of_memory(int64_t D) {
-    return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the weight's float rows in a bf16 rms_norm (D=%lld)", (long long)D);
+    return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the weight's float rows in a 16-bit rms_norm (D=%lld)",
+                    (long long)D);
 }
 
 /* count float rows of D (the weight, dweight's sums); NULL when out of memory. */
@@ -498,14 +513,15 @@ static float *float_rows(int64_t D, int count) {
     return malloc((size_t)count * (size_t)D * sizeof(float));
 }
 
-/* weight (D) of w_elem bytes a value (2: bf16, 4: float32) into D floats */
+/* weight (D) of w_elem (bf16, float16 or float32) into D floats */
 static void weight_as_float(const void *weight, size_t w_elem, int64_t D, float *wf) {
     for (int64_t j = 0; j < D; j++) wf[j] = ckp_elem_load(weight, j, w_elem);
 }
 
-/* The bf16 forward with a bf16 (w_elem 2) or float32 (w_elem 4) weight. */
-static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_elem, int64_t N, int64_t D,
-                               double eps, uint16_t *y, float *rstd, int torch_threads) {
+/* The 16-bit forward: x and y of elem (bf16 or CKP_ELEM_F16), a weight of x's format or float32
+ * (w_elem). */
+static ckp_status forward_half(const uint16_t *x, const void *weight, size_t w_elem, int64_t N, int64_t D,
+                               double eps, uint16_t *y, float *rstd, int torch_threads, size_t elem) {
     if (x == NULL || y == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, y and rstd must not be NULL");
     ckp_status s = check_sizes(N, D);
@@ -513,7 +529,7 @@ static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_e
     if (s != CKP_OK) return s;
     if (!(eps >= 0.0 && isfinite(eps)))
         return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
-    const ckp_span x_s = {x, (size_t)(N * D) * 2}, w_s = {weight, (size_t)D * w_elem};
+    const ckp_span x_s = {x, (size_t)(N * D) * 2}, w_s = {weight, (size_t)D * ckp_elem_bytes(w_elem)};
     const ckp_span y_s = {y, x_s.bytes}, rstd_s = {rstd, (size_t)N * sizeof(float)};
     if (ckp_overlaps_any(y_s, (ckp_span[]){x_s, w_s, rstd_s}, 3) || ckp_overlaps_any(rstd_s, (ckp_span[]){x_s, w_s}, 2))
         return ckp_fail(CKP_ERR_ALIASING, "y and rstd must not overlap x, weight or each other");
@@ -522,35 +538,52 @@ static ckp_status forward_bf16(const uint16_t *x, const void *weight, size_t w_e
     ckp_clear_error();
     if (wf) weight_as_float(weight, w_elem, D, wf);
     const float eps_f = (float)eps;
+    float (*row)(const uint16_t *, const float *, int64_t, float, int, uint16_t *, int64_t) =
+        elem == CKP_ELEM_F16 ? forward_row_f16 : forward_row_bf16;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * D >= 32768)
     for (int64_t i = 0; i < N; i++)
-        rstd[i] = forward_row_bf16(x + i * D, wf, D, eps_f, N == 1 ? torch_threads : 1, y + i * D, i + 1 < N ? D : 0);
+        rstd[i] = row(x + i * D, wf, D, eps_f, N == 1 ? torch_threads : 1, y + i * D, i + 1 < N ? D : 0);
     free(wf);
     return CKP_OK;
 }
 
 ckp_status ckp_rms_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
                                      double eps, uint16_t *y, float *rstd, int torch_threads) {
-    return forward_bf16(x, weight, sizeof(uint16_t), N, D, eps, y, rstd, torch_threads);
+    return forward_half(x, weight, sizeof(uint16_t), N, D, eps, y, rstd, torch_threads, sizeof(uint16_t));
 }
 
 ckp_status ckp_rms_norm_forward_bf16_f32w(const uint16_t *x, const float *weight, int64_t N, int64_t D,
                                           double eps, uint16_t *y, float *rstd, int torch_threads) {
-    return forward_bf16(x, weight, sizeof(float), N, D, eps, y, rstd, torch_threads);
+    return forward_half(x, weight, sizeof(float), N, D, eps, y, rstd, torch_threads, sizeof(uint16_t));
 }
 
-static void dx_row_bf16(const void *ctx, int64_t i, int thread) {
-    (void)thread;
-    const backward_rows *r = ctx;
-    const int64_t D = r->D;
-    backward_row_bf16((const uint16_t *)r->dy + i * D, (const uint16_t *)r->x + i * D, r->weight, r->rstd[i], D,
-                      r->N == 1 ? r->torch_threads : 1, (uint16_t *)r->dx + i * D, i + 1 < r->N ? D : 0);
+ckp_status ckp_rms_norm_forward_f16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
+                                    double eps, uint16_t *y, float *rstd, int torch_threads) {
+    return forward_half(x, weight, CKP_ELEM_F16, N, D, eps, y, rstd, torch_threads, CKP_ELEM_F16);
 }
 
-/* The bf16 backward with a bf16 or float32 weight (w_elem), dweight of the weight's dtype. */
-static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const void *weight, size_t w_elem,
+ckp_status ckp_rms_norm_forward_f16_f32w(const uint16_t *x, const float *weight, int64_t N, int64_t D,
+                                         double eps, uint16_t *y, float *rstd, int torch_threads) {
+    return forward_half(x, weight, sizeof(float), N, D, eps, y, rstd, torch_threads, CKP_ELEM_F16);
+}
+
+#define RMS_DEFINE_DX_ROW(F)                                                                                  \
+    static void dx_row_##F(const void *ctx, int64_t i, int thread) {                                          \
+        (void)thread;                                                                                         \
+        const backward_rows *r = ctx;                                                                         \
+        const int64_t D = r->D;                                                                               \
+        backward_row_##F((const uint16_t *)r->dy + i * D, (const uint16_t *)r->x + i * D, r->weight,          \
+                         r->rstd[i], D, r->N == 1 ? r->torch_threads : 1, (uint16_t *)r->dx + i * D,         \
+                         i + 1 < r->N ? D : 0);                                                               \
+    }
+
+RMS_DEFINE_DX_ROW(bf16)
+RMS_DEFINE_DX_ROW(f16)
+
+/* The 16-bit backward (elem as forward_half's), dweight of the weight's format (w_elem). */
+static ckp_status backward_half(const uint16_t *dy, const uint16_t *x, const void *weight, size_t w_elem,
                                 const float *rstd, int64_t N, int64_t D, uint16_t *dx, void *dweight,
-                                int torch_threads) {
+                                int torch_threads, size_t elem) {
     if (dy == NULL || x == NULL || rstd == NULL || dx == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, rstd and dx must not be NULL");
     if (weight == NULL && dweight != NULL)
@@ -558,7 +591,7 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     ckp_status s = check_sizes(N, D);
     if (s == CKP_OK) s = ckp_check_torch_threads(torch_threads);
     if (s != CKP_OK) return s;
-    size_t bytes = (size_t)(N * D) * 2, w_bytes = (size_t)D * w_elem;
+    size_t bytes = (size_t)(N * D) * 2, w_bytes = (size_t)D * ckp_elem_bytes(w_elem);
     const ckp_span inputs[] = {{dy, bytes}, {x, bytes}, {weight, w_bytes}, {rstd, (size_t)N * sizeof(float)}};
     if (ckp_overlaps_any((ckp_span){dx, bytes}, inputs, 4) || ckp_overlaps_any((ckp_span){dweight, w_bytes}, inputs, 4) ||
         ckp_overlaps(dx, bytes, dweight, w_bytes))
@@ -569,7 +602,8 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
     float *wf = weight ? rows : NULL, *sums = dweight ? wf + D : NULL;
     if (wf) weight_as_float(weight, w_elem, D, wf);
     const backward_rows r = {dy, x, wf, rstd, N, D, torch_threads, dx, NULL};
-    s = backward_blocks(dy, x, rstd, N, D, torch_threads, sizeof(uint16_t), sums, dx_row_bf16, &r, 1);
+    s = backward_blocks(dy, x, rstd, N, D, torch_threads, elem, sums, elem == CKP_ELEM_F16 ? dx_row_f16 : dx_row_bf16,
+                        &r, 1);
     if (s == CKP_OK && sums) {
         for (int64_t j = 0; j < D; j++) ckp_elem_store(dweight, j, sums[j], w_elem);
     }
@@ -580,11 +614,23 @@ static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const voi
 ckp_status ckp_rms_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
                                       const float *rstd, int64_t N, int64_t D, uint16_t *dx, uint16_t *dweight,
                                       int torch_threads) {
-    return backward_bf16(dy, x, weight, sizeof(uint16_t), rstd, N, D, dx, dweight, torch_threads);
+    return backward_half(dy, x, weight, sizeof(uint16_t), rstd, N, D, dx, dweight, torch_threads, sizeof(uint16_t));
 }
 
 ckp_status ckp_rms_norm_backward_bf16_f32w(const uint16_t *dy, const uint16_t *x, const float *weight,
                                            const float *rstd, int64_t N, int64_t D, uint16_t *dx, float *dweight,
                                            int torch_threads) {
-    return backward_bf16(dy, x, weight, sizeof(float), rstd, N, D, dx, dweight, torch_threads);
+    return backward_half(dy, x, weight, sizeof(float), rstd, N, D, dx, dweight, torch_threads, sizeof(uint16_t));
+}
+
+ckp_status ckp_rms_norm_backward_f16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
+                                     const float *rstd, int64_t N, int64_t D, uint16_t *dx, uint16_t *dweight,
+                                     int torch_threads) {
+    return backward_half(dy, x, weight, CKP_ELEM_F16, rstd, N, D, dx, dweight, torch_threads, CKP_ELEM_F16);
+}
+
+ckp_status ckp_rms_norm_backward_f16_f32w(const uint16_t *dy, const uint16_t *x, const float *weight,
+                                          const float *rstd, int64_t N, int64_t D, uint16_t *dx, float *dweight,
+                                          int torch_threads) {
+    return backward_half(dy, x, weight, sizeof(float), rstd, N, D, dx, dweight, torch_threads, CKP_ELEM_F16);
 }

@@ -206,25 +206,34 @@ CKP_ALWAYS ckp_v16f ckp_bf16_load16(const uint16_t *p) {
     return (ckp_v16f)(__builtin_convertvector(h, ckp_v16u) << 16);
 }
 
-/* Element i of an array of float32 (elem 4) or bf16 (elem 2) values as a float, N from i as a
- * vector, and a float stored into one (rounded once to bf16): the kernels that do float32's
- * arithmetic on bf16 data read and write it in place through these, elem a constant at every call. */
+/* Element i of an array of float32, bf16 or float16 values as a float, N from i as a vector, and a
+ * float stored into one (rounded once to bf16 or float16): the kernels that do float32's arithmetic
+ * on 16-bit data read and write it in place through these, elem a constant at every call. elem: what
+ * an element is -- its byte count, which is what sizeof gives for float32 (4) and bf16 (2) -- or
+ * CKP_ELEM_F16 for float16 (2 bytes as well, told apart by a bit above the count; ckp_elem_bytes
+ * gives the count). */
+enum { CKP_ELEM_F16 = sizeof(uint16_t) | 16 };
+CKP_ALWAYS size_t ckp_elem_bytes(size_t elem) { return elem & 15; }
 CKP_ALWAYS float ckp_elem_load(const void *a, int64_t i, size_t elem) {
+    if (elem == CKP_ELEM_F16) return ckp_f16_to_f(((const uint16_t *)a)[i]);
     return elem == sizeof(uint16_t) ? ckp_bf16_to_f(((const uint16_t *)a)[i]) : ((const float *)a)[i];
 }
 CKP_ALWAYS void ckp_elem_store(void *a, int64_t i, float v, size_t elem) {
-    if (elem == sizeof(uint16_t)) ((uint16_t *)a)[i] = ckp_f_to_bf16(v);
+    if (elem == CKP_ELEM_F16) ((uint16_t *)a)[i] = ckp_f_to_f16(v);
+    else if (elem == sizeof(uint16_t)) ((uint16_t *)a)[i] = ckp_f_to_bf16(v);
     else ((float *)a)[i] = v;
 }
 #define CKP_DEFINE_ELEM_VECTORS(N)                                                                              \
     CKP_ALWAYS ckp_v##N##f ckp_elem_load##N(const void *a, int64_t i, size_t elem) {                           \
+        if (elem == CKP_ELEM_F16) return ckp_f16_load##N((const uint16_t *)a + i);                             \
         if (elem == sizeof(uint16_t)) return ckp_bf16_load##N((const uint16_t *)a + i);                        \
         ckp_v##N##f v;                                                                                          \
         memcpy(&v, (const float *)a + i, sizeof v);                                                             \
         return v;                                                                                               \
     }                                                                                                           \
     CKP_ALWAYS void ckp_elem_store##N(void *a, int64_t i, ckp_v##N##f v, size_t elem) {                        \
-        if (elem == sizeof(uint16_t)) ckp_bf16_store##N((uint16_t *)a + i, v);                                 \
+        if (elem == CKP_ELEM_F16) ckp_f16_store##N((uint16_t *)a + i, v);                                      \
+        else if (elem == sizeof(uint16_t)) ckp_bf16_store##N((uint16_t *)a + i, v);                            \
         else memcpy((float *)a + i, &v, sizeof v);                                                              \
     }
 CKP_DEFINE_ELEM_VECTORS(8)

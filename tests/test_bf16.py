@@ -95,8 +95,8 @@ def test_the_bf16_c_entry_points_refuse_bad_sizes_and_aliasing():
         _bindings.swiglu_forward(x, x.view(-1)[:16].view(4, 4))
     y, rstd = torch.empty(4, 8, dtype=torch.bfloat16), torch.empty(4)
     with pytest.raises(InvalidArgument, match="overlap"):
-        _bindings.rms_norm_forward_bf16(x, None, 1e-5, x, rstd)
-    _bindings.rms_norm_forward_bf16(x, None, 1e-5, y, rstd)
+        _bindings.rms_norm_forward_16(x, None, 1e-5, x, rstd)
+    _bindings.rms_norm_forward_16(x, None, 1e-5, y, rstd)
     torch.testing.assert_close(y, F.rms_norm(x, (8,), eps=1e-5), rtol=0, atol=0)
     _bindings.swiglu_forward(x, out)
 

@@ -170,7 +170,7 @@ def test_a_weight_without_grad_gets_no_dweight_and_dx_keeps_torchs_bits(dtype, m
     backward skips an output nobody asked for), x's gradient is still torch's bits, weight.grad stays None."""
     from ckparity import _bindings
 
-    entry = "rms_norm_backward_bf16" if dtype == torch.bfloat16 else "rms_norm_backward_terms"
+    entry = "rms_norm_backward_16" if dtype == torch.bfloat16 else "rms_norm_backward_terms"
     dweights = []
     real = getattr(_bindings, entry)
 

@@ -224,6 +224,19 @@ ckp_status ckp_rms_norm_backward_bf16_f32w(const uint16_t *dy, const uint16_t *x
                                            const float *rstd, int64_t N, int64_t D,
                                            uint16_t *dx, float *dweight, int torch_threads);
 
+/* The same four in float16 (uint16_t: IEEE binary16 bits), torch's Half composite rounded once as
+ * its bf16 one is: a float16 weight, or a float32 one with dweight float32. */
+ckp_status ckp_rms_norm_forward_f16(const uint16_t *x, const uint16_t *weight, int64_t N, int64_t D,
+                                    double eps, uint16_t *y, float *rstd, int torch_threads);
+ckp_status ckp_rms_norm_backward_f16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight,
+                                     const float *rstd, int64_t N, int64_t D,
+                                     uint16_t *dx, uint16_t *dweight, int torch_threads);
+ckp_status ckp_rms_norm_forward_f16_f32w(const uint16_t *x, const float *weight, int64_t N, int64_t D,
+                                         double eps, uint16_t *y, float *rstd, int torch_threads);
+ckp_status ckp_rms_norm_backward_f16_f32w(const uint16_t *dy, const uint16_t *x, const float *weight,
+                                          const float *rstd, int64_t N, int64_t D,
+                                          uint16_t *dx, float *dweight, int torch_threads);
+
 /* ------------------------------------------------------------------------
  * swiglu (csrc/swiglu.c): x is (N, 2H), gate = x[:, :H], up = x[:, H:],
  * out = F.silu(gate) * up is (N, H).

@@ -25,6 +25,8 @@ _C_TYPES = {torch.float32: ffi.typeof("float *"), torch.int64: ffi.typeof("int64
             torch.float16: ffi.typeof("uint16_t *")}
 
 CE_VARIANTS = {"default": lib.CKP_CE_DEFAULT, "ptref": lib.CKP_CE_PTREF}
+# the suffix of a C entry point for its tensors' dtype (bf16 and float16 as uint16)
+_FORMATS = {torch.float32: "", torch.bfloat16: "_bf16", torch.float16: "_f16"}
 REDUCTIONS = {"none": lib.CKP_REDUCTION_NONE, "mean": lib.CKP_REDUCTION_MEAN, "sum": lib.CKP_REDUCTION_SUM}
 
 
@@ -132,30 +134,29 @@ def rms_norm_backward_terms(dy, x, weight, rstd, dx_normalized, dx_rstd, dweight
                                               torch_threads), "rms_norm backward", library)
 
 
-def _float32_weight(weight) -> bool:
-    return weight is not None and weight.dtype == torch.float32
+def _entry_16(library, name: str, x, weight):
+    """name's C entry point for 16-bit x (bf16 or float16) and a weight of x's dtype or float32 (_f32w)."""
+    return getattr(library, name + _FORMATS[x.dtype] +
+                   ("_f32w" if weight is not None and weight.dtype == torch.float32 else ""))
 
 
-def rms_norm_forward_bf16(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:
-    """As rms_norm_forward on bfloat16 x and y (rstd float32), the weight bf16 or float32."""
+def rms_norm_forward_16(x, weight, eps: float, y, rstd, *, torch_threads: int = 1, library=lib) -> None:
+    """As rms_norm_forward on bfloat16 or float16 x and y (rstd float32), the weight x's dtype or float32."""
     N, D = x.shape
-    entry = library.ckp_rms_norm_forward_bf16_f32w if _float32_weight(weight) else library.ckp_rms_norm_forward_bf16
-    check(entry(pointer(x), pointer(weight), N, D, eps, pointer(y), pointer(rstd), torch_threads), "rms_norm", library)
+    check(_entry_16(library, "ckp_rms_norm_forward", x, weight)(pointer(x), pointer(weight), N, D, eps, pointer(y),
+                                                                pointer(rstd), torch_threads), "rms_norm", library)
 
 
-def rms_norm_backward_bf16(dy, x, weight, rstd, dx, dweight, *, torch_threads: int = 1, library=lib) -> None:
-    """As rms_norm_backward on bfloat16 dy, x, dx (rstd float32); weight and dweight bf16 or float32."""
+def rms_norm_backward_16(dy, x, weight, rstd, dx, dweight, *, torch_threads: int = 1, library=lib) -> None:
+    """As rms_norm_backward on bfloat16 or float16 dy, x, dx (rstd float32); weight and dweight x's dtype or
+    float32."""
     N, D = x.shape
-    entry = library.ckp_rms_norm_backward_bf16_f32w if _float32_weight(weight) else library.ckp_rms_norm_backward_bf16
-    check(entry(pointer(dy), pointer(x), pointer(weight), pointer(rstd), N, D, pointer(dx), pointer(dweight),
-                torch_threads), "rms_norm backward", library)
+    check(_entry_16(library, "ckp_rms_norm_backward", x, weight)(pointer(dy), pointer(x), pointer(weight),
+                                                                 pointer(rstd), N, D, pointer(dx), pointer(dweight),
+                                                                 torch_threads), "rms_norm backward", library)
 
 
 # ---- swiglu -----------------------------------------------------------------
-
-# the suffix of swiglu's and rope's C entry points for the tensors' dtype (bf16 and float16 as uint16)
-_FORMATS = {torch.float32: "", torch.bfloat16: "_bf16", torch.float16: "_f16"}
-
 
 def swiglu_forward(x, out, *, library=lib) -> None:
     """x (N, 2H), out (N, H): float32, bfloat16 or float16 alike."""

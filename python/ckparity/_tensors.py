@@ -36,7 +36,7 @@ def require_float32(tensor: torch.Tensor, name: str) -> None:
 
 
 # the dtypes a kernel with bfloat16 entry points takes (rms_norm, swiglu, rope); the others take float32
-# alone; swiglu and rope take float16 too (WITH_FLOAT16)
+# alone; rms_norm, swiglu and rope take float16 too (WITH_FLOAT16)
 FLOATING = (torch.float32, torch.bfloat16)
 WITH_FLOAT16 = FLOATING + (torch.float16,)
 # the dtypes by the names the commands take (--dtype)

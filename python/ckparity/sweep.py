@@ -34,7 +34,7 @@ from .harness.loop.report import check_writable, write_json
 from .kernels.sweeping import Tally
 
 
-DTYPES = ("float32", "bfloat16", "float16")  # float16: swiglu and rope
+DTYPES = ("float32", "bfloat16", "float16")  # float16: rms_norm, swiglu and rope
 
 
 def claims(dtype: str = "float32") -> dict[str, kernels.Claim]:

@@ -59,14 +59,15 @@ SPLIT_SHAPES = [(1, 32768), (1, 40000), (1, 65536), (1, 131071), (32768, 1), (10
 
 
 def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """y, dx and dweight against F.rms_norm on ``dtype`` tensors (bfloat16: torch's bf16 eager, and
-    bf16 activations with a float32 weight, which torch takes: its float composite, dweight float32)."""
+    """y, dx and dweight against F.rms_norm on ``dtype`` tensors (bfloat16, float16: torch's eager in that
+    dtype, and such activations with a float32 weight, which torch takes: its float composite, dweight
+    float32)."""
     for N in (1, 3, 5, 23, 70):
         for D in WIDTHS:
             x = (torch.randn(N, D, generator=g) * 3).to(dtype).requires_grad_(True)
             w = torch.randn(D, generator=g).to(dtype).requires_grad_(True)
             up = torch.randn(N, D, generator=g).to(dtype)
-            mixed = [w.detach().float().requires_grad_(True)] if dtype == torch.bfloat16 and N in (1, 3) else []
+            mixed = [w.detach().float().requires_grad_(True)] if dtype != torch.float32 and N in (1, 3) else []
             for weight in [w, None] + mixed:
                 inputs = [x] + ([weight] if weight is not None else [])
 
@@ -106,10 +107,10 @@ def probe_call(L, fill, x, w, dy, torch_threads=1):
     return y, rstd, dx, dw, dx_normalized, dx_rstd, dw_terms
 
 
-def probe_call_bf16(L, fill, x, w, dy, torch_threads=1):
+def probe_call_16(L, fill, x, w, dy, torch_threads=1):
     y, rstd, dx, dw = out(x, fill), out((x.shape[0],), fill), out(x, fill), out(w, fill)
-    C.rms_norm_forward_bf16(x, w, 1e-6, y, rstd, torch_threads=torch_threads, library=L)
-    C.rms_norm_backward_bf16(dy, x, w, rstd, dx, dw, torch_threads=torch_threads, library=L)
+    C.rms_norm_forward_16(x, w, 1e-6, y, rstd, torch_threads=torch_threads, library=L)
+    C.rms_norm_backward_16(dy, x, w, rstd, dx, dw, torch_threads=torch_threads, library=L)
     return y, rstd, dx, dw
 
 
@@ -117,9 +118,10 @@ def _probe(g: torch.Generator):
     xr, wr, dyr = (torch.randn(33, 4099, generator=g), torch.randn(4099, generator=g),
                    torch.randn(33, 4099, generator=g))
     yield "rms_norm", lambda L, f: probe_call(L, f, xr, wr, dyr)
-    xb, wb, dyb = xr.bfloat16(), wr.bfloat16(), dyr.bfloat16()
-    yield "rms_norm bf16", lambda L, f: probe_call_bf16(L, f, xb, wb, dyb)
-    yield "rms_norm bf16, float32 weight", lambda L, f: probe_call_bf16(L, f, xb, wr, dyb)
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "float16")):
+        xb, wb, dyb = xr.to(dtype), wr.to(dtype), dyr.to(dtype)
+        yield f"rms_norm {name}", lambda L, f, a=xb, b=wb, c=dyb: probe_call_16(L, f, a, b, c)
+        yield f"rms_norm {name}, float32 weight", lambda L, f, a=xb, c=dyb: probe_call_16(L, f, a, wr, c)
     for D in (1, 7, 8, 9, 63, 65, 257):
         xd, wd, dyd = torch.randn(17, D, generator=g), torch.randn(D, generator=g), torch.randn(17, D, generator=g)
         yield f"rms_norm D={D}", lambda L, f, a=xd, b=wd, c=dyd: probe_call(L, f, a, b, c)
@@ -137,9 +139,8 @@ def c_calls(x, w):
     dw = torch.empty_like(w) if w.requires_grad else None
     w = w.detach()
     dy = torch.ones_like(x)
-    bf16 = x.dtype == torch.bfloat16
-    forward, backward = ((C.rms_norm_forward_bf16, C.rms_norm_backward_bf16) if bf16
-                         else (C.rms_norm_forward, C.rms_norm_backward))
+    forward, backward = ((C.rms_norm_forward, C.rms_norm_backward) if x.dtype == torch.float32
+                         else (C.rms_norm_forward_16, C.rms_norm_backward_16))
 
     def run():
         forward(x, w, 1e-6, y, rstd)
@@ -181,7 +182,9 @@ KERNEL = Kernel(
     gate_cases={"rms_norm": GateCase(rms_norm, F.rms_norm, _gate_cases, "default", weight=2)},
     claims=(Claim("rms_norm", ("y", "dx", "dweight"), sweep),
             Claim("rms_norm", ("y", "dx", "dweight"), functools.partial(sweep, dtype=torch.bfloat16),
-                  dtype="bfloat16")),
+                  dtype="bfloat16"),
+            Claim("rms_norm", ("y", "dx", "dweight"), functools.partial(sweep, dtype=torch.float16),
+                  dtype="float16")),
     probe=_probe,
     bench=_bench,
 )

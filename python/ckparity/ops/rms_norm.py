@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import _bindings
-from .._tensors import empty, require_floating
+from .._tensors import WITH_FLOAT16, empty, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -26,7 +26,7 @@ def _forward(x, weight, eps):
     rows = _rows(x, D)
     y = empty(x.shape, x.dtype)
     rstd = torch.empty(rows.shape[0], dtype=torch.float32)
-    forward = _bindings.rms_norm_forward_bf16 if x.dtype == torch.bfloat16 else _bindings.rms_norm_forward
+    forward = _bindings.rms_norm_forward if x.dtype == torch.float32 else _bindings.rms_norm_forward_16
     forward(rows, weight, eps, y.view(-1, D), rstd, torch_threads=torch.get_num_threads())
     return y, rstd
 
@@ -74,9 +74,9 @@ class _RMSNormFunction(CFunction):
         return dx_normalized, dx_rstd, dweight, None
 
 
-class _RMSNormBF16Function(CFunction):
-    """bfloat16: torch computes in float and rounds each result once, dx's two
-    terms added in float before the rounding -- one dx, not two terms (csrc/rms_norm.c).
+class _RMSNorm16Function(CFunction):
+    """bfloat16 and float16: torch computes in float and rounds each result once, dx's
+    two terms added in float before the rounding -- one dx, not two terms (csrc/rms_norm.c).
 
     First-order only: see ops/_function.py."""
 
@@ -93,10 +93,10 @@ class _RMSNormBF16Function(CFunction):
     def backward(ctx, dy, _drstd):
         x, weight, rstd = ctx.saved_tensors
         D = x.shape[-1]
-        dx = empty(x.shape, torch.bfloat16)
+        dx = empty(x.shape, x.dtype)
         dweight = _dweight(ctx, weight, 1)
-        _bindings.rms_norm_backward_bf16(_rows(dy.to(torch.bfloat16), D), _rows(x, D), weight, rstd, dx.view(-1, D),
-                                         dweight, torch_threads=torch.get_num_threads())
+        _bindings.rms_norm_backward_16(_rows(dy.to(x.dtype), D), _rows(x, D), weight, rstd, dx.view(-1, D),
+                                       dweight, torch_threads=torch.get_num_threads())
         return dx, dweight, None
 
 
@@ -105,18 +105,18 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     """F.rms_norm: normalizes over the trailing ``normalized_shape`` dimensions
     by 1/sqrt(mean(x^2) + eps), then scales by ``weight``. eps=None is float32's
     machine epsilon, as in torch (for bfloat16 too: torch computes it in float).
-    float32 or bfloat16 (the result in that dtype, rounded once as torch's);
-    weight of the input's dtype, or float32 with a bfloat16 input (as torch: its float
-    composite, dweight float32). Non-contiguous inputs are copied."""
-    require_floating(input, "input")
+    float32, bfloat16 or float16 (the result in that dtype, rounded once as torch's);
+    weight of the input's dtype, or float32 with a bfloat16 or float16 input (as torch:
+    its float composite, dweight float32). Non-contiguous inputs are copied."""
+    require_floating(input, "input", dtypes=WITH_FLOAT16)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) == 0 or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise InvalidArgument(f"normalized_shape {shape} must match the trailing dimensions of input "
                               f"{tuple(input.shape)}")
     if weight is not None:
-        # bf16 activations with a float32 weight: torch takes them (its float composite), so does ckparity
-        mixed = input.dtype == torch.bfloat16 and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
-        require_floating(weight, "weight", like=None if mixed else input)
+        # 16-bit activations with a float32 weight: torch takes them (its float composite), so does ckparity
+        mixed = input.dtype != torch.float32 and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+        require_floating(weight, "weight", like=None if mixed else input, dtypes=WITH_FLOAT16)
         if tuple(weight.shape) != shape:
             raise InvalidArgument(f"weight must have shape {shape}, got {tuple(weight.shape)}")
         weight = weight.contiguous()
@@ -130,8 +130,8 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     # function's gradients come back in this shape, then through the view)
     x = input if len(shape) == 1 else input.flatten(-len(shape))
     w = weight.reshape(D) if weight is not None else None
-    if x.dtype == torch.bfloat16:
-        y, _ = _RMSNormBF16Function.apply(x, w, eps)
+    if x.dtype != torch.float32:
+        y, _ = _RMSNorm16Function.apply(x, w, eps)
     else:
         y, _ = _RMSNormFunction.apply(x, x, w, eps)
     return y if len(shape) == 1 else y.unflatten(-1, shape)
