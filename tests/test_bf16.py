@@ -82,9 +82,8 @@ def test_mixed_dtypes_and_other_dtypes_are_refused_with_a_clear_error():
                                                                                           tdw.view(torch.int32))
     with pytest.raises(InvalidType, match="one dtype for both"):
         ckparity.rms_norm(torch.randn(3, 8), (8,), torch.randn(8).bfloat16())
-    x = torch.randn(3, 8).bfloat16()
-    with pytest.raises(InvalidType, match="float32 or bfloat16"):
-        ckparity.rms_norm(x.half(), (8,))
+    with pytest.raises(InvalidType, match="float32, bfloat16 or float16"):  # rms_norm takes float16 too
+        ckparity.rms_norm(torch.randn(3, 8).double(), (8,))
     with pytest.raises(InvalidType, match="float32, bfloat16 or float16"):  # swiglu takes float16 too
         ckparity.swiglu(torch.randn(3, 8).double())
 
@@ -550,10 +549,11 @@ def test_avx512_bf16s_conversion_is_torchs_rounding_except_subnormals_and_nan():
     assert classes["nan"]["differing"] > 0
 
 
-def test_float16_swiglu_and_rope_are_torchs_bits_and_the_other_kernels_refuse_float16():
-    """float16 where the bf16 machinery gives it (torch's Half rounds where its BFloat16 does): swiglu and
-    rope return float16 with torch's bits (their float16 sweeps hold it at every width and capability);
-    the kernels without float16 entry points refuse it by name, never a silent float32 answer."""
+def test_float16_rms_norm_swiglu_and_rope_are_torchs_bits_and_the_other_kernels_refuse_float16():
+    """float16 where the bf16 machinery gives it (torch's Half rounds where its BFloat16 does): rms_norm
+    (a float16 or a float32 weight), swiglu and rope return float16 with torch's bits (their float16
+    sweeps hold it at every width and capability); the kernels without float16 entry points refuse it
+    by name, never a silent float32 answer."""
     from ckparity.kernels.sweeping import grad_run, same_bits
 
     g = torch.Generator().manual_seed(3)
@@ -569,8 +569,20 @@ def test_float16_swiglu_and_rope_are_torchs_bits_and_the_other_kernels_refuse_fl
         ours = grad_run(lambda t: ckparity.rope(t, cos, sin, layout=layout), [q], rotated)
         theirs = grad_run(lambda t: reference.rope(t, cos, sin, layout), [q], rotated)
         assert all(a.dtype == torch.float16 and same_bits(a, b) for a, b in zip(ours, theirs))
+    x = (torch.randn(4, 301, generator=g) * 3).half().requires_grad_(True)
+    dy = torch.randn(4, 301, generator=g).half()
+    for w in (torch.randn(301, generator=g).half(), torch.randn(301, generator=g)):  # float16 or float32 weight
+        w.requires_grad_(True)
+        ours = grad_run(lambda a, b: ckparity.rms_norm(a, (301,), b), [x, w], dy)
+        theirs = grad_run(lambda a, b: F.rms_norm(a, (301,), b), [x, w], dy)
+        assert [t.dtype for t in ours] == [torch.float16, torch.float16, w.dtype]
+        assert all(same_bits(a, b) for a, b in zip(ours, theirs))
+    p = torch.zeros(3, dtype=torch.float16, requires_grad=True)
+    p.grad = torch.randn(3, generator=g).half()
     with pytest.raises(InvalidType, match="float32 or bfloat16"):
-        ckparity.rms_norm(torch.randn(3, 8).half(), (8,))
+        ckparity.clip_grad_norm_([p], 1.0)
+    with pytest.raises(InvalidType, match="float32 or bfloat16"):
+        ckparity.optim.AdamW([p]).step()
     with pytest.raises(InvalidType, match="float16"):
         ckparity.cross_entropy(torch.randn(3, 8).half(), torch.tensor([0, 1, 2]))
     with pytest.raises(InvalidType, match="one dtype for both"):

@@ -228,8 +228,8 @@ def fuzz_grad_norm(rng: random.Random) -> int:
 
 
 def fuzz_bf16(rng: random.Random) -> int:
-    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy) and swiglu's and rope's float16
-    ones: uint16 buffers, the float32 ones' sizes and aliasing."""
+    """The bfloat16 entry points (rms_norm, swiglu, rope, adamw, cross_entropy) and the float16 ones (rms_norm,
+    swiglu, rope): uint16 buffers, the float32 ones' sizes and aliasing."""
     N, W = pick(rng, SIZES[2:], -3, 0), pick(rng, SIZES[2:], -3, 0)
     n = max(N, 0) * max(W, 0)
     bf16 = lambda t: None if t is None else t.bfloat16()  # noqa: E731
@@ -291,7 +291,7 @@ def fuzz_bf16(rng: random.Random) -> int:
         y = x if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
         rstd = torch.empty(max(N, 1))
         eps = pick(rng, [1e-5, 0.0], -1e-5, math.nan)
-        entry = lib.ckp_rms_norm_forward_bf16_f32w if f32w else lib.ckp_rms_norm_forward_bf16
+        entry = getattr(lib, "ckp_rms_norm_forward" + rng.choice(["_bf16", "_f16"]) + ("_f32w" if f32w else ""))
         return call_and_check(rng, lambda: entry(
             hp(maybe_null(rng, x)), wp(weight), N, W, eps, hp(maybe_null(rng, y)), ptr(rstd), 1),
             [t for t in (y, rstd) if t is not x])
@@ -302,7 +302,7 @@ def fuzz_bf16(rng: random.Random) -> int:
         dweight = (torch.empty(max(W, 1), dtype=torch.float32 if f32w else torch.bfloat16)
                    if (weight is not None) != (rng.random() < 0.1) else None)
         dx = dy if rng.random() < 0.05 else torch.empty(n + 1, dtype=torch.bfloat16)
-        entry = lib.ckp_rms_norm_backward_bf16_f32w if f32w else lib.ckp_rms_norm_backward_bf16
+        entry = getattr(lib, "ckp_rms_norm_backward" + rng.choice(["_bf16", "_f16"]) + ("_f32w" if f32w else ""))
         return call_and_check(rng, lambda: entry(
             hp(dy), hp(maybe_null(rng, x)), wp(weight), ptr(rstd), N, W, hp(maybe_null(rng, dx)), wp(dweight), 1),
             [t for t in (dx, dweight) if t is not None and t is not dy])

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .. import _bindings
-from .._tensors import require_float32
+from .._tensors import require_float32, require_floating
 from ..errors import InvalidArgument, InvalidType
 
 
@@ -46,6 +46,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         raise InvalidArgument(f"norm_type must be >= 0, inf or -inf, got {norm_type}")
     if not grads:
         return torch.tensor(0.0)
+    for k, g in enumerate(grads):  # float16 and the rest refused by name, before anything is scaled
+        require_floating(g, f"gradient {k}")
     dtypes = {g.dtype for g in grads}
     if dtypes == {torch.bfloat16}:  # the norm of the exact float values; torch's dtype for what follows
         widened, dtype = [g.float() for g in grads], torch.bfloat16
