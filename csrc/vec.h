@@ -92,8 +92,11 @@ static inline __attribute__((always_inline)) float ckp_f16_round(float f) { retu
  * ckp_bf16_store: v rounded to bfloat16, stored: the high halves of the rounded lanes.
  * ckp_bf16_store_exact: v already bf16 values (a ckp_bf16_round's result, NaN as 0x7FC0), stored:
  *   their high halves, without rounding again.
- * ckp_f16_load, ckp_f16_round, ckp_f16_store: the same for float16 (ckp_f16_to_f above), one vector
- *   conversion each way.
+ * ckp_f16_load, ckp_f16_round, ckp_f16_store: the same for float16, by c10's own conversions
+ *   (fp16_ieee_to_fp32_value, fp16_ieee_from_fp32_value: float and integer arithmetic, round to
+ *   nearest even through the float multiplies and add), which vectorize in every clone. GCC 12 turns
+ *   a _Float16 vector conversion into lane-by-lane ones (float16 rms_norm ran 5x bf16's time).
+ *   ckp_f16_bits: the float16 bits of each lane, in a 32-bit lane.
  * ckp_exp_sleef: exp(d) per lane with SLEEF's expf_u10 algorithm, as torch's
  *   Vectorized<float>::exp computes it (FMA form): q = rint(d / ln2),
  *   s = d - q ln2 in two FMA steps, a degree-5 polynomial, then 2^q applied as
@@ -142,17 +145,31 @@ static inline __attribute__((always_inline)) float ckp_f16_round(float f) { retu
         ckp_v##N##h h = __builtin_convertvector((ckp_v##N##u)v >> 16, ckp_v##N##h);                             \
         memcpy(p, &h, sizeof h);                                                                                \
     }                                                                                                           \
-    typedef _Float16 ckp_v##N##hf __attribute__((vector_size(BYTES / 2)));                                      \
-    CKP_ALWAYS ckp_v##N##f ckp_f16_load##N(const uint16_t *p) {                                                 \
-        ckp_v##N##hf h;                                                                                         \
+    CKP_ALWAYS ckp_v##N##f ckp_f16_load##N(const uint16_t *p) { /* c10's fp16_ieee_to_fp32_value */             \
+        ckp_v##N##h h;                                                                                          \
         memcpy(&h, p, sizeof h);                                                                                \
-        return __builtin_convertvector(h, ckp_v##N##f);                                                         \
+        ckp_v##N##u w = __builtin_convertvector(h, ckp_v##N##u) << 16, two_w = w + w;                           \
+        ckp_v##N##f normalized = (ckp_v##N##f)((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;                     \
+        ckp_v##N##f denormalized = (ckp_v##N##f)((two_w >> 17) | (126u << 23)) - 0.5f;                          \
+        ckp_v##N##u tiny = (ckp_v##N##u)(two_w < (1u << 27));                                                   \
+        return (ckp_v##N##f)((w & 0x80000000u) | (tiny & (ckp_v##N##u)denormalized) |                           \
+                             (~tiny & (ckp_v##N##u)normalized));                                                \
+    }                                                                                                           \
+    CKP_ALWAYS ckp_v##N##u ckp_f16_bits##N(ckp_v##N##f f) { /* c10's fp16_ieee_from_fp32_value */               \
+        ckp_v##N##u w = (ckp_v##N##u)f, shl1_w = w + w;                                                         \
+        ckp_v##N##f base = ((ckp_v##N##f)(w & 0x7FFFFFFFu) * 0x1.0p+112f) * 0x1.0p-110f;                        \
+        ckp_v##N##u bias = shl1_w & 0xFF000000u, low = (ckp_v##N##u)(bias < 0x71000000u);                       \
+        bias = (low & 0x71000000u) | (~low & bias);                                                             \
+        ckp_v##N##u b = (ckp_v##N##u)((ckp_v##N##f)((bias >> 1) + 0x07800000u) + base);                         \
+        ckp_v##N##u nonsign = ((b >> 13) & 0x7C00u) + (b & 0x0FFFu), nan = (ckp_v##N##u)(shl1_w > 0xFF000000u); \
+        return ((w & 0x80000000u) >> 16) | (nan & 0x7E00u) | (~nan & nonsign);                                  \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_f16_round##N(ckp_v##N##f v) {                                                    \
-        return __builtin_convertvector(__builtin_convertvector(v, ckp_v##N##hf), ckp_v##N##f);                  \
+        ckp_v##N##h h = __builtin_convertvector(ckp_f16_bits##N(v), ckp_v##N##h);                               \
+        return ckp_f16_load##N((const uint16_t *)&h);                                                           \
     }                                                                                                           \
     CKP_ALWAYS void ckp_f16_store##N(uint16_t *p, ckp_v##N##f v) {                                              \
-        ckp_v##N##hf h = __builtin_convertvector(v, ckp_v##N##hf);                                              \
+        ckp_v##N##h h = __builtin_convertvector(ckp_f16_bits##N(v), ckp_v##N##h);                               \
         memcpy(p, &h, sizeof h);                                                                                \
     }                                                                                                           \
     CKP_ALWAYS ckp_v##N##f ckp_exp_sleef_mantissa##N(ckp_v##N##f d, ckp_v##N##f *q_out) {                     \
