@@ -73,20 +73,74 @@ CKP_CLONES static void rotate_row(const float *x, const float *c, const float *s
 }
 
 /* rotate_row in a 16-bit format F (bf16, f16: vec.h's ckp_<F>_ helpers): every product rounded, then
- * the sum. */
-#define ROPE_DEFINE_HALF_ROW(F)                                                                              \
-    CKP_CLONES static void rotate_row_##F(const uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t d,  \
-                                          int layout, float sign, uint16_t *out) {                           \
-        int64_t h = d / 2;                                                                                   \
-        int64_t lo_step = layout == CKP_ROPE_HALF ? 1 : 2, hi_offset = layout == CKP_ROPE_HALF ? h : 1;      \
-        for (int64_t i = 0; i < h; i++) {                                                                    \
-            int64_t a = i * lo_step, b = a + hi_offset;                                                      \
-            float xa = ckp_##F##_to_f(x[a]), xb = ckp_##F##_to_f(x[b]);                                      \
-            float ci = ckp_##F##_to_f(c[i]), si = ckp_##F##_to_f(s[i]);                                      \
-            out[a] = ckp_f_to_##F(ckp_##F##_round(xa * ci) + sign * ckp_##F##_round(xb * si));               \
-            out[b] = ckp_f_to_##F(ckp_##F##_round(xb * ci) - sign * ckp_##F##_round(xa * si));               \
-        }                                                                                                    \
-    }
+ * the sum; N pairs a vector (8, or 16 on an AVX512 capability: ckp_lanes16; elementwise, so the same
+ * bits as one at a time), the last ones alone. The interleaved layout splits 2N values into the pairs'
+ * halves and joins the results back (the index lists below). */
+#define ROPE_EVEN8 0, 2, 4, 6, 8, 10, 12, 14
+#define ROPE_ODD8 1, 3, 5, 7, 9, 11, 13, 15
+#define ROPE_JOIN_LO8 0, 8, 1, 9, 2, 10, 3, 11
+#define ROPE_JOIN_HI8 4, 12, 5, 13, 6, 14, 7, 15
+#define ROPE_EVEN16 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define ROPE_ODD16 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#define ROPE_JOIN_LO16 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+#define ROPE_JOIN_HI16 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
+
+#define ROPE_DEFINE_HALF_LOOPS(F, N, EVEN, ODD, JOIN_LO, JOIN_HI)                                                   \
+    /* one rotated pair's two outputs, each the rounded sum of two rounded products */                              \
+    static inline __attribute__((always_inline)) void rotate_pair_##F##N(ckp_v##N##f xa, ckp_v##N##f xb,            \
+                                                                         ckp_v##N##f ci, ckp_v##N##f si,            \
+                                                                         float sign, uint16_t *oa, uint16_t *ob,    \
+                                                                         int interleaved) {                         \
+        ckp_v##N##f a = ckp_##F##_round##N(xa * ci) + sign * ckp_##F##_round##N(xb * si);                           \
+        ckp_v##N##f b = ckp_##F##_round##N(xb * ci) - sign * ckp_##F##_round##N(xa * si);                           \
+        if (!interleaved) {                                                                                         \
+            ckp_##F##_store##N(oa, a);                                                                              \
+            ckp_##F##_store##N(ob, b);                                                                              \
+        } else { /* joined back into pairs: oa the first N values, ob the next */                                   \
+            ckp_##F##_store##N(oa, __builtin_shufflevector(a, b, JOIN_LO));                                         \
+            ckp_##F##_store##N(ob, __builtin_shufflevector(a, b, JOIN_HI));                                         \
+        }                                                                                                           \
+    }                                                                                                               \
+    /* the pairs from 0 while N of them fit; returns the first pair left */                                         \
+    static inline __attribute__((always_inline)) int64_t rotate_pairs_##F##N(const uint16_t *x, const uint16_t *c,  \
+                                                                              const uint16_t *s, int64_t h,         \
+                                                                              int layout, float sign, uint16_t *out) { \
+        int64_t i = 0;                                                                                              \
+        if (layout == CKP_ROPE_HALF) {                                                                              \
+            for (; i + N <= h; i += N)                                                                              \
+                rotate_pair_##F##N(ckp_##F##_load##N(x + i), ckp_##F##_load##N(x + h + i), ckp_##F##_load##N(c + i), \
+                                   ckp_##F##_load##N(s + i), sign, out + i, out + h + i, 0);                        \
+            return i;                                                                                               \
+        }                                                                                                           \
+        for (; i + N <= h; i += N) { /* pairs (x[2i], x[2i+1]): 2N values split into the pairs' halves */           \
+            ckp_v##N##f lo = ckp_##F##_load##N(x + 2 * i), hi = ckp_##F##_load##N(x + 2 * i + N);                   \
+            rotate_pair_##F##N(__builtin_shufflevector(lo, hi, EVEN), __builtin_shufflevector(lo, hi, ODD),         \
+                               ckp_##F##_load##N(c + i), ckp_##F##_load##N(s + i), sign, out + 2 * i,               \
+                               out + 2 * i + N, 1);                                                                 \
+        }                                                                                                           \
+        return i;                                                                                                   \
+    }                                                                                                               \
+
+ROPE_DEFINE_HALF_LOOPS(bf16, 8, ROPE_EVEN8, ROPE_ODD8, ROPE_JOIN_LO8, ROPE_JOIN_HI8)
+ROPE_DEFINE_HALF_LOOPS(bf16, 16, ROPE_EVEN16, ROPE_ODD16, ROPE_JOIN_LO16, ROPE_JOIN_HI16)
+ROPE_DEFINE_HALF_LOOPS(f16, 8, ROPE_EVEN8, ROPE_ODD8, ROPE_JOIN_LO8, ROPE_JOIN_HI8)
+ROPE_DEFINE_HALF_LOOPS(f16, 16, ROPE_EVEN16, ROPE_ODD16, ROPE_JOIN_LO16, ROPE_JOIN_HI16)
+
+#define ROPE_DEFINE_HALF_ROW(F)                                                                                     \
+    CKP_CLONES static void rotate_row_##F(const uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t d,       \
+                                          int layout, float sign, uint16_t *out) {                                  \
+        int64_t h = d / 2;                                                                                          \
+        int64_t i = ckp_lanes16() ? rotate_pairs_##F##16(x, c, s, h, layout, sign, out)                             \
+                                  : rotate_pairs_##F##8(x, c, s, h, layout, sign, out);                             \
+        int64_t lo_step = layout == CKP_ROPE_HALF ? 1 : 2, hi_offset = layout == CKP_ROPE_HALF ? h : 1;             \
+        for (; i < h; i++) {                                                                                        \
+            int64_t a = i * lo_step, b = a + hi_offset;                                                             \
+            float xa = ckp_##F##_to_f(x[a]), xb = ckp_##F##_to_f(x[b]);                                             \
+            float ci = ckp_##F##_to_f(c[i]), si = ckp_##F##_to_f(s[i]);                                             \
+            out[a] = ckp_f_to_##F(ckp_##F##_round(xa * ci) + sign * ckp_##F##_round(xb * si));                      \
+            out[b] = ckp_f_to_##F(ckp_##F##_round(xb * ci) - sign * ckp_##F##_round(xa * si));                      \
+        }                                                                                                           \
+    }                                                                                                               \
 
 ROPE_DEFINE_HALF_ROW(bf16)
 ROPE_DEFINE_HALF_ROW(f16)
