@@ -475,7 +475,6 @@ static float pt_q(const pt_row *r, int64_t j) {
  * libm's expf at DEFAULT. Cloned so that SLEEF's FMAs are instructions, not
  * fmaf calls. */
 CKP_CLONES static float pt_exp_sleef(float x) { return ckp_exp_sleef8(ckp_splat8(x))[0]; }
-static float pt_exp(const pt_row *r, float x) { return r->at.sleef ? pt_exp_sleef(x) : expf(x); }
 
 /* A row's loss term j for torch.sum: logp_j * q_j * w_j with probabilities (q smoothed), logp_j * w_j
  * for label smoothing's class rows; without weights, no w_j. */
@@ -820,7 +819,7 @@ static float pt_levels_total(const float *levels) {
 
 /* dx_j of log_softmax's backward from x_j (read before dx_j is written: dx may be the logits). */
 static float pt_grad_one(const pt_row *r, float xj, int64_t j, float grad_sum, float z_coef, int fused) {
-    float p = pt_exp(r, (xj - r->m) - r->log_sum);
+    float p = pt_exp_at(r->at, (xj - r->m) - r->log_sum);
     float g = pt_grad_logp((void *)r, j);
     float v = fused ? fmaf(-p, grad_sum, g) : g - p * grad_sum;
     return z_coef != 0.0f ? v + z_coef * p : v;
