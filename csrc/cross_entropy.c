@@ -1202,15 +1202,8 @@ BF_DEFINE_ROW_LOOPS(16)
  * lane, then the lanes folded as vec_reduce_all folds them (a halving tree, or left to right at
  * DEFAULT). */
 static float bf_fold(float *a0, const float *a1, pt_layout at) {
-    const int L = at.lanes;
-    for (int l = 0; l < L; l++) a0[l] += a1[l];
-    if (!at.tree_fold) {
-        for (int l = 1; l < L; l++) a0[0] += a0[l];
-        return a0[0];
-    }
-    for (int step = L / 2; step >= 1; step /= 2)
-        for (int l = 0; l < step; l++) a0[l] += a0[l + step];
-    return a0[0];
+    for (int l = 0; l < at.lanes; l++) a0[l] += a1[l];
+    return pt_fold(a0, at);
 }
 
 /* vec::map_reduce_all(exp(x - m), +) over one bf16 row: each lane's partial sum

@@ -145,27 +145,24 @@ ROPE_DEFINE_HALF_LOOPS(f16, 16, ROPE_EVEN16, ROPE_ODD16, ROPE_JOIN_LO16, ROPE_JO
 ROPE_DEFINE_HALF_ROW(bf16)
 ROPE_DEFINE_HALF_ROW(f16)
 
-/* The element formats of the entry points: float32, bfloat16, float16. */
-typedef enum { ROPE_F32, ROPE_BF16, ROPE_F16 } rope_format;
-
-/* The rows as rotate_row or rotate_row_<F> does them. */
+/* The rows as rotate_row or rotate_row_<F> does them; elem (vec.h): sizeof(float), sizeof(uint16_t) (bf16)
+ * or CKP_ELEM_F16. */
 static ckp_status rotate(const void *x, const void *cos_, const void *sin_, int64_t N, int64_t T, int64_t d,
-                         int layout, float sign, void *out, rope_format fmt) {
-    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, fmt == ROPE_F32 ? sizeof(float)
-                                                                                         : sizeof(uint16_t));
+                         int layout, float sign, void *out, size_t elem) {
+    ckp_status status = check_args(x, cos_, sin_, out, N, T, d, layout, ckp_elem_bytes(elem));
     if (status != CKP_OK) return status;
     /* x and out (N, T, d); cos and sin (T, d/2) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * T * d >= 32768)
     for (int64_t row = 0; row < N * T; row++) {
         int64_t t = row % T, at = row * d, table = t * (d / 2);
-        if (fmt == ROPE_F32) {
+        if (elem == sizeof(float)) {
             rotate_row((const float *)x + at, (const float *)cos_ + table, (const float *)sin_ + table, d, layout,
                        sign, (float *)out + at);
             continue;
         }
         const uint16_t *xr = (const uint16_t *)x + at, *c = (const uint16_t *)cos_ + table;
         const uint16_t *s = (const uint16_t *)sin_ + table;
-        if (fmt == ROPE_BF16)
+        if (elem == sizeof(uint16_t))
             rotate_row_bf16(xr, c, s, d, layout, sign, (uint16_t *)out + at);
         else
             rotate_row_f16(xr, c, s, d, layout, sign, (uint16_t *)out + at);
@@ -175,30 +172,30 @@ static ckp_status rotate(const void *x, const void *cos_, const void *sin_, int6
 
 ckp_status ckp_rope_forward(const float *x, const float *cos_, const float *sin_, int64_t N, int64_t T, int64_t d,
                             int layout, float *out) {
-    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, ROPE_F32);
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, sizeof(float));
 }
 
 ckp_status ckp_rope_backward(const float *dout, const float *cos_, const float *sin_, int64_t N, int64_t T,
                              int64_t d, int layout, float *dx) {
-    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, ROPE_F32);
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, sizeof(float));
 }
 
 ckp_status ckp_rope_forward_bf16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
                                  int64_t d, int layout, uint16_t *out) {
-    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, ROPE_BF16);
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, sizeof(uint16_t));
 }
 
 ckp_status ckp_rope_backward_bf16(const uint16_t *dout, const uint16_t *cos_, const uint16_t *sin_, int64_t N,
                                   int64_t T, int64_t d, int layout, uint16_t *dx) {
-    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, ROPE_BF16);
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, sizeof(uint16_t));
 }
 
 ckp_status ckp_rope_forward_f16(const uint16_t *x, const uint16_t *cos_, const uint16_t *sin_, int64_t N, int64_t T,
                                 int64_t d, int layout, uint16_t *out) {
-    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, ROPE_F16);
+    return rotate(x, cos_, sin_, N, T, d, layout, -1.0f, out, CKP_ELEM_F16);
 }
 
 ckp_status ckp_rope_backward_f16(const uint16_t *dout, const uint16_t *cos_, const uint16_t *sin_, int64_t N,
                                  int64_t T, int64_t d, int layout, uint16_t *dx) {
-    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, ROPE_F16);
+    return rotate(dout, cos_, sin_, N, T, d, layout, 1.0f, dx, CKP_ELEM_F16);
 }

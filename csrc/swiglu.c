@@ -165,28 +165,24 @@ SWIGLU_DEFINE_HALF_LOOPS(f16, 16)
 SWIGLU_DEFINE_HALF_ROWS(bf16)
 SWIGLU_DEFINE_HALF_ROWS(f16)
 
-/* The element formats of the entry points: float32, bfloat16, float16. */
-typedef enum { SW_F32, SW_BF16, SW_F16 } sw_format;
-
-static size_t sw_bytes(sw_format fmt) { return fmt == SW_F32 ? sizeof(float) : sizeof(uint16_t); }
-
-static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, sw_format fmt) {
+/* elem: the entry point's element (vec.h): sizeof(float), sizeof(uint16_t) (bf16) or CKP_ELEM_F16. */
+static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, size_t elem) {
     ckp_status s = check_args(x, out, N, H);
     if (s != CKP_OK) return s;
-    const size_t elem = sw_bytes(fmt);
-    if (ckp_overlaps(out, (size_t)(N * H) * elem, x, (size_t)(N * 2 * H) * elem))
+    const size_t bytes = ckp_elem_bytes(elem);
+    if (ckp_overlaps(out, (size_t)(N * H) * bytes, x, (size_t)(N * 2 * H) * bytes))
         return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
     ckp_clear_error();
     const aten_layout at = layout_for_capability();
     /* x (N, 2H), out (N, H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
-        if (fmt == SW_F32) {
+        if (elem == sizeof(float)) {
             forward_row((const float *)x + i * 2 * H, (const float *)x + i * 2 * H + H, H, at, (float *)out + i * H);
             continue;
         }
         const uint16_t *gate = (const uint16_t *)x + i * 2 * H;
-        if (fmt == SW_BF16)
+        if (elem == sizeof(uint16_t))
             forward_row_bf16(gate, gate + H, H, at, (uint16_t *)out + i * H);
         else
             forward_row_f16(gate, gate + H, H, at, (uint16_t *)out + i * H);
@@ -194,22 +190,22 @@ static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, sw_for
     return CKP_OK;
 }
 
-static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H, void *dx, sw_format fmt) {
+static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H, void *dx, size_t elem) {
     ckp_status s = check_args(dout, x, N, H);
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    const size_t elem = sw_bytes(fmt), x_bytes = (size_t)(N * 2 * H) * elem;
-    if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * elem))
+    const size_t bytes = ckp_elem_bytes(elem), x_bytes = (size_t)(N * 2 * H) * bytes;
+    if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
     ckp_clear_error();
     const aten_layout at = layout_for_capability();
     /* dout (N, H), x (N, 2H), dx (N, 2H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
-        if (fmt != SW_F32) {
+        if (elem != sizeof(float)) {
             const uint16_t *gate = (const uint16_t *)x + i * 2 * H, *dy = (const uint16_t *)dout + i * H;
             uint16_t *dgate = (uint16_t *)dx + i * 2 * H;
-            if (fmt == SW_BF16)
+            if (elem == sizeof(uint16_t))
                 backward_row_bf16(dy, gate, gate + H, H, at, dgate, dgate + H);
             else
                 backward_row_f16(dy, gate, gate + H, H, at, dgate, dgate + H);
@@ -226,25 +222,25 @@ static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H
 }
 
 ckp_status ckp_swiglu_forward(const float *x, int64_t N, int64_t H, float *out) {
-    return forward(x, N, H, out, SW_F32);
+    return forward(x, N, H, out, sizeof(float));
 }
 
 ckp_status ckp_swiglu_backward(const float *dout, const float *x, int64_t N, int64_t H, float *dx) {
-    return backward(dout, x, N, H, dx, SW_F32);
+    return backward(dout, x, N, H, dx, sizeof(float));
 }
 
 ckp_status ckp_swiglu_forward_bf16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out) {
-    return forward(x, N, H, out, SW_BF16);
+    return forward(x, N, H, out, sizeof(uint16_t));
 }
 
 ckp_status ckp_swiglu_backward_bf16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H, uint16_t *dx) {
-    return backward(dout, x, N, H, dx, SW_BF16);
+    return backward(dout, x, N, H, dx, sizeof(uint16_t));
 }
 
 ckp_status ckp_swiglu_forward_f16(const uint16_t *x, int64_t N, int64_t H, uint16_t *out) {
-    return forward(x, N, H, out, SW_F16);
+    return forward(x, N, H, out, CKP_ELEM_F16);
 }
 
 ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int64_t N, int64_t H, uint16_t *dx) {
-    return backward(dout, x, N, H, dx, SW_F16);
+    return backward(dout, x, N, H, dx, CKP_ELEM_F16);
 }
