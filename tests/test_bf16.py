@@ -70,8 +70,9 @@ def test_rope_follows_the_dtype():
 
 def test_mixed_dtypes_and_other_dtypes_are_refused_with_a_clear_error():
     """bf16 activations with a float32 weight are torch's float composite (y and dx bf16, dweight float32),
-    bit for bit (the rms_norm sweep holds it at every width); a float32 input with a bf16 weight is
-    refused by name, as are other dtypes."""
+    bit for bit, and so are float32 activations with a bf16 or float16 weight (y and dx float32, dweight
+    rounded once to the weight's dtype; the rms_norm sweep holds both at every width); two 16-bit dtypes
+    are refused by name, as are other dtypes."""
     x = (torch.randn(3, 300) * 3).bfloat16().requires_grad_(True)
     w = torch.randn(300, requires_grad=True)
     ours, theirs = ckparity.rms_norm(x, (300,), w), F.rms_norm(x, (300,), w)
@@ -80,8 +81,16 @@ def test_mixed_dtypes_and_other_dtypes_are_refused_with_a_clear_error():
     (dx, dw), (tdx, tdw) = torch.autograd.grad(ours, (x, w), up), torch.autograd.grad(theirs, (x, w), up)
     assert dw.dtype == torch.float32 and torch.equal(_bits(dx), _bits(tdx)) and torch.equal(dw.view(torch.int32),
                                                                                           tdw.view(torch.int32))
+    x32 = torch.randn(3, 300).requires_grad_(True)
+    for dtype in (torch.bfloat16, torch.float16):
+        w16 = torch.randn(300).to(dtype).requires_grad_(True)
+        ours, theirs = ckparity.rms_norm(x32, (300,), w16), F.rms_norm(x32, (300,), w16)
+        assert ours.dtype == torch.float32 and torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+        (dx, dw), (tdx, tdw) = (torch.autograd.grad(y, (x32, w16), up.float()) for y in (ours, theirs))
+        assert dw.dtype == dtype and torch.equal(_bits(dw), _bits(tdw)) and torch.equal(dx.view(torch.int32),
+                                                                                     tdx.view(torch.int32))
     with pytest.raises(InvalidType, match="one dtype for both"):
-        ckparity.rms_norm(torch.randn(3, 8), (8,), torch.randn(8).bfloat16())
+        ckparity.rms_norm(torch.randn(3, 8).bfloat16(), (8,), torch.randn(8).half())
     with pytest.raises(InvalidType, match="float32, bfloat16 or float16"):  # rms_norm takes float16 too
         ckparity.rms_norm(torch.randn(3, 8).double(), (8,))
     with pytest.raises(InvalidType, match="float32, bfloat16 or float16"):  # swiglu takes float16 too

@@ -60,14 +60,15 @@ SPLIT_SHAPES = [(1, 32768), (1, 40000), (1, 65536), (1, 131071), (32768, 1), (10
 
 def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
     """y, dx and dweight against F.rms_norm on ``dtype`` tensors (bfloat16, float16: torch's eager in that
-    dtype, and such activations with a float32 weight, which torch takes: its float composite, dweight
-    float32)."""
+    dtype), and the mixed calls torch takes, its float composite: 16-bit activations with a float32 weight
+    (dweight float32), float32 activations with a bfloat16 or float16 weight (dweight rounded to it)."""
     for N in (1, 3, 5, 23, 70):
         for D in WIDTHS:
             x = (torch.randn(N, D, generator=g) * 3).to(dtype).requires_grad_(True)
             w = torch.randn(D, generator=g).to(dtype).requires_grad_(True)
             up = torch.randn(N, D, generator=g).to(dtype)
-            mixed = [w.detach().float().requires_grad_(True)] if dtype != torch.float32 and N in (1, 3) else []
+            others = (torch.bfloat16, torch.float16) if dtype == torch.float32 else (torch.float32,)
+            mixed = [w.detach().to(d).requires_grad_(True) for d in others] if N in (1, 3) else []
             for weight in [w, None] + mixed:
                 inputs = [x] + ([weight] if weight is not None else [])
 
@@ -75,8 +76,8 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
                     return grad_run(lambda xx, *ww: fn(xx, (D,), ww[0] if ww else None, 1e-5), inputs, up)
 
                 ours, theirs = call(rms_norm), call(F.rms_norm)
-                case = (f"N={N} D={D}{'' if weight is not None else ' no weight'}"
-                        f"{' float32 weight' if weight is not None and weight.dtype != dtype else ''}")
+                case = f"N={N} D={D}" + (" no weight" if weight is None else "" if weight.dtype == dtype else
+                                          f" {str(weight.dtype).removeprefix('torch.')} weight")
                 for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
                     tally.add(q, case, a, b)
     for (N, D), threads in itertools.product(SPLIT_SHAPES, (2, 3)):

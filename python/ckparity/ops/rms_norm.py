@@ -107,19 +107,23 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     machine epsilon, as in torch (for bfloat16 too: torch computes it in float).
     float32, bfloat16 or float16 (the result in that dtype, rounded once as torch's);
     weight of the input's dtype, or float32 with a bfloat16 or float16 input (as torch:
-    its float composite, dweight float32). Non-contiguous inputs are copied."""
+    its float composite, dweight float32), or bfloat16 or float16 with a float32 input
+    (as torch: the weight widened, the float32 result; dweight float32's rounded once to
+    the weight's dtype). Non-contiguous inputs are copied."""
     require_floating(input, "input", dtypes=WITH_FLOAT16)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) == 0 or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise InvalidArgument(f"normalized_shape {shape} must match the trailing dimensions of input "
                               f"{tuple(input.shape)}")
     if weight is not None:
-        # 16-bit activations with a float32 weight: torch takes them (its float composite), so does ckparity
-        mixed = input.dtype != torch.float32 and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+        # one dtype float32 and the other 16-bit: torch takes them (its float composite), so does ckparity
+        mixed = isinstance(weight, torch.Tensor) and torch.float32 in (input.dtype, weight.dtype)
         require_floating(weight, "weight", like=None if mixed else input, dtypes=WITH_FLOAT16)
         if tuple(weight.shape) != shape:
             raise InvalidArgument(f"weight must have shape {shape}, got {tuple(weight.shape)}")
-        weight = weight.contiguous()
+        # a 16-bit weight with a float32 input: torch's composite promotes it to float32 and autograd casts
+        # dweight back, rounded once; .float() is that same differentiable cast (ToCopyBackward)
+        weight = weight.float() if input.dtype == torch.float32 else weight.contiguous()
     eps = DEFAULT_EPS if eps is None else float(eps)
     if not (eps >= 0 and math.isfinite(eps)):
         raise InvalidArgument(f"eps must be finite and >= 0, got {eps}")
