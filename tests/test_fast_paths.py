@@ -1,5 +1,5 @@
-"""The ops' fast paths (a contiguous 2-D float32 CPU input, class-index
-targets) give the bits and the errors of their full paths."""
+"""The ops' fast paths (a contiguous 2-D CPU input, class-index targets)
+give the bits and the errors of their full paths, in every dtype they take."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def _grad(fn, x, *args, scale=1.0, **kwargs):
 @pytest.mark.parametrize("N, C", [(8, 256), (1, 1), (3, 1000), (64, 7)])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("scale", [1.0, 0.125, 1 / 3])
-def test_cross_entropy_fast_path_same_bits_as_the_full_path(N, C, reduction, scale):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_fast_path_same_bits_as_the_full_path(N, C, reduction, scale, dtype):
     g = torch.Generator().manual_seed(N * C)
-    x = torch.randn(N, C, generator=g) * 4
+    x = (torch.randn(N, C, generator=g) * 4).to(dtype)
     t = torch.randint(0, C, (N,), generator=g)
     t[0] = -100
     fast = _grad(ckparity.cross_entropy, x, t, reduction=reduction, label_smoothing=0.1, scale=scale)
@@ -55,8 +56,9 @@ def test_cross_entropy_retained_graph_gives_the_gradient_each_backward():
 
 
 @pytest.mark.parametrize("N, H", [(8, 128), (1, 1), (5, 301)])
-def test_swiglu_fast_path_same_bits_as_the_full_path(N, H):
-    x = torch.randn(N, 2 * H, generator=torch.Generator().manual_seed(H)) * 3
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_swiglu_fast_path_same_bits_as_the_full_path(N, H, dtype):
+    x = (torch.randn(N, 2 * H, generator=torch.Generator().manual_seed(H)) * 3).to(dtype)
     fast = _grad(ckparity.swiglu, x)
     full = _grad(lambda v: ckparity.swiglu(v.unsqueeze(0)).squeeze(0), x)
     _same_bits(fast[0], full[0])

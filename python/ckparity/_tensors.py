@@ -57,12 +57,12 @@ def require_floating(tensor: torch.Tensor, name: str, like: torch.Tensor | None 
                           "(convert one of them)")
 
 
-def plain_float32(tensor, dim: int) -> bool:
-    """The common case in a few attribute reads: a contiguous float32 CPU
-    tensor of ``dim`` dimensions that no torch.func transform wraps. An op
-    takes its fast path on it and its full checks (with their errors) on
+def plain(tensor, dim: int, dtypes: tuple[torch.dtype, ...] = FLOATING) -> bool:
+    """The common case in a few attribute reads: a contiguous CPU tensor of one
+    of ``dtypes`` and ``dim`` dimensions that no torch.func transform wraps. An
+    op takes its fast path on it and its full checks (with their errors) on
     anything else; tests/test_fast_paths.py holds both to the same bits."""
-    return (isinstance(tensor, torch.Tensor) and tensor.dtype is torch.float32 and tensor.is_cpu
+    return (isinstance(tensor, torch.Tensor) and tensor.dtype in dtypes and tensor.is_cpu
             and tensor.dim() == dim and tensor.is_contiguous()
             and not torch._C._functorch.is_functorch_wrapped_tensor(tensor))
 

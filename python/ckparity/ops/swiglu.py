@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _bindings
-from .._tensors import WITH_FLOAT16, empty, empty_like, plain_float32, require_floating
+from .._tensors import WITH_FLOAT16, empty, empty_like, plain, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -35,7 +35,7 @@ class _SwiGLUFunction(CFunction):
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:], in x's dtype
     (float32, or bfloat16 or float16 with torch's rounding in that dtype: out = bf16(bf16(silu) * up))."""
-    if plain_float32(x, 2) and x.shape[1] % 2 == 0 and x.shape[0] and x.shape[1]:
+    if plain(x, 2, WITH_FLOAT16) and x.shape[1] % 2 == 0 and x.shape[0] and x.shape[1]:
         return _SwiGLUFunction.apply(x)  # the common case, without the views
     require_floating(x, "x", dtypes=WITH_FLOAT16)
     if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
