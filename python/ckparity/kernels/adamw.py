@@ -138,35 +138,27 @@ def c_calls(n, gen, fused: bool = False, dtype: torch.dtype = torch.float32):
 
 
 def _bench(gen: torch.Generator, select):
-    for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
-        if not (select("adamw", f"n={label} vs default") or select("adamw", f"n={label} vs fused")):
-            continue
-        params = {name: torch.nn.Parameter(torch.randn(n, generator=gen)) for name in ("ck", "ck_fused", "torch",
-                                                                                        "fused", "compiled")}
-        grad = torch.randn(n, generator=gen)
-        for p in params.values():
-            p.grad = grad.clone()
-        ck, ck_fused = AdamW([params["ck"]]), AdamW([params["ck_fused"]], fused=True)
-        ref = reference.adamw([params["torch"]])
-        fused = torch.optim.AdamW([params["fused"]], fused=True)
-        compiled = compiled_step(reference.adamw([params["compiled"]]))
-        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq; each reference against
-        # the C form that follows it
-        yield Case("adamw", f"n={label} vs default", ck.step, ref.step, 28 * n, c_calls(n, gen), compiled=compiled)
-        yield Case("adamw", f"n={label} vs fused", ck_fused.step, fused.step, 28 * n, c_calls(n, gen, fused=True))
-    n = 16 * 2**20
-    if select("adamw", "n=16M vs default bf16") or select("adamw", "n=16M vs fused bf16"):
-        pb = {name: torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16())
-              for name in ("ck", "torch", "ck_fused", "fused", "compiled")}
-        grad = torch.randn(n, generator=gen).bfloat16()
-        for p in pb.values():
-            p.grad = grad.clone()
-        # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq (2 bytes each)
-        yield Case("adamw", "n=16M vs default bf16", AdamW([pb["ck"]]).step, reference.adamw([pb["torch"]]).step,
-                   14 * n, c_calls(n, gen, dtype=torch.bfloat16), compiled=compiled_step(reference.adamw([pb["compiled"]])))
-        yield Case("adamw", "n=16M vs fused bf16", AdamW([pb["ck_fused"]], fused=True).step,
-                   torch.optim.AdamW([pb["fused"]], fused=True).step, 14 * n,
-                   c_calls(n, gen, fused=True, dtype=torch.bfloat16))
+    for dtype, suffix in ((torch.float32, ""), (torch.bfloat16, " bf16")):
+        for n, label in ((16 * 2**20, "16M"), (64 * 64, "tiny 4096")):
+            versus_default, versus_fused = f"n={label} vs default{suffix}", f"n={label} vs fused{suffix}"
+            if not (select("adamw", versus_default) or select("adamw", versus_fused)):
+                continue
+            params = {name: torch.nn.Parameter(torch.randn(n, generator=gen).to(dtype))
+                      for name in ("ck", "ck_fused", "torch", "fused", "compiled")}
+            grad = torch.randn(n, generator=gen).to(dtype)
+            for p in params.values():
+                p.grad = grad.clone()
+            ck, ck_fused = AdamW([params["ck"]]), AdamW([params["ck_fused"]], fused=True)
+            ref = reference.adamw([params["torch"]])
+            fused = torch.optim.AdamW([params["fused"]], fused=True)
+            compiled = compiled_step(reference.adamw([params["compiled"]]))
+            # reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq; each reference against
+            # the C form that follows it
+            nbytes = 7 * n * params["ck"].element_size()
+            yield Case("adamw", versus_default, ck.step, ref.step, nbytes, c_calls(n, gen, dtype=dtype),
+                       compiled=compiled)
+            yield Case("adamw", versus_fused, ck_fused.step, fused.step, nbytes,
+                       c_calls(n, gen, fused=True, dtype=dtype))
 
 
 KERNEL = Kernel(

@@ -385,16 +385,15 @@ def _bench(g: torch.Generator, select):
         yield Case("cross_entropy", f"N={N},V={V} ptref", fwd_bwd(cross_entropy, x, t, variant="ptref"),
                    fwd_bwd(F.cross_entropy, x, t), 8 * N * V, c_calls(x.detach(), t, variant="ptref"),
                    compiled=compiled_fwd_bwd(F.cross_entropy, x, t))
-    if select("cross_entropy", f"N={N},V={V} ptref bf16"):
-        xb, tb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True), torch.randint(0, V, (N,), generator=g)
-        yield Case("cross_entropy", f"N={N},V={V} ptref bf16", fwd_bwd(cross_entropy, xb, tb, variant="ptref"),
-                   fwd_bwd(F.cross_entropy, xb, tb), 4 * N * V, c_calls(xb.detach(), tb, variant="ptref"),
-                   compiled=compiled_fwd_bwd(F.cross_entropy, xb, tb))
-    if select("cross_entropy", f"N={N},V={V} default bf16"):  # fused and accurate, not torch's bits
-        xb, tb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True), torch.randint(0, V, (N,), generator=g)
-        yield Case("cross_entropy", f"N={N},V={V} default bf16", fwd_bwd(cross_entropy, xb, tb),
-                   fwd_bwd(F.cross_entropy, xb, tb), 4 * N * V, c_calls(xb.detach(), tb),
-                   compiled=compiled_fwd_bwd(F.cross_entropy, xb, tb))
+    for (N, V), variant in itertools.product(((2048, 32000), (8, 256)), ("ptref", "default")):
+        # the default variant: fused and accurate, not torch's bits
+        if select("cross_entropy", f"N={N},V={V} {variant} bf16"):
+            xb = torch.randn(N, V, generator=g).bfloat16().requires_grad_(True)
+            tb = torch.randint(0, V, (N,), generator=g)
+            yield Case("cross_entropy", f"N={N},V={V} {variant} bf16", fwd_bwd(cross_entropy, xb, tb, variant=variant),
+                       fwd_bwd(F.cross_entropy, xb, tb), 4 * N * V, c_calls(xb.detach(), tb, variant=variant),
+                       compiled=compiled_fwd_bwd(F.cross_entropy, xb, tb))
+    N, V = 2048, 32000
     if select("cross_entropy", f"N={N},V={V},inplace_backward"):
         src, t = torch.randn(N, V, generator=g), torch.randint(0, V, (N,), generator=g)
         # in place: fresh logits each call (on every side), dlogits written over them

@@ -159,8 +159,7 @@ def _bench(g: torch.Generator, select):
             # forward reads x, writes y; backward reads dy and x, writes dx
             yield Case("rms_norm", shape, fwd_bwd(rms_norm, x, (D,), w), fwd_bwd(F.rms_norm, x, (D,), w),
                        20 * N * D, c_calls(x.detach(), w), 2, compiled=compiled_fwd_bwd(F.rms_norm, x, (D,), w))
-    N, D = 8192, 4096
-    for trained in (False, True):
+    for N, D, trained in ((8192, 4096, False), (8192, 4096, True), (8, 64, False)):
         shape = f"N={N},D={D}" + (",dweight" if trained else "") + " bf16"
         if select("rms_norm", shape):
             xb = torch.randn(N, D, generator=g).bfloat16().requires_grad_(True)

@@ -112,13 +112,14 @@ def _bench(g: torch.Generator, select):
             yield Case("rope", f"N={N},T={T},d={d}", fwd_bwd(rope, x, cos, sin), fwd_bwd(reference.rope, x, cos, sin),
                        16 * N * T * d, c_calls(x.detach(), cos, sin), 2,
                        compiled=compiled_fwd_bwd(reference.rope, x, cos, sin))
-    N, T, d = 64, 512, 128
-    if select("rope", f"N={N},T={T},d={d} bf16"):
-        xb = torch.randn(N, T, d, generator=g).bfloat16().requires_grad_(True)
-        angles = torch.rand(T, d // 2, generator=g) * 6
-        cb, sb = angles.cos().bfloat16(), angles.sin().bfloat16()
-        yield Case("rope", f"N={N},T={T},d={d} bf16", fwd_bwd(rope, xb, cb, sb), fwd_bwd(reference.rope, xb, cb, sb),
-                   8 * N * T * d, c_calls(xb.detach(), cb, sb), 2, compiled=compiled_fwd_bwd(reference.rope, xb, cb, sb))
+    for N, T, d in ((64, 512, 128), (4, 8, 16)):
+        if select("rope", f"N={N},T={T},d={d} bf16"):
+            xb = torch.randn(N, T, d, generator=g).bfloat16().requires_grad_(True)
+            angles = torch.rand(T, d // 2, generator=g) * 6
+            cb, sb = angles.cos().bfloat16(), angles.sin().bfloat16()
+            yield Case("rope", f"N={N},T={T},d={d} bf16", fwd_bwd(rope, xb, cb, sb),
+                       fwd_bwd(reference.rope, xb, cb, sb), 8 * N * T * d, c_calls(xb.detach(), cb, sb), 2,
+                       compiled=compiled_fwd_bwd(reference.rope, xb, cb, sb))
 
 
 KERNEL = Kernel(

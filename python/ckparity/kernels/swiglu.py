@@ -108,11 +108,11 @@ def _bench(g: torch.Generator, select):
             # forward reads x (2H) and writes out (H); backward reads dout (H) and x (2H), writes dx (2H)
             yield Case("swiglu", f"N={N},H={H}", fwd_bwd(swiglu, x), fwd_bwd(reference.swiglu, x),
                        32 * N * H, c_calls(x.detach()), 2, compiled=compiled_fwd_bwd(reference.swiglu, x))
-    N, H = 2048, 8192
-    if select("swiglu", f"N={N},H={H} bf16"):
-        xb = torch.randn(N, 2 * H, generator=g).bfloat16().requires_grad_(True)
-        yield Case("swiglu", f"N={N},H={H} bf16", fwd_bwd(swiglu, xb), fwd_bwd(reference.swiglu, xb), 16 * N * H,
-                   c_calls(xb.detach()), 2, compiled=compiled_fwd_bwd(reference.swiglu, xb))
+    for N, H in ((2048, 8192), (8, 128)):
+        if select("swiglu", f"N={N},H={H} bf16"):
+            xb = torch.randn(N, 2 * H, generator=g).bfloat16().requires_grad_(True)
+            yield Case("swiglu", f"N={N},H={H} bf16", fwd_bwd(swiglu, xb), fwd_bwd(reference.swiglu, xb), 16 * N * H,
+                       c_calls(xb.detach()), 2, compiled=compiled_fwd_bwd(reference.swiglu, xb))
 
 
 KERNEL = Kernel(
