@@ -32,12 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Checks every argument before anything is written. logits, target_probs and
- * dlogits hold elem bytes a value (float32, or bf16 for the default variant's
- * bf16 entry point); loss is float32. */
+/* Checks every argument before anything is written. logits and dlogits hold
+ * elem bytes a value (float32, or bf16 for the bf16 entry points), target_probs
+ * p_elem; loss is float32. */
 static ckp_status validate(const void *logits, const int64_t *target, const void *target_probs,
                            int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
-                           const float *loss, const void *dlogits, size_t elem) {
+                           const float *loss, const void *dlogits, size_t elem, size_t p_elem) {
     if (logits == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "logits is NULL");
     if (opt == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "options is NULL");
     if (loss == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "loss is NULL");
@@ -47,7 +47,7 @@ static ckp_status validate(const void *logits, const int64_t *target, const void
     if (N <= 0 || V <= 0)
         return ckp_fail(CKP_ERR_BAD_SIZE, "N and V must be positive, got N=%lld V=%lld",
                         (long long)N, (long long)V);
-    if (N > INT64_MAX / V || N * V > (int64_t)(SIZE_MAX / elem))
+    if (N > INT64_MAX / V || N * V > (int64_t)(SIZE_MAX / (elem > p_elem ? elem : p_elem)))
         return ckp_fail(CKP_ERR_BAD_SIZE, "N*V overflows: N=%lld V=%lld", (long long)N,
                         (long long)V);
     if (opt->reduction != CKP_REDUCTION_NONE && opt->reduction != CKP_REDUCTION_MEAN &&
@@ -72,7 +72,7 @@ static ckp_status validate(const void *logits, const int64_t *target, const void
     /* dlogits holds each row's exps before the gradient is formed, and the
      * loss is written row by row: an input read after that (targets, target
      * probabilities, weights, row_grad) must not live inside either. */
-    const ckp_span read_late[] = {{target, (size_t)N * sizeof(int64_t)}, {target_probs, matrix_bytes},
+    const ckp_span read_late[] = {{target, (size_t)N * sizeof(int64_t)}, {target_probs, (size_t)(N * V) * p_elem},
                                   {opt->weight, (size_t)V * sizeof(float)}, {opt->row_grad, loss_bytes}};
     if (ckp_overlaps_any((ckp_span){dlogits, matrix_bytes}, read_late, 4))
         return ckp_fail(CKP_ERR_ALIASING, "dlogits overlaps target, target_probs, weight or row_grad");
@@ -301,17 +301,17 @@ static inline __attribute__((always_inline)) double ce_row_class_of(const void *
     return loss;
 }
 
-/* One probability-target row (P is the row of target probabilities, of x's element type); dx and
+/* One probability-target row (P is the row of target probabilities, p_elem bytes a value); dx and
  * e as for class rows. */
 static inline __attribute__((always_inline)) double ce_row_probs_of(const void *x, const void *P, int64_t V,
                                                                     const ce_ctx *c, double scale, void *dx, float *e,
-                                                                    size_t elem) {
+                                                                    size_t elem, size_t p_elem) {
     const float *w = c->weight;
     double keep = 1.0 - c->smoothing, spread = c->smoothing / (double)V;
     float m = row_max(x, V, elem);
     double wq_total = 0.0, wq_shifted = 0.0; /* sum_j w_j q_j and sum_j w_j q_j (x_j - m) */
     for (int64_t j = 0; j < V; j++) {
-        double wq = (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(P, j, elem) * keep + spread);
+        double wq = (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(P, j, p_elem) * keep + spread);
         wq_total += wq;
         wq_shifted += wq * ((double)ckp_elem_load(x, j, elem) - (double)m);
     }
@@ -323,7 +323,7 @@ static inline __attribute__((always_inline)) double ce_row_probs_of(const void *
         double k = (wq_total + (CKP_MUTANT(CE_ZLOSS_NO_GRAD) ? 0.0 : 2.0) * c->z_loss * lse) * scale;
         double inv_sum = 1.0 / sum_exp;
         for (int64_t j = 0; j < V; j++) {
-            double wq = (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(P, j, elem) * keep + spread);
+            double wq = (w ? (double)w[j] : 1.0) * ((double)ckp_elem_load(P, j, p_elem) * keep + spread);
             ckp_elem_store(dx, j, (float)((double)e[j] * inv_sum * k - wq * scale), elem);
         }
     }
@@ -342,22 +342,27 @@ CKP_CLONES static double ce_row_class_bf16(const uint16_t *x, int64_t t, int64_t
 
 CKP_CLONES static double ce_row_probs(const float *x, const float *P, int64_t V, const ce_ctx *c, double scale,
                                      float *dx) {
-    return ce_row_probs_of(x, P, V, c, scale, dx, dx, sizeof(float));
+    return ce_row_probs_of(x, P, V, c, scale, dx, dx, sizeof(float), sizeof(float));
 }
 
 CKP_CLONES static double ce_row_probs_bf16(const uint16_t *x, const uint16_t *P, int64_t V, const ce_ctx *c,
                                           double scale, uint16_t *dx, float *e) {
-    return ce_row_probs_of(x, P, V, c, scale, dx, e, sizeof(uint16_t));
+    return ce_row_probs_of(x, P, V, c, scale, dx, e, sizeof(uint16_t), sizeof(uint16_t));
+}
+
+CKP_CLONES static double ce_row_probs_bf16_f32p(const uint16_t *x, const float *P, int64_t V, const ce_ctx *c,
+                                               double scale, uint16_t *dx, float *e) {
+    return ce_row_probs_of(x, P, V, c, scale, dx, e, sizeof(uint16_t), sizeof(float));
 }
 
 /* The default variant on float32 rows (elem 4), or on bf16 rows (elem 2): the bf16 rows (and their
- * target probabilities) read in place, widened exactly as they load, the float32 arithmetic, each
- * row's exps in the thread's float row and its gradient rounded once as it is stored -- what the
- * float32 kernel on the widened logits, then a cast of dlogits to bf16, gives, without an (N, V)
- * float copy of either. */
+ * target probabilities, bf16 or float32: p_elem) read in place, widened exactly as they load, the
+ * float32 arithmetic, each row's exps in the thread's float row and its gradient rounded once as it
+ * is stored -- what the float32 kernel on the widened logits, then a cast of dlogits to bf16, gives,
+ * without an (N, V) float copy of either. */
 static ckp_status ce_default(const void *logits, const int64_t *target, const void *target_probs,
                              int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
-                             float *loss, void *dlogits, size_t elem) {
+                             float *loss, void *dlogits, size_t elem, size_t p_elem) {
     const int bf16 = elem == sizeof(uint16_t), threads = ckp_threads();
     /* bf16: each thread's row of exps, allocated before any output is written */
     float *rows = bf16 && dlogits ? malloc((size_t)threads * (size_t)V * sizeof(float)) : NULL;
@@ -393,7 +398,8 @@ static ckp_status ce_default(const void *logits, const int64_t *target, const vo
         double acc = 0.0;
         for (int64_t i = lo; i < hi; i++) {
             const size_t at = (size_t)(i * V) * elem; /* the row's byte offset */
-            const void *x = (const char *)logits + at, *P = target_probs ? (const char *)target_probs + at : NULL;
+            const void *x = (const char *)logits + at;
+            const void *P = target_probs ? (const char *)target_probs + (size_t)(i * V) * p_elem : NULL;
             void *dx = dlogits ? (char *)dlogits + at : NULL;
             double upstream = opt->row_grad ? (double)opt->row_grad[opt->reduction == CKP_REDUCTION_NONE ? i : 0] : 1.0;
             double row_loss, scale = c.grad_scale * upstream;
@@ -401,8 +407,9 @@ static ckp_status ce_default(const void *logits, const int64_t *target, const vo
                 row_loss = 0.0;
                 if (dx && !CKP_MUTANT(CE_IGNORED_GRAD_NOT_ZEROED)) ignored_row_grad(x, V, elem, dx);
             } else if (bf16) {
-                row_loss = target == NULL ? ce_row_probs_bf16(x, P, V, &c, scale, dx, e)
-                                          : ce_row_class_bf16(x, target[i], V, &c, scale, dx, e);
+                row_loss = target != NULL         ? ce_row_class_bf16(x, target[i], V, &c, scale, dx, e)
+                           : p_elem == sizeof(float) ? ce_row_probs_bf16_f32p(x, P, V, &c, scale, dx, e)
+                                                     : ce_row_probs_bf16(x, P, V, &c, scale, dx, e);
             } else {
                 row_loss = target == NULL ? ce_row_probs(x, P, V, &c, scale, dx)
                                           : ce_row_class(x, target[i], V, &c, scale, dx);
@@ -1022,24 +1029,25 @@ ckp_status ckp_cross_entropy_options_init(ckp_cross_entropy_options *opt) {
 ckp_status ckp_cross_entropy(const float *logits, const int64_t *target, const float *target_probs,
                              int64_t N, int64_t V, const ckp_cross_entropy_options *opt,
                              float *loss, float *dlogits) {
-    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(float));
+    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(float), sizeof(float));
     if (s != CKP_OK) return s;
     ckp_clear_error();
     if (opt->variant == CKP_CE_PTREF)
         return ce_ptref(logits, target, target_probs, N, V, opt, loss, dlogits);
-    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(float));
+    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(float), sizeof(float));
 }
 
 ckp_status ckp_cross_entropy_default_bf16(const uint16_t *logits, const int64_t *target, const uint16_t *target_probs,
                                           int64_t N, int64_t V, const ckp_cross_entropy_options *opt, float *loss,
                                           uint16_t *dlogits) {
-    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t));
+    ckp_status s = validate(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t),
+                            sizeof(uint16_t));
     if (s != CKP_OK) return s;
     if (opt->variant != CKP_CE_DEFAULT)
         return ckp_fail(CKP_ERR_BAD_OPTION, "ckp_cross_entropy_default_bf16 is the default variant (ptref in bf16: "
                         "ckp_cross_entropy_bf16), got variant %d", (int)opt->variant);
     ckp_clear_error();
-    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t));
+    return ce_default(logits, target, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t), sizeof(uint16_t));
 }
 
 /* ------------------------------------------------------------------------
@@ -1630,4 +1638,158 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
     free(m);
     free(log_sum);
     return CKP_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * bf16 logits with float32 probability targets, as torch takes them
+ * (cross_entropy_loss_prob_target): log_softmax in bf16, then
+ * -(logp * target * weight).sum() in float32 -- a bf16 tensor times a float32
+ * one is a float32 product of the widened values -- and the loss float32. In
+ * backward the float32 gradient reaching logp, (g * w_j) * q_j, is cast to
+ * logp's dtype by autograd, one bf16 rounding, before log_softmax's bf16
+ * backward. So a row is the float32 ptref's pt_row on the row's bf16 logp (as
+ * floats, with m = log_sum = 0: (l - 0) - 0 is l, bit for bit), and the
+ * gradient bf_grad_row_dense's on the rounded g.
+ * ---------------------------------------------------------------------- */
+
+/* One row: its bf16 logits and log_softmax statistics, and the float32 row (P, w, smoothing) whose
+ * terms pt_term computes on a logp. */
+typedef struct {
+    pt_row pt;
+    const uint16_t *x;
+    float m, log_sum;
+} bm_row;
+
+/* the row's logp_j .. logp_{j+n} as floats, in e */
+static inline __attribute__((always_inline)) void bm_logp(const bm_row *r, int64_t j, int64_t n, float *e) {
+    for (int64_t k = 0; k < n; k++) e[k] = bf_logp(r->x, j + k, r->m, r->log_sum);
+}
+
+static float bm_term(const bm_row *r, int64_t j) {
+    float l;
+    bm_logp(r, j, 1, &l);
+    pt_row t = r->pt;
+    t.x = &l;
+    t.P += j;
+    if (t.w) t.w += j;
+    return pt_term(&t, 0);
+}
+
+static inline __attribute__((always_inline)) ckp_v8f bm_terms8(const bm_row *r, int64_t c) {
+    float l[8];
+    bm_logp(r, c, 8, l);
+    pt_row t = r->pt;
+    t.x = l;
+    t.P += c;
+    if (t.w) t.w += c;
+    return pt_terms8(&t, 0);
+}
+
+/* The batch's terms as one flattened (N * V) sequence for torch.sum over every element */
+typedef struct {
+    bm_row proto;
+    const uint16_t *logits;
+    const float *probs;
+    const float *m, *log_sum;
+    ce_cursor at;
+    bm_row r; /* the row at the cursor */
+} bm_batch;
+
+static inline __attribute__((always_inline)) const bm_row *bm_batch_at(bm_batch *b, int64_t j) {
+    if (ce_cursor_move(&b->at, j)) {
+        b->r = b->proto;
+        b->r.x = b->logits + b->at.row_start;
+        b->r.pt.P = b->probs + b->at.row_start;
+        b->r.m = b->m[b->at.row];
+        b->r.log_sum = b->log_sum[b->at.row];
+    }
+    return &b->r;
+}
+
+CE_DEFINE_BATCH_MAPS(bm, bm_row, bm_batch_at, bm_term, bm_terms8)
+
+CKP_DEFINE_ATEN_SUM(bm_batch_sum, bm_batch8, bm_batch1, CKP_VLANES)
+
+CKP_CLONES static float bm_batch_range(const void *ctx, int64_t begin, int64_t n) {
+    bm_batch b = *(const bm_batch *)ctx;
+    b.at.begin = begin;
+    b.at.row = -1;
+    return bm_batch_sum(&b, n);
+}
+
+/* ptref: the rows on the library's threads (each row's statistics, its loss with reduction none, its
+ * gradient), then the batch's sum in element order. */
+static ckp_status bm_ptref(const uint16_t *logits, const float *target_probs, int64_t N, int64_t V,
+                           const ckp_cross_entropy_options *opt, float *loss, uint16_t *dlogits) {
+    const int none = opt->reduction == CKP_REDUCTION_NONE, mean = opt->reduction == CKP_REDUCTION_MEAN;
+    bm_row proto = {{0}, NULL, 0.0f, 0.0f};
+    proto.pt.w = opt->weight;
+    proto.pt.keep = (float)(1.0 - opt->label_smoothing);
+    proto.pt.spread = (float)(opt->label_smoothing / (double)V);
+    proto.pt.smoothed = opt->label_smoothing > 0.0;
+    proto.pt.at = pt_layout_for_capability();
+    proto.pt.sum_threads = N == 1 ? opt->torch_threads : 1; /* a (1, V) row sum is a reduction to one value */
+    proto.pt.t = -1;
+    const int threads = ckp_threads();
+    /* every buffer allocated before any output is written: a failure loses nothing */
+    float *stats = malloc((size_t)N * 2 * sizeof(float));
+    float *scratch = malloc((size_t)threads * 2 * (size_t)V * sizeof(float)); /* a logp row and a g row */
+    if (stats == NULL || scratch == NULL) {
+        free(stats);
+        free(scratch);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "no memory for the working rows of a bf16 cross_entropy with float32 "
+                        "probabilities (N=%lld, V=%lld)", (long long)N, (long long)V);
+    }
+    float *m = stats, *log_sum = stats + N;
+#pragma omp parallel num_threads(threads) if (N * V >= 32768)
+    {
+        float *logp = scratch + (size_t)omp_get_thread_num() * 2 * (size_t)V, *g = logp + V;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            bm_row r = proto;
+            r.x = logits + i * V;
+            float least;
+            bf_row(r.x, V, r.pt.at, i + 1 < N ? r.x + V : r.x, &r.m, &r.log_sum, &least);
+            m[i] = r.m;
+            log_sum[i] = r.log_sum;
+            if (!none && dlogits == NULL) continue;
+            bm_logp(&r, 0, V, logp);
+            pt_row f = r.pt; /* the float32 row on the logp */
+            f.x = logp;
+            f.P = target_probs + i * V;
+            if (none) loss[i] = -pt_row_terms_sum(&f, V);
+            if (dlogits == NULL) continue;
+            const float u = opt->row_grad != NULL ? opt->row_grad[none ? i : 0] : 1.0f;
+            f.smooth_grad = -(mean ? u / (float)N : u); /* -(...).sum() / N: each product receives -u/N */
+            for (int64_t j = 0; j < V; j++) g[j] = ckp_bf16_round(pt_grad_logp(&f, j));
+            bf_grad_row_dense(r.x, V, r.m, r.log_sum, least, g, r.pt.at, dlogits + i * V);
+        }
+    }
+    free(scratch);
+    if (!none) { /* one reduction over every element, split as torch splits it */
+        bm_batch b = {proto, logits, target_probs, m, log_sum, {V, 0, -1, 0}, proto};
+        float total = -ckp_aten_split_sum(bm_batch_range, &b, N * V, opt->torch_threads, 0);
+        loss[0] = mean ? total / (float)N : total;
+    }
+    free(stats);
+    return CKP_OK;
+}
+
+ckp_status ckp_cross_entropy_probs_bf16_f32p(const uint16_t *logits, const float *target_probs, int64_t N,
+                                             int64_t V, const ckp_cross_entropy_options *opt, float *loss,
+                                             uint16_t *dlogits) {
+    if (target_probs == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "target_probs is NULL");
+    ckp_status s = validate(logits, NULL, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t), sizeof(float));
+    if (s != CKP_OK) return s;
+    if (opt->variant == CKP_CE_PTREF) {
+        if (opt->z_loss != 0.0)
+            return ckp_fail(CKP_ERR_BAD_OPTION, "bf16 cross_entropy is the ptref variant without z_loss (torch has "
+                            "no z-loss to follow in bf16)");
+        if (dlogits != NULL && ckp_overlaps(dlogits, (size_t)(N * V) * 2, logits, (size_t)(N * V) * 2))
+            return ckp_fail(CKP_ERR_ALIASING, "ptref's dlogits must not overlap the logits (the batch's sum reads "
+                            "them after the rows' gradients)");
+    }
+    ckp_clear_error();
+    if (opt->variant == CKP_CE_PTREF) return bm_ptref(logits, target_probs, N, V, opt, loss, dlogits);
+    return ce_default(logits, NULL, target_probs, N, V, opt, loss, dlogits, sizeof(uint16_t), sizeof(float));
 }

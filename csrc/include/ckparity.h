@@ -162,6 +162,17 @@ ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *
                                         int64_t V, const ckp_cross_entropy_options *opt, uint16_t *loss,
                                         uint16_t *dlogits);
 
+/* bfloat16 logits with float32 probability targets, as torch takes them: the loss float32 (torch
+ * promotes it to the targets' dtype). opt->variant CKP_CE_PTREF: torch's bits -- log_softmax in bf16
+ * (its bf16 temporaries), the products and torch.sum in float32 over the bf16 logp, the gradient
+ * reaching logp rounded to bf16 once (autograd casts it to logp's dtype), then log_softmax's bf16
+ * backward; no z_loss; dlogits may be NULL and may not overlap an input. CKP_CE_DEFAULT: the default
+ * variant's arithmetic on the widened values, dlogits rounded once (NULL, or the logits buffer
+ * itself: in place). opt->weight holds the class weights as floats (bf16 or float32 values). */
+ckp_status ckp_cross_entropy_probs_bf16_f32p(const uint16_t *logits, const float *target_probs, int64_t N,
+                                             int64_t V, const ckp_cross_entropy_options *opt, float *loss,
+                                             uint16_t *dlogits);
+
 /* ------------------------------------------------------------------------
  * rms_norm (csrc/rms_norm.c) = F.rms_norm(x, (D,), weight, eps).
  * ---------------------------------------------------------------------- */

@@ -88,10 +88,19 @@ def cross_entropy(logits, target, options, loss, dlogits=None, *, library=lib) -
                                     pointer(dlogits)), "cross_entropy", library)
 
 
+def _cross_entropy_bf16_f32p(logits, target, options, loss, dlogits, library) -> None:
+    """bf16 logits with float32 probabilities, either variant (options.variant); loss float32."""
+    N, V = logits.shape
+    check(library.ckp_cross_entropy_probs_bf16_f32p(pointer(logits), pointer(target), N, V, options, pointer(loss),
+                                                    pointer(dlogits)), "cross_entropy", library)
+
+
 def cross_entropy_bf16(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
-    """As cross_entropy on bfloat16 logits, loss and dlogits: the ptref variant, class targets
-    (int64) or probabilities (bf16, logits' shape); options without z_loss, weight and row_grad
-    holding bf16 values as floats."""
+    """As cross_entropy on bfloat16 logits and dlogits: the ptref variant, class targets (int64) or
+    probabilities (bf16 or float32, logits' shape); the loss bf16, float32 with float32 probabilities
+    (torch's promotion); options without z_loss, weight and row_grad holding their values as floats."""
+    if target.dtype == torch.float32:
+        return _cross_entropy_bf16_f32p(logits, target, options, loss, dlogits, library)
     N, V = logits.shape
     entry = library.ckp_cross_entropy_probs_bf16 if target.is_floating_point() else library.ckp_cross_entropy_bf16
     check(entry(pointer(logits), pointer(target), N, V, options, pointer(loss), pointer(dlogits)), "cross_entropy",
@@ -99,8 +108,10 @@ def cross_entropy_bf16(logits, target, options, loss, dlogits=None, *, library=l
 
 
 def cross_entropy_default_bf16(logits, target, options, loss, dlogits=None, *, library=lib) -> None:
-    """The default variant on bfloat16 logits: target (N) int64 or (N, V) bf16 probabilities; loss
-    float32 (N) or (); dlogits bf16 (N, V), logits itself, or None; options' weight and row_grad float32."""
+    """The default variant on bfloat16 logits: target (N) int64 or (N, V) bf16 or float32 probabilities;
+    loss float32 (N) or (); dlogits bf16 (N, V), logits itself, or None; options' weight and row_grad float32."""
+    if target.dtype == torch.float32:
+        return _cross_entropy_bf16_f32p(logits, target, options, loss, dlogits, library)
     N, V = logits.shape
     probs = target.is_floating_point()
     check(library.ckp_cross_entropy_default_bf16(pointer(logits), ffi.NULL if probs else pointer(target),

@@ -100,15 +100,19 @@ def _ptref_case(tally: Tally, g: torch.Generator, N: int, V: int, kwargs: dict, 
                 dtype: torch.dtype = torch.float32) -> None:
     """One case of variant="ptref" against F.cross_entropy, loss and dlogits,
     both with torch on ``threads`` (ptref reads torch's thread count at the
-    call). kwargs may hold weighted=True; ``targets(N, V)`` draws the targets
+    call). kwargs may hold weighted=True (or the weight's dtype); ``targets(N, V)`` draws the targets
     (class indices or probabilities) after the logits. In bf16 the logits,
-    weights and upstream gradient are bf16, as torch takes them."""
+    weights and upstream gradient are bf16, as torch takes them (the upstream
+    gradient float32 where float32 probabilities make the loss float32)."""
     kwargs = dict(kwargs)
-    weight = (torch.rand(V, generator=g) + 0.5).to(dtype) if kwargs.pop("weighted", False) else None
+    weighted = kwargs.pop("weighted", False)
+    weight = (torch.rand(V, generator=g) + 0.5).to(dtype if weighted is True else weighted) if weighted else None
     logits = (torch.randn(N, V, generator=g) * 4).to(dtype).requires_grad_(True)
     target = targets(N, V)
-    up = (torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)).to(dtype)
-    case = (f"{'probs ' if target.is_floating_point() else ''}N={N} V={V} {kwargs}"
+    loss_dtype = target.dtype if target.is_floating_point() else dtype
+    up = (torch.randn(N, generator=g) if kwargs.get("reduction") == "none" else torch.tensor(1.0)).to(loss_dtype)
+    kind = "" if not target.is_floating_point() else "probs " if target.dtype == dtype else f"{target.dtype} probs "
+    case = (f"{kind}N={N} V={V} {kwargs}"
             f"{' weight' if weight is not None else ''}{f' torch threads {threads}' if threads > 1 else ''}")
     with torch_threads(threads):
         ours = grad_run(lambda x: cross_entropy(x, target, weight, variant="ptref", **kwargs), [logits], up)
@@ -227,6 +231,13 @@ def sweep_ptref_bf16(tally: Tally, g: torch.Generator) -> None:
     prob_shapes += [(N, V, threads) for N, V in SPLIT_SHAPES for threads in (2, 3, 4)]
     for (N, V, threads), kwargs in itertools.product(prob_shapes, PROB_SETTINGS):
         _ptref_case(tally, g, N, V, kwargs, threads, probabilities, torch.bfloat16)
+    # float32 probabilities, which torch takes with bf16 logits (the loss float32): a setting a width in
+    # turn, every setting at the split shapes
+    settings = PROB_SETTINGS + [dict(weighted=torch.float32, reduction="none")]
+    for i, (N, V, threads) in enumerate(prob_shapes):
+        for kwargs in settings if threads > 1 else [settings[i % len(settings)]]:
+            _ptref_case(tally, g, N, V, kwargs, threads, lambda n, v: torch.softmax(torch.randn(n, v, generator=g), 1),
+                        torch.bfloat16)
     _special_cases(tally, g, torch.bfloat16)
 
 

@@ -17,6 +17,11 @@ from ..errors import InvalidArgument, InvalidType
 from ._function import CFunction, first_order_only
 
 
+def _loss_dtype(logits: torch.Tensor, target: torch.Tensor) -> torch.dtype:
+    """torch's: the logits', or float32 where float32 probabilities promote a bf16 loss."""
+    return torch.float32 if target.dtype == torch.float32 else logits.dtype
+
+
 def cross_entropy_forward_backward(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -95,11 +100,12 @@ class _CrossEntropyFunction(torch.autograd.Function):
         loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings,
                                                        compute_grad=compute_grad and not reduction_none)
         ctx.settings, ctx.reduction_none = settings, reduction_none
-        # bf16 logits: the loss rounded as the float32 one cast to bf16; their dlogits are rounded, so
-        # another upstream gradient runs the kernel again with it (a rescaled bf16 gradient would round twice)
+        # bf16 logits: the loss rounded as the float32 one cast to bf16 (float32 with float32 probabilities:
+        # torch's promotion); their dlogits are rounded, so another upstream gradient runs the kernel again
+        # with it (a rescaled bf16 gradient would round twice)
         ctx.rounded = logits.dtype == torch.bfloat16
         if ctx.rounded:
-            loss = loss.to(torch.bfloat16)
+            loss = loss.to(_loss_dtype(logits, target))
         # dlogits saved, not kept on ctx: autograd releases saved tensors as
         # soon as this backward has run (unless retain_graph), so a leaf's
         # AccumulateGrad finds the gradient unshared and takes it instead of
@@ -142,7 +148,7 @@ class _InplaceCrossEntropyFunction(CFunction):
     @staticmethod
     def compute(logits, target, weight, settings):
         loss, _ = cross_entropy_forward_backward(logits, target, weight, **settings, dlogits=logits)
-        return loss.to(torch.bfloat16) if logits.dtype == torch.bfloat16 else loss
+        return loss.to(_loss_dtype(logits, target))
 
     @staticmethod
     def save(ctx, inputs, output):
@@ -178,9 +184,8 @@ def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) 
     if target.shape == input.shape and target.is_floating_point():
         if input.dtype != torch.bfloat16:
             require_float32(target, "target (class probabilities)")
-        elif target.dtype != torch.bfloat16:
-            raise InvalidType(f"bfloat16 cross_entropy takes bf16 class probabilities, got {target.dtype} (torch "
-                              f"promotes the loss to their dtype: pass float32 logits for a float32 loss)")
+        elif target.dtype not in (torch.bfloat16, torch.float32):
+            raise InvalidType(f"bfloat16 cross_entropy takes bf16 or float32 class probabilities, got {target.dtype}")
         if ignore_index >= 0:
             raise InvalidArgument("ignore_index is not supported for floating point target (as in torch)")
         return True
@@ -233,9 +238,9 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
 
 def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, upstream=None, compute_grad=True):
     N, V = logits.shape
-    loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.bfloat16)
+    loss = torch.empty((N,) if reduction == "none" else (), dtype=_loss_dtype(logits, target))
     dlogits = empty_like(logits) if compute_grad else None
-    row_grad = None if upstream is None else upstream.to(torch.bfloat16).float().reshape(-1).contiguous()
+    row_grad = None if upstream is None else upstream.float().reshape(-1).contiguous()  # the loss's dtype's values
     options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref", row_grad,
                                               torch.get_num_threads())
     _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
@@ -287,18 +292,18 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     missing = [name for name, given in (("z_loss (torch has none to follow in bf16)", z_loss),
                                         ("inplace_backward (ptref folds the upstream gradient in where torch's "
                                          "chain does, which needs the logits)", inplace_backward),
-                                        ("probability targets other than bf16 (torch promotes the loss to their "
-                                         "dtype)", probs and target.dtype != torch.bfloat16))
+                                        ("probability targets other than bf16 or float32", probs
+                                         and target.dtype not in (torch.bfloat16, torch.float32)))
                if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
         raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref; "
                           f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
     wanted = input.shape if probs else input.shape[:1]
     if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != wanted \
-            or target.dtype not in (torch.int64, torch.uint8, torch.bfloat16) or not input.shape[0] \
+            or target.dtype not in (torch.int64, torch.uint8, torch.bfloat16, torch.float32) or not input.shape[0] \
             or not input.shape[1]:
-        raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets or (N, C) bf16 "
-                              f"probabilities, got {tuple(input.shape)} and "
+        raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets or (N, C) bf16 or "
+                              f"float32 probabilities, got {tuple(input.shape)} and "
                               f"{getattr(target, 'shape', type(target).__name__)}")
     if probs and ignore_index >= 0:
         raise InvalidArgument("ignore_index is not supported for floating point target (as in torch)")
@@ -308,10 +313,12 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
         raise InvalidArgument(f"label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
     bf16_weight = weight
     if weight is not None:
-        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.shape != input.shape[1:]:
-            raise InvalidType(f"bfloat16 cross_entropy takes a bf16 weight of shape ({input.shape[1]},), as torch "
-                              f"does, got {getattr(weight, 'dtype', type(weight).__name__)} "
-                              f"{tuple(getattr(weight, 'shape', ()))}")
+        # float32 probabilities make the products float32: a float32 weight joins them, as in torch
+        dtypes = (torch.bfloat16, torch.float32) if target.dtype == torch.float32 else (torch.bfloat16,)
+        if not isinstance(weight, torch.Tensor) or weight.dtype not in dtypes or weight.shape != input.shape[1:]:
+            raise InvalidType(f"bfloat16 cross_entropy takes a {' or '.join(str(d)[6:] for d in dtypes)} weight of "
+                              f"shape ({input.shape[1]},), as torch does, got "
+                              f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
         if torch.is_grad_enabled() and weight.requires_grad:
             raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
                                       "probability targets, not weight")
@@ -338,7 +345,8 @@ def cross_entropy(
 
     input is (C), (N, C) or (N, C, d1, ...) float32 or bfloat16 on the CPU; target
     is class indices (int64 or uint8, input's shape without C) or class
-    probabilities (input's dtype and shape). bf16 with the default variant: its
+    probabilities (input's dtype and shape; float32 ones with bf16 input too, the loss then float32 as
+    torch promotes it). bf16 with the default variant: its
     float32 arithmetic on the widened values in C, the loss and dlogits rounded
     once where stored; with ptref: torch's bf16 bits. ``z_loss`` adds z_loss * logsumexp(row)**2 to each
     non-ignored row's loss before the reduction. ``variant`` is "default" (fused,
@@ -371,7 +379,9 @@ def cross_entropy(
     probs = _check_target(input, target, ignore_index)
     C = input.shape[0] if input.dim() == 1 else input.shape[1]
     if weight is not None:
-        require_floating(weight, "weight", like=input)
+        # float32 probabilities make bf16 logits' products float32: a float32 weight joins them, as in torch
+        mixed = probs and input.dtype == torch.bfloat16 and target.dtype == torch.float32
+        require_floating(weight, "weight", like=None if mixed else input)
         if weight.shape != (C,):
             raise InvalidArgument(f"weight must have shape ({C},) (one per class), got {tuple(weight.shape)}")
         weight = weight.contiguous()
