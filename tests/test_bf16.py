@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import _bindings, kernels, reference
 from ckparity.errors import InvalidArgument, InvalidType
+from ckparity.kernels.sweeping import torch_threads
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -295,7 +296,7 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
     weight = (torch.rand(97, generator=g) + 0.5).bfloat16()
     for kwargs, what in ((dict(variant="ptref", inplace_backward=True), "inplace_backward"),
                          (dict(variant="ptref", z_loss=1e-4), "z_loss"),
-                         (dict(variant="ptref", target=torch.softmax(x.float(), 1)), "probability targets other"),
+                         (dict(variant="ptref", target=torch.softmax(x.float(), 1).half()), "probability targets other"),
                          (dict(variant="ptref", weight=torch.ones(97)), "bf16 weight")):
         with pytest.raises(InvalidType, match=what.replace("(", r"\(").replace(")", r"\)")):
             ckparity.cross_entropy(x, kwargs.pop("target", target), **kwargs)
@@ -369,6 +370,42 @@ def test_bf16_probability_targets_get_torchs_gradient(reduction):
             assert mine.dtype == torch.bfloat16 and torch.equal(_bits(mine), _bits(torchs))
     with pytest.raises(NotImplementedError, match="not weight"):
         ckparity.cross_entropy(x, q, weight=weight.clone().requires_grad_(True), variant="ptref")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_float32_probabilities_with_bf16_logits_are_torchs_mixed_call(reduction):
+    """torch takes bf16 logits with float32 probabilities and promotes the loss to float32: ptref gives its
+    bits -- the loss float32, the logits' gradient bf16, the probabilities' float32 -- with a bf16 or float32
+    weight, smoothing, another upstream gradient, rows of every kind of non-finite value; a row sum across
+    torch's threads (one row of 40000); a float16 target is refused by name."""
+    g = torch.Generator().manual_seed(13)
+    for V, extra in itertools.product((1, 37, 40000), (dict(), dict(weight=torch.float32, label_smoothing=0.2),
+                                                       dict(weight=torch.bfloat16))):
+        N = 1 if V == 40000 else 5
+        kwargs = dict(extra, weight=(torch.rand(V, generator=g) + 0.5).to(extra["weight"])) if extra else extra
+        x = (torch.randn(N, V, generator=g) * 3).bfloat16().requires_grad_(True)
+        q = torch.softmax(torch.randn(N, V, generator=g), 1).requires_grad_(True)
+        up = torch.randn(N if reduction == "none" else (), generator=g) * 3
+        with torch_threads(2):
+            ours = ckparity.cross_entropy(x, q, reduction=reduction, variant="ptref", **kwargs)
+            theirs = F.cross_entropy(x, q, reduction=reduction, **kwargs)
+            assert ours.dtype == torch.float32 and torch.equal(ours.detach(), theirs.detach()), (V, extra)
+            mine, torchs = torch.autograd.grad(ours, (x, q), up), torch.autograd.grad(theirs, (x, q), up)
+        assert mine[0].dtype == torch.bfloat16 and torch.equal(_bits(mine[0]), _bits(torchs[0])), (V, extra)
+        assert torch.equal(mine[1], torchs[1])
+    from ckparity.kernels.sweeping import special_rows
+
+    x = special_rows(g, 97, torch.bfloat16).requires_grad_(True)
+    q = torch.softmax(torch.randn(x.shape, generator=g), 1)
+    ours, theirs = (fn(x, q, reduction=reduction, **kw) for fn, kw in ((ckparity.cross_entropy, {"variant": "ptref"}),
+                                                                       (F.cross_entropy, {})))
+    nan = theirs.isnan()
+    assert nan.any() and torch.equal(ours.isnan(), nan) and torch.equal(ours[~nan], theirs[~nan])
+    (dx,), (tdx,) = torch.autograd.grad(ours.sum(), x), torch.autograd.grad(theirs.sum(), x)
+    nan = tdx.isnan()
+    assert torch.equal(dx.isnan(), nan) and torch.equal(_bits(dx)[~nan], _bits(tdx)[~nan])
+    with pytest.raises(InvalidType, match="probability targets other than bf16 or float32"):
+        ckparity.cross_entropy(x, q.half(), variant="ptref")
 
 
 def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(monkeypatch):
@@ -464,28 +501,31 @@ def test_the_default_cross_entropy_in_bf16_is_no_less_accurate_than_torchs():
 
 def test_the_default_cross_entropy_in_bf16_is_the_float32_kernel_on_the_widened_logits():
     """The default variant's bf16 entry point widens a row at a time in C: its loss and dlogits are the
-    float32 kernel's on logits.float(), rounded once -- class and bf16 probability targets, weights,
-    smoothing, z-loss, every reduction, an upstream gradient folded in before the rounding, (N, C, d)
-    logits, widths across the vector tails; in place (dlogits over the logits) too, at the C level."""
+    float32 kernel's on logits.float(), rounded once -- class, bf16 and float32 probability targets (the
+    loss then float32, as torch promotes it, with a bf16 or float32 weight), weights, smoothing, z-loss,
+    every reduction, an upstream gradient folded in before the rounding, (N, C, d) logits, widths across
+    the vector tails; in place (dlogits over the logits) too, at the C level."""
     from ckparity.ops.cross_entropy import cross_entropy_forward_backward
 
     g = torch.Generator().manual_seed(12)
     for V, probs, reduction, extra in itertools.product(
-            (1, 7, 8, 9, 31, 300, 1001), (False, True), ("mean", "sum", "none"),
+            (1, 7, 8, 9, 31, 300, 1001), (None, torch.bfloat16, torch.float32), ("mean", "sum", "none"),
             (dict(), dict(label_smoothing=0.1, z_loss=1e-3), dict(weight="w"))):
         x = (torch.randn(6, V, generator=g) * 3).bfloat16()
-        t = (torch.softmax(torch.randn(6, V, generator=g), 1).bfloat16() if probs else
+        t = (torch.softmax(torch.randn(6, V, generator=g), 1).to(probs) if probs else
              torch.tensor([0, V - 1, -100, 0, V // 2, 1 % V]))
-        kwargs = dict(extra, weight=(torch.rand(V, generator=g) + 0.5).bfloat16()) if "weight" in extra else extra
-        up = (torch.randn(6 if reduction == "none" else (), generator=g) * 3).bfloat16()
+        w_dtype = torch.float32 if probs == torch.float32 else torch.bfloat16
+        kwargs = dict(extra, weight=(torch.rand(V, generator=g) + 0.5).to(w_dtype)) if "weight" in extra else extra
+        loss_dtype = torch.float32 if probs == torch.float32 else torch.bfloat16
+        up = (torch.randn(6 if reduction == "none" else (), generator=g) * 3).bfloat16().to(loss_dtype)
         a = x.clone().requires_grad_(True)
         loss = ckparity.cross_entropy(a, t, reduction=reduction, **kwargs)
         (dx,) = torch.autograd.grad(loss, a, up)
         wide = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
         f_loss, f_dx = cross_entropy_forward_backward(x.float(), t.float() if probs else t, reduction=reduction,
                                                       row_grad=up.float().reshape(-1), **wide)
-        assert loss.dtype == dx.dtype == torch.bfloat16
-        assert torch.equal(_bits(loss.detach()), _bits(f_loss.bfloat16())), (V, probs, reduction, extra)
+        assert loss.dtype == loss_dtype and dx.dtype == torch.bfloat16
+        assert torch.equal(loss.detach().float(), f_loss.to(loss_dtype).float()), (V, probs, reduction, extra)
         assert torch.equal(_bits(dx), _bits(f_dx.bfloat16())), (V, probs, reduction, extra)
     x = (torch.randn(2, 33, 5, generator=g) * 3).bfloat16()  # (N, C, d): the class dimension moved last
     t = torch.randint(0, 33, (2, 5), generator=g)
@@ -501,8 +541,8 @@ def test_the_default_cross_entropy_in_bf16_is_the_float32_kernel_on_the_widened_
     assert torch.equal(_bits(in_place), _bits(d)) and loss.isfinite()
     with pytest.raises(InvalidArgument, match="default variant"):
         _bindings.cross_entropy_default_bf16(x, t, _bindings.cross_entropy_options(variant="ptref"), loss, d)
-    with pytest.raises(InvalidType, match="bf16 class probabilities"):
-        ckparity.cross_entropy(x, torch.softmax(x.float(), 1))
+    with pytest.raises(InvalidType, match="bf16 or float32 class probabilities"):
+        ckparity.cross_entropy(x, torch.softmax(x.float(), 1).half())
     with pytest.raises(InvalidType, match="weight"):
         ckparity.cross_entropy(x, t, weight=torch.ones(300))
 

@@ -239,7 +239,8 @@ def fuzz_bf16(rng: random.Random) -> int:
         x = bf16(data(rng, n))
         default = rng.random() < 0.4
         probs = rng.random() < 0.4
-        target = (bf16(data(rng, n).abs()) if probs else
+        f32p = probs and rng.random() < 0.4  # float32 probabilities: ckp_cross_entropy_probs_bf16_f32p, loss float32
+        target = (data(rng, n).abs() if f32p else bf16(data(rng, n).abs()) if probs else
                   torch.tensor([pick(rng, [-100, 0, max(W - 1, 0)], -1, max(W, 0)) for _ in range(max(N, 1))],
                                dtype=torch.int64))
         weight = bf16(data(rng, max(W, 1)).abs()).float() if rng.random() < 0.5 else None  # bf16 values as floats
@@ -251,10 +252,13 @@ def fuzz_bf16(rng: random.Random) -> int:
         opt.z_loss = pick(rng, [0.0, 1e-4], -1.0) if default else pick(rng, [0.0], 1e-4)
         opt.torch_threads = pick(rng, [1, 2], 0)
         opt.weight = ptr(weight)
-        loss = torch.empty(max(N, 1) + 1, dtype=torch.float32 if default else torch.bfloat16)
+        loss = torch.empty(max(N, 1) + 1, dtype=torch.float32 if default or f32p else torch.bfloat16)
         dlogits = x if rng.random() < 0.05 else (None if rng.random() < 0.2 else torch.empty(n + 1, dtype=torch.bfloat16))
-        target_ptr = hp(target) if probs else ptr(target, 0, "int64_t *")
-        if default:
+        target_ptr = ptr(target) if f32p else hp(target) if probs else ptr(target, 0, "int64_t *")
+        if f32p:
+            call = lambda: lib.ckp_cross_entropy_probs_bf16_f32p(  # noqa: E731
+                hp(maybe_null(rng, x)), ffi.NULL if rng.random() < 0.05 else target_ptr, N, W, opt, ptr(maybe_null(rng, loss)), hp(dlogits))
+        elif default:
             call = lambda: lib.ckp_cross_entropy_default_bf16(  # noqa: E731
                 hp(maybe_null(rng, x)), ffi.NULL if probs else target_ptr, target_ptr if probs else ffi.NULL, N, W,
                 opt, ptr(maybe_null(rng, loss)), hp(dlogits))

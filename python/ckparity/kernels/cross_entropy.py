@@ -277,11 +277,14 @@ def vocab_parallel_ce(L, fill, x, target, shards):
     return (global_max, global_sums, loss_rows, *grads)
 
 
-def probe_call_bf16(L, fill, x, target, reduction, weight=None, label_smoothing=0.0, torch_threads=1):
-    """The bf16 ptref entry point for class targets, or for bf16 probabilities (target of x's shape)."""
-    loss, d = out((x.shape[0],) if reduction == "none" else (), fill, torch.bfloat16), out(x, fill)
+def probe_call_bf16(L, fill, x, target, reduction, weight=None, label_smoothing=0.0, torch_threads=1,
+                    variant="ptref"):
+    """The bf16 ptref entry point for class targets, or for bf16 or float32 probabilities (target of x's
+    shape; float32: either variant, the loss float32)."""
+    loss_dtype = torch.float32 if target.dtype == torch.float32 else torch.bfloat16
+    loss, d = out((x.shape[0],) if reduction == "none" else (), fill, loss_dtype), out(x, fill)
     options = _bindings.cross_entropy_options(weight, reduction=reduction, label_smoothing=label_smoothing,
-                                              variant="ptref", torch_threads=torch_threads)
+                                              variant=variant, torch_threads=torch_threads)
     _bindings.cross_entropy_bf16(x, target, options, loss, d, library=L)
     return loss, d
 
@@ -302,11 +305,17 @@ def _probe(g: torch.Generator):
                    lambda L, f, r=reduction, a=xv, b=tv, w=wv: probe_call_bf16(L, f, a, b, r, w, 0.1))
             yield (f"ce ptref bf16 V={V} {reduction} probabilities",
                    lambda L, f, r=reduction, a=xv, p=pv, w=wv: probe_call_bf16(L, f, a, p, r, w, 0.1))
+            for variant in ("ptref", "default"):  # float32 probabilities
+                yield (f"ce {variant} bf16 V={V} {reduction} float32 probabilities",
+                       lambda L, f, r=reduction, a=xv, p=pv.float(), w=wv, v=variant:
+                       probe_call_bf16(L, f, a, p, r, w, 0.1, variant=v))
     xs = (torch.randn(64, 4097, generator=g) * 4).bfloat16()
     ps = torch.softmax(torch.randn(64, 4097, generator=g), -1).bfloat16()
     for threads in (2, 3):  # the probabilities' sum split in chunks as torch's threads split it
         yield (f"ce ptref bf16 probabilities torch_threads={threads}",
                lambda L, f, k=threads, a=xs, p=ps: probe_call_bf16(L, f, a, p, "mean", torch_threads=k))
+        yield (f"ce ptref bf16 float32 probabilities torch_threads={threads}",
+               lambda L, f, k=threads, a=xs, p=ps.float(): probe_call_bf16(L, f, a, p, "mean", torch_threads=k))
     x = torch.randn(37, 1003, generator=g) * 4
     x[3, :] = -1e4  # a row far from its max
     t = torch.randint(0, 1003, (37,), generator=g)

@@ -316,7 +316,8 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
         # float32 probabilities make the products float32: a float32 weight joins them, as in torch
         dtypes = (torch.bfloat16, torch.float32) if target.dtype == torch.float32 else (torch.bfloat16,)
         if not isinstance(weight, torch.Tensor) or weight.dtype not in dtypes or weight.shape != input.shape[1:]:
-            raise InvalidType(f"bfloat16 cross_entropy takes a {' or '.join(str(d)[6:] for d in dtypes)} weight of "
+            names = " or ".join("bf16" if d == torch.bfloat16 else "float32" for d in dtypes)
+            raise InvalidType(f"bfloat16 cross_entropy takes a {names} weight of "
                               f"shape ({input.shape[1]},), as torch does, got "
                               f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
         if torch.is_grad_enabled() and weight.requires_grad:
