@@ -22,13 +22,14 @@ from ckparity.bench import interleaved_median_ms
 from ckparity.harness.loop.report import check_writable, write_json
 from ckparity.kernels.benching import fwd_bwd
 
-OPTIONS = {  # name -> (keyword arguments, probability targets)
+OPTIONS = {  # name -> (keyword arguments, probability targets: True in the logits' dtype, or this dtype)
     "plain": ({}, False),
     "label_smoothing": ({"label_smoothing": 0.1}, False),
     "weight": ({"weight": True}, False),
     "reduction none": ({"reduction": "none"}, False),
     "probabilities": ({}, True),
     "probabilities, label_smoothing": ({"label_smoothing": 0.1}, True),
+    "float32 probabilities": ({}, torch.float32),  # with bf16 logits: torch's mixed call, the loss float32
 }
 
 
@@ -38,12 +39,15 @@ def rows(N: int, V: int, repeats: int):
         x = torch.randn(N, V, generator=g).to(dtype).requires_grad_(True)
         classes = torch.randint(0, V, (N,), generator=g)
         classes[::7] = -100  # ignored rows, as padding makes them
-        probs = torch.softmax(torch.randn(N, V, generator=g), -1).to(dtype)
+        probs32 = torch.softmax(torch.randn(N, V, generator=g), -1)
+        probs = probs32.to(dtype)
         weight = (torch.rand(V, generator=g) + 0.5).to(dtype)
         for variant in ("default", "ptref"):
             for name, (kwargs, soft) in OPTIONS.items():
+                if soft is torch.float32 and dtype == torch.float32:
+                    continue  # the "probabilities" row
                 kw = {**kwargs, **({"weight": weight} if "weight" in kwargs else {})}
-                target = probs if soft else classes
+                target = probs32 if soft is torch.float32 else probs if soft else classes
                 row = {"dtype": str(dtype).removeprefix("torch."), "variant": variant, "option": name}
                 ours = fwd_bwd(lambda a, **k: ckparity.cross_entropy(a, target, variant=variant, **k), x, **kw)
                 try:
