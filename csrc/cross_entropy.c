@@ -738,6 +738,19 @@ static inline __attribute__((always_inline)) int ce_cursor_move(ce_cursor *c, in
         return TERMS8(r, c);                                                                                \
     }
 
+/* torch.sum over a batch's terms (MAP8: WIDTH of them a vector step) and the chunk sum
+ * ckp_aten_split_sum takes, P##_batch_range: a copy of the batch in ctx with its cursor at the chunk's
+ * start, its total through FINISH (bf16 rounds each chunk's total; CE_AS_IS keeps it). */
+#define CE_AS_IS(x) (x)
+#define CE_DEFINE_BATCH_SUM(P, MAP8, WIDTH, FINISH)                                                         \
+    CKP_DEFINE_ATEN_SUM(P##_batch_sum, MAP8, P##_batch1, WIDTH)                                             \
+    CKP_CLONES static float P##_batch_range(const void *ctx, int64_t begin, int64_t n) {                   \
+        P##_batch b = *(const P##_batch *)ctx;                                                              \
+        b.at.begin = begin;                                                                                 \
+        b.at.row = -1;                                                                                      \
+        return FINISH(P##_batch_sum(&b, n));                                                                \
+    }
+
 /* Rows' loss terms (pt_term) as one flattened sequence for torch.sum: a whole batch's (probability
  * targets' sum over every element) or one row's (a batch of one row). */
 typedef struct {
@@ -758,15 +771,7 @@ static inline __attribute__((always_inline)) const pt_row *pt_batch_at(pt_batch 
 }
 
 CE_DEFINE_BATCH_MAPS(pt, pt_row, pt_batch_at, pt_term, pt_terms8)
-
-CKP_DEFINE_ATEN_SUM(pt_batch_sum, pt_batch8, pt_batch1, CKP_VLANES)
-
-CKP_CLONES static float pt_batch_range(const void *ctx, int64_t begin, int64_t n) {
-    pt_batch b = *(const pt_batch *)ctx;
-    b.at.begin = begin;
-    b.at.row = -1;
-    return pt_batch_sum(&b, n);
-}
+CE_DEFINE_BATCH_SUM(pt, pt_batch8, CKP_VLANES, CE_AS_IS)
 
 /* torch.sum over one row's terms, split as torch splits a (1, V) input's (r->sum_threads) */
 static float pt_row_terms_sum(const pt_row *r, int64_t V) {
@@ -1571,14 +1576,7 @@ static inline __attribute__((always_inline)) ckp_v8f bf_batch8_bf16(const void *
     return bf_batch8(ctx, j) + bf_batch8(ctx, j + CKP_VLANES);
 }
 
-CKP_DEFINE_ATEN_SUM(bf_batch_sum, bf_batch8_bf16, bf_batch1, 2 * CKP_VLANES)
-
-CKP_CLONES static float bf_batch_range(const void *ctx, int64_t begin, int64_t n) {
-    bf_batch b = *(const bf_batch *)ctx;
-    b.at.begin = begin;
-    b.at.row = -1;
-    return ckp_bf16_round(bf_batch_sum(&b, n));
-}
+CE_DEFINE_BATCH_SUM(bf, bf_batch8_bf16, 2 * CKP_VLANES, ckp_bf16_round)
 
 ckp_status ckp_cross_entropy_probs_bf16(const uint16_t *logits, const uint16_t *target_probs, int64_t N, int64_t V,
                                         const ckp_cross_entropy_options *opt, uint16_t *loss, uint16_t *dlogits) {
@@ -1707,15 +1705,7 @@ static inline __attribute__((always_inline)) const bm_row *bm_batch_at(bm_batch 
 }
 
 CE_DEFINE_BATCH_MAPS(bm, bm_row, bm_batch_at, bm_term, bm_terms8)
-
-CKP_DEFINE_ATEN_SUM(bm_batch_sum, bm_batch8, bm_batch1, CKP_VLANES)
-
-CKP_CLONES static float bm_batch_range(const void *ctx, int64_t begin, int64_t n) {
-    bm_batch b = *(const bm_batch *)ctx;
-    b.at.begin = begin;
-    b.at.row = -1;
-    return bm_batch_sum(&b, n);
-}
+CE_DEFINE_BATCH_SUM(bm, bm_batch8, CKP_VLANES, CE_AS_IS)
 
 /* ptref: the rows on the library's threads (each row's statistics, its loss with reduction none, its
  * gradient), then the batch's sum in element order. */
