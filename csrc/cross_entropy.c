@@ -1663,6 +1663,36 @@ static inline __attribute__((always_inline)) void bm_logp(const bm_row *r, int64
     for (int64_t k = 0; k < n; k++) e[k] = bf_logp(r->x, j + k, r->m, r->log_sum);
 }
 
+/* A row's logp (bm_logp) and the gradient reaching it (pt_grad_logp, rounded to bf16) on vectors of N
+ * lanes, as far as whole vectors go; each returns the first element it did not write. */
+#define BM_DEFINE_ROW_LOOPS(N)                                                                              \
+    static inline __attribute__((always_inline)) int64_t bm_logp_of##N(const bm_row *r, int64_t V, float *e) { \
+        const ckp_v##N##f mv = ckp_splat##N(r->m), lv = ckp_splat##N(r->log_sum);                           \
+        int64_t j = 0;                                                                                      \
+        for (; j + N <= V; j += N)                                                                          \
+            ckp_elem_store##N(e, j, ckp_bf16_round##N((ckp_bf16_load##N(r->x + j) - mv) - lv), sizeof *e);  \
+        return j;                                                                                           \
+    }                                                                                                       \
+    static inline __attribute__((always_inline)) int64_t bm_grad_of##N(const pt_row *f, int64_t V, float *g) { \
+        int64_t j = 0;                                                                                      \
+        for (; j + N <= V; j += N) ckp_elem_store##N(g, j, ckp_bf16_round##N(pt_g##N(f, j)), sizeof *g);    \
+        return j;                                                                                           \
+    }
+
+BM_DEFINE_ROW_LOOPS(8)
+BM_DEFINE_ROW_LOOPS(16)
+
+CKP_CLONES static void bm_logp_row(const bm_row *r, int64_t V, float *e) {
+    int64_t j = ckp_lanes16() ? bm_logp_of16(r, V, e) : bm_logp_of8(r, V, e);
+    bm_logp(r, j, V - j, e + j);
+}
+
+/* g_j = bf16((g * w_j) * q_j): autograd's cast of the float32 gradient to logp's dtype */
+CKP_CLONES static void bm_grad_row(const pt_row *f, int64_t V, float *g) {
+    int64_t j = ckp_lanes16() ? bm_grad_of16(f, V, g) : bm_grad_of8(f, V, g);
+    for (; j < V; j++) g[j] = ckp_bf16_round(pt_grad_logp((void *)f, j));
+}
+
 static float bm_term(const bm_row *r, int64_t j) {
     float l;
     bm_logp(r, j, 1, &l);
@@ -1675,7 +1705,7 @@ static float bm_term(const bm_row *r, int64_t j) {
 
 static inline __attribute__((always_inline)) ckp_v8f bm_terms8(const bm_row *r, int64_t c) {
     float l[8];
-    bm_logp(r, c, 8, l);
+    ckp_store8(l, ckp_bf16_round8((ckp_bf16_load8(r->x + c) - ckp_splat8(r->m)) - ckp_splat8(r->log_sum)));
     pt_row t = r->pt;
     t.x = l;
     t.P += c;
@@ -1743,7 +1773,7 @@ static ckp_status bm_ptref(const uint16_t *logits, const float *target_probs, in
             m[i] = r.m;
             log_sum[i] = r.log_sum;
             if (!none && dlogits == NULL) continue;
-            bm_logp(&r, 0, V, logp);
+            bm_logp_row(&r, V, logp);
             pt_row f = r.pt; /* the float32 row on the logp */
             f.x = logp;
             f.P = target_probs + i * V;
@@ -1751,7 +1781,7 @@ static ckp_status bm_ptref(const uint16_t *logits, const float *target_probs, in
             if (dlogits == NULL) continue;
             const float u = opt->row_grad != NULL ? opt->row_grad[none ? i : 0] : 1.0f;
             f.smooth_grad = -(mean ? u / (float)N : u); /* -(...).sum() / N: each product receives -u/N */
-            for (int64_t j = 0; j < V; j++) g[j] = ckp_bf16_round(pt_grad_logp(&f, j));
+            bm_grad_row(&f, V, g);
             bf_grad_row_dense(r.x, V, r.m, r.log_sum, least, g, r.pt.at, dlogits + i * V);
         }
     }
