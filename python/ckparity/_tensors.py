@@ -4,11 +4,12 @@ C library must be."""
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import torch
 
-from .errors import InvalidType
+from .errors import InvalidArgument, InvalidType
 
 
 def require_cpu(tensor: torch.Tensor, name: str) -> None:
@@ -82,6 +83,16 @@ def plain(tensor, dim: int, dtypes: tuple[torch.dtype, ...] = FLOATING) -> bool:
 # this machine (4 KB pages: 45-70 ms every time), then 11 ms -- the kernel
 # assembling 2 MB pages from memory the process has not held before, once. A
 # training run pays it in its first steps; a timing's first calls show it.
+# Not only then, on a VM whose balloon reports free memory to the host
+# (virtio-balloon's free page reporting, which this machine's has): the guest
+# reports free blocks of 2 MB and more, the host discards them, and a huge page
+# made from one faults on the host when it is first written. The default
+# cross_entropy's fwd+bwd at (2048, 32000), torch's eager loss run between
+# calls, 75 calls: median 25 ms on huge pages, 68 on 4 KB ones, but the mean
+# 51-67 against 69, the 90th percentile 141-257 against 71 (two runs each,
+# /tmp script; no reclaim or compaction in /proc/vmstat). The bench reports
+# means beside medians for that reason; CKP_HUGE_PAGES=0 turns the advice off
+# (read when ckparity is imported).
 HUGE_PAGES_FROM = 4 << 20
 _PAGE = 4096
 _MADV_HUGEPAGE = 14
@@ -98,7 +109,15 @@ def _madvise():
     return fn
 
 
-_MADVISE = _madvise()
+def _huge_pages_wanted() -> bool:
+    value = os.environ.get("CKP_HUGE_PAGES", "1")
+    if value not in ("0", "1"):
+        raise InvalidArgument(f"CKP_HUGE_PAGES must be 0 (4 KB pages for large outputs) or 1 (huge pages where "
+                              f"Linux gives them, the default), got {value!r}")
+    return value == "1"
+
+
+_MADVISE = _madvise() if _huge_pages_wanted() else None
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:

@@ -5,6 +5,9 @@ Per kernel and shape:
 - ``ckparity_ms`` / ``torch_ms``: median time of the user-facing call
   (forward+backward through autograd with fresh output tensors, or the
   optimizer step), and ``speedup`` = torch_ms / ckparity_ms;
+  ``ckparity_mean_ms`` / ``torch_mean_ms`` and ``speedup_of_means`` (and
+  ``speedup_vs_compile_of_means``) the same of the samples' means: what a run
+  of calls costs, slow calls included (a median leaves them out);
 - ``kernel_ms``: median time of the C calls alone on preallocated outputs
   (no autograd, no allocation), ``c_calls`` of them, through the same
   bindings the ops use (ckparity._bindings: pointer casts and the status
@@ -67,12 +70,12 @@ def _times_ms(fn: Callable[[], object], repeats: int) -> list[float]:
 SAMPLE_MS = 1.0
 
 
-def interleaved_median_ms(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median times per call of several callables measured in turn (a, b, c,
-    a, b, c, ...): on a shared machine whose speed drifts, each sees the same
-    drift, so their ratios are steadier than from back-to-back blocks. A
-    callable faster than SAMPLE_MS is run that many times in a row per sample
-    (the count fixed by its second call)."""
+def interleaved_samples_ms(fns: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """Each callable's samples (time per call, ms), the callables measured in
+    turn (a, b, c, a, b, c, ...): on a shared machine whose speed drifts, each
+    sees the same drift, so their ratios are steadier than from back-to-back
+    blocks. A callable faster than SAMPLE_MS is run that many times in a row
+    per sample (the count fixed by its second call)."""
     runs = []
     for fn in fns:
         fn()  # warm up
@@ -86,7 +89,12 @@ def interleaved_median_ms(fns: list[Callable[[], object]], repeats: int) -> list
             for _ in range(n):
                 fn()
             out.append(1e3 * (time.perf_counter() - start) / n)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def interleaved_median_ms(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """The median of each callable's interleaved_samples_ms."""
+    return [statistics.median(t) for t in interleaved_samples_ms(fns, repeats)]
 
 
 class _Nothing(torch.autograd.Function):
@@ -203,13 +211,21 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
         compiled, compile_error = _compile(case) if compile else (None, "--no-compile")
         fns = [case.ours, case.theirs] + ([compiled] if compiled is not None else []) + \
               ([case.c_kernel] if case.c_kernel is not None else [])
-        ck_ms, torch_ms, *rest = interleaved_median_ms(fns, repeats)
+        samples = interleaved_samples_ms(fns, repeats)
+        ck_ms, torch_ms, *rest = (statistics.median(t) for t in samples)
+        # the means too: a call that is slow now and then (a fresh output's pages, [Note: huge pages for
+        # large outputs]) costs a training run its mean, which the median does not show
+        ck_mean, torch_mean, *rest_mean = (statistics.mean(t) for t in samples)
         compile_ms = rest.pop(0) if compiled is not None else None
+        compile_mean = rest_mean[0] if compiled is not None else None
         kernel = rest
         row = {"kernel": case.kernel, "shape": case.shape, "ckparity_ms": ck_ms, "torch_ms": torch_ms,
                "speedup": torch_ms / ck_ms, "torch_compile_ms": compile_ms,
                "speedup_vs_compile": compile_ms / ck_ms if compile_ms is not None else None,
-               "compile_error": compile_error, "ckparity_gbps": case.nbytes / (ck_ms * 1e6)}
+               "compile_error": compile_error, "ckparity_mean_ms": ck_mean, "torch_mean_ms": torch_mean,
+               "speedup_of_means": torch_mean / ck_mean,
+               "speedup_vs_compile_of_means": compile_mean / ck_mean if compile_mean is not None else None,
+               "ckparity_gbps": case.nbytes / (ck_ms * 1e6)}
         row["bandwidth_fraction"] = row["ckparity_gbps"] / copy
         if kernel:
             kernel_ms = kernel[0]
@@ -236,12 +252,17 @@ def table(data: dict) -> str:
              f"torch at {data['capability']['torch']}" +
              (f"; a Python autograd.Function that computes nothing: {floor:.1f} us fwd+bwd" if floor else ""),
              "", "| kernel | shape | ckparity ms | torch eager ms | speedup | torch.compile ms | speedup vs compile "
-             "| of copy | C kernel ms | kernel of copy | overhead us/call |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| speedup of means: eager / compile | of copy | C kernel ms | kernel of copy | overhead us/call |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
         kernel = (f"{r['kernel_ms']:.3f} | {100 * r['kernel_bandwidth_fraction']:.0f}% | "
                   f"{r['overhead_us_per_call']:.0f}") if "kernel_ms" in r else "- | - | -"
         compiled = (f"{r['torch_compile_ms']:.3f} | {r['speedup_vs_compile']:.2f}x" if r["torch_compile_ms"] is not None
                     else "- | -")
+        means = "-"  # not in reports older than it, nor in the rows timed once
+        if r.get("speedup_of_means") is not None:
+            of_compile = r.get("speedup_vs_compile_of_means")
+            means = f"{r['speedup_of_means']:.2f}x / " + (f"{of_compile:.2f}x" if of_compile is not None else "-")
         lines.append(f"| {r['kernel']} | {r['shape']} | {r['ckparity_ms']:.3f} | {r['torch_ms']:.3f} | "
-                     f"{r['speedup']:.2f}x | {compiled} | {100 * r['bandwidth_fraction']:.0f}% | {kernel} |")
+                     f"{r['speedup']:.2f}x | {compiled} | {means} | {100 * r['bandwidth_fraction']:.0f}% | {kernel} |")
     return "\n".join(lines)
