@@ -240,7 +240,7 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
 
         row = vocab_parallel_row(repeats)
         results.append({**row, "bandwidth_fraction": row["ckparity_gbps"] / copy})
-    return {"schema": "ckparity.bench/4", "dtype": dtype, "capability": cpu.capability(), "copy_gbps": copy,
+    return {"schema": "ckparity.bench/5", "dtype": dtype, "capability": cpu.capability(), "copy_gbps": copy,
             "autograd_floor_us": autograd_floor_us(repeats), "threads": get_num_threads(),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": repeats,
             "results": results}
