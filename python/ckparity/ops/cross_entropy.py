@@ -17,6 +17,12 @@ from ..errors import InvalidArgument, InvalidType
 from ._function import CFunction, first_order_only
 
 
+def _float32_products(logits: torch.Tensor, target: torch.Tensor) -> bool:
+    """bf16 logits with float32 probabilities: torch's products are float32, and a float32 weight
+    joins them as a bf16 one does (both variants take either)."""
+    return logits.dtype == torch.bfloat16 and target.dtype == torch.float32
+
+
 def _loss_dtype(logits: torch.Tensor, target: torch.Tensor) -> torch.dtype:
     """torch's: the logits', or float32 where float32 probabilities promote a bf16 loss."""
     return torch.float32 if target.dtype == torch.float32 else logits.dtype
@@ -313,8 +319,7 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
         raise InvalidArgument(f"label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
     bf16_weight = weight
     if weight is not None:
-        # float32 probabilities make the products float32: a float32 weight joins them, as in torch
-        dtypes = (torch.bfloat16, torch.float32) if target.dtype == torch.float32 else (torch.bfloat16,)
+        dtypes = (torch.bfloat16, torch.float32) if _float32_products(input, target) else (torch.bfloat16,)
         if not isinstance(weight, torch.Tensor) or weight.dtype not in dtypes or weight.shape != input.shape[1:]:
             names = " or ".join("bf16" if d == torch.bfloat16 else "float32" for d in dtypes)
             raise InvalidType(f"bfloat16 cross_entropy takes a {names} weight of "
@@ -380,9 +385,7 @@ def cross_entropy(
     probs = _check_target(input, target, ignore_index)
     C = input.shape[0] if input.dim() == 1 else input.shape[1]
     if weight is not None:
-        # float32 probabilities make bf16 logits' products float32: a float32 weight joins them, as in torch
-        mixed = probs and input.dtype == torch.bfloat16 and target.dtype == torch.float32
-        require_floating(weight, "weight", like=None if mixed else input)
+        require_floating(weight, "weight", like=None if probs and _float32_products(input, target) else input)
         if weight.shape != (C,):
             raise InvalidArgument(f"weight must have shape ({C},) (one per class), got {tuple(weight.shape)}")
         weight = weight.contiguous()
