@@ -48,6 +48,24 @@ void ckp_clear_error(void) { last_error[0] = '\0'; }
 const char *ckp_version(void) { return CKP_VERSION; }
 const char *ckp_build_info(void) { return CKP_BUILD_INFO; }
 
+const char *ckp_isa(void) {
+#if defined(CKP_NO_CLONES) || !defined(__x86_64__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+    return "x86-64-v4";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "x86-64-v3";
+#else
+    return "baseline";
+#endif
+#else
+    /* the test target_clones' resolver makes (GCC 12: the levels are __builtin_cpu_supports names) */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
+    if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
+    return "baseline";
+#endif
+}
+
 /* 0 means "not set yet": resolved from the environment on first use. */
 static int num_threads = 0;
 

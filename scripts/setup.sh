@@ -19,7 +19,7 @@ export PATH="$ROOT/.venv/bin:$PATH"
 quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 
 quiet "$PY" -m pip install --quiet --disable-pip-version-check \
-  "${CKP_TORCH_SPEC:-torch==2.13.0}" numpy cffi safetensors pytest expecttest tqdm matplotlib meson-python meson ninja
+  "${CKP_TORCH_SPEC:-torch==2.13.0}" numpy cffi safetensors pytest pytest-xdist expecttest tqdm matplotlib meson-python meson ninja
 # --no-build-isolation: build with the meson/ninja just installed, offline.
 quiet "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps .
 "$PY" -c "import torch, ckparity" || { echo "setup: torch or ckparity does not import" >&2; exit 2; }

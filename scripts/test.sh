@@ -45,8 +45,13 @@ export CKP_ISA_LIBS="baseline=$ROOT/build/baseline/libckparity.so,x86-64-v3=$ROO
 
 section "pytest"
 cd "$ROOT/tests"
-# --durations: the slowest tests, for keeping CI well under 15 minutes
-python -m pytest -q --durations=25 "$@"
+# --durations: the slowest tests, for keeping CI well under 15 minutes.
+# pytest-xdist, a worker per core (at most 4), a test file whole to one worker
+# (module fixtures build once): the suite's slow tests wait on subprocesses,
+# so two workers on two cores took 407 s where one took 650. Passive OpenMP
+# waits: two workers' torch threads would otherwise spin on each other's cores
+# (with spinning, two workers ran slower than one). Neither changes a bit.
+OMP_WAIT_POLICY=passive python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=25 "$@"
 
 section "C API fuzz and overlap matrix against the ASan+UBSan build"
 # The sanitized library loads into an unsanitized Python with libasan

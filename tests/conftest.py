@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -42,6 +43,20 @@ def _fixed_threads_and_seed():
     torch.manual_seed(0)
     yield
     ckparity.set_num_threads(threads)
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (scripts/test.sh runs the tests on every core) a
+    worker's figures go to the controller, which writes the report."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["measurements"] = json.dumps(MEASUREMENTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker has finished; its figures join the report's."""
+    MEASUREMENTS.extend(json.loads(getattr(node, "workeroutput", {}).get("measurements", "[]")))
 
 
 def pytest_terminal_summary(terminalreporter):

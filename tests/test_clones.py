@@ -64,3 +64,16 @@ def test_same_bits_as_single_isa_build(isa_build, capability, name, run):
     torch.manual_seed(0)
     for k, (elements, count) in enumerate(differing(run, lib, isa_build)):
         assert count == 0, f"{name} at {capability} output {k}: {count} of {elements} elements differ"
+
+
+def test_each_build_names_the_isa_it_runs():
+    """ckp_isa: a single-ISA build names its own; the installed one names the
+    clone GCC's resolver picks here, which is the highest level this CPU runs
+    (ckparity mutate builds that one alone)."""
+    from ckparity._native import isa
+
+    runnable = [name for name in ("x86-64-v4", "x86-64-v3")
+                if all(f in cpu_flags() for f in ISA_NEEDS[name])] + ["baseline"]
+    assert isa() == runnable[0]
+    for name, path in ISA_LIBS.items():
+        assert isa(ffi.dlopen(path)) == name

@@ -147,6 +147,7 @@ def test_a_failed_build_leaves_a_report_that_says_so(tmp_path):
     broken = tmp_path / "checkout"
     (broken / "csrc").mkdir(parents=True)
     (broken / "csrc" / "mutants.h").write_text((ROOT / "csrc" / "mutants.h").read_text())
+    (broken / "meson_options.txt").write_text((ROOT / "meson_options.txt").read_text())  # -Dclones, -Dmarch
     (broken / "meson.build").write_text("project('broken', 'c')\nerror('this checkout does not build')\n")
     done = subprocess.run([sys.executable, "-m", "ckparity", "mutate", "--source", str(broken),
                            "--build-dir", str(tmp_path / "build"), "--out-dir", str(tmp_path / "gates"),

@@ -54,6 +54,12 @@ const char *ckp_last_error(void);
 const char *ckp_version(void);
 const char *ckp_build_info(void);
 
+/* Whose code the hot loops run: "x86-64-v4", "x86-64-v3" or "baseline". A
+ * default build carries all three and GCC's resolver picks one per CPU at
+ * load time; a -Dclones=false build carries one (its -Dmarch's, or the
+ * baseline). Every one gives the same bits: only the speed differs. */
+const char *ckp_isa(void);
+
 /* Threads. The default comes from CKP_NUM_THREADS, then CK_NUM_THREADS, then
  * the number of cores. Results never depend on the thread count. */
 ckp_status ckp_set_num_threads(int num_threads);

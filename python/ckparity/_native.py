@@ -79,3 +79,8 @@ def version() -> str:
 
 def build_info() -> str:
     return ffi.string(lib.ckp_build_info()).decode()
+
+
+def isa(library=None) -> str:
+    """Whose code the loaded library's hot loops run ("x86-64-v4", "x86-64-v3", "baseline")."""
+    return ffi.string((library or lib).ckp_isa()).decode()
