@@ -372,6 +372,27 @@ def test_bf16_probability_targets_get_torchs_gradient(reduction):
         ckparity.cross_entropy(x, q, weight=weight.clone().requires_grad_(True), variant="ptref")
 
 
+def test_the_default_variants_target_gradient_is_float32s_rounded_once():
+    """The default variant's rule for bf16 probability targets too: torch's float32 composite on the
+    widened values, the gradient rounded once; with (N, C, d) logits as well, where a bf16 chain on the
+    flattened rows would be neither torch's bits (its log_softmax over dim 1 runs other loops) nor as
+    accurate. Against float64 no farther than torch's bf16 chain."""
+    g = torch.Generator().manual_seed(17)
+    for shape in ((6, 37), (2, 37, 5), (3, 7, 4, 2)):
+        x = (torch.randn(shape, generator=g) * 3).bfloat16()
+        q = torch.softmax(torch.randn(shape, generator=g) * 2, 1).bfloat16().requires_grad_(True)
+        (ours,) = torch.autograd.grad(ckparity.cross_entropy(x, q), q)
+        (torchs,) = torch.autograd.grad(F.cross_entropy(x, q), q)
+        q64 = q.detach().double().requires_grad_(True)
+        (exact,) = torch.autograd.grad(F.cross_entropy(x.double(), q64), q64)
+        assert ours.dtype == torch.bfloat16 and ours.shape == q.shape
+        assert (ours.double() - exact).abs().max() <= (torchs.double() - exact).abs().max(), shape
+        if len(shape) == 2:
+            qf = q.detach().float().requires_grad_(True)
+            (wide,) = torch.autograd.grad(F.cross_entropy(x.float(), qf), qf)
+            assert torch.equal(_bits(ours), _bits(wide.bfloat16()))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_float32_probabilities_with_bf16_logits_are_torchs_mixed_call(reduction):
     """torch takes bf16 logits with float32 probabilities and promotes the loss to float32: ptref gives its

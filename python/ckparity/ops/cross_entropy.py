@@ -75,15 +75,20 @@ def cross_entropy_forward_backward(
     return loss, dlogits
 
 
-def _target_grad(logits, target, weight, settings, grad_loss):
+def _target_grad(logits, target, weight, settings, grad_loss, widened=False):
     """The gradient of probability targets, by torch's own composite (the
     kernel computes dlogits only; distillation losses that differentiate the
-    soft target are rare enough that torch's arithmetic serves)."""
+    soft target are rare enough that torch's arithmetic serves). ``widened``
+    (the default variant's bf16): the composite in float32 on the widened
+    values, the gradient rounded once where autograd casts it back -- the
+    variant's rule, and no farther from float64 than torch's bf16 composite,
+    which the flattened (N, C) layout would not repeat for (N, C, d1, ...)."""
     with torch.enable_grad():
-        target = target.detach().requires_grad_(True)
-        loss = F.cross_entropy(logits.detach(), target, weight, reduction=settings["reduction"],
-                               label_smoothing=settings["label_smoothing"])
-        (dtarget,) = torch.autograd.grad(loss, target, grad_loss)
+        leaf = target.detach().requires_grad_(True)
+        as_float = (lambda t: None if t is None else t.float()) if widened else (lambda t: t)
+        loss = F.cross_entropy(as_float(logits.detach()), as_float(leaf), as_float(weight),
+                               reduction=settings["reduction"], label_smoothing=settings["label_smoothing"])
+        (dtarget,) = torch.autograd.grad(loss, leaf, as_float(grad_loss))
     return dtarget
 
 
@@ -132,7 +137,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         dtarget = None
         if ctx.needs_input_grad[1]:
             logits, target, weight = inputs
-            dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss)
+            dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss, widened=ctx.rounded)
         if not ctx.needs_input_grad[0]:
             dlogits = None
         elif ctx.reduction_none or ((ctx.settings["variant"] == "ptref" or ctx.rounded) and float(grad_loss) != 1.0):
@@ -294,45 +299,49 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
                         inplace_backward):
     """The bf16 ptref path (the default variant takes cross_entropy's own path): what it takes,
     refused by name otherwise."""
-    probs = isinstance(target, torch.Tensor) and target.is_floating_point()
+    soft = isinstance(target, torch.Tensor) and target.is_floating_point()
     missing = [name for name, given in (("z_loss (torch has none to follow in bf16)", z_loss),
                                         ("inplace_backward (ptref folds the upstream gradient in where torch's "
                                          "chain does, which needs the logits)", inplace_backward),
-                                        ("probability targets other than bf16 or float32", probs
+                                        ("probability targets other than bf16 or float32", soft
                                          and target.dtype not in (torch.bfloat16, torch.float32)))
                if given]
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
         raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref; "
                           f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
-    wanted = input.shape if probs else input.shape[:1]
-    if input.dim() != 2 or not isinstance(target, torch.Tensor) or target.shape != wanted \
-            or target.dtype not in (torch.int64, torch.uint8, torch.bfloat16, torch.float32) or not input.shape[0] \
-            or not input.shape[1]:
-        raise InvalidArgument(f"bfloat16 cross_entropy takes (N, C) logits and (N) class targets or (N, C) bf16 or "
-                              f"float32 probabilities, got {tuple(input.shape)} and "
-                              f"{getattr(target, 'shape', type(target).__name__)}")
-    if probs and ignore_index >= 0:
-        raise InvalidArgument("ignore_index is not supported for floating point target (as in torch)")
+    if input.dim() == 0:
+        raise InvalidArgument("input must have at least 1 dimension (C), got a 0-dim tensor")
+    if input.dim() > 2:  # an InvalidType like the refusals above: check --dtype reads it as "not supported"
+        raise InvalidType(f"bfloat16 cross_entropy with ptref takes (C) or (N, C) logits, got "
+                          f"{tuple(input.shape)}: with the class dimension not last torch's bf16 log_softmax "
+                          f"runs other loops, whose bits ptref does not repeat; the default variant takes it")
+    probs = _check_target(input, target, ignore_index)
     if reduction not in ("mean", "sum", "none"):
         raise InvalidArgument(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise InvalidArgument(f"label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    C = input.shape[0] if input.dim() == 1 else input.shape[1]
     bf16_weight = weight
     if weight is not None:
         dtypes = (torch.bfloat16, torch.float32) if _float32_products(input, target) else (torch.bfloat16,)
-        if not isinstance(weight, torch.Tensor) or weight.dtype not in dtypes or weight.shape != input.shape[1:]:
+        if not isinstance(weight, torch.Tensor) or weight.dtype not in dtypes or weight.shape != (C,):
             names = " or ".join("bf16" if d == torch.bfloat16 else "float32" for d in dtypes)
             raise InvalidType(f"bfloat16 cross_entropy takes a {names} weight of "
-                              f"shape ({input.shape[1]},), as torch does, got "
+                              f"shape ({C},), as torch does, got "
                               f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
         if torch.is_grad_enabled() and weight.requires_grad:
             raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
                                       "probability targets, not weight")
         weight = weight.float().contiguous()  # bf16 values, held as floats (the C API's weight)
+    logits, flat_target, loss_shape = _flatten(input, target, probs)  # (C): one row
+    if C == 0 and not probs and flat_target.numel():
+        raise IndexError(f"Target {int(flat_target[0])} is out of bounds: input has 0 classes")
+    if logits.shape[0] == 0 or C == 0:
+        return _empty_result(input, loss_shape, reduction)
     compute_grad = torch.is_grad_enabled() and input.requires_grad
-    target = target.contiguous() if probs else target.long().contiguous()
-    return _CrossEntropyBF16Function.apply(input.contiguous(), target, weight, reduction, int(ignore_index),
+    loss = _CrossEntropyBF16Function.apply(logits, flat_target, weight, reduction, int(ignore_index),
                                            float(label_smoothing), compute_grad, bf16_weight)
+    return loss.reshape(loss_shape) if reduction == "none" else loss
 
 
 def cross_entropy(
