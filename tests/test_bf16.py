@@ -293,6 +293,13 @@ def test_cross_entropy_ptref_follows_the_dtype_and_refuses_what_is_not_in_bf16()
     (tdx,) = torch.autograd.grad(theirs, x)
     assert loss.dtype == torch.bfloat16 and torch.equal(_bits(loss), _bits(theirs.detach()))
     assert torch.equal(_bits(dx), _bits(tdx))  # bits: an ignored row's zeros are +0, as torch's
+    one = x[7].detach().clone().requires_grad_(True)  # (C): one row, torch's bits as well
+    mine, torchs = (fn(one, target[7], label_smoothing=0.1) for fn in (
+        lambda *a, **k: ckparity.cross_entropy(*a, variant="ptref", **k), F.cross_entropy))
+    assert torch.equal(_bits(mine.detach()), _bits(torchs.detach()))
+    assert torch.equal(_bits(torch.autograd.grad(mine, one)[0]), _bits(torch.autograd.grad(torchs, one)[0]))
+    with pytest.raises(InvalidType, match=r"ptref takes \(C\) or \(N, C\) logits"):  # torch's loops over dim 1
+        ckparity.cross_entropy(x.detach().reshape(300, 97, 1), target.reshape(300, 1), variant="ptref")
     weight = (torch.rand(97, generator=g) + 0.5).bfloat16()
     for kwargs, what in ((dict(variant="ptref", inplace_backward=True), "inplace_backward"),
                          (dict(variant="ptref", z_loss=1e-4), "z_loss"),
