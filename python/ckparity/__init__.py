@@ -5,6 +5,7 @@ See README.md for the API and the parity each function promises.
 
 from . import nn, optim
 from ._native import build_info, version
+from ._tensors import empty_cache
 from .cpu import capability, follow_torch
 from .errors import CkparityError
 from .kernels import register_backend
@@ -25,6 +26,7 @@ __all__ = [
     "capability",
     "clip_grad_norm_",
     "cross_entropy",
+    "empty_cache",
     "fused_linear_cross_entropy",
     "get_num_threads",
     "nn",

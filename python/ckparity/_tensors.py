@@ -4,11 +4,13 @@ C library must be."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 
 import torch
 
+from . import _pool
 from .errors import InvalidArgument, InvalidType
 
 
@@ -120,15 +122,36 @@ def _huge_pages_wanted() -> bool:
 _MADVISE = _madvise() if _huge_pages_wanted() else None
 
 
+def _advise_huge_pages(address: int, nbytes: int) -> None:
+    if _MADVISE is not None:
+        start = (address + _PAGE - 1) // _PAGE * _PAGE
+        _MADVISE(start, (address + nbytes - start) // _PAGE * _PAGE, _MADV_HUGEPAGE)
+
+
+_BUDGET = _pool.budget_from_env()
+POOL = _pool.Pool(_BUDGET, _advise_huge_pages) if _BUDGET else None
+
+
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """torch.empty(shape, dtype=dtype), faulted in by huge pages when it is large
+    """torch.empty(shape, dtype=dtype); when it is large, on a reused buffer
+    ([Note: reused buffers for large outputs]) faulted in by huge pages
     ([Note: huge pages for large outputs])."""
+    shape = tuple(shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < HUGE_PAGES_FROM:
+        return torch.empty(shape, dtype=dtype)
+    if POOL is not None:
+        return POOL.tensor(nbytes, dtype, shape)
     t = torch.empty(shape, dtype=dtype)
-    nbytes = t.numel() * t.element_size()
-    if nbytes >= HUGE_PAGES_FROM and _MADVISE is not None:
-        start = (t.data_ptr() + _PAGE - 1) // _PAGE * _PAGE
-        _MADVISE(start, (t.data_ptr() + nbytes - start) // _PAGE * _PAGE, _MADV_HUGEPAGE)
+    _advise_huge_pages(t.data_ptr(), nbytes)
     return t
+
+
+def empty_cache() -> None:
+    """Drops the large-output buffers no tensor holds any more (CKP_OUTPUT_POOL_MB
+    keeps up to 1 GB of them for the next calls; [Note: reused buffers for large outputs])."""
+    if POOL is not None:
+        POOL.empty_cache()
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:
