@@ -27,7 +27,7 @@ PACKAGE = Path(ckparity.__file__).parent
 
 # the layers, lowest first; a module may import its own layer or a lower one
 LAYERS = [
-    {"_native", "_bindings", "_tensors", "errors", "threads", "cpu"},  # the C library and its bindings
+    {"_native", "_bindings", "_tensors", "_pool", "errors", "threads", "cpu"},  # the C library and its bindings
     {"ops", "optim", "nn", "reference", "measure", "distributed", "plugin"},  # ops on the bindings
     {"kernels"},  # one record per kernel
     {"__init__"},  # the package's face: the ops and register_backend
