@@ -3,8 +3,9 @@ the same tensors.
 
 Per kernel and shape:
 - ``ckparity_ms`` / ``torch_ms``: median time of the user-facing call
-  (forward+backward through autograd with fresh output tensors, or the
-  optimizer step), and ``speedup`` = torch_ms / ckparity_ms;
+  (forward+backward through autograd, outputs made by each call -- ckparity's
+  large ones on reused buffers, CKP_OUTPUT_POOL_MB -- or the optimizer step),
+  and ``speedup`` = torch_ms / ckparity_ms;
   ``ckparity_mean_ms`` / ``torch_mean_ms`` and ``speedup_of_means`` (and
   ``speedup_vs_compile_of_means``) the same of the samples' means: what a run
   of calls costs, slow calls included (a median leaves them out);
