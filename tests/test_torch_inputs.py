@@ -43,15 +43,20 @@ REFUSALS = {
 }
 
 
+def _map_tensors(value, fn):
+    """value with fn applied to every tensor in it (through lists, tuples and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
 def _fresh(value):
     """A copy of a sample's argument; tensors that require grad become new leaves."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone().requires_grad_(value.requires_grad)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_fresh(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _fresh(v) for k, v in value.items()}
-    return value
+    return _map_tensors(value, lambda t: t.detach().clone().requires_grad_(t.requires_grad))
 
 
 def _leaves(value) -> list[torch.Tensor]:
@@ -88,13 +93,8 @@ def _run(fn):
 
 def _float64(value):
     """A sample's argument with its floating tensors in float64 (the same values: an exact reference)."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.detach().double().requires_grad_(value.requires_grad)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_float64(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _float64(v) for k, v in value.items()}
-    return value
+    return _map_tensors(value, lambda t: t.detach().double().requires_grad_(t.requires_grad)
+                        if t.is_floating_point() else t)
 
 
 def _as_accurate(ours_out, theirs_out, exact_out) -> bool:
