@@ -54,7 +54,8 @@ def test_short_run_report_schema(tmp_path, model):
     assert data["status"] == "pass" and data["pass_parity"] is True
     assert data["steps"] == 12 and data["micro_steps"] == 24
     assert all(len(v) == 12 for v in data["series"].values())
-    for key in ("ckparity", "torch", "numpy", "ckparity_threads", "torch_threads", "cpu", "compiler_flags", "library"):
+    for key in ("ckparity", "torch", "numpy", "ckparity_threads", "torch_threads", "cpu", "compiler_flags",
+                "library_isa", "output_pool_mb", "huge_pages", "library"):
         assert key in data["env"]
     assert data["final_ck_loss"] == pytest.approx(data["final_torch_loss"], abs=2e-5)
     assert data["series"]["param_tensor"][0] is not None
