@@ -15,15 +15,15 @@ rows, bf16 and float32, the two builds in turn (docs/performance.md): the
 call's median falls toward its C calls and the means stop jumping.
 
 A buffer is held while any tensor on it lives: the op gets a tensor made by
-torch.from_numpy on a fresh view of the buffer, whose storage holds that view
+torch.frombuffer on a fresh view of the buffer, whose storage holds that view
 until the storage is freed -- whichever view or alias of the output lives
 longest -- and a weakref finalizer on the view returns the buffer. Buffers no
 tensor holds are kept up to CKP_OUTPUT_POOL_MB megabytes (default 1024; 0: no
 reuse, every output fresh as torch's), the oldest dropped first, checked
 each time a buffer is returned or made; empty_cache() drops them all.
 Reuse changes no value (the ops write every element of an output) and no
-tensor's behaviour but one: such a tensor cannot be resized in place
-(``resize_``), as for any tensor made by torch.from_numpy.
+tensor's behaviour but one: such a tensor cannot be resized in place beyond
+its size (``resize_``), as for any tensor made by torch.frombuffer.
 """
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ class Pool:
         buffer = self._take(nbytes)
         view = buffer[:]  # the lease: its end, when the storage lets go of it, returns the buffer
         weakref.finalize(view, self._give_back, buffer)
-        return torch.from_numpy(view).view(dtype).view(shape)
+        # resize_ within the storage, not .view(dtype).view(shape): autograd adds a second gradient term into
+        # the first in place only if the first is no view (else it allocates their sum afresh: float32
+        # rms_norm's two dx terms cost a buffer more and a pass, measured)
+        return torch.frombuffer(view, dtype=dtype).resize_(shape)
 
     def empty_cache(self) -> None:
         with self.lock:
