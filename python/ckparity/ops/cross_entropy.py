@@ -191,6 +191,8 @@ def _check_inplace(input: torch.Tensor, target: torch.Tensor, reduction: str) ->
 
 def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) -> bool:
     """Validates target against input; True for probability targets."""
+    if input.dim() == 0:
+        raise InvalidArgument("input must have at least 1 dimension (C), got a 0-dim tensor")
     require_cpu(target, "target")
     if target.shape == input.shape and target.is_floating_point():
         if input.dtype != torch.bfloat16:
@@ -245,6 +247,23 @@ def _flatten(input: torch.Tensor, target: torch.Tensor, probs: bool):
     flat_target = target.movedim(1, -1) if probs and target.dim() > 1 else target
     flat_target = flat_target.reshape(-1, C) if probs else flat_target.reshape(-1).long()
     return logits.reshape(-1, C).contiguous(), flat_target.contiguous(), loss_shape
+
+
+def _rows(input: torch.Tensor, target: torch.Tensor, probs: bool, reduction: str):
+    """_flatten, and torch's answer where there is nothing to compute: (logits, target, loss shape,
+    the result for zero rows or classes, else None); a class index with zero classes raises."""
+    logits, flat_target, loss_shape = _flatten(input, target, probs)
+    C = logits.shape[-1]
+    if C == 0 and not probs and flat_target.numel():
+        raise IndexError(f"Target {int(flat_target[0])} is out of bounds: input has 0 classes")
+    empty = _empty_result(input, loss_shape, reduction) if logits.shape[0] == 0 or C == 0 else None
+    return logits, flat_target, loss_shape, empty
+
+
+def _refuse_weight_grad(weight: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and weight.requires_grad:
+        raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
+                                  "probability targets, not weight")
 
 
 def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, upstream=None, compute_grad=True):
@@ -309,8 +328,6 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     if missing:  # a TypeError: the dtype is what the call cannot take (check --dtype: "not supported")
         raise InvalidType(f"bfloat16 cross_entropy: the default variant, or ptref; "
                           f"{', '.join(missing)} is not in bf16 yet (or pass float32 logits)")
-    if input.dim() == 0:
-        raise InvalidArgument("input must have at least 1 dimension (C), got a 0-dim tensor")
     if input.dim() > 2:  # an InvalidType like the refusals above: check --dtype reads it as "not supported"
         raise InvalidType(f"bfloat16 cross_entropy with ptref takes (C) or (N, C) logits, got "
                           f"{tuple(input.shape)}: with the class dimension not last torch's bf16 log_softmax "
@@ -329,15 +346,11 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
             raise InvalidType(f"bfloat16 cross_entropy takes a {names} weight of "
                               f"shape ({C},), as torch does, got "
                               f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
-        if torch.is_grad_enabled() and weight.requires_grad:
-            raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
-                                      "probability targets, not weight")
+        _refuse_weight_grad(weight)
         weight = weight.float().contiguous()  # bf16 values, held as floats (the C API's weight)
-    logits, flat_target, loss_shape = _flatten(input, target, probs)  # (C): one row
-    if C == 0 and not probs and flat_target.numel():
-        raise IndexError(f"Target {int(flat_target[0])} is out of bounds: input has 0 classes")
-    if logits.shape[0] == 0 or C == 0:
-        return _empty_result(input, loss_shape, reduction)
+    logits, flat_target, loss_shape, empty = _rows(input, target, probs, reduction)  # (C): one row
+    if empty is not None:
+        return empty
     compute_grad = torch.is_grad_enabled() and input.requires_grad
     loss = _CrossEntropyBF16Function.apply(logits, flat_target, weight, reduction, int(ignore_index),
                                            float(label_smoothing), compute_grad, bf16_weight)
@@ -389,8 +402,6 @@ def cross_entropy(
         compute_grad = torch.is_grad_enabled() and input.requires_grad
         return _CrossEntropyFunction.apply(input, target, None, settings, compute_grad)
     require_floating(input, "input")  # bf16 here is the default variant: its kernel on the widened values
-    if input.dim() == 0:
-        raise InvalidArgument("input must have at least 1 dimension (C), got a 0-dim tensor")
     probs = _check_target(input, target, ignore_index)
     C = input.shape[0] if input.dim() == 1 else input.shape[1]
     if weight is not None:
@@ -398,15 +409,11 @@ def cross_entropy(
         if weight.shape != (C,):
             raise InvalidArgument(f"weight must have shape ({C},) (one per class), got {tuple(weight.shape)}")
         weight = weight.contiguous()
-        if torch.is_grad_enabled() and weight.requires_grad:
-            raise NotImplementedError("ckparity.cross_entropy differentiates with respect to input and "
-                                      "probability targets, not weight")
+        _refuse_weight_grad(weight)
 
-    logits, flat_target, loss_shape = _flatten(input, target, probs)
-    if C == 0 and not probs and flat_target.numel():
-        raise IndexError(f"Target {int(flat_target[0])} is out of bounds: input has 0 classes")
-    if logits.shape[0] == 0 or C == 0:
-        return _empty_result(input, loss_shape, reduction)
+    logits, flat_target, loss_shape, empty = _rows(input, target, probs, reduction)
+    if empty is not None:
+        return empty
     compute_grad = torch.is_grad_enabled() and input.requires_grad
     if inplace_backward:
         _check_inplace(input, target, reduction)
