@@ -182,3 +182,28 @@ def test_the_c_column_of_a_ptref_row_runs_ptref(monkeypatch, dtype):
     ce_record.c_calls(x, t, variant="ptref")()
     ce_record.c_calls(x, t)()
     assert seen == [_bindings.CE_VARIANTS["ptref"], _bindings.CE_VARIANTS["default"]]
+
+
+def test_kernel_runs_only_that_kernels_rows(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--kernel", "rope", "--dtype", "bfloat16", "--json-out", str(out), "--repeats", "1",
+                 "--no-compile", "--no-distributed", "--no-memory"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {row["kernel"] for row in rows} == {"rope"}
+    assert [row["shape"] for row in rows] == [s for k, s in bench.selected("bfloat16", ["rope"])]
+    assert len(rows) == 2  # the tiny row and the large one
+
+
+def test_a_kernel_choice_with_no_rows_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "bench", lambda *a, **k: pytest.fail("bench ran"))
+    out = tmp_path / "bench.json"
+    # the vocab-parallel row is float32's and needs its ranks; the fused row needs the memory columns
+    for argv in (["--kernel", "vocab_parallel_cross_entropy", "--dtype", "bfloat16"],
+                 ["--kernel", "vocab_parallel_cross_entropy", "--no-distributed"],
+                 ["--kernel", "fused_linear_cross_entropy", "--no-memory"]):
+        assert main(["bench", "--json-out", str(out), *argv]) == 2
+        assert "runs with these options" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["bench", "--kernel", "rmsnorm"]) == 2
+    assert "invalid choice: 'rmsnorm'" in capsys.readouterr().err
+    assert "vocab_parallel_cross_entropy" in bench.row_kernels() and "adamw" in bench.row_kernels()

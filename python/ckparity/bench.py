@@ -46,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
@@ -198,14 +198,49 @@ def _once_row(case: Case, copy: float) -> dict:
             **memory}
 
 
+def row_names(dtype: str) -> list[tuple[str, str]]:
+    """(kernel, shape) of every row of ``dtype``, nothing built; the vocab-parallel row is float32's."""
+    names = []
+
+    def record(kernel: str, shape: str) -> bool:
+        names.append((kernel, shape))
+        return False
+
+    list(cases(select=record, dtype=dtype))
+    if dtype == "float32":
+        from .bench_ranks import shape
+
+        names.append(("vocab_parallel_cross_entropy", shape()))
+    return names
+
+
+def row_kernels() -> list[str]:
+    """The kernels with rows in the bench, of any dtype (the names ``--kernel`` takes)."""
+    return sorted({kernel for dtype in ("float32", "bfloat16") for kernel, _ in row_names(dtype)})
+
+
+def _wanted(kernel: str, kernels: Collection[str] | None, memory: bool, distributed: bool) -> bool:
+    """Whether bench() runs this kernel's rows: those of ``kernels`` (None: all); the fused row only
+    with the memory columns (fresh processes are how it is measured), the vocab-parallel row only
+    with ``distributed`` (two gloo ranks)."""
+    return ((kernels is None or kernel in kernels) and (memory or kernel != "fused_linear_cross_entropy")
+            and (distributed or kernel != "vocab_parallel_cross_entropy"))
+
+
+def selected(dtype: str, kernels: Collection[str] | None = None, memory: bool = True,
+             distributed: bool = True) -> list[tuple[str, str]]:
+    """The rows bench() would run with these arguments, nothing built (the CLI refuses an empty choice)."""
+    return [(k, s) for k, s in row_names(dtype) if _wanted(k, kernels, memory, distributed)]
+
+
 def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memory: bool = True,
-          dtype: str = "float32") -> dict:
+          dtype: str = "float32", kernels: Collection[str] | None = None) -> dict:
+    """Every row of ``dtype``, or only those of ``kernels``' names (row_kernels())."""
     if compile:
         inductor_cache_per_capability()
     copy = copy_gbps(repeats)
     results = []
-    # without --no-memory the fused row is left out: fresh processes are how it is measured
-    for case in cases(select=lambda kernel, shape: memory or kernel != "fused_linear_cross_entropy", dtype=dtype):
+    for case in cases(select=lambda kernel, shape: _wanted(kernel, kernels, memory, distributed), dtype=dtype):
         if case.once:
             results.append(_once_row(case, copy))
             continue
@@ -236,7 +271,7 @@ def bench(repeats: int = 5, compile: bool = True, distributed: bool = True, memo
         if memory and case.nbytes >= LARGE_BYTES:
             row.update({k: v for k, v in _memory(case).items() if k != "_ms"})
         results.append(row)
-    if distributed and dtype == "float32":
+    if dtype == "float32" and _wanted("vocab_parallel_cross_entropy", kernels, memory, distributed):
         from .bench_ranks import vocab_parallel_row
 
         row = vocab_parallel_row(repeats)

@@ -72,6 +72,11 @@ def _rank(rank: int, port: int, repeats: int, out: str, N: int, V: int) -> None:
     dist.destroy_process_group()
 
 
+def shape(N: int = N, V: int = V) -> str:
+    """The row's shape, as the table names it."""
+    return f"N={N},V={V},world={WORLD} (1 thread/rank)"
+
+
 def vocab_parallel_row(repeats: int, N: int = N, V: int = V) -> dict:
     """The bench row (the schema of bench.bench's rows, with what applies)."""
     with tempfile.TemporaryDirectory(prefix="ckparity-bench-ranks-") as scratch:
@@ -84,7 +89,7 @@ def vocab_parallel_row(repeats: int, N: int = N, V: int = V) -> dict:
             if not Path(out).is_file():
                 raise
         measured = torch.load(out)
-    return {"kernel": "vocab_parallel_cross_entropy", "shape": f"N={N},V={V},world={WORLD} (1 thread/rank)",
+    return {"kernel": "vocab_parallel_cross_entropy", "shape": shape(N, V),
             "ckparity_ms": measured["ours"], "torch_ms": measured["theirs"],
             "speedup": measured["theirs"] / measured["ours"], "torch_compile_ms": None, "speedup_vs_compile": None,
             "compile_error": "torch's counterpart is loss_parallel on DTensor (not compiled)",

@@ -222,7 +222,7 @@ def _gate(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    from .bench import bench, table
+    from .bench import bench, row_kernels, selected, table
     from .harness.loop.config import UsageError
     from .harness.loop.report import check_writable, write_json
 
@@ -236,12 +236,18 @@ def _bench(argv: list[str]) -> int:
                         "linear + cross-entropy row (fresh processes; the fused row takes minutes)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the rows of this dtype (bfloat16: the kernels torch's bf16 eager is matched for)")
+    parser.add_argument("--kernel", action="append", choices=row_kernels(), metavar="NAME",
+                        help="only this kernel's rows (repeatable; default: every row). One of: "
+                             + ", ".join(row_kernels()))
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.kernel and not selected(args.dtype, args.kernel, memory=not args.no_memory, distributed=not args.no_distributed):
+        raise UsageError(f"no {args.dtype} row of {', '.join(args.kernel)} runs with these options "
+                         f"(the fused row needs the memory columns, the vocab-parallel one ranks and float32)")
     check_writable(args.json_out, "--json-out")
     data = bench(args.repeats, compile=not args.no_compile, distributed=not args.no_distributed,
-                 memory=not args.no_memory, dtype=args.dtype)
+                 memory=not args.no_memory, dtype=args.dtype, kernels=args.kernel)
     write_json(args.json_out, data)
     print(table(data), file=sys.stderr if args.json_out == "-" else sys.stdout)
     return EXIT_PASS
