@@ -156,6 +156,27 @@ def test_identical_runs_identical_reports(tmp_path):
     assert _without_timing(a) == _without_timing(b)
 
 
+def test_the_twins_take_turns_going_first(tmp_path, monkeypatch):
+    """[Note: the twins take turns going first]: whichever twin runs first in a step pays for what
+    ran before it, so a fixed order would bias the step times the report compares."""
+    from ckparity.harness.twins.stepper import Twin
+
+    calls = []
+    for method in ("micro_steps", "update"):
+        original = getattr(Twin, method)
+
+        def spy(self, *args, _original=original, _method=method, **kwargs):
+            calls.append((_method, self.name))
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(Twin, method, spy)
+    result, _ = run(tmp_path, "--max-steps", "4")
+    assert result["status"] == "pass"
+    for method in ("micro_steps", "update"):
+        firsts = [name for m, name in calls if m == method][::2]  # each step's first twin
+        assert len(firsts) == 4 and set(firsts) == {"ck", "torch"}, method
+        assert firsts[0::2] == [firsts[0]] * 2 and firsts[1::2] == [firsts[1]] * 2, method
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_in_a_step_stops_the_run_after_it(tmp_path, monkeypatch, signum, code):
     """Each signal a run handles, sent to itself during step 3 of 50: the steps
