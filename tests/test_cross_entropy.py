@@ -583,3 +583,91 @@ def test_nan_and_inf_logits_give_nan_where_torch_does_ignored_rows_included(vari
             assert torch.equal(ours.isnan(), theirs.isnan()), (V, reduction)
             (dx,), (tdx,) = torch.autograd.grad(ours.sum(), ours_x), torch.autograd.grad(theirs.sum(), theirs_x)
             assert tdx[20].isnan().all() and torch.equal(dx.isnan(), tdx.isnan()), (V, reduction)
+
+
+GUESSING = [("ptref", torch.float32), ("ptref", torch.bfloat16), ("default", torch.float32), ("default", torch.bfloat16)]
+
+
+def _loss_and_grad(x, t, scale, variant, weight=None, label_smoothing=0.0, reduction="mean", fn=None):
+    x = x.clone().requires_grad_(True)
+    kw = dict(weight=weight, label_smoothing=label_smoothing, reduction=reduction)
+    loss = F.cross_entropy(x, t, **kw) if fn is None else fn(x, t, variant=variant, **kw)
+    (loss * scale).backward()
+    return loss.detach(), x.grad
+
+
+@pytest.mark.parametrize("variant, dtype", GUESSING)
+@pytest.mark.parametrize("setting", ["plain", "weight", "smoothing", "probabilities", "sum"])
+@pytest.mark.parametrize("scale", [1.0, 0.125, 1 / 3])
+def test_a_guessed_upstream_gradient_changes_no_bit(monkeypatch, variant, dtype, setting, scale):
+    """[Note: guessing the upstream gradient]: the gradient computed in the forward (guess 1) and
+    the one left to backward (guess other) are the same bits, for either upstream gradient, and
+    ptref's are torch's."""
+    from ckparity.ops import cross_entropy as ops
+
+    g = torch.Generator().manual_seed(7)
+    N, C = 37, 300
+    x = (torch.randn(N, C, generator=g) * 3).to(dtype)
+    t = torch.randint(0, C, (N,), generator=g)
+    if setting == "probabilities":
+        t = torch.softmax(torch.randn(N, C, generator=g), -1).to(dtype)
+    kw = {"weight": (torch.rand(C, generator=g) + 0.5).to(dtype) if setting == "weight" else None,
+          "label_smoothing": 0.1 if setting == "smoothing" else 0.0, "reduction": "sum" if setting == "sum" else "mean"}
+    results = []
+    for defer in (False, True):
+        monkeypatch.setattr(ops, "_defer_grad", lambda key, defer=defer: defer)
+        results.append(_loss_and_grad(x, t, scale, variant, fn=ckparity.cross_entropy, **kw))
+    (loss_a, grad_a), (loss_b, grad_b) = results
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
+    if variant == "ptref":
+        loss_t, grad_t = _loss_and_grad(x, t, scale, variant, **kw)
+        assert torch.equal(loss_a, loss_t) and torch.equal(grad_a, grad_t)
+
+
+@pytest.mark.parametrize("variant, dtype", GUESSING)
+def test_the_forward_leaves_the_gradient_to_backward_after_an_upstream_other_than_1(monkeypatch, variant, dtype):
+    """Each C call's dlogits argument (None: the loss alone), over four micro-steps: loss / 8 twice,
+    then the loss itself twice. The first forward computes a gradient backward cannot use; after
+    that backward the forward leaves it to backward, until an upstream of 1 is seen again."""
+    from ckparity import _bindings
+    from ckparity.ops import cross_entropy as ops
+
+    monkeypatch.setattr(ops, "_UPSTREAM_NOT_ONE", {})
+    computed = []
+    for name in ("cross_entropy", "cross_entropy_bf16", "cross_entropy_default_bf16"):
+        def spy(logits, target, options, loss, dlogits=None, _call=getattr(_bindings, name), **kwargs):
+            computed.append(dlogits is not None)
+            return _call(logits, target, options, loss, dlogits, **kwargs)
+        monkeypatch.setattr(_bindings, name, spy)
+    x = torch.randn(8, 256).to(dtype)
+    t = torch.randint(0, 256, (8,))
+    calls = []
+    for scale in (0.125, 0.125, 1.0, 1.0):
+        _loss_and_grad(x, t, scale, variant, fn=ckparity.cross_entropy)
+        calls.append(computed[:])
+        computed.clear()
+    # forward then backward: the wasted gradient, the deferred one twice (a wrong guess at 1), one pass
+    assert calls == [[True, True], [False, True], [False, True], [True]]
+
+
+@pytest.mark.parametrize("upstream", [1.0 / 3, -2.5, 1e-3])
+@pytest.mark.parametrize("kwargs", [dict(), dict(reduction="sum"), dict(label_smoothing=0.1)])
+def test_the_default_variant_folds_an_upstream_gradient_into_its_row_scale(upstream, kwargs):
+    """The default variant's gradient for a scaled loss is the kernel's, the upstream gradient in its
+    float64 row scale (one rounding), not the finished gradient rescaled (a second rounding, its
+    rule until stop 51): other bits, and closer to float64 -- the largest error and the mean one (most
+    of an element's error is its float exp's, shared by both, so element by element it is near a coin
+    flip)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 1000, generator=g) * 3
+    target = torch.randint(0, 1000, (64,), generator=g)
+    leaf = x.clone().requires_grad_(True)
+    (ckparity.cross_entropy(leaf, target, **kwargs) * upstream).backward()
+    _, unit = cross_entropy_forward_backward(x, target, **kwargs)
+    g32 = torch.tensor(upstream, dtype=torch.float32)  # the upstream gradient both float32 paths receive
+    rescaled = unit * g32
+    exact = x.double().requires_grad_(True)
+    (F.cross_entropy(exact, target, **kwargs) * float(g32)).backward()
+    ours, theirs = (leaf.grad.double() - exact.grad).abs(), (rescaled.double() - exact.grad).abs()
+    assert not torch.equal(leaf.grad, rescaled)
+    assert ours.max() < theirs.max() and ours.mean() < theirs.mean()

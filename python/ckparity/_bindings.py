@@ -14,6 +14,7 @@ baseline-only build in tests/test_clones.py); the loaded one by default.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -46,16 +47,42 @@ def cross_entropy_options(weight=None, ignore_index: int = -100, reduction: str 
     """A ckp_cross_entropy_options struct; without pointers it is made once
     per setting (the C side only reads it, and building a cffi struct costs
     more than a small kernel call). ``torch_threads``: ptref's full sums split
-    as torch's are on that many threads (torch.get_num_threads())."""
+    as torch's are on that many threads (torch.get_num_threads()).
+    ``row_grad``: a float32 tensor, or for mean and sum without a weight the
+    upstream gradient as a number (a float32 or bf16 value), written into a
+    struct made once per setting and thread (a loss scaled by 1/K passes one
+    every backward)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
     if variant not in CE_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(CE_VARIANTS)}, got {variant!r}")
+    settings = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), variant, int(torch_threads))
+    if isinstance(row_grad, float):
+        if weight is not None or reduction == "none":
+            raise ValueError("internal: an upstream gradient as a number is for mean and sum without a weight")
+        return _upstream_options(settings, row_grad)
     if weight is None and row_grad is None:
-        return _plain_cross_entropy_options(int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-                                            variant, int(torch_threads))
-    return _new_cross_entropy_options(weight, int(ignore_index), reduction, float(label_smoothing),
-                                      float(z_loss), variant, row_grad, int(torch_threads))
+        return _plain_cross_entropy_options(*settings)
+    return _new_cross_entropy_options(weight, *settings[:5], row_grad, settings[5])
+
+
+_per_thread = threading.local()
+
+
+def _upstream_options(settings: tuple, upstream: float):
+    """The options of ``settings`` whose row_grad points at a float the entry owns, set to ``upstream``:
+    one per setting and thread (another thread's backward may write its own at the same time)."""
+    cache = _per_thread.__dict__.setdefault("upstream_options", {})
+    entry = cache.get(settings)
+    if entry is None:
+        if len(cache) >= 64:  # settings are few in a run; a sweep of them must not grow this without end
+            cache.clear()
+        value = ffi.new("float[1]")
+        options = _new_cross_entropy_options(None, *settings[:5], None, settings[5])
+        options.row_grad = value
+        entry = cache[settings] = (options, value)  # the tuple keeps the float alive
+    entry[1][0] = upstream
+    return entry[0]
 
 
 @functools.lru_cache(maxsize=64)

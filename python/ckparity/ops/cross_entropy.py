@@ -40,7 +40,7 @@ def cross_entropy_forward_backward(
     variant: str = "default",
     dlogits: torch.Tensor | None = None,
     compute_grad: bool = True,
-    row_grad: torch.Tensor | None = None,
+    row_grad: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One call of the C kernel on 2-D tensors, no autograd.
 
@@ -53,10 +53,13 @@ def cross_entropy_forward_backward(
     itself: the in-place mode that saves an (N, V) buffer) or a new tensor,
     or None when ``compute_grad`` is False. ``row_grad`` is the upstream
     gradient, folded in before rounding: (N) float32 with reduction "none", one
-    per row; (1) with mean and sum (ptref folds it where torch's chain does).
+    per row; (1) or a number with mean and sum (ptref folds it where torch's chain does, the
+    default variant into its row scale, one rounding).
     """
     N, V = logits.shape
-    if row_grad is not None and row_grad.numel() != (N if reduction == "none" else 1):
+    if isinstance(row_grad, float) and (weight is not None or reduction == "none"):
+        row_grad = torch.tensor([row_grad])  # a number is taken for mean and sum without a weight
+    if isinstance(row_grad, torch.Tensor) and row_grad.numel() != (N if reduction == "none" else 1):
         raise InvalidArgument(f"row_grad must have {N if reduction == 'none' else 1} elements with reduction "
                               f"{reduction!r}, got {row_grad.numel()}")
     loss = torch.empty((N,) if reduction == "none" else (), dtype=torch.float32)
@@ -92,11 +95,32 @@ def _target_grad(logits, target, weight, settings, grad_loss, widened=False):
     return dtarget
 
 
+# [Note: guessing the upstream gradient]
+# The kernel folds an upstream gradient other than 1 in (ptref where torch's chain folds it, the
+# default variant into its row scale), so when the loss is scaled before backward -- gradient
+# accumulation's loss / K, a loss scale -- the gradient a forward computes for an upstream of 1 is
+# thrown away and the kernel runs again in backward: a ptref micro-step of the 850-step preset
+# (loss / 8) took 68 us against torch's 30 at N=64, V=256, and at (2048, 32000) the wasted pass
+# and buffer cost ptref 54 ms against 41. The forward cannot see the upstream gradient to come,
+# so it guesses the last backward's, per (variant, dtype, reduction): after one other than 1 it
+# computes the loss alone and backward computes the gradient once. A wrong guess costs a pass,
+# never a bit: either way the gradient is the same kernel's for the same upstream gradient.
+_UPSTREAM_NOT_ONE: dict[tuple, bool] = {}
+
+
+def _defer_grad(key: tuple) -> bool:
+    """Whether the forward leaves the gradient to backward (the last upstream gradient was not 1)."""
+    return _UPSTREAM_NOT_ONE.get(key, False)
+
+
 class _CrossEntropyFunction(torch.autograd.Function):
-    """Reductions mean and sum: the gradient (for upstream 1) comes out of the
-    forward's single pass and backward scales it. Reduction none: the upstream
-    gradient differs per row, so backward runs the kernel with it (one pass,
-    one rounding, as torch folds it in) instead of rescaling a stored gradient.
+    """Reductions mean and sum: the gradient for an upstream gradient of 1
+    comes out of the forward's single pass. Another upstream gradient (a loss
+    scaled by 1/K, a loss scale, reduction none's per row) is folded in by the
+    kernel, in backward: ptref where torch's chain folds it (its bits), the
+    default variant into its float64 row scale (one rounding), never a
+    finished gradient rescaled ([Note: guessing the upstream gradient] for
+    when the forward leaves the gradient to backward).
 
     A classic forward(ctx, ...) rather than CFunction's compute/save: the
     forward's dlogits are saved on ctx, not sent out as a second output (an
@@ -108,44 +132,44 @@ class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, settings, compute_grad):
         reduction_none = settings["reduction"] == "none"
-        loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings,
-                                                       compute_grad=compute_grad and not reduction_none)
-        ctx.settings, ctx.reduction_none = settings, reduction_none
         # bf16 logits: the loss rounded as the float32 one cast to bf16 (float32 with float32 probabilities:
-        # torch's promotion); their dlogits are rounded, so another upstream gradient runs the kernel again
-        # with it (a rescaled bf16 gradient would round twice)
+        # torch's promotion)
         ctx.rounded = logits.dtype == torch.bfloat16
+        ctx.hint = (settings["variant"], logits.dtype, settings["reduction"])
+        deferred = _defer_grad(ctx.hint)  # [Note: guessing the upstream gradient]
+        loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings,
+                                                       compute_grad=compute_grad and not reduction_none
+                                                       and not deferred)
+        ctx.settings, ctx.reduction_none = settings, reduction_none
         if ctx.rounded:
             loss = loss.to(_loss_dtype(logits, target))
         # dlogits saved, not kept on ctx: autograd releases saved tensors as
         # soon as this backward has run (unless retain_graph), so a leaf's
         # AccumulateGrad finds the gradient unshared and takes it instead of
         # copying (N, V) floats, and the buffer does not outlive the step.
-        # ptref keeps its inputs too: an upstream gradient other than 1 is
-        # folded in by the kernel where torch's chain folds it (bit for bit),
-        # not by scaling the finished gradient. The logits are always saved (a
-        # reference, no copy): first_order_only ties a create_graph gradient
-        # to them, so differentiating it again raises instead of giving None.
-        keep_inputs = reduction_none or ctx.needs_input_grad[1] or settings["variant"] == "ptref" or ctx.rounded
-        ctx.save_for_backward(dlogits, *((logits, target, weight) if keep_inputs else (logits,)))
+        # The inputs are kept (references, no copies): an upstream gradient
+        # other than 1 is folded in by the kernel, which reads them again; and
+        # first_order_only ties a create_graph gradient to the logits, so
+        # differentiating it again raises instead of giving None.
+        ctx.save_for_backward(dlogits, logits, target, weight)
         return loss
 
     @staticmethod
     @first_order_only
     def backward(ctx, grad_loss):
-        dlogits, *inputs = ctx.saved_tensors
+        dlogits, logits, target, weight = ctx.saved_tensors
         dtarget = None
         if ctx.needs_input_grad[1]:
-            logits, target, weight = inputs
             dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss, widened=ctx.rounded)
         if not ctx.needs_input_grad[0]:
-            dlogits = None
-        elif ctx.reduction_none or ((ctx.settings["variant"] == "ptref" or ctx.rounded) and float(grad_loss) != 1.0):
-            logits, target, weight = inputs
-            row_grad = grad_loss.reshape(-1).contiguous().float()
+            return None, dtarget, None, None, None
+        one = not ctx.reduction_none and float(grad_loss) == 1.0
+        if not ctx.reduction_none:
+            _UPSTREAM_NOT_ONE[ctx.hint] = not one
+        if dlogits is None or not one:  # left to backward, or another upstream gradient to fold in
+            row_grad = (None if one else float(grad_loss) if not ctx.reduction_none
+                        else grad_loss.reshape(-1).contiguous().float())
             _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
-        elif float(grad_loss) != 1.0:  # x * 1 == x: skip a pass over (N, V)
-            dlogits = dlogits * grad_loss  # not in place: a retained graph's second backward reads it again
         return dlogits, dtarget, None, None, None
 
 
@@ -270,7 +294,9 @@ def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing,
     N, V = logits.shape
     loss = torch.empty((N,) if reduction == "none" else (), dtype=_loss_dtype(logits, target))
     dlogits = empty_like(logits) if compute_grad else None
-    row_grad = None if upstream is None else upstream.float().reshape(-1).contiguous()  # the loss's dtype's values
+    row_grad = (None if upstream is None  # the loss's dtype's values, as floats
+                else float(upstream) if reduction != "none" and weight is None
+                else upstream.float().reshape(-1).contiguous())
     options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref", row_grad,
                                               torch.get_num_threads())
     _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
@@ -292,7 +318,10 @@ class _CrossEntropyBF16Function(CFunction):
     @classmethod
     def forward(cls, ctx, logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad,
                 bf16_weight):
-        loss, dlogits = cls.compute(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad)
+        ctx.hint = ("ptref", logits.dtype, reduction)
+        deferred = _defer_grad(ctx.hint)  # [Note: guessing the upstream gradient]
+        loss, dlogits = cls.compute(logits, target, weight, reduction, ignore_index, label_smoothing,
+                                    compute_grad and not deferred)
         ctx.save_for_backward(logits, target, dlogits)
         ctx.weight, ctx.bf16_weight = weight, bf16_weight
         ctx.settings = (reduction, ignore_index, label_smoothing)
@@ -308,9 +337,11 @@ class _CrossEntropyBF16Function(CFunction):
             dtarget = _target_grad(logits, target, ctx.bf16_weight,
                                    {"reduction": reduction, "label_smoothing": label_smoothing}, grad)
         if not ctx.needs_input_grad[0]:
-            dlogits = None
-        elif (float(grad) != 1.0) if grad.dim() == 0 else not bool((grad == 1).all()):  # float(): one op, not two
-            dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=grad)[1]
+            return None, dtarget, None, None, None, None, None, None
+        one = (float(grad) == 1.0) if grad.dim() == 0 else bool((grad == 1).all())  # float(): one op, not two
+        _UPSTREAM_NOT_ONE[ctx.hint] = not one
+        if dlogits is None or not one:  # deferred, or folded in where torch's chain folds it
+            dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=None if one else grad)[1]
         return dlogits, dtarget, None, None, None, None, None, None
 
 
