@@ -1,5 +1,6 @@
 """Every path through ckparity.cross_entropy against torch's eager loss: each variant, dtype and option
-(label smoothing, class weights, probability targets, reduction none) forward and backward at one
+(label smoothing, class weights, probability targets, reduction none, a loss scaled by 1/8 before
+backward as gradient accumulation scales it) forward and backward at one
 large shape, the two sides timed in turn (medians), so that no option is a slow path the bench's rows
 never take:
 
@@ -30,6 +31,7 @@ OPTIONS = {  # name -> (keyword arguments, probability targets: True in the logi
     "probabilities": ({}, True),
     "probabilities, label_smoothing": ({"label_smoothing": 0.1}, True),
     "float32 probabilities": ({}, torch.float32),  # with bf16 logits: torch's mixed call, the loss float32
+    "loss / 8": ({"scale": 0.125}, False),  # backward receives 1/8: [Note: guessing the upstream gradient]
 }
 
 
@@ -47,15 +49,16 @@ def rows(N: int, V: int, repeats: int):
                 if soft is torch.float32 and dtype == torch.float32:
                     continue  # the "probabilities" row
                 kw = {**kwargs, **({"weight": weight} if "weight" in kwargs else {})}
+                scale = kw.pop("scale", 1.0)
                 target = probs32 if soft is torch.float32 else probs if soft else classes
                 row = {"dtype": str(dtype).removeprefix("torch."), "variant": variant, "option": name}
-                ours = fwd_bwd(lambda a, **k: ckparity.cross_entropy(a, target, variant=variant, **k), x, **kw)
+                ours = fwd_bwd(lambda a, **k: ckparity.cross_entropy(a, target, variant=variant, **k) * scale, x, **kw)
                 try:
                     ours()
                 except (TypeError, ValueError, NotImplementedError) as e:
                     yield {**row, "refused": str(e)}
                     continue
-                theirs = fwd_bwd(lambda a, **k: F.cross_entropy(a, target, **k), x, **kw)
+                theirs = fwd_bwd(lambda a, **k: F.cross_entropy(a, target, **k) * scale, x, **kw)
                 ck, pt = interleaved_median_ms([ours, theirs], repeats)
                 yield {**row, "ckparity_ms": ck, "torch_ms": pt, "speedup": pt / ck}
 
