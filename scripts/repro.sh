@@ -4,7 +4,8 @@
 # SwiGLU and AdamW in C), writing reports/repro_850_{c,c_ptref,c_fused_linear,torch}.json
 # and an A/B table; then the same preset in bf16 beside it: pure bf16 twins
 # (reports/repro_850_bfloat16_*.json) and mixed precision, float32 masters under
-# autocast (reports/repro_850_amp_*.json), loss backends c, c_ptref and torch.
+# autocast (reports/repro_850_amp_*.json): loss backends c, c_ptref, c_fused_linear and torch in
+# pure bf16, c, c_ptref and torch under --amp (c_fused_linear has no --amp form).
 # Extra arguments go to every `ckparity repro` (e.g. --out-dir /tmp/r).
 # The exit code is the worst of the three.
 set -uo pipefail

@@ -97,7 +97,7 @@ def _repro(argv: list[str]) -> int:
                         help="mixed precision: float32 masters, the forward under autocast (reports "
                              "repro_NAME_amp_BACKEND.json)")
     parser.add_argument("--loss-backends", nargs="+", metavar="NAME", default=None,
-                        help=f"the loss backends to run (default {' '.join(LOSS_BACKENDS)}, in bf16 "
+                        help=f"the loss backends to run (default {' '.join(LOSS_BACKENDS)}, under --amp "
                              f"{' '.join(b for b in LOSS_BACKENDS if b not in AMP_LOSS_REFUSED)}; yours with --plugin)")
     flags = {flag: kernel for flag, kernel in kernels.FLAGS.items() if kernel != "cross_entropy"}
     for flag, kernel in flags.items():
