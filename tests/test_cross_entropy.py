@@ -598,11 +598,11 @@ def _loss_and_grad(x, t, scale, variant, weight=None, label_smoothing=0.0, reduc
 
 @pytest.mark.parametrize("variant, dtype", GUESSING)
 @pytest.mark.parametrize("setting", ["plain", "weight", "smoothing", "probabilities", "sum"])
-@pytest.mark.parametrize("scale", [1.0, 0.125, 1 / 3])
+@pytest.mark.parametrize("scale", [1.0, 0.125, 1 / 3, -0.0])
 def test_a_guessed_upstream_gradient_changes_no_bit(monkeypatch, variant, dtype, setting, scale):
-    """[Note: guessing the upstream gradient]: the gradient computed in the forward (guess 1) and
-    the one left to backward (guess other) are the same bits, for either upstream gradient, and
-    ptref's are torch's."""
+    """[Note: guessing the upstream gradient]: whatever the forward guesses -- 1, the upstream
+    gradient to come, another value, 0 of the other sign -- the loss and gradient are the same bits,
+    and ptref's are torch's."""
     from ckparity.ops import cross_entropy as ops
 
     g = torch.Generator().manual_seed(7)
@@ -614,29 +614,33 @@ def test_a_guessed_upstream_gradient_changes_no_bit(monkeypatch, variant, dtype,
     kw = {"weight": (torch.rand(C, generator=g) + 0.5).to(dtype) if setting == "weight" else None,
           "label_smoothing": 0.1 if setting == "smoothing" else 0.0, "reduction": "sum" if setting == "sum" else "mean"}
     results = []
-    for defer in (False, True):
-        monkeypatch.setattr(ops, "_defer_grad", lambda key, defer=defer: defer)
+    for guess in (1.0, scale, 0.5, 0.0):
+        monkeypatch.setattr(ops, "_guess", lambda key, guess=guess: guess)
         results.append(_loss_and_grad(x, t, scale, variant, fn=ckparity.cross_entropy, **kw))
-    (loss_a, grad_a), (loss_b, grad_b) = results
-    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
+    for loss, grad in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+        assert torch.equal(grad.signbit(), results[0][1].signbit())  # -0.0 and 0.0 are equal, not the same bits
     if variant == "ptref":
         loss_t, grad_t = _loss_and_grad(x, t, scale, variant, **kw)
-        assert torch.equal(loss_a, loss_t) and torch.equal(grad_a, grad_t)
+        assert torch.equal(results[0][0], loss_t) and torch.equal(results[0][1], grad_t)
+        assert torch.equal(results[0][1].signbit(), grad_t.signbit())
 
 
 @pytest.mark.parametrize("variant, dtype", GUESSING)
-def test_the_forward_leaves_the_gradient_to_backward_after_an_upstream_other_than_1(monkeypatch, variant, dtype):
-    """Each C call's dlogits argument (None: the loss alone), over four micro-steps: loss / 8 twice,
-    then the loss itself twice. The first forward computes a gradient backward cannot use; after
-    that backward the forward leaves it to backward, until an upstream of 1 is seen again."""
+def test_the_forward_folds_in_the_last_backwards_upstream_gradient(monkeypatch, variant, dtype):
+    """The upstream gradient each C call folds in (1: none), over four micro-steps: loss / 8 twice,
+    then the loss itself twice. The first forward guesses 1 and backward runs the kernel again with
+    1/8; the second forward folds 1/8 in and backward has nothing to do; the third guesses 1/8
+    wrongly; the fourth folds 1 in."""
     from ckparity import _bindings
     from ckparity.ops import cross_entropy as ops
 
-    monkeypatch.setattr(ops, "_UPSTREAM_NOT_ONE", {})
-    computed = []
+    monkeypatch.setattr(ops, "_LAST_UPSTREAM", {})
+    folded = []
     for name in ("cross_entropy", "cross_entropy_bf16", "cross_entropy_default_bf16"):
         def spy(logits, target, options, loss, dlogits=None, _call=getattr(_bindings, name), **kwargs):
-            computed.append(dlogits is not None)
+            assert dlogits is not None  # every call here computes a gradient
+            folded.append(1.0 if options.row_grad == _bindings.ffi.NULL else options.row_grad[0])
             return _call(logits, target, options, loss, dlogits, **kwargs)
         monkeypatch.setattr(_bindings, name, spy)
     x = torch.randn(8, 256).to(dtype)
@@ -644,10 +648,9 @@ def test_the_forward_leaves_the_gradient_to_backward_after_an_upstream_other_tha
     calls = []
     for scale in (0.125, 0.125, 1.0, 1.0):
         _loss_and_grad(x, t, scale, variant, fn=ckparity.cross_entropy)
-        calls.append(computed[:])
-        computed.clear()
-    # forward then backward: the wasted gradient, the deferred one twice (a wrong guess at 1), one pass
-    assert calls == [[True, True], [False, True], [False, True], [True]]
+        calls.append(folded[:])
+        folded.clear()
+    assert calls == [[1.0, 0.125], [0.125], [0.125, 1.0], [1.0]]
 
 
 @pytest.mark.parametrize("upstream", [1.0 / 3, -2.5, 1e-3])

@@ -98,29 +98,40 @@ def _target_grad(logits, target, weight, settings, grad_loss, widened=False):
 # [Note: guessing the upstream gradient]
 # The kernel folds an upstream gradient other than 1 in (ptref where torch's chain folds it, the
 # default variant into its row scale), so when the loss is scaled before backward -- gradient
-# accumulation's loss / K, a loss scale -- the gradient a forward computes for an upstream of 1 is
-# thrown away and the kernel runs again in backward: a ptref micro-step of the 850-step preset
-# (loss / 8) took 68 us against torch's 30 at N=64, V=256, and at (2048, 32000) the wasted pass
-# and buffer cost ptref 54 ms against 41. The forward cannot see the upstream gradient to come,
-# so it guesses the last backward's, per (variant, dtype, reduction): after one other than 1 it
-# computes the loss alone and backward computes the gradient once. A wrong guess costs a pass,
-# never a bit: either way the gradient is the same kernel's for the same upstream gradient.
-_UPSTREAM_NOT_ONE: dict[tuple, bool] = {}
+# accumulation's loss / K, a loss scale -- the gradient a forward computed for an upstream of 1 was
+# thrown away and the kernel ran again in backward: a ptref micro-step of the 850-step preset
+# (loss / 8) took 68 us against torch's 30 at N=64, V=256, and at (2048, 32000) the wasted pass and
+# buffer cost ptref 76 ms against torch's 205. The forward cannot see the upstream gradient to come,
+# so it guesses the last backward's, per (variant, dtype, reduction), and folds that in; backward
+# takes the forward's gradient when the guess was right (the same bits: the same kernel on the same
+# inputs with the same upstream gradient) and runs the kernel with the real one otherwise. A wrong
+# guess costs a pass, never a bit. Reduction none (an upstream gradient per row) is not guessed.
+_LAST_UPSTREAM: dict[tuple, float] = {}
 
 
-def _defer_grad(key: tuple) -> bool:
-    """Whether the forward leaves the gradient to backward (the last upstream gradient was not 1)."""
-    return _UPSTREAM_NOT_ONE.get(key, False)
+def _guess(key: tuple) -> float:
+    """The upstream gradient the forward folds in: the last backward's for ``key``, else 1."""
+    return _LAST_UPSTREAM.get(key, 1.0)
+
+
+def _same_bits(a: float, b: float) -> bool:
+    """a and b the same number, zeros' signs included (a NaN guess is never right: a rerun)."""
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def _folded(upstream: float) -> float | None:
+    """The row_grad argument for an upstream gradient (None for 1: the kernel's own)."""
+    return None if _same_bits(upstream, 1.0) else upstream
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
-    """Reductions mean and sum: the gradient for an upstream gradient of 1
-    comes out of the forward's single pass. Another upstream gradient (a loss
-    scaled by 1/K, a loss scale, reduction none's per row) is folded in by the
-    kernel, in backward: ptref where torch's chain folds it (its bits), the
-    default variant into its float64 row scale (one rounding), never a
-    finished gradient rescaled ([Note: guessing the upstream gradient] for
-    when the forward leaves the gradient to backward).
+    """Reductions mean and sum: the gradient comes out of the forward's single
+    pass, for the upstream gradient guessed from the last backward (1 at
+    first; [Note: guessing the upstream gradient]). Any other upstream gradient
+    (and reduction none's, one per row) is folded in by the kernel in
+    backward: ptref where torch's chain folds it (its bits), the default
+    variant into its float64 row scale (one rounding), never a finished
+    gradient rescaled.
 
     A classic forward(ctx, ...) rather than CFunction's compute/save: the
     forward's dlogits are saved on ctx, not sent out as a second output (an
@@ -135,11 +146,11 @@ class _CrossEntropyFunction(torch.autograd.Function):
         # bf16 logits: the loss rounded as the float32 one cast to bf16 (float32 with float32 probabilities:
         # torch's promotion)
         ctx.rounded = logits.dtype == torch.bfloat16
-        ctx.hint = (settings["variant"], logits.dtype, settings["reduction"])
-        deferred = _defer_grad(ctx.hint)  # [Note: guessing the upstream gradient]
-        loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings,
-                                                       compute_grad=compute_grad and not reduction_none
-                                                       and not deferred)
+        ctx.key = (settings["variant"], logits.dtype, settings["reduction"])
+        ctx.guess = _guess(ctx.key)  # [Note: guessing the upstream gradient]
+        compute_grad = compute_grad and not reduction_none
+        loss, dlogits = cross_entropy_forward_backward(logits, target, weight, **settings, compute_grad=compute_grad,
+                                                       row_grad=_folded(ctx.guess) if compute_grad else None)
         ctx.settings, ctx.reduction_none = settings, reduction_none
         if ctx.rounded:
             loss = loss.to(_loss_dtype(logits, target))
@@ -163,13 +174,14 @@ class _CrossEntropyFunction(torch.autograd.Function):
             dtarget = _target_grad(logits, target, weight, ctx.settings, grad_loss, widened=ctx.rounded)
         if not ctx.needs_input_grad[0]:
             return None, dtarget, None, None, None
-        one = not ctx.reduction_none and float(grad_loss) == 1.0
-        if not ctx.reduction_none:
-            _UPSTREAM_NOT_ONE[ctx.hint] = not one
-        if dlogits is None or not one:  # left to backward, or another upstream gradient to fold in
-            row_grad = (None if one else float(grad_loss) if not ctx.reduction_none
-                        else grad_loss.reshape(-1).contiguous().float())
-            _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
+        if ctx.reduction_none:  # one upstream gradient per row
+            row_grad = grad_loss.reshape(-1).contiguous().float()
+        else:
+            upstream = _LAST_UPSTREAM[ctx.key] = float(grad_loss)
+            if _same_bits(upstream, ctx.guess):
+                return dlogits, dtarget, None, None, None
+            row_grad = _folded(upstream)
+        _, dlogits = cross_entropy_forward_backward(logits, target, weight, **ctx.settings, row_grad=row_grad)
         return dlogits, dtarget, None, None, None
 
 
@@ -294,8 +306,9 @@ def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing,
     N, V = logits.shape
     loss = torch.empty((N,) if reduction == "none" else (), dtype=_loss_dtype(logits, target))
     dlogits = empty_like(logits) if compute_grad else None
-    row_grad = (None if upstream is None  # the loss's dtype's values, as floats
-                else float(upstream) if reduction != "none" and weight is None
+    # upstream: None (1), a number (mean, sum), or one per row (none); bf16 values, as floats
+    row_grad = (upstream if upstream is None or (isinstance(upstream, float) and weight is None)
+                else torch.tensor([upstream]) if isinstance(upstream, float)
                 else upstream.float().reshape(-1).contiguous())
     options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref", row_grad,
                                               torch.get_num_threads())
@@ -305,23 +318,26 @@ def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing,
 
 class _CrossEntropyBF16Function(CFunction):
     """bfloat16 logits, the ptref variant (csrc/cross_entropy.c): the loss and
-    the gradient for an upstream gradient of 1 in one call; another upstream
-    gradient runs the kernel again with it (torch's bf16 chain folds it in
-    before its roundings: a rescaled gradient would not repeat them).
+    the gradient for the guessed upstream gradient in one call ([Note: guessing
+    the upstream gradient]); another upstream gradient runs the kernel again
+    with it (torch's bf16 chain folds it in before its roundings: a rescaled
+    gradient would not repeat them).
 
     First-order only: see ops/_function.py."""
 
     @staticmethod
-    def compute(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad):
-        return _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad=compute_grad)
+    def compute(logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad, upstream=None):
+        return _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing, upstream,
+                          compute_grad=compute_grad)
 
     @classmethod
     def forward(cls, ctx, logits, target, weight, reduction, ignore_index, label_smoothing, compute_grad,
                 bf16_weight):
-        ctx.hint = ("ptref", logits.dtype, reduction)
-        deferred = _defer_grad(ctx.hint)  # [Note: guessing the upstream gradient]
+        ctx.key = ("ptref", logits.dtype, reduction)
+        # [Note: guessing the upstream gradient]; reduction none's gradient is the one for ones
+        ctx.guess = 1.0 if reduction == "none" else _guess(ctx.key)
         loss, dlogits = cls.compute(logits, target, weight, reduction, ignore_index, label_smoothing,
-                                    compute_grad and not deferred)
+                                    compute_grad, _folded(ctx.guess))
         ctx.save_for_backward(logits, target, dlogits)
         ctx.weight, ctx.bf16_weight = weight, bf16_weight
         ctx.settings = (reduction, ignore_index, label_smoothing)
@@ -338,10 +354,13 @@ class _CrossEntropyBF16Function(CFunction):
                                    {"reduction": reduction, "label_smoothing": label_smoothing}, grad)
         if not ctx.needs_input_grad[0]:
             return None, dtarget, None, None, None, None, None, None
-        one = (float(grad) == 1.0) if grad.dim() == 0 else bool((grad == 1).all())  # float(): one op, not two
-        _UPSTREAM_NOT_ONE[ctx.hint] = not one
-        if dlogits is None or not one:  # deferred, or folded in where torch's chain folds it
-            dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=None if one else grad)[1]
+        if grad.dim():  # reduction none: one upstream gradient per row, the forward's for ones
+            if not bool((grad == 1).all()):
+                dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=grad)[1]
+            return dlogits, dtarget, None, None, None, None, None, None
+        upstream = _LAST_UPSTREAM[ctx.key] = float(grad)  # float(): one op, where (grad == 1).all() is two
+        if not _same_bits(upstream, ctx.guess):  # folded in where torch's chain folds it
+            dlogits = _bf16_call(logits, target, ctx.weight, *ctx.settings, upstream=_folded(upstream))[1]
         return dlogits, dtarget, None, None, None, None, None, None
 
 
