@@ -236,9 +236,9 @@ def _bench(argv: list[str]) -> int:
                         "linear + cross-entropy row (fresh processes; the fused row takes minutes)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the rows of this dtype (bfloat16: the kernels torch's bf16 eager is matched for)")
-    parser.add_argument("--kernel", action="append", choices=row_kernels(), metavar="NAME",
-                        help="only this kernel's rows (repeatable; default: every row). One of: "
-                             + ", ".join(row_kernels()))
+    names = row_kernels()
+    parser.add_argument("--kernel", action="append", choices=names, metavar="NAME",
+                        help=f"only this kernel's rows (repeatable; default: every row). One of: {', '.join(names)}")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")

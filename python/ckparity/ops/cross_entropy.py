@@ -57,8 +57,7 @@ def cross_entropy_forward_backward(
     default variant into its row scale, one rounding).
     """
     N, V = logits.shape
-    if isinstance(row_grad, float) and (weight is not None or reduction == "none"):
-        row_grad = torch.tensor([row_grad])  # a number is taken for mean and sum without a weight
+    row_grad = _as_row_grad(row_grad, weight, reduction)
     if isinstance(row_grad, torch.Tensor) and row_grad.numel() != (N if reduction == "none" else 1):
         raise InvalidArgument(f"row_grad must have {N if reduction == 'none' else 1} elements with reduction "
                               f"{reduction!r}, got {row_grad.numel()}")
@@ -76,6 +75,17 @@ def cross_entropy_forward_backward(
     call = _bindings.cross_entropy_default_bf16 if logits.dtype == torch.bfloat16 else _bindings.cross_entropy
     call(logits, target, options, loss, dlogits)
     return loss, dlogits
+
+
+def _as_row_grad(upstream, weight, reduction: str):
+    """The C options' row_grad for an upstream gradient: None (1); a number, for mean and sum without
+    a weight (the bindings write it into a struct of their own); else float32 values, one per row with
+    reduction none (bf16 upstream values held as floats)."""
+    if upstream is None or (isinstance(upstream, float) and weight is None and reduction != "none"):
+        return upstream
+    if isinstance(upstream, float):
+        return torch.tensor([upstream])
+    return upstream.float().reshape(-1).contiguous()
 
 
 def _target_grad(logits, target, weight, settings, grad_loss, widened=False):
@@ -175,7 +185,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, dtarget, None, None, None
         if ctx.reduction_none:  # one upstream gradient per row
-            row_grad = grad_loss.reshape(-1).contiguous().float()
+            row_grad = grad_loss
         else:
             upstream = _LAST_UPSTREAM[ctx.key] = float(grad_loss)
             if _same_bits(upstream, ctx.guess):
@@ -306,12 +316,9 @@ def _bf16_call(logits, target, weight, reduction, ignore_index, label_smoothing,
     N, V = logits.shape
     loss = torch.empty((N,) if reduction == "none" else (), dtype=_loss_dtype(logits, target))
     dlogits = empty_like(logits) if compute_grad else None
-    # upstream: None (1), a number (mean, sum), or one per row (none); bf16 values, as floats
-    row_grad = (upstream if upstream is None or (isinstance(upstream, float) and weight is None)
-                else torch.tensor([upstream]) if isinstance(upstream, float)
-                else upstream.float().reshape(-1).contiguous())
-    options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref", row_grad,
-                                              torch.get_num_threads())
+    row_grad = _as_row_grad(upstream, weight, reduction)  # held here: the options point into it
+    options = _bindings.cross_entropy_options(weight, ignore_index, reduction, label_smoothing, 0.0, "ptref",
+                                              row_grad, torch.get_num_threads())
     _bindings.cross_entropy_bf16(logits, target, options, loss, dlogits)
     return loss, dlogits
 
