@@ -71,6 +71,11 @@ def test_sweep_is_bit_identical_at(capability, dtype):
             assert figures["differing"] == 0, (
                 f"{kernel}.{quantity} at {capability}: {figures['differing']} of {figures['swept']} cases differ, "
                 f"e.g. {figures['examples']}")
+    # every tensor argument of every kernel in every layout: its contiguous bits, torch's where claimed
+    for quantity in ("as a contiguous copy", "torch's bits", "refused as torch refuses"):
+        figures = result["layouts"][quantity]
+        assert figures["swept"] and figures["differing"] == 0, (
+            f"layouts, {quantity} at {capability}: {figures['differing']} of {figures['swept']}: {figures['examples']}")
 
 
 # Another capability whose arithmetic differs from this one's in swiglu and ptref.

@@ -81,7 +81,20 @@ def test_reading_a_strided_input_as_contiguous_is_wrong(few_widths, planted):
         flat = x.contiguous() if x.is_contiguous() else x.as_strided(x.shape, x.contiguous().stride())
         return F.rms_norm(flat, shape, weight, eps)
     report = conformance.check("rms_norm", planted("rms_norm", "ignores_strides", ignores_strides))
-    assert _verdicts(report)["non_contiguous"] == "wrong" and _verdicts(report)["widths"] == "bitwise"
+    assert _verdicts(report)["layouts"] == "wrong" and _verdicts(report)["widths"] == "bitwise"
+
+
+def test_reading_an_expanded_weight_as_contiguous_is_wrong(few_widths, planted):
+    """The crash torch's own samples found (a strided or expanded rms_norm weight): a kernel that reads
+    its weight's memory as if it were contiguous is caught on the weight's layouts, not on x's."""
+    def weight_as_contiguous(x, shape, weight, eps):
+        flat = weight if weight.is_contiguous() else weight.as_strided(weight.shape, (1,))
+        return F.rms_norm(x, shape, flat, eps)
+    report = conformance.check("rms_norm", planted("rms_norm", "weight_as_contiguous", weight_as_contiguous))
+    row = next(r for r in report["properties"] if r["property"] == "layouts")
+    assert row["verdict"] == "wrong" and _verdicts(report)["widths"] == "bitwise"
+    assert {f["case"].split(",", 1)[1] for f in row["worst"]} <= {"weight strided", "weight expanded rows"}
+    assert not any("x " in f["case"] for f in row["worst"])
 
 
 def test_accepting_bad_input_is_wrong(few_widths, planted):
@@ -235,8 +248,8 @@ def test_cli_exit_codes_and_report(tmp_path, capsys, monkeypatch):
         ("contract", "bitwise"),  # a registered backend's contract check is the child's first property
         ("widths", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
         ("options", "bitwise" if "swiglu" in kernels.bit_identical() else "as accurate as torch"),
-        ("non_contiguous", "crashes")]
-    assert (crashed["crash"]["property"], crashed["crash"]["case"]) == ("non_contiguous", "width=8")
+        ("layouts", "crashes")]
+    assert (crashed["crash"]["property"], crashed["crash"]["case"]) == ("layouts", "width=8,x strided")
     assert crashed["dtype"] == "float32"
     assert main(["check", "swiglu", "--plugin", "planted.py", "--backend", "segfaults", "--dtype", "bfloat16",
                  "--json-out", str(out)]) == 1

@@ -674,3 +674,19 @@ def test_the_default_variant_folds_an_upstream_gradient_into_its_row_scale(upstr
     ours, theirs = (leaf.grad.double() - exact.grad).abs(), (rescaled.double() - exact.grad).abs()
     assert not torch.equal(leaf.grad, rescaled)
     assert ours.max() < theirs.max() and ours.mean() < theirs.mean()
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 3), (2, 4, 3, 3)])
+def test_uint8_targets_of_a_spatial_input_raise_as_in_torch(shape):
+    """torch's nll_loss takes Byte class targets; its spatial form (an input of 3 or more dimensions)
+    takes Long only: a RuntimeError in torch, ckparity's InvalidType (a RuntimeError too)."""
+    logits = torch.randn(shape)
+    target = torch.randint(0, 4, shape[:1] + shape[2:], dtype=torch.uint8)
+    with pytest.raises(RuntimeError):
+        F.cross_entropy(logits, target)
+    for variant in ("default", "ptref"):
+        with pytest.raises(RuntimeError, match="uint8"):
+            ckparity.cross_entropy(logits, target, variant=variant)
+    flat = torch.randn(5, 4)  # (N, C) with uint8 targets: torch takes them, so does ckparity
+    small = torch.randint(0, 4, (5,), dtype=torch.uint8)
+    assert torch.equal(ckparity.cross_entropy(flat, small, variant="ptref"), F.cross_entropy(flat, small))

@@ -148,14 +148,17 @@ def test_distributed_parity_fails_on(fault, dtype, monkeypatch, tmp_path):
     (result,) = gates.run_gates(["distributed_parity"], settings, tmp_path, "quick", echo=lambda line: None)
     assert result["passed"] is False, f"distributed_parity passed in {dtype} with a rank kernel planted to {fault}"
     failures = result["details"]["failures"]
-    # tp and dp; but in bf16 one bf16 ULP on rank 1 stays within dp's parity tolerance (its params are
-    # replicated from summed gradients, so they cannot differ between ranks): there tp's replicated
-    # params catch it alone
-    assert len(failures) == (1 if (fault, dtype) == ("rank_dependent", "bfloat16") else 2), failures
+    # a fault on every rank fails tp and dp alike. One ULP on rank 1 is tp's to catch: its replicated params
+    # must stay bit-identical between ranks. dp's params are replicated from summed gradients (they cannot
+    # differ between ranks), and a 1-ULP push is a parity failure there only where the drift it seeds
+    # outgrows the tolerance in 3 steps: on an AMD Zen 4 in float32 it did, on an Intel Xeon (MKL's other
+    # GEMM bits) and in bf16 it did not -- not the gate's promise, so not asserted
+    assert len(failures) == 2 or fault == "rank_dependent", failures
     if fault == "raises":
         assert all("planted: this kernel raises" in f for f in failures), failures
     if fault in ("nan", "inf"):
         assert all("non-finite" in f.lower() or "loss fails at 1" in f for f in failures), failures
     if fault == "rank_dependent":
         # tp keeps the replicated params on every rank: rank 1's differ from step 1
-        assert "replicated params differ between ranks from step 1" in failures[0], failures
+        assert any(f.startswith("stacked_tp2: replicated params differ between ranks from step 1") for f in failures), \
+            failures

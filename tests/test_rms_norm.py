@@ -195,3 +195,16 @@ def test_a_weight_without_grad_gets_no_dweight_and_dx_keeps_torchs_bits(dtype, m
     xx = x.to(dtype).requires_grad_(True)
     ckparity.rms_norm(xx, (1030,), ww, 1e-6).backward(upstream.to(dtype))
     assert dweights[-1] is not None and torch.equal(xx.grad, dx) and ww.grad is not None
+
+
+def test_an_int_normalized_shape_is_a_type_error_as_in_torch():
+    """F.rms_norm(x, 8, w) raises TypeError (torch's argument parser wants a tuple); so does ckparity's op.
+    The modules take an int, as nn.RMSNorm does."""
+    x, w = torch.randn(3, 8), torch.randn(8)
+    with pytest.raises(TypeError):
+        F.rms_norm(x, 8, w)
+    with pytest.raises(TypeError, match=r"write \(8,\)"):
+        ckparity.rms_norm(x, 8, w)
+    for shape in ((8,), [8], torch.Size([8])):
+        assert torch.equal(ckparity.rms_norm(x, shape, w), F.rms_norm(x, (8,), w))
+    assert torch.equal(ckparity.nn.RMSNorm(8)(x), torch.nn.RMSNorm(8)(x))

@@ -25,12 +25,14 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
+from ckparity.kernels.layouts import strided
 from parity import MEASUREMENTS
 
 pytest.importorskip("expecttest")
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum, optim_db  # noqa: E402
+from torch.testing._internal.common_utils import noncontiguous_like  # noqa: E402
 
 # What ckparity refuses that torch computes: (reason, predicate on the error ckparity raised).
 REFUSALS = {
@@ -54,9 +56,20 @@ def _map_tensors(value, fn):
     return value
 
 
+def _fresh_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A new leaf with t's values in t's own layout (its strides and gaps: a sample's non-contiguous form
+    stays one; clone() would make it contiguous). An expanded tensor, whose elements share memory, is cloned."""
+    if 0 in t.stride():
+        return t.detach().clone().requires_grad_(t.requires_grad)
+    fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    with torch.no_grad():
+        fresh.copy_(t)
+    return fresh.requires_grad_(t.requires_grad)
+
+
 def _fresh(value):
-    """A copy of a sample's argument; tensors that require grad become new leaves."""
-    return _map_tensors(value, lambda t: t.detach().clone().requires_grad_(t.requires_grad))
+    """A copy of a sample's argument; tensors that require grad become new leaves, in the sample's layout."""
+    return _map_tensors(value, _fresh_tensor)
 
 
 def _leaves(value) -> list[torch.Tensor]:
@@ -145,13 +158,27 @@ def _op(name: str):
     return next(o for o in op_db if o.name == name and o.variant_test_name == "")
 
 
-def _samples(name: str, dtype: torch.dtype = torch.float32):
-    return list(_op(name).sample_inputs("cpu", dtype, requires_grad=True))
+# torch's samples as it gives them, and in their non-contiguous form (SampleInput.noncontiguous: every tensor
+# a stride-2 view whose gaps hold NaN, so a kernel that reads a view as contiguous reads NaN)
+FORMS = ["as given", "noncontiguous"]
 
 
-def _source(name: str, dtype: torch.dtype) -> str:
-    """The report's name of a source: float32's as before, a 16-bit dtype's suffixed."""
-    return name if dtype == torch.float32 else f"{name}.{str(dtype).split('.')[-1]}"
+def _samples(name: str, dtype: torch.dtype = torch.float32, form: str = "as given"):
+    samples = _op(name).sample_inputs("cpu", dtype, requires_grad=True)
+    return [s.noncontiguous() if form == "noncontiguous" else s for s in samples]
+
+
+def _noncontiguous_values(value, form: str):
+    """A ModuleInfo or OptimizerInfo input's tensors in ``form`` (their non-contiguous form as
+    SampleInput.noncontiguous makes it)."""
+    return _map_tensors(value, noncontiguous_like) if form == "noncontiguous" else value
+
+
+def _source(name: str, dtype: torch.dtype, form: str = "as given") -> str:
+    """The report's name of a source: float32's as before, a 16-bit dtype's suffixed, the non-contiguous
+    form's too."""
+    name = name if dtype == torch.float32 else f"{name}.{str(dtype).split('.')[-1]}"
+    return name if form == "as given" else f"{name}.noncontiguous"
 
 
 # torch's samples in its 16-bit dtypes too: the bit-identity claims of each dtype (docs/kernels.md) on inputs
@@ -159,13 +186,14 @@ def _source(name: str, dtype: torch.dtype) -> str:
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_opinfo_cross_entropy(dtype):
+def test_opinfo_cross_entropy(dtype, form):
     """float32 and bf16's default variant take every sample (within assert_close of torch's, or no
     farther from float64); bf16 ptref gives torch's bits on every (N, C) sample and refuses the class
     dimension elsewhere; float16 is refused."""
     counts, per_variant = Counter(), {"default": Counter(), "ptref": Counter()}
-    for k, s in enumerate(_samples("nn.functional.cross_entropy", dtype)):
+    for k, s in enumerate(_samples("nn.functional.cross_entropy", dtype, form)):
         for variant in ("default", "ptref"):
             ended = outcome(
                 lambda: _forward_backward(lambda *a, **kw: ckparity.cross_entropy(*a, variant=variant, **kw),
@@ -178,7 +206,7 @@ def test_opinfo_cross_entropy(dtype):
             per_variant[variant][ended] += 1
             if variant == "ptref" and dtype == torch.bfloat16 and s.input.dim() <= 2:
                 assert ended == "bitwise", f"bf16 ptref sample {k} ({s}): {ended}"
-    record(_source("opinfo.cross_entropy", dtype), counts)
+    record(_source("opinfo.cross_entropy", dtype, form), counts)
     if dtype == torch.float16:
         assert set(counts) == {"refused: float16 cross-entropy"}
     else:
@@ -186,10 +214,11 @@ def test_opinfo_cross_entropy(dtype):
         assert per_variant["ptref"]["bitwise"] >= (15 if dtype == torch.bfloat16 else 9)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_opinfo_rms_norm(dtype):
+def test_opinfo_rms_norm(dtype, form):
     counts = Counter()
-    for k, s in enumerate(_samples("nn.functional.rms_norm", dtype)):
+    for k, s in enumerate(_samples("nn.functional.rms_norm", dtype, form)):
         counts[outcome(lambda: _forward_backward(ckparity.rms_norm, (s.input, *s.args), s.kwargs),
                        lambda: _forward_backward(F.rms_norm, (s.input, *s.args), s.kwargs),
                        f"rms_norm sample {k}: {s}")] += 1
@@ -197,22 +226,27 @@ def test_opinfo_rms_norm(dtype):
         s = e.sample_input
         counts[outcome(lambda: ckparity.rms_norm(s.input, *s.args, **s.kwargs),
                        lambda: F.rms_norm(s.input, *s.args, **s.kwargs), f"rms_norm error input {k}")] += 1
-    record(_source("opinfo.rms_norm", dtype), counts)
+    record(_source("opinfo.rms_norm", dtype, form), counts)
     assert counts["bitwise"] >= 4 and counts["both raise"] == 3 and "close" not in counts  # every dtype: torch's bits
 
 
 def _swiglu_as_silu(x):
-    """silu(x) as swiglu's gate with up = 1 (silu(x) * 1 is silu(x) exactly)."""
-    return ckparity.swiglu(torch.cat([x, torch.ones_like(x)], dim=-1) if x.dim() else x)
+    """silu(x) as swiglu's gate with up = 1 (silu(x) * 1 is silu(x) exactly); a non-contiguous x gives
+    swiglu a strided input (the concatenation every other element of a wider row)."""
+    if not x.dim():
+        return ckparity.swiglu(x)
+    gate_up = torch.cat([x, torch.ones_like(x)], dim=-1)
+    return ckparity.swiglu(gate_up if x.is_contiguous() else strided(gate_up))
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_opinfo_silu_through_swiglu(dtype):
+def test_opinfo_silu_through_swiglu(dtype, form):
     counts = Counter()
-    for k, s in enumerate(_samples("nn.functional.silu", dtype)):
+    for k, s in enumerate(_samples("nn.functional.silu", dtype, form)):
         counts[outcome(lambda: _forward_backward(_swiglu_as_silu, (s.input,), {}),
                        lambda: _forward_backward(F.silu, (s.input,), {}), f"silu sample {k}: {s}")] += 1
-    record(_source("opinfo.silu", dtype), counts)
+    record(_source("opinfo.silu", dtype, form), counts)
     assert counts["bitwise"] >= 2 and "close" not in counts
 
 
@@ -221,15 +255,19 @@ def _module_inputs(cls, dtype):
     return info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=True)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("cls, ours_cls", [(torch.nn.CrossEntropyLoss, ckparity.nn.CrossEntropyLoss),
                                            (torch.nn.RMSNorm, ckparity.nn.RMSNorm)])
-def test_moduleinfo(cls, ours_cls, dtype):
+def test_moduleinfo(cls, ours_cls, dtype, form):
     counts = Counter()
     for k, mi in enumerate(_module_inputs(cls, dtype)):
         c, f = mi.constructor_input, mi.forward_input
         if f is None:
             continue
+        c, f = copy.copy(c), copy.copy(f)  # the constructor's class weight and the forward's tensors in ``form``
+        c.args, c.kwargs, f.args, f.kwargs = (_noncontiguous_values(v, form) for v in (c.args, c.kwargs, f.args,
+                                                                                      f.kwargs))
 
         def run(make):
             module = make(*_fresh(c.args), **_fresh(c.kwargs))
@@ -244,7 +282,7 @@ def test_moduleinfo(cls, ours_cls, dtype):
                 cls(*_float64(c.args), **_float64(c.kwargs)), _float64(f.args), _float64(f.kwargs), upstream_dtype=dtype)
             counts[outcome(lambda: run(ours_cls), lambda: run(cls), f"{cls.__name__} input {k}: {c.args} {c.kwargs}",
                            exact)] += 1
-    record(_source(f"moduleinfo.{cls.__name__}", dtype), counts)
+    record(_source(f"moduleinfo.{cls.__name__}", dtype, form), counts)
     assert counts["bitwise"] + counts["close"] >= 5 and not any(c.startswith("refused") for c in counts)
     assert cls is not torch.nn.RMSNorm or set(counts) == {"bitwise"}
 
@@ -253,29 +291,31 @@ def _adamw_info():
     return next(o for o in optim_db if o.optim_cls is torch.optim.AdamW)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_optiminfo_adamw_configs(dtype):
+def test_optiminfo_adamw_configs(dtype, form):
     """Each of torch's AdamW configs, five steps: params and moments torch's bits (bf16: its
-    single-tensor path's seven roundings per element)."""
+    single-tensor path's seven roundings per element); in the non-contiguous form, params and gradients
+    stride-2 views."""
     counts = Counter()
     for k, config in enumerate(_adamw_info().optim_inputs_func(device="cpu")):
         g = torch.Generator().manual_seed(k)
         start = [torch.randn(7, 5, generator=g).to(dtype), torch.randn(3, generator=g).to(dtype)]
 
         def run(make):
-            params = [torch.nn.Parameter(t.clone()) for t in start]
+            params = [torch.nn.Parameter(_noncontiguous_values(t.clone(), form)) for t in start]
             optimizer = make(params, **config.kwargs)
             gen = torch.Generator().manual_seed(100 + k)
             for _ in range(5):
                 for p in params:
-                    p.grad = torch.randn(p.shape, generator=gen).to(dtype)
+                    p.grad = _noncontiguous_values(torch.randn(p.shape, generator=gen).to(dtype), form)
                 optimizer.step()
             return params + [optimizer.state[p][name] for p in params for name in ("exp_avg", "exp_avg_sq")]
 
         counts[outcome(lambda: run(ckparity.optim.AdamW),
                        lambda: run(lambda ps, **kw: torch.optim.AdamW(ps, foreach=False, **kw)),
                        f"AdamW config {config.kwargs}")] += 1
-    record(_source("optiminfo.AdamW", dtype), counts)
+    record(_source("optiminfo.AdamW", dtype, form), counts)
     assert counts["bitwise"] + counts["close"] == len(_adamw_info().optim_inputs_func(device="cpu"))
     assert dtype == torch.float32 or counts["bitwise"] == sum(counts.values())
 

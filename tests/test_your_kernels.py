@@ -209,14 +209,14 @@ def test_saves_passes_forwards_tensors_to_backward():
 
 
 def test_helper_built_backends_are_not_judged_on_what_the_helper_decides(clean_registry, few_widths):
-    """non_contiguous, threads and bad shapes test the helper's own copy and checks: not run, and said."""
+    """layouts, threads and bad shapes test the helper's own copy and checks: not run, and said."""
     swiglu = plugin.swiglu(forward=lambda x, out: out.copy_(kernels.backends("swiglu")["torch"](x)),
                            backward=lambda dout, x, dx: dx.copy_(torch.autograd.functional.vjp(
                                kernels.backends("swiglu")["torch"], x, dout)[1]))
     ckparity.register_backend("swiglu", "helper", swiglu)
     report = check.check("swiglu", "helper")
-    assert {"non_contiguous", "threads", "bad_input (shapes)"} <= set(report["not_run"])
-    assert not {"non_contiguous", "threads", "bad_input"} & set(_rows(report))
+    assert {"layouts", "threads", "bad_input (shapes)"} <= set(report["not_run"])
+    assert not {"layouts", "threads", "bad_input"} & set(_rows(report))
     assert "not applicable" in check.table(report)
 
 

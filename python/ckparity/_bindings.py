@@ -19,6 +19,7 @@ import threading
 import torch
 
 from ._native import check, ffi, lib
+from .errors import InvalidArgument, as_float, as_int
 
 # resolved once: a cast with a ctype object skips parsing the type's name on every call
 _C_TYPES = {torch.float32: ffi.typeof("float *"), torch.int64: ffi.typeof("int64_t *"),
@@ -52,11 +53,12 @@ def cross_entropy_options(weight=None, ignore_index: int = -100, reduction: str 
     upstream gradient as a number (a float32 or bf16 value), written into a
     struct made once per setting and thread (a loss scaled by 1/K passes one
     every backward)."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
-    if variant not in CE_VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(CE_VARIANTS)}, got {variant!r}")
-    settings = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), variant, int(torch_threads))
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise InvalidArgument(f"reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
+    if not isinstance(variant, str) or variant not in CE_VARIANTS:
+        raise InvalidArgument(f"variant must be one of {sorted(CE_VARIANTS)}, got {variant!r}")
+    settings = (as_int(ignore_index, "ignore_index"), reduction, as_float(label_smoothing, "label_smoothing"),
+                as_float(z_loss, "z_loss"), variant, int(torch_threads))
     if isinstance(row_grad, float):
         if weight is not None or reduction == "none":
             raise ValueError("internal: an upstream gradient as a number is for mean and sum without a weight")

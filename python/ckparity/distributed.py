@@ -84,7 +84,7 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, target: torch.Tenso
     if local_logits.dim() != 2 or target.shape != local_logits.shape[:1]:
         raise InvalidArgument(f"local_logits must be (N, V_local) and target (N), got {tuple(local_logits.shape)} "
                               f"and {tuple(target.shape)}")
-    if reduction not in REDUCTIONS:
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
         raise InvalidArgument(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidArgument("vocab_parallel_cross_entropy needs an initialized torch.distributed process group")

@@ -24,3 +24,20 @@ class InvalidType(CkparityError, TypeError):
 
 class TargetOutOfRange(CkparityError, IndexError):
     """A class target outside [0, C) that is not ignore_index."""
+
+
+def as_float(value, name: str) -> float:
+    """A real-number argument as a float; anything else (a string, None, a tensor of more than one
+    element) an InvalidType naming it, as torch's argument parser raises a TypeError."""
+    if isinstance(value, (int, float)) or (hasattr(value, "__float__") and not isinstance(value, (str, bytes))
+                                           and getattr(value, "numel", lambda: 1)() == 1):
+        return float(value)
+    raise InvalidType(f"{name} must be a number, got {type(value).__name__} {value!r}")
+
+
+def as_int(value, name: str) -> int:
+    """An integer argument as an int; a float, a string or None an InvalidType naming it (torch's
+    argument parser refuses them with a TypeError)."""
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return value.__index__()
+    raise InvalidType(f"{name} must be an int, got {type(value).__name__} {value!r}")

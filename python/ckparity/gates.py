@@ -463,16 +463,21 @@ REPLAY_RUN = replace(SHORT_RUN, model="stacked", vocab=2048, d_model=256, hidden
 
 
 def replay_determinism(settings: dict, out_dir: Path) -> dict:
-    """The same run twice, and at each thread count: identical series, bit for
-    bit; a run that errors fails the gate (three runs that fail alike are not
-    "identical")."""
+    """The same run twice, and at each of ckparity's thread counts: identical
+    series, bit for bit; a run that errors fails the gate (three runs that fail
+    alike are not "identical"). torch's threads stay at the first count in every
+    run: what varies is what ckparity owns. torch's own GEMMs (the twins'
+    linears) are not thread-count invariant on every CPU -- MKL's AVX-512 sgemm
+    splits K between 2 threads on an Intel Xeon, not on an AMD Zen 4
+    (MKL_CBWR=AUTO,STRICT makes them agree) -- and ckparity's rms_norm and ptref
+    follow torch's thread count by design (its split of long sums)."""
     runs, threads_used, failures, exercised = {}, {}, [], set()
     saved = (ckparity.get_num_threads(), torch.get_num_threads())
     try:
         for label, threads in [("first", settings["threads"][0]), ("again", settings["threads"][0])] + \
                 [(f"threads={t}", t) for t in settings["threads"][1:]]:
             config = replace(REPLAY_RUN, max_steps=settings["steps"], threads=threads,
-                             ck_loss_backend=settings["ck_loss_backend"],
+                             torch_threads=settings["threads"][0], ck_loss_backend=settings["ck_loss_backend"],
                              json_out=str(out_dir / f"replay_determinism_{label.replace('=', '')}.json"))
             exercised |= kernels_used(config)
             report = _train_in_gate(config, settings)
@@ -488,7 +493,8 @@ def replay_determinism(settings: dict, out_dir: Path) -> dict:
     base = runs["first"]
     differing = {label: sorted(k for k in base if base[k] != s[k]) for label, s in runs.items() if s != base}
     failures += [f"{label} differs in {', '.join(keys[:3])}" for label, keys in differing.items()]
-    summary = (f"{len(runs)} runs of {settings['steps']} steps (C threads {sorted(set(threads_used.values()))}): "
+    summary = (f"{len(runs)} runs of {settings['steps']} steps (C threads {sorted(set(threads_used.values()))}, "
+               f"torch threads {settings['threads'][0]}): "
                + ("identical" if not failures else "; ".join(failures)))
     return _result(not failures, summary, runs=list(runs), differing=differing, threads_used=threads_used,
                    failures=failures, exercised=sorted(exercised & set(settings.get("ck_backends", {}))))

@@ -31,7 +31,8 @@ import torch
 
 from . import cpu, kernels
 from .harness.loop.report import check_writable, write_json
-from .kernels.sweeping import Tally
+from .kernels.layouts import applicable, contiguous_copy, run as run_case
+from .kernels.sweeping import Tally, same_bits
 
 
 DTYPES = ("float32", "bfloat16", "float16")  # float16: rms_norm, swiglu and rope
@@ -43,15 +44,68 @@ def claims(dtype: str = "float32") -> dict[str, kernels.Claim]:
 
 
 def run(keys=None, seed: int = 0, dtype: str = "float32") -> dict:
-    """The sweep of the ``dtype`` claims ``keys`` (default: all) at this process's capability."""
+    """The sweep of the ``dtype`` claims ``keys`` (default: all, and the layouts sweep) at this
+    process's capability."""
     known = claims(dtype)
     results = {}
     for key in keys or known:
         tally = Tally()
         known[key].sweep(tally, torch.Generator().manual_seed(seed))
         results[key] = tally.result()
-    return {"schema": "ckparity.sweep/1", "capability": cpu.capability(), "torch": torch.__version__,
-            "dtype": dtype, "kernels": results}
+    report = {"schema": "ckparity.sweep/1", "capability": cpu.capability(), "torch": torch.__version__,
+              "dtype": dtype, "kernels": results}
+    if keys is None:
+        report["layouts"] = layouts(dtype, seed)
+    return report
+
+
+def _attempt(fn):
+    try:
+        return fn(), None
+    except Exception as err:  # noqa: BLE001 -- both sides' errors are compared by the caller
+        return None, err
+
+
+def layouts(dtype: str = "float32", seed: int = 0, records=None) -> dict:
+    """Every tensor argument of every record's layout cases (Kernel.layouts) in every layout torch accepts
+    (kernels/layouts.py): the bits of the same call on a contiguous copy ("as a contiguous copy"), torch's
+    bits where a claim covers the call ("torch's bits"; where torch's own bits on the layout are not its
+    bits on the copy, listed instead: ckparity's result does not depend on a layout), and an error exactly
+    where torch raises one ("refused as torch refuses": in-place updates of an expanded tensor). A case whose contiguous call
+    raises a TypeError is an op that does not take ``dtype`` (float16 cross-entropy): counted, not run.
+    ``records``: the kernel records to sweep (default: every one)."""
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    claimed, tally, not_taken, torch_varies = kernels.bit_identical(dtype), Tally(), [], []
+    for record in records or kernels.KERNELS.values():
+        for case in record.layouts(torch.Generator().manual_seed(seed)) if record.layouts else ():
+            def call(fn, layout=None):
+                return _attempt(lambda: run_case(case.call, case.differentiated, fn, case.tensors, torch_dtype, layout))
+            _, err = call(case.ours)
+            if isinstance(err, TypeError):
+                not_taken.append(f"{record.name} {case.label}")
+                continue
+            for name, t in case.tensors.items():
+                for layout_name, layout in applicable(t):
+                    label = f"{record.name} {case.label}: {name} {layout_name}"
+                    (ours, ours_err), (theirs, theirs_err) = call(case.ours, (name, layout)), call(case.theirs, (name, layout))
+                    if ours_err is not None or theirs_err is not None:
+                        as_torch = theirs_err is not None or f"{name} {layout_name}" in case.refuses
+                        tally.outcome("refused as torch refuses", f"{label}: ours {ours_err!r}, torch's {theirs_err!r}",
+                                      ours_err is not None and as_torch)
+                        continue
+                    (copy, _), (theirs_copy, _) = (call(fn, (name, contiguous_copy(layout)))
+                                                   for fn in (case.ours, case.theirs))
+                    covered = case.claim in claimed
+                    for k in ours:
+                        tally.add("as a contiguous copy", f"{label} {k}", ours[k], copy[k])
+                        if not (covered and (case.claimed_outputs is None or k in case.claimed_outputs)):
+                            continue
+                        if same_bits(theirs[k], theirs_copy[k]):
+                            tally.add("torch's bits", f"{label} {k}", ours[k], theirs[k])
+                        else:  # ckparity keeps its contiguous bits (torch's on the copy: the claim's sweep)
+                            torch_varies.append(f"{label} {k}")
+    return {**tally.result(), "not taken in this dtype": not_taken,
+            "where torch's own bits depend on the layout": torch_varies}
 
 
 def main(argv=None) -> int:

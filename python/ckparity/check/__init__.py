@@ -12,8 +12,10 @@ torch in float64, the exact answer's stand-in), with a verdict
 - ``options``: what the slot's contract passes besides the plain call
   (ignored rows and label smoothing; no weight; a 3-D input); an option the
   backend declares unsupported is the row ``option NAME``: not supported;
-- ``non_contiguous``: the input as a strided view must give the bits the
-  same values give contiguous;
+- ``layouts``: every tensor of the slot's call in every layout torch takes
+  (strided, transposed, a storage offset, expanded rows and columns) must
+  give the bits the same values give contiguous, and torch's by the rule;
+  the call with 0 rows too;
 - ``threads``: a large case at 1 and 2 torch threads, the same bits;
 - ``batch_invariance``: the same row at batches 1..17, at their start,
   middle and end, at 1 and 2 threads -> the bits of the row alone (or, where
@@ -26,7 +28,7 @@ torch in float64, the exact answer's stand-in), with a verdict
   report's ``not_run`` says so when it is missing).
 
 A backend built with the ckparity.plugin helpers gets contiguous float32
-copies and has its shapes checked by the helper: ``non_contiguous``,
+copies and has its shapes checked by the helper: ``layouts``,
 ``threads`` and the shape rows of ``bad_input`` would test the helper, not
 your C, and are in ``not_run`` with that reason instead of a bitwise that
 cannot fail.

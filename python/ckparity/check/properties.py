@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels import layouts as laid_out
 from ..kernels.record import Conformance
 from ..kernels.sweeping import SPECIAL_ROWS, SPECIAL_WIDTHS, special_rows
 from ..measure import RULES, differing_elements, max_ulp, parity
@@ -93,22 +94,11 @@ def _floating(t: dict, dtype) -> dict:
 
 
 def evaluate(kernel_slot: Conformance, fn: Callable, tensors: dict, dtype=torch.float32,
-             strided: str | None = None) -> dict:
+             layout: tuple[str, Callable] | None = None) -> dict:
     """The output and the gradients of a fixed random weighting of it; with
-    ``strided``, that input reaches fn as a column slice of a wider tensor
-    (the same values, other strides; its gradient flows back through the copy)."""
-    leaves = {k: v.detach().clone().requires_grad_(k in kernel_slot.differentiated)
-              for k, v in _floating(tensors, dtype).items()}
-    given = dict(leaves)
-    if strided is not None:
-        width = leaves[strided].shape[-1]
-        wide = torch.zeros(*leaves[strided].shape[:-1], 2 * width + 1, dtype=dtype)
-        given[strided] = wide[..., 1 : 1 + width]
-        given[strided].copy_(leaves[strided])
-    out = kernel_slot.call(fn, given)
-    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    out.backward(upstream)
-    return {"out": out.detach(), **{f"d{k}": leaves[k].grad for k in kernel_slot.differentiated}}
+    ``layout`` (name, map: kernels/layouts.py), that input reaches fn laid out
+    by the map (its gradient flows back through it)."""
+    return laid_out.run(kernel_slot.call, kernel_slot.differentiated, fn, tensors, dtype, layout)
 
 
 def run_case(prop: Property, label: str, evaluate_with: Callable[[Callable, torch.dtype], dict], fn,
@@ -181,27 +171,46 @@ def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset, dtype=torch.fl
     return prop
 
 
-def non_contiguous(kernel_slot, fn, g, dtype=torch.float32) -> Property:
-    """The first differentiated input as a column slice of a wider tensor: the same bits as contiguous."""
-    prop = Property("non_contiguous")
-    first = kernel_slot.differentiated[0]
+def _zero_rows(tensors: dict, first: str) -> dict:
+    """The case with 0 rows: every tensor whose first dimension is the first differentiated input's cut to 0."""
+    rows = tensors[first].shape[0]
+    return {k: v[:0] if v.dim() and v.shape[0] == rows else v for k, v in tensors.items()}
+
+
+def layouts(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
+    """Every tensor of the slot's call in every layout torch accepts (kernels/layouts.py: strided,
+    transposed, a storage offset, expanded rows and columns), judged as every case is against torch
+    on a contiguous copy of the same values and float64: a backend that reads a view as if it were
+    contiguous computes other values ("wrong"), one that raises on a layout torch takes "crashes".
+    torch's own bits can move with a layout (its eager rms_norm and silu on a transposed input sum
+    and vectorize in another order), so bits equal to torch's on the layout itself are bitwise too;
+    the report counts the cases whose bits moved with the layout (``layout_dependent``: ckparity's
+    own kernels give their contiguous bits on every layout, tests/test_layouts.py). And the call
+    with 0 rows, against torch's."""
+    prop = Property("layouts")
+    first, moved = kernel_slot.differentiated[0], 0
     for width in (8, 34, 1000):  # even: rope's head dim is
         tensors = kernel_slot.make(width, 3, g)
-        label = f"width={width}"
-        at(prop, label)
-        try:
-            plain = evaluate(kernel_slot, fn, tensors, dtype)
-            view = evaluate(kernel_slot, fn, tensors, dtype, strided=first)
-        except Exception as err:  # noqa: BLE001
-            prop.case(label, "crashes", f"{type(err).__name__}: {err}")
-            continue
-        differ = {k: differing_elements(view[k], plain[k]) for k in plain}
-        if not any(differ.values()):
-            prop.case(label, "bitwise")
-        else:
-            worst = max(differ, key=differ.get)
-            prop.case(label, "wrong", f"a strided {first} gives other values than a contiguous one ({worst}: "
-                                      f"{differ[worst]} of {plain[worst].numel()} elements differ)")
+        for name, t in tensors.items():
+            for layout_name, layout in laid_out.applicable(t):
+                label = f"width={width},{name} {layout_name}"
+                at(prop, label)
+                copy = (name, laid_out.contiguous_copy(layout))
+                try:
+                    view, own_copy = (evaluate(kernel_slot, fn, tensors, dtype, lay) for lay in ((name, layout), copy))
+                except Exception as err:  # noqa: BLE001
+                    prop.case(label, "crashes", f"{type(err).__name__}: {err}")
+                    continue
+                moved += differing_elements_all(view, own_copy) > 0
+                theirs_on_layout = evaluate(kernel_slot, torch_fn, tensors, dtype, (name, layout))
+                if differing_elements_all(view, theirs_on_layout) == 0:
+                    prop.case(label, "bitwise")
+                    continue
+                prop.compare(label, view, *(evaluate(kernel_slot, torch_fn, tensors, d, copy)
+                                            for d in (dtype, torch.float64)))
+    run_case(prop, "0 rows", _slot_case(kernel_slot, _zero_rows(kernel_slot.make(8, 3, g), first)), fn, torch_fn,
+             dtype=dtype)
+    prop.extra = {"layout_dependent": moved}
     return prop
 
 

@@ -115,14 +115,14 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
         g = torch.Generator().manual_seed(seed)
         helper = getattr(fn, "ckparity_helper", None) is not None
         if helper:
-            not_run.update(non_contiguous=HELPER_NOT_APPLICABLE, threads=HELPER_NOT_APPLICABLE)
+            not_run.update(layouts=HELPER_NOT_APPLICABLE, threads=HELPER_NOT_APPLICABLE)
             if any(b.kind == "shape" for b in kernel_slot.bad):
                 not_run["bad_input (shapes)"] = HELPER_NOT_APPLICABLE
         runs += [lambda: properties.widths(kernel_slot, fn, torch_fn, g, torch_dtype),
                  lambda: properties.options(kernel_slot, fn, torch_fn, g, registration.unsupported, torch_dtype,
                                             refused_options)]
         if not helper:  # the last properties that draw from g: skipping them changes no other case
-            runs += [lambda: properties.non_contiguous(kernel_slot, fn, g, torch_dtype),
+            runs += [lambda: properties.layouts(kernel_slot, fn, torch_fn, g, torch_dtype),
                      lambda: properties.threads(kernel_slot, fn, g, torch_dtype)]
         # its own generator: the properties before it draw the same cases with or without it
         runs += [lambda: properties.batch_invariance(kernel_slot, fn, torch_fn, torch.Generator().manual_seed(seed),

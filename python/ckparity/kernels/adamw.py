@@ -14,6 +14,7 @@ from ..optim import AdamW
 from .. import _bindings as C
 from .benching import Case, compiled_step
 from .contract import expect, tensor_like
+from .layouts import LayoutCase
 from .record import WIDTHS, Claim, Conformance, Kernel
 from .sweeping import Tally
 
@@ -161,6 +162,33 @@ def _bench(gen: torch.Generator, select):
                        c_calls(n, gen, fused=True, dtype=dtype))
 
 
+def _steps(factory, t: dict) -> dict:
+    """Three steps of an AdamW on a parameter laid out as ``t["param"]``, with the gradient ``t["grad"]``:
+    the parameter and its moments (a parameter's layout is its own: the state follows it)."""
+    p = torch.nn.Parameter(t["param"].detach())
+    optimizer = factory([p], lr=1e-2, weight_decay=0.01)
+    for _ in range(3):
+        p.grad = t["grad"]
+        optimizer.step()
+    state = optimizer.state[p]
+    return {"param": p.detach(), "exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
+
+
+def _layout_cases(g):
+    """The parameter and its gradient, each in every layout, both paths and amsgrad; torch's bits claimed
+    for the moments (the parameter's bits only where torch's sqrt is exact, which a layout does not move).
+    An expanded parameter is refused, as torch's single-tensor AdamW refuses it; torch's fused kernel
+    writes each update into memory several elements share, which no order of the writes makes right."""
+    for kwargs, theirs, claim in (({}, reference.adamw, "adamw"),
+                                  ({"amsgrad": True}, partial(reference.adamw, amsgrad=True), "adamw"),
+                                  ({"fused": True}, partial(torch.optim.AdamW, fused=True), "adamw.fused")):
+        yield LayoutCase(f"param and grad (5, 6), {kwargs or 'single-tensor'}", partial(AdamW, **kwargs), theirs,
+                         _steps, (),
+                         {"param": torch.randn(5, 6, generator=g), "grad": torch.randn(5, 6, generator=g)},
+                         claim=claim, claimed_outputs=("exp_avg", "exp_avg_sq"),
+                         refuses=("param expanded rows", "param expanded last dim"))
+
+
 KERNEL = Kernel(
     name="adamw",
     flag="ck_optimizer_backend",
@@ -180,5 +208,6 @@ KERNEL = Kernel(
                   partial(sweep_fused, dtype=torch.bfloat16), dtype="bfloat16")),
     not_claimed={"adamw param": "where torch's MKL sqrt is not correctly rounded (ckparity's sqrtf is)"},
     probe=_probe,
+    layouts=_layout_cases,
     bench=_bench,
 )

@@ -8,6 +8,7 @@ import torch
 from ..ops.clip_grad_norm import clip_grad_norm_
 from .. import _bindings as C
 from .contract import expect
+from .layouts import LayoutCase
 from .record import Kernel
 
 
@@ -26,6 +27,23 @@ def _probe(g: torch.Generator):
         yield f"grad_norm p={p}", lambda L, f, p=p: torch.tensor(C.grad_norm(grads, p, library=L), dtype=torch.float64)
 
 
+def _clip(fn, t: dict, **kwargs) -> dict:
+    params = [torch.nn.Parameter(torch.zeros(t[name].shape)) for name in ("grad", "grad2")]
+    for p, name in zip(params, ("grad", "grad2")):
+        p.grad = t[name]
+    total = fn(params, 0.5, **kwargs)
+    return {"total_norm": total.reshape(()), "grad": params[0].grad, "grad2": params[1].grad}
+
+
+def _layout_cases(g):
+    """Two gradients, each in every layout; clipped (max_norm 0.5), at norms 2 and inf. Not claimed:
+    the norm is reduced in double, held to its contiguous bits."""
+    for norm_type in (2.0, float("inf")):
+        yield LayoutCase(f"grads (4, 6) and (7,), norm {norm_type}", clip_grad_norm_, torch.nn.utils.clip_grad_norm_,
+                         lambda f, t, n=norm_type: _clip(f, t, norm_type=n), (),
+                         {"grad": torch.randn(4, 6, generator=g), "grad2": torch.randn(7, generator=g)})
+
+
 KERNEL = Kernel(
     name="clip_grad_norm",
     flag="ck_clip_backend",
@@ -34,4 +52,5 @@ KERNEL = Kernel(
     contract=_contract,
     not_claimed={"clip_grad_norm_": "the norm is reduced in double"},
     probe=_probe,
+    layouts=_layout_cases,
 )

@@ -15,6 +15,7 @@ from .. import _bindings
 from .contract import expect, grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fresh_fwd_bwd, fwd_bwd
 from .probing import out
+from .layouts import LayoutCase
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
@@ -437,6 +438,40 @@ def _bench(g: torch.Generator, select):
 HEAD_LOSS = {"c_fused_linear": lambda hidden, weight, targets, **kw: fused_linear_cross_entropy(hidden, weight, targets,
                                                                                                 **kw)}
 
+def _layout_cases(g):
+    """Every tensor argument of ckparity.cross_entropy in both variants (ptref claimed, default held to its
+    contiguous bits): logits, class targets (an ignored row; row 0 kept, so an expanded target is a valid
+    one), the class weight, probability targets (differentiated), a spatial input, 0 rows; and
+    fused_linear_cross_entropy's hidden, weight, bias and targets."""
+    N, C = 5, 7
+    targets = torch.randint(0, C, (N,), generator=g)
+    targets[3] = -100
+    calls = (("class targets", lambda f, t: f(t["logits"], t["targets"]), ("logits",),
+              {"logits": torch.randn(N, C, generator=g) * 3, "targets": targets}),
+             ("class weight, label smoothing, sum",
+              lambda f, t: f(t["logits"], t["targets"], weight=t["weight"], label_smoothing=0.1, reduction="sum"),
+              ("logits",), {"logits": torch.randn(N, C, generator=g) * 3, "targets": targets,
+                            "weight": torch.rand(C, generator=g) + 0.5}),
+             ("probability targets", lambda f, t: f(t["logits"], t["probs"]), ("logits", "probs"),
+              {"logits": torch.randn(N, C, generator=g) * 3, "probs": torch.rand(N, C, generator=g).softmax(-1)}),
+             ("spatial (2, C, 3), reduction none", lambda f, t: f(t["logits"], t["targets"], reduction="none"),
+              ("logits",), {"logits": torch.randn(2, C, 3, generator=g), "targets": torch.randint(0, C, (2, 3),
+                                                                                                   generator=g)}),
+             ("0 rows", lambda f, t: f(t["logits"], t["targets"]), ("logits",),
+              {"logits": torch.randn(0, C, generator=g), "targets": torch.zeros(0, dtype=torch.int64)}))
+    for label, call, differentiated, tensors in calls:
+        for variant in ("default", "ptref"):
+            # the class dimension not last is not torch's bits (docs/kernels.md): its own contiguous bits alone
+            claim = f"cross_entropy.{variant}" if tensors["logits"].dim() == 2 else None
+            yield LayoutCase(f"{label}, {variant}", _variant(variant), F.cross_entropy, call, differentiated,
+                             tensors, claim=claim)
+    hidden, weight, bias = torch.randn(6, 8, generator=g), torch.randn(11, 8, generator=g), torch.randn(11, generator=g)
+    yield LayoutCase("fused_linear_cross_entropy", fused_linear_cross_entropy,
+                     lambda h, w, t, bias: F.cross_entropy(F.linear(h, w, bias), t),
+                     lambda f, t: f(t["hidden"], t["weight"], t["targets"], bias=t["bias"]), ("hidden", "weight", "bias"),
+                     {"hidden": hidden, "weight": weight, "bias": bias, "targets": torch.randint(0, 11, (6,), generator=g)})
+
+
 KERNEL = Kernel(
     name="cross_entropy",
     flag="ck_loss_backend",
@@ -466,5 +501,6 @@ KERNEL = Kernel(
         "vocab-parallel cross_entropy": "the default variant's arithmetic, split by rank",
     },
     probe=_probe,
+    layouts=_layout_cases,
     bench=_bench,
 )

@@ -103,6 +103,8 @@ class Kernel:
     # (gen) -> (name, run(library, fill) -> outputs): every C entry point of the kernel through a given
     # build, for tests/test_clones.py and mutate's equivalence probe (ckparity.builds)
     probe: Callable[[torch.Generator], Iterator[tuple[str, Callable]]] | None = None
+    # (gen) -> the calls whose every tensor argument the layouts sweep lays out anew (layouts.LayoutCase)
+    layouts: Callable[[torch.Generator], Iterator] | None = None
     # (gen, select) -> the rows of ckparity bench (kernels.benching.Case) whose (kernel, shape) select accepts
     bench: Callable[[torch.Generator, Callable[[str, str], bool]], Iterator] | None = None
     builtin: tuple[str, ...] = ()

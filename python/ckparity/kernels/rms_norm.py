@@ -13,6 +13,7 @@ from .. import _bindings as C
 from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
+from .layouts import LayoutCase
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
@@ -43,6 +44,19 @@ def _opinfo_sample(s):
         return None
     tensors = {"x": s.input, **({"weight": weight} if weight is not None else {})}
     return (lambda f, t: f(t["x"], tuple(shape), t.get("weight"), eps)), tensors, tuple(tensors)
+
+
+def _layout_cases(g):
+    """Every tensor argument of ckparity.rms_norm: x and weight, over one and two normalized dimensions
+    (a 2-D weight can be transposed), without a weight, and x with 0 rows."""
+    def call(shape):
+        return lambda f, t: f(t["x"], shape, t.get("weight"), 1e-5)
+    for x_shape, shape in (((4, 9), (9,)), ((2, 3, 9), (9,)), ((3, 4, 6), (4, 6)), ((0, 9), (9,))):
+        x = torch.randn(x_shape, generator=g) * 3
+        yield LayoutCase(f"x {x_shape}, normalized_shape {shape}", rms_norm, F.rms_norm, call(shape), ("x", "weight"),
+                         {"x": x, "weight": torch.randn(shape, generator=g)}, claim="rms_norm")
+    yield LayoutCase("x (4, 9), no weight", rms_norm, F.rms_norm, call((9,)), ("x",), {"x": torch.randn(4, 9, generator=g)},
+                     claim="rms_norm")
 
 
 def _gate_cases():
@@ -186,5 +200,6 @@ KERNEL = Kernel(
             Claim("rms_norm", ("y", "dx", "dweight"), functools.partial(sweep, dtype=torch.float16),
                   dtype="float16")),
     probe=_probe,
+    layouts=_layout_cases,
     bench=_bench,
 )

@@ -13,6 +13,7 @@ from .. import _bindings as C
 from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
+from .layouts import LayoutCase
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows
 
@@ -36,6 +37,18 @@ def _make(width, rows, g):
 
 _BAD = (BadInput("cos of the wrong width", "shape",
                  lambda fn: fn(torch.randn(1, 2, 3, 8), torch.randn(3, 3), torch.randn(3, 3))),)
+
+
+def _layout_cases(g):
+    """x (B, heads, T, d), cos and sin (T, d/2), in both layouts; T = 0 too."""
+    for layout in ("half", "interleaved"):
+        for B, heads, T, d in ((2, 3, 5, 8), (1, 2, 0, 6)):
+            angles = torch.rand(T, d // 2, generator=g) * 6
+            yield LayoutCase(f"x {(B, heads, T, d)}, {layout}", functools.partial(rope, layout=layout),
+                             functools.partial(reference.rope, layout=layout),
+                             lambda f, t: f(t["x"], t["cos"], t["sin"]), ("x",),
+                             {"x": torch.randn(B, heads, T, d, generator=g), "cos": angles.cos(), "sin": angles.sin()},
+                             claim="rope")
 
 
 def _gate_cases():
@@ -137,5 +150,6 @@ KERNEL = Kernel(
             Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
             Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.float16), dtype="float16")),
     probe=_probe,
+    layouts=_layout_cases,
     bench=_bench,
 )

@@ -41,6 +41,12 @@ class Tally:
         if ours.shape != theirs.shape or ours.dtype != theirs.dtype or not same_bits(ours, theirs):
             self.differing.setdefault(quantity, []).append(case)
 
+    def outcome(self, quantity: str, case: str, as_expected: bool) -> None:
+        """A case judged by its caller (an error raised, or not, where torch raises one)."""
+        self.swept[quantity] = self.swept.get(quantity, 0) + 1
+        if not as_expected:
+            self.differing.setdefault(quantity, []).append(case)
+
     def result(self) -> dict:
         return {q: {"swept": n, "differing": len(self.differing.get(q, [])), "examples": self.differing.get(q, [])[:8]}
                 for q, n in self.swept.items()}

@@ -12,6 +12,7 @@ from .. import _bindings as C
 from .contract import grads_present, tensor_like
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .probing import out
+from .layouts import LayoutCase
 from .record import WIDTHS, Claim, Conformance, GateCase, Kernel, BadInput
 from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
@@ -38,6 +39,13 @@ def _silu_sample(s):
         return None
     x = torch.cat([s.input.detach(), torch.ones_like(s.input.detach())], dim=-1)
     return (lambda f, t: f(t["x"])), {"x": x}, ("x",)
+
+
+def _layout_cases(g):
+    """x, 2-D and 3-D, and with 0 rows."""
+    for shape in ((4, 18), (2, 3, 18), (0, 18)):
+        yield LayoutCase(f"x {shape}", swiglu, reference.swiglu, lambda f, t: f(t["x"]), ("x",),
+                         {"x": torch.randn(shape, generator=g) * 4}, claim="swiglu")
 
 
 def _gate_cases():
@@ -129,5 +137,6 @@ KERNEL = Kernel(
             Claim("swiglu", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
             Claim("swiglu", ("out", "dx"), functools.partial(sweep, dtype=torch.float16), dtype="float16")),
     probe=_probe,
+    layouts=_layout_cases,
     bench=_bench,
 )

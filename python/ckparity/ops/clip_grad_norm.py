@@ -12,7 +12,7 @@ import torch
 
 from .. import _bindings
 from .._tensors import require_float32, require_floating
-from ..errors import InvalidArgument, InvalidType
+from ..errors import InvalidArgument, InvalidType, as_float
 
 
 def grad_norm(tensors: list[torch.Tensor], norm_type: float = 2.0) -> float:
@@ -41,7 +41,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
-    norm_type = float(norm_type)
+    norm_type, max_norm = as_float(norm_type, "norm_type"), as_float(max_norm, "max_norm")
     if math.isnan(norm_type) or (norm_type < 0 and norm_type != -math.inf):
         raise InvalidArgument(f"norm_type must be >= 0, inf or -inf, got {norm_type}")
     if not grads:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .. import _bindings
 from .._tensors import empty_like, plain, require_cpu, require_float32, require_floating
-from ..errors import InvalidArgument, InvalidType
+from ..errors import InvalidArgument, InvalidType, as_float, as_int
 from ._function import CFunction, first_order_only
 
 
@@ -255,6 +255,10 @@ def _check_target(input: torch.Tensor, target: torch.Tensor, ignore_index: int) 
         )
     if target.dtype not in (torch.int64, torch.uint8):
         raise InvalidType(f"class-index target must be int64 (torch.long), got {target.dtype}; use target.long()")
+    if target.dtype == torch.uint8 and input.dim() > 2:
+        # torch's nll_loss takes Byte targets; its spatial form (nll_loss2d, input of 3 or more dimensions) Long only
+        raise InvalidType(f"class-index target of a {input.dim()}-D input must be int64 (torch.long), got uint8 "
+                          f"(torch's nll_loss2d takes Long only); use target.long()")
     expected = input.shape[:1] + input.shape[2:] if input.dim() >= 2 else torch.Size([])
     if target.shape != expected and not (input.dim() == 1 and target.shape == (1,)):
         raise InvalidArgument(
@@ -409,8 +413,8 @@ def _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_sm
     if empty is not None:
         return empty
     compute_grad = torch.is_grad_enabled() and input.requires_grad
-    loss = _CrossEntropyBF16Function.apply(logits, flat_target, weight, reduction, int(ignore_index),
-                                           float(label_smoothing), compute_grad, bf16_weight)
+    loss = _CrossEntropyBF16Function.apply(logits, flat_target, weight, reduction, ignore_index, label_smoothing,
+                                           compute_grad, bf16_weight)
     return loss.reshape(loss_shape) if reduction == "none" else loss
 
 
@@ -429,7 +433,7 @@ def cross_entropy(
     """F.cross_entropy with the same arguments, plus ``z_loss``, ``variant`` and ``inplace_backward``.
 
     input is (C), (N, C) or (N, C, d1, ...) float32 or bfloat16 on the CPU; target
-    is class indices (int64 or uint8, input's shape without C) or class
+    is class indices (int64, or uint8 for a (C) or (N, C) input as torch takes them; input's shape without C) or class
     probabilities (input's dtype and shape; float32 ones with bf16 input too, the loss then float32 as
     torch promotes it). bf16 with the default variant: its
     float32 arithmetic on the widened values in C, the loss and dlogits rounded
@@ -446,6 +450,12 @@ def cross_entropy(
     backward; an op that saved the logits for its backward raises there
     (autograd's version counter), never reads dlogits as logits.
     """
+    # the scalars' types first: the settings key the upstream-gradient guess and the options' cache
+    ignore_index, label_smoothing = as_int(ignore_index, "ignore_index"), as_float(label_smoothing, "label_smoothing")
+    z_loss = as_float(z_loss, "z_loss")
+    for name, value in (("reduction", reduction), ("variant", variant)):
+        if not isinstance(value, str):
+            raise InvalidType(f"{name} must be a string, got {type(value).__name__} {value!r}")
     if isinstance(input, torch.Tensor) and input.dtype == torch.bfloat16 and variant != "default":
         require_cpu(input, "input")
         return _cross_entropy_bf16(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, variant,

@@ -35,7 +35,7 @@ import math
 import torch
 
 from .._tensors import require_cpu, require_float32
-from ..errors import InvalidArgument, InvalidType, TargetOutOfRange
+from ..errors import InvalidArgument, InvalidType, TargetOutOfRange, as_float, as_int
 from ._function import first_order_only
 from .cross_entropy import cross_entropy_forward_backward
 
@@ -188,8 +188,10 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
         require_float32(bias, "bias")
         if bias.shape != (V,):
             raise InvalidArgument(f"bias must have shape ({V},), got {tuple(bias.shape)}")
-    if reduction not in REDUCTIONS:
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
         raise InvalidArgument(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
+    ignore_index = as_int(ignore_index, "ignore_index")
+    label_smoothing, z_loss = as_float(label_smoothing, "label_smoothing"), as_float(z_loss, "z_loss")
     if not (0.0 <= label_smoothing <= 1.0):
         raise InvalidArgument(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     if not (z_loss >= 0.0 and math.isfinite(z_loss)):
@@ -207,8 +209,8 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     bad = counted[(counted < 0) | (counted >= V)]
     if bad.numel():
         raise TargetOutOfRange(f"Target {int(bad[0])} is out of bounds: weight has {V} classes")
-    settings = dict(ignore_index=int(ignore_index), reduction=reduction, label_smoothing=float(label_smoothing),
-                    z_loss=float(z_loss), chunk_size=chunk_size or max(1, CHUNK_FLOATS // V))
+    settings = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
+                    chunk_size=chunk_size or max(1, CHUNK_FLOATS // V))
     grad_on = torch.is_grad_enabled()
     needs = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
              grad_on and bias is not None and bias.requires_grad)

@@ -8,7 +8,7 @@ import torch
 
 from .. import _bindings
 from .._tensors import WITH_FLOAT16, empty, require_floating
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidType, as_float
 from ._function import CFunction, first_order_only
 
 # torch's eps=None: the float32 machine epsilon (ATen: numeric_limits<float>::epsilon()).
@@ -100,6 +100,17 @@ class _RMSNorm16Function(CFunction):
         return dx, dweight, None
 
 
+def _shape(normalized_shape) -> tuple[int, ...]:
+    """normalized_shape as F.rms_norm takes it: a tuple, list or torch.Size of ints. A bare int is a
+    TypeError in torch's F.rms_norm (nn.RMSNorm turns one into a tuple; so does ckparity.nn.RMSNorm)."""
+    if not isinstance(normalized_shape, (tuple, list, torch.Size)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in normalized_shape):
+        raise InvalidType(f"rms_norm(): normalized_shape must be a tuple of ints (as in F.rms_norm), got "
+                          f"{normalized_shape!r}" + (f"; write ({normalized_shape},)"
+                                                     if isinstance(normalized_shape, int) else ""))
+    return tuple(normalized_shape)
+
+
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """F.rms_norm: normalizes over the trailing ``normalized_shape`` dimensions
@@ -111,7 +122,7 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     (as torch: the weight widened, the float32 result; dweight float32's rounded once to
     the weight's dtype). Non-contiguous inputs are copied."""
     require_floating(input, "input", dtypes=WITH_FLOAT16)
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    shape = _shape(normalized_shape)
     if len(shape) == 0 or input.dim() < len(shape) or tuple(input.shape[-len(shape):]) != shape:
         raise InvalidArgument(f"normalized_shape {shape} must match the trailing dimensions of input "
                               f"{tuple(input.shape)}")
@@ -122,9 +133,11 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
         if tuple(weight.shape) != shape:
             raise InvalidArgument(f"weight must have shape {shape}, got {tuple(weight.shape)}")
         # a 16-bit weight with a float32 input: torch's composite promotes it to float32 and autograd casts
-        # dweight back, rounded once; .float() is that same differentiable cast (ToCopyBackward)
-        weight = weight.float() if input.dtype == torch.float32 else weight.contiguous()
-    eps = DEFAULT_EPS if eps is None else float(eps)
+        # dweight back, rounded once; .float() is that same differentiable cast (ToCopyBackward). A float32
+        # weight comes through .float() as it is: contiguous() after it, for every dtype (a strided or
+        # expanded weight is a copy whose gradient autograd takes back through the view)
+        weight = (weight.float() if input.dtype == torch.float32 else weight).contiguous()
+    eps = DEFAULT_EPS if eps is None else as_float(eps, "eps")
     if not (eps >= 0 and math.isfinite(eps)):
         raise InvalidArgument(f"eps must be finite and >= 0, got {eps}")
     if input.numel() == 0:  # no rows, or rows of width 0: torch returns the empty shape, graph kept

@@ -189,7 +189,7 @@ def environment(config: RunConfig) -> dict:
 
     return {"ckparity": ckparity.__version__, "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch_threads": config.threads or torch.get_num_threads()}
+            "torch_threads": config.torch_threads or config.threads or torch.get_num_threads()}
 
 
 def _is_step(name: str) -> bool:

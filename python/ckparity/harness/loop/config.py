@@ -84,6 +84,7 @@ class RunConfig:
     label_smoothing: float = _flag(0.0, "both twins' cross-entropy label smoothing")
     max_grad_norm: float = _flag(0.0, "clip both twins' gradients (0: off)")
     threads: int = _flag(0, "ckparity's and torch's threads (0: leave as is)")
+    torch_threads: int = _flag(0, "torch's threads where they differ from --threads (0: as --threads)")
     localize_step: int = _flag(0, "localize at this step (0: the first failing step)")
     json_out: str | None = _flag(None, "report path (default reports/train_latest.json)")
     no_progress: bool = _flag(False, "no progress bar even on a terminal")
@@ -147,7 +148,7 @@ def _validate(config: RunConfig) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise UsageError(f"{_name(name)} must be >= 1, got {getattr(config, name)}")
-    non_negative = ["envelope", "max_steps", "warmup_steps", "checkpoint_every", "dump_step", "threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
+    non_negative = ["envelope", "max_steps", "warmup_steps", "checkpoint_every", "dump_step", "threads", "torch_threads", "localize_step", "max_grad_norm", "adamw_weight_decay", "adamw_eps",
                     "loss_tol", "param_tol", "logit_tol", "grad_tol", "moment_tol"]
     for name in non_negative:
         value = getattr(config, name)

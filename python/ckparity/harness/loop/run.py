@@ -196,7 +196,8 @@ class _Checkpoints:
 def _train(config: RunConfig, batches: Batches, ranks, resumed: dict | None) -> dict:
     if config.threads:
         ckparity.set_num_threads(config.threads)
-        torch.set_num_threads(config.threads)
+    if config.torch_threads or config.threads:
+        torch.set_num_threads(config.torch_threads or config.threads)
     ck, ref = build_twins(config)
     observers = observers_for(config, ck, ref, ranks)
     for twin in (ck, ref, *(t for o in observers.values() for t in o.twins())):
