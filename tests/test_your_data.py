@@ -170,6 +170,29 @@ def test_a_config_this_ckparity_cannot_take_is_refused(tmp_path, capsys, key, va
     assert says in capsys.readouterr().err
 
 
+def test_a_config_key_the_manifest_lacks_is_refused_by_name(tmp_path, capsys):
+    """A manifest without adamw_beta1 (hand-edited, or truncated) would resume with the default beta1,
+    which the run may not have had: refused by name. A field its config_version predates (torch_threads,
+    added in version 2) means the default, which that ckparity ran with: resumed."""
+    ck = _checkpointed(tmp_path)
+    path = ck / "step-000000004" / "checkpoint.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["config_version"] == checkpoint.CONFIG_VERSION
+    del manifest["config"]["adamw_beta1"]
+    path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2
+    assert "its config lacks adamw_beta1" in capsys.readouterr().err
+    manifest = json.loads(path.read_text())
+    manifest["config"]["adamw_beta1"] = 0.9
+    del manifest["config"]["torch_threads"]
+    path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 2  # version 2 holds torch_threads
+    assert "its config lacks torch_threads" in capsys.readouterr().err
+    del manifest["config_version"]  # a manifest from before config_version: version 1, torch_threads unknown
+    path.write_text(json.dumps(manifest))
+    assert main([*RUN, "--max-steps", "6", "--resume", str(ck)]) == 0
+
+
 def test_a_dump_with_another_dumps_tensors_is_refused(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     assert _run(tmp_path, "--dump-step", "2", "--dump-dir", str(a)) == 0

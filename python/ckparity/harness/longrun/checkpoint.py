@@ -58,6 +58,13 @@ from ..loop.report import TEMP_PREFIX, fsync, write_new
 from .directory import fsync_tree, sha256
 
 SCHEMA = "ckparity.checkpoint/1"
+# [Note: a manifest's config version]
+# A manifest's config holds every RunConfig field. A key it lacks is refused by name (a hand-edited or
+# truncated manifest would otherwise resume with a default the run never had), unless the manifest's
+# config_version says the field did not exist yet when it was written: then its absence means the default,
+# which is what that ckparity did. CONFIG_ADDED: each field added since version 1, with its version.
+CONFIG_VERSION = 2
+CONFIG_ADDED = {"torch_threads": 2}
 RESUME_MAY_CHANGE = ("max_steps", "json_out", "no_progress", "checkpoint_every", "checkpoint_dir", "resume")
 DEFAULT_DIR = "reports/checkpoint"
 
@@ -210,7 +217,8 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
     staging = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
     try:
         save_file(unshare(tensors), str(staging / "tensors.safetensors"))
-        manifest = {"schema": SCHEMA, "step": step, "config": config.to_dict(), "environment": environment(config),
+        manifest = {"schema": SCHEMA, "step": step, "config_version": CONFIG_VERSION, "config": config.to_dict(),
+                    "environment": environment(config),
                     "inputs": inputs(config), "tensors_sha256": sha256(staging / "tensors.safetensors"), "state": state}
         (staging / "checkpoint.json").write_text(json.dumps(manifest))
         fsync_tree(staging)  # the data on disk before any name points at it
@@ -270,9 +278,18 @@ def _manifest(path: Path, what: str) -> dict:
         if isinstance(manifest["config"], dict) else ["(not a mapping)"]
     if unknown:
         raise UsageError(f"{what}: {file}: config keys this ckparity does not know: {', '.join(unknown)}")
+    version = manifest.get("config_version", 1)  # the manifests before config_version: 1
+    if not isinstance(version, int) or not 1 <= version <= CONFIG_VERSION:
+        raise UsageError(f"{what}: {file}: config_version {version!r}, this ckparity writes 1..{CONFIG_VERSION}")
+    absent = [f.name for f in fields(RunConfig) if f.name not in manifest["config"]]
+    lacking = [name for name in absent if CONFIG_ADDED.get(name, 1) <= version]
+    if lacking:
+        raise UsageError(f"{what}: {file}: its config lacks {', '.join(lacking)} (a config of version {version} "
+                         "holds every field; a resume will not guess a value the run may not have had)")
+    manifest["config"].update({name: RunConfig.__dataclass_fields__[name].default for name in absent})
     kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "str | None": (str, type(None))}
     for f in fields(RunConfig):
-        value = manifest["config"].get(f.name, f.default)
+        value = manifest["config"][f.name]
         if not isinstance(value, kinds[f.type]) or (isinstance(value, bool) and f.type != "bool"):
             raise UsageError(f"{what}: {file}: config {f.name} = {value!r} is not a {f.type}")
     return manifest
