@@ -45,7 +45,12 @@ def test_every_tensor_argument_in_every_layout(dtype):
 
 
 def test_every_record_has_layout_cases_that_reach_every_tensor():
+    """Every kernel ckparity has C for (a slot with torch's backend alone gets them with its C: the sweep holds
+    ckparity's own bits, and torch's own linear and attention move with a layout)."""
     for name, record in kernels.KERNELS.items():
+        if "c" not in record.backends:
+            assert record.layouts is None, f"{name}: layout cases of torch's own backend"
+            continue
         assert record.layouts is not None, f"{name} has no layout cases"
         for case in record.layouts(torch.Generator().manual_seed(0)):
             for tensor_name, t in case.tensors.items():

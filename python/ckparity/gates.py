@@ -510,17 +510,13 @@ def with_backends(config: RunConfig, settings: dict) -> RunConfig:
                               if kernel in used})
 
 
-# how a gate's first run is changed to call a chosen kernel none of its runs call
-TO_EXERCISE = {"rope": ("llama", {"model": "llama"}), "clip_grad_norm": ("clipped", {"max_grad_norm": 1.0}),
-               "cross_entropy": ("one_rank", {"tp": 1}), "adamw": ("adamw", {"optimizer": "adamw"})}
-
 
 def gate_runs(runs: dict[str, RunConfig], settings: dict) -> dict[str, RunConfig]:
     """A harness gate's runs with gate --backend's backends: each run with the
     ones it calls, labelled with them (``tiny+swiglu=mine``; a run that
     would repeat another is run once), and for a chosen kernel no run calls,
-    the first run changed to call it (TO_EXERCISE: ``+llama`` for rope, one
-    rank for the loss under --tp) -- or, where that is not a valid run,
+    the first run changed to call it (its record's ``exercise``: ``+llama`` for
+    rope, one rank for the loss under --tp) -- or, where that is not a valid run,
     nothing: the gate's ``exercised`` then lacks it and its summary says so."""
     chosen = settings.get("ck_backends", {})
     if not chosen:
@@ -534,7 +530,9 @@ def gate_runs(runs: dict[str, RunConfig], settings: dict) -> dict[str, RunConfig
     for kernel in chosen:
         if any(kernel in kernels_used(c) for c in out.values()):
             continue
-        name, change = TO_EXERCISE[kernel]
+        if kernels.KERNELS[kernel].exercise is None:
+            continue
+        name, change = kernels.KERNELS[kernel].exercise
         try:
             config = with_backends(replace(first, **change), settings)
         except UsageError:  # not a valid run of this gate: reported as not exercised

@@ -69,9 +69,11 @@ class Property:
                                        f"torch's {tuple(theirs[k].shape)}")
                 break
             self.max_ulp = max(self.max_ulp, max_ulp(ours[k], theirs[k]))
+            if differing_elements(ours[k], theirs[k]) == 0:
+                continue  # torch's bits: bitwise, whatever float64 makes of them (a NaN where bf16 has inf)
             fig = parity(k, ours[k], theirs[k], exact[k], *RULES["default"])
             if fig["ok"]:
-                verdict = "bitwise" if differing_elements(ours[k], theirs[k]) == 0 else "as accurate as torch"
+                verdict = "as accurate as torch"
             else:
                 verdict = "wrong" if fig["reason"].startswith("not close") else "less accurate"
             if VERDICTS.index(verdict) > VERDICTS.index(worst):
@@ -171,10 +173,12 @@ def options(kernel_slot, fn, torch_fn, g, unsupported: frozenset, dtype=torch.fl
     return prop
 
 
-def _zero_rows(tensors: dict, first: str) -> dict:
-    """The case with 0 rows: every tensor whose first dimension is the first differentiated input's cut to 0."""
-    rows = tensors[first].shape[0]
-    return {k: v[:0] if v.dim() and v.shape[0] == rows else v for k, v in tensors.items()}
+ZERO_ROWS_FROM = 5  # the rows a case is drawn with before they are cut to 0: no slot's other sizes
+
+
+def _zero_rows(tensors: dict) -> dict:
+    """A case drawn with ZERO_ROWS_FROM rows, with 0: every tensor with a dimension of rows first cut to 0."""
+    return {k: v[:0] if v.dim() and v.shape[0] == ZERO_ROWS_FROM else v for k, v in tensors.items()}
 
 
 def layouts(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
@@ -187,8 +191,7 @@ def layouts(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
     the report counts the cases whose bits moved with the layout (``layout_dependent``: ckparity's
     own kernels give their contiguous bits on every layout, tests/test_layouts.py). And the call
     with 0 rows, against torch's."""
-    prop = Property("layouts")
-    first, moved = kernel_slot.differentiated[0], 0
+    prop, moved = Property("layouts"), 0
     for width in (8, 34, 1000):  # even: rope's head dim is
         tensors = kernel_slot.make(width, 3, g)
         for name, t in tensors.items():
@@ -208,37 +211,51 @@ def layouts(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
                     continue
                 prop.compare(label, view, *(evaluate(kernel_slot, torch_fn, tensors, d, copy)
                                             for d in (dtype, torch.float64)))
-    run_case(prop, "0 rows", _slot_case(kernel_slot, _zero_rows(kernel_slot.make(8, 3, g), first)), fn, torch_fn,
-             dtype=dtype)
+    run_case(prop, "0 rows", _slot_case(kernel_slot, _zero_rows(kernel_slot.make(8, ZERO_ROWS_FROM, g))), fn,
+             torch_fn, dtype=dtype)
     prop.extra = {"layout_dependent": moved}
     return prop
 
 
-def at_thread_counts(prop: Property, what: str, run: Callable[[], dict]) -> Property:
-    """run() at 1 and 2 torch threads: one case, bit-identical or nondeterministic."""
+def _at_1_and_2_threads(run: Callable[[], dict]) -> list[dict]:
     before = torch.get_num_threads()
-    results = []
-    at(prop, what)
     try:
+        results = []
         for n in (1, 2):
             torch.set_num_threads(n)
             results.append(run())
+        return results
+    finally:
+        torch.set_num_threads(before)
+
+
+def at_thread_counts(prop: Property, what: str, run: Callable[[], dict],
+                     run_torch: Callable[[], dict] | None = None) -> Property:
+    """run() at 1 and 2 torch threads: one case, bit-identical or nondeterministic. Where torch's own
+    bits move with its thread count (``run_torch``: torch's MKL GEMMs split K between 2 threads on an
+    Intel Xeon), a backend with torch's bits at each count follows torch: bitwise too."""
+    at(prop, what)
+    try:
+        results = _at_1_and_2_threads(run)
     except Exception as err:  # noqa: BLE001
         prop.case(what, "crashes", f"{type(err).__name__}: {err}")
         return prop
-    finally:
-        torch.set_num_threads(before)
-    if all(differing_elements(results[0][k], results[1][k]) == 0 for k in results[0]):
+    if differing_elements_all(results[0], results[1]) == 0:
         prop.case(what, "bitwise")
+        return prop
+    theirs = _at_1_and_2_threads(run_torch) if run_torch is not None else None
+    if theirs is not None and all(differing_elements_all(a, b) == 0 for a, b in zip(results, theirs)):
+        prop.case(what, "bitwise")  # torch's bits at 1 and at 2 threads
+        prop.extra = {"follows_torch": True}
     else:
         prop.case(what, "nondeterministic", "1 and 2 torch threads give different bits")
     return prop
 
 
-def threads(kernel_slot, fn, g, dtype=torch.float32) -> Property:
+def threads(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
     tensors = kernel_slot.make(4096, 64, g)  # above every OpenMP threshold of ckparity's kernels
-    return at_thread_counts(Property("threads"), "64 rows of 4096",
-                            lambda: evaluate(kernel_slot, fn, tensors, dtype))
+    return at_thread_counts(Property("threads"), "64 rows of 4096", lambda: evaluate(kernel_slot, fn, tensors, dtype),
+                            lambda: evaluate(kernel_slot, torch_fn, tensors, dtype))
 
 
 # batch invariance: the row's widths (65537: one row past torch's 2^16-element split of a lone

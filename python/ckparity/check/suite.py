@@ -123,7 +123,7 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
                                             refused_options)]
         if not helper:  # the last properties that draw from g: skipping them changes no other case
             runs += [lambda: properties.layouts(kernel_slot, fn, torch_fn, g, torch_dtype),
-                     lambda: properties.threads(kernel_slot, fn, g, torch_dtype)]
+                     lambda: properties.threads(kernel_slot, fn, torch_fn, g, torch_dtype)]
         # its own generator: the properties before it draw the same cases with or without it
         runs += [lambda: properties.batch_invariance(kernel_slot, fn, torch_fn, torch.Generator().manual_seed(seed),
                                                      torch_dtype),

@@ -191,6 +191,7 @@ def _layout_cases(g):
 
 KERNEL = Kernel(
     name="adamw",
+    exercise=("adamw", {"optimizer": "adamw"}),
     flag="ck_optimizer_backend",
     spellings=("optimizer",),
     optimizer=True,

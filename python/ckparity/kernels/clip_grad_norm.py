@@ -46,6 +46,7 @@ def _layout_cases(g):
 
 KERNEL = Kernel(
     name="clip_grad_norm",
+    exercise=("clipped", {"max_grad_norm": 1.0}),
     flag="ck_clip_backend",
     spellings=("clip",),
     backends={"c": clip_grad_norm_, "torch": torch.nn.utils.clip_grad_norm_},

@@ -474,7 +474,9 @@ def _layout_cases(g):
 
 KERNEL = Kernel(
     name="cross_entropy",
+    exercise=("one_rank", {"tp": 1}),
     flag="ck_loss_backend",
+    slot="loss",
     spellings=("loss",),
     variants=("default", "ptref"),
     # (logits (N, V), targets (N)) -> the mean loss; with --label-smoothing, label_smoothing= too.

@@ -93,6 +93,11 @@ class Kernel:
     flag: str
     backends: dict[str, Callable]
     contract: Callable[[Callable], None]
+    # the twins' op this kernel is (the models call ops.<slot>); None: not a model op (the optimizer, clip)
+    slot: str | None = None
+    # how a run whose CK twin does not call the kernel is changed to (a label, RunConfig fields): a gate given
+    # a user's backend of it (gate --backend) runs that; None where every run calls it
+    exercise: tuple[str, dict] | None = None
     spellings: tuple[str, ...] = ()
     variants: tuple[str, ...] = ()
     optimizer: bool = False  # stepped (a factory of torch.optim.Optimizer), not differentiated

@@ -137,6 +137,8 @@ def _bench(g: torch.Generator, select):
 
 KERNEL = Kernel(
     name="rope",
+    exercise=("llama", {"model": "llama"}),
+    slot="rope",
     flag="ck_rope_backend",
     # the twins' slot: (q or k (B, heads, T, d), cos, sin (T, d/2)), rotate-half layout
     backends={"c": lambda x, cos, sin: rope(x, cos, sin, layout="half"),

@@ -125,6 +125,7 @@ def _bench(g: torch.Generator, select):
 
 KERNEL = Kernel(
     name="swiglu",
+    slot="swiglu",
     flag="ck_swiglu_backend",
     backends={"c": swiglu, "torch": reference.swiglu},
     contract=_contract,

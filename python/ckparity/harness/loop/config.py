@@ -110,8 +110,16 @@ class RunConfig:
     ck_rope_backend: str = _flag("c", "the CK twin's rope (llama)")
     ck_optimizer_backend: str = _flag("c", "the CK twin's adamw")
     ck_clip_backend: str = _flag("c", "the CK twin's clip_grad_norm (with --max-grad-norm)")
+    ck_embedding_backend: str = _flag("torch", "the CK twin's embedding")
+    ck_linear_backend: str = _flag("torch", "the CK twin's linear (every projection and the lm_head)")
+    ck_attention_backend: str = _flag("torch", "the CK twin's attention (llama)")
+    ck_residual_backend: str = _flag("torch", "the CK twin's residual add (stacked, llama)")
+    ck_all: str = _flag("", "every slot the CK twin calls whose flag is left at its default and that has a backend "
+                            "of this name runs it (the report's config names each slot's backend; ck_all itself is "
+                            "spent on them)")
 
     def __post_init__(self) -> None:
+        _apply_ck_all(self)
         _validate(self)
 
     def to_dict(self) -> dict:
@@ -137,6 +145,24 @@ TOLERANCE_SCALE = {"float32": 1.0, "bfloat16": 2.0**16}
 
 def _name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
+
+
+def _apply_ck_all(config: RunConfig) -> None:
+    """--ck-all NAME: NAME in every slot the CK twin calls that has it, where the slot's flag is at its default
+    (a flag given another value keeps it; a slot without NAME keeps its default). Spent on the flags: ck_all is
+    "" after, so that a replace() of one flag (attribute's ablations) is not undone by it."""
+    if not config.ck_all:
+        return
+    defaults, used = RunConfig.__dataclass_fields__, kernels_used(config)
+    takers = [flag for flag, kernel in kernels.FLAGS.items()
+              if kernel in used and config.ck_all in kernels.backends(kernel)]
+    if not takers:
+        raise UsageError(f"--ck-all {config.ck_all}: no slot this run calls has a backend of that name "
+                         f"({', '.join(sorted({b for k in used for b in kernels.backends(k)}))})")
+    for flag in takers:
+        if getattr(config, flag) == defaults[flag].default:
+            object.__setattr__(config, flag, config.ck_all)  # frozen: set while the value is being made
+    object.__setattr__(config, "ck_all", "")
 
 
 def _validate(config: RunConfig) -> None:
@@ -258,9 +284,11 @@ def kernels_used(config: RunConfig) -> set[str]:
     """The kernels the CK twin calls in this configuration: a backend flag of
     any other takes no effect (refused by validate; gate --backend runs
     another configuration that uses it, or says it does not exercise it)."""
-    used = {"cross_entropy", "rms_norm", "swiglu", "adamw"}
+    used = {"embedding", "linear", "cross_entropy", "rms_norm", "swiglu", "adamw"}
+    if config.model != "tiny":
+        used.add("residual")
     if config.model == "llama":
-        used.add("rope")
+        used |= {"rope", "attention"}
     if config.max_grad_norm > 0:
         used.add("clip_grad_norm")
     if config.tp > 1:  # the CK loss is the vocab-parallel cross-entropy

@@ -346,7 +346,11 @@ def _measured(name: str, ref: Callable, ck: Callable, signs: Signs, measured: Me
     return noisy
 
 
-SLOTS = ("loss", "rms_norm", "swiglu", "rope")
+def noisy_slots(config) -> list[str]:
+    """The slots whose differences the null members carry: every slot ckparity has C for (measured even where
+    the CK twin runs torch's: a zero difference), and any other whose CK backend is not torch's (a user's)."""
+    return [slot for slot, name in kernels.SLOTS.items()
+            if "c" in kernels.backends(name) or getattr(config, kernels.KERNELS[name].flag) != "torch"]
 
 
 def null_ops(config, signs: Signs, measured: Measured | None = None):
@@ -356,7 +360,7 @@ def null_ops(config, signs: Signs, measured: Measured | None = None):
     fused op runs per chunk)."""
     ref, ck = ops_for(config, "torch"), ops_for(config, "ck")
     return replace(ref, **{slot: _measured(slot, getattr(ref, slot), getattr(ck, slot), signs, measured)
-                           for slot in SLOTS})
+                           for slot in noisy_slots(config)})
 
 
 def window_ratio(ck: list[float], envelope: list[float], floor: float, window: int = WINDOW) -> float:

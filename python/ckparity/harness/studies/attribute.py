@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ... import kernels
 from ..loop import child
-from ..loop.config import RunConfig, UsageError
+from ..loop.config import RunConfig, UsageError, kernels_used
 from ..longrun.interrupts import Interrupted, stop_on_signals
 from ..loop.report import check_writable, check_writable_dir, read_report, write_json
 
@@ -42,8 +42,8 @@ KINDS = {flag: flag.removeprefix("ck_").removesuffix("_backend") for flag in ker
 
 def variants(config: RunConfig) -> dict[str, dict[str, str]]:
     """name -> the backend of every kind the model uses (flag -> backend)."""
-    used = {"ck_rope_backend": config.model == "llama", "ck_clip_backend": config.max_grad_norm > 0}
-    configured = {flag: getattr(config, flag) for flag in kernels.FLAGS if used.get(flag, True)}
+    used = kernels_used(config)  # the slots this configuration's CK twin calls: one rule, config's
+    configured = {flag: getattr(config, flag) for flag, kernel in kernels.FLAGS.items() if kernel in used}
     in_c = [flag for flag, backend in configured.items() if backend != "torch"]
     out = {"as configured": configured}
     for flag in in_c:

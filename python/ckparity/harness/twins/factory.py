@@ -24,10 +24,7 @@ def ops_for(config, side: str) -> Ops:
     ``flag``); the torch twin's (and the float64 one's) are torch's."""
     chosen = {name: "torch" if side != "ck" else getattr(config, record.flag)
               for name, record in kernels.KERNELS.items()}
-    ops = Ops(rms_norm=kernels.backends("rms_norm")[chosen["rms_norm"]],
-              swiglu=kernels.backends("swiglu")[chosen["swiglu"]],
-              loss=kernels.backends("cross_entropy")[chosen["cross_entropy"]],
-              rope=kernels.backends("rope")[chosen["rope"]],
+    ops = Ops(**{slot: kernels.backends(name)[chosen[name]] for slot, name in kernels.SLOTS.items()},
               head_loss=kernels.HEAD_LOSS.get(chosen["cross_entropy"]))
     if config.label_smoothing:  # only then: a planted loss in a test need not take the keyword
         ops = replace(ops, loss=partial(ops.loss, label_smoothing=config.label_smoothing),

@@ -11,12 +11,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
 @dataclass(frozen=True)
 class Ops:
+    """Every op of the step, one field a kernel record's slot (kernels.SLOTS): factory.ops_for fills
+    them from the backend flags."""
+    embedding: Callable  # (tokens (B, T), weight (V, D)) -> (B, T, D) like F.embedding
+    linear: Callable    # (x (..., K), weight (N, K), bias (N) or None) -> (..., N) like F.linear
+    attention: Callable  # (q, k, v (B, heads, T, d), is_causal=, enable_gqa=) like F.scaled_dot_product_attention
+    residual: Callable  # (x, y) -> x + y
     rms_norm: Callable  # (x, normalized_shape, weight, eps) like F.rms_norm
     swiglu: Callable    # (x [..., 2H]) -> [..., H]
     loss: Callable      # (logits (N, V), targets (N)) -> mean loss
@@ -26,14 +31,37 @@ class Ops:
     head_loss: Callable | None = None
 
 
-class LMHead(nn.Linear):
+class Linear(nn.Linear):
+    """nn.Linear whose product is the ``linear`` slot (its parameters and names nn.Linear's: state_dicts,
+    --init-from and the tp shards see no difference)."""
+
+    def __init__(self, d_in: int, d_out: int, ops: Ops, bias: bool = False) -> None:
+        super().__init__(d_in, d_out, bias=bias)
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding whose lookup is the ``embedding`` slot."""
+
+    def __init__(self, vocab: int, d_model: int, ops: Ops) -> None:
+        super().__init__(vocab, d_model)
+        self.ops = ops
+
+    def forward(self, tokens):
+        return self.ops.embedding(tokens, self.weight)
+
+
+class LMHead(Linear):
     """The lm_head (bias-free). It remembers its input so that a fused head
     loss can start from it; under a fused head loss its logits are only
     for the comparison and carry no graph."""
 
-    def __init__(self, d_in: int, d_out: int, fused: Callable | None) -> None:
-        super().__init__(d_in, d_out, bias=False)
-        self.fused = fused
+    def __init__(self, d_in: int, d_out: int, ops: Ops) -> None:
+        super().__init__(d_in, d_out, ops)
+        self.fused = ops.head_loss
 
     def forward(self, x):
         if self.fused is None:
@@ -77,10 +105,10 @@ class TinyModel(nn.Module):
     def __init__(self, vocab: int, d_model: int, hidden: int, eps: float, ops: Ops) -> None:
         super().__init__()
         self.ops = ops
-        self.embedding = nn.Embedding(vocab, d_model)
+        self.embedding = Embedding(vocab, d_model, ops)
         self.norm = RMSNormLayer(d_model, eps, ops)
-        self.fc1 = nn.Linear(d_model, 2 * hidden, bias=False)
-        self.fc2 = LMHead(hidden, vocab, ops.head_loss)
+        self.fc1 = Linear(d_model, 2 * hidden, ops)
+        self.fc2 = LMHead(hidden, vocab, ops)
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         acts = {"embedding": self.embedding(tokens)}
@@ -98,14 +126,14 @@ class Block(nn.Module):
         super().__init__()
         self.ops = ops
         self.norm = RMSNormLayer(d_model, eps, ops)
-        self.fc1 = nn.Linear(d_model, 2 * hidden, bias=False)
-        self.fc2 = nn.Linear(hidden, d_model, bias=False)
+        self.fc1 = Linear(d_model, 2 * hidden, ops)
+        self.fc2 = Linear(hidden, d_model, ops)
 
     def forward(self, x, acts: dict, prefix: str):
         acts[f"{prefix}.rmsnorm"] = h = self.norm(x)
         acts[f"{prefix}.fc1"] = h = self.fc1(h)
         acts[f"{prefix}.swiglu"] = h = self.ops.swiglu(h)
-        acts[f"{prefix}.out"] = out = x + self.fc2(h)
+        acts[f"{prefix}.out"] = out = self.ops.residual(x, self.fc2(h))
         return out
 
 
@@ -115,10 +143,10 @@ class StackedModel(nn.Module):
     def __init__(self, vocab: int, d_model: int, hidden: int, eps: float, ops: Ops, num_layers: int) -> None:
         super().__init__()
         self.ops = ops
-        self.embedding = nn.Embedding(vocab, d_model)
+        self.embedding = Embedding(vocab, d_model, ops)
         self.blocks = nn.ModuleList(Block(d_model, hidden, eps, ops) for _ in range(num_layers))
         self.norm = RMSNormLayer(d_model, eps, ops)
-        self.lm_head = LMHead(d_model, vocab, ops.head_loss)
+        self.lm_head = LMHead(d_model, vocab, ops)
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         acts = {"embedding": self.embedding(tokens)}
@@ -139,16 +167,16 @@ def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[torch.Tens
 
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads and rotary embeddings:
-    q, k, v projections, rope on q and k, F.scaled_dot_product_attention
+    q, k, v projections, rope on q and k, the attention slot (F.scaled_dot_product_attention's contract)
     (is_causal), o projection."""
 
     def __init__(self, d_model: int, heads: int, kv_heads: int, ops: Ops) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.ops = heads, kv_heads, d_model // heads, ops
-        self.q_proj = nn.Linear(d_model, heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * self.head_dim, d_model, bias=False)
+        self.q_proj = Linear(d_model, heads * self.head_dim, ops)
+        self.k_proj = Linear(d_model, kv_heads * self.head_dim, ops)
+        self.v_proj = Linear(d_model, kv_heads * self.head_dim, ops)
+        self.o_proj = Linear(heads * self.head_dim, d_model, ops)
 
     def forward(self, x, cos, sin, acts: dict, prefix: str):
         B, T, _ = x.shape
@@ -159,7 +187,7 @@ class Attention(nn.Module):
         cos, sin = cos[:T].to(q.dtype), sin[:T].to(q.dtype)
         acts[f"{prefix}.q_rope"] = q = self.ops.rope(q, cos, sin)
         acts[f"{prefix}.k_rope"] = k = self.ops.rope(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        out = self.ops.attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         acts[f"{prefix}.attention"] = out
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
@@ -171,13 +199,14 @@ class LlamaBlock(nn.Module):
 
     def __init__(self, d_model: int, hidden: int, heads: int, kv_heads: int, eps: float, ops: Ops) -> None:
         super().__init__()
+        self.ops = ops
         self.attn_norm = RMSNormLayer(d_model, eps, ops)
         self.attention = Attention(d_model, heads, kv_heads, ops)
         self.mlp = Block(d_model, hidden, eps, ops)
 
     def forward(self, x, cos, sin, acts: dict, prefix: str):
         acts[f"{prefix}.attn_norm"] = h = self.attn_norm(x)
-        acts[f"{prefix}.attn_out"] = x = x + self.attention(h, cos, sin, acts, prefix)
+        acts[f"{prefix}.attn_out"] = x = self.ops.residual(x, self.attention(h, cos, sin, acts, prefix))
         return self.mlp(x, acts, prefix)
 
 
@@ -189,11 +218,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.ops = ops
         D = config.d_model
-        self.embedding = nn.Embedding(config.vocab, D)
+        self.embedding = Embedding(config.vocab, D, ops)
         self.blocks = nn.ModuleList(LlamaBlock(D, config.hidden, config.heads, config.kv_heads or config.heads,
                                                config.eps, ops) for _ in range(config.num_layers))
         self.norm = RMSNormLayer(D, config.eps, ops)
-        self.lm_head = LMHead(D, config.vocab, ops.head_loss)
+        self.lm_head = LMHead(D, config.vocab, ops)
         if config.tie_embeddings:
             self.lm_head.weight = self.embedding.weight
         cos, sin = rope_tables(config.seq_len, D // config.heads, config.rope_theta)
