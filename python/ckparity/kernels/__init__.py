@@ -36,9 +36,14 @@ Adding a kernel ``softcap``:
    suite check (tests/test_spine.py holds every record to the spine's
    rules: a flag, a contract its own backends pass, claims with sweeps;
    tests/test_capability.py runs the sweeps at every capability).
-Only if the twins' models call it: its flag's field in
-``harness/loop/config.py`` and its slot in ``harness/twins/models.py``'s
-``Ops``.
+Only if the twins' models call it: the record's ``slot`` (the ``Ops`` field
+``factory.ops_for`` fills from the records) and ``exercise`` (how a run that
+does not call it is made to), its field in ``harness/twins/models.py``'s
+``Ops`` and the model's call of it, its flag's field in
+``harness/loop/config.py`` (and ``kernels_used``, where only some models call
+it). A slot with torch's backend alone (``linear``: no C yet) is a record with
+``backends={"torch": ...}``, its contract and check cases: 5 files, the test
+included (tests/test_slots.py).
 """
 
 from __future__ import annotations
