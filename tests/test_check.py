@@ -150,7 +150,7 @@ def test_own_kernels_are_batch_invariant_or_follow_torchs_variance():
     """ckparity's row kernels: a row's bits never depend on its batch, except a
     lone row of 65537 on 2 threads where torch's rms_norm splits the row's sum
     (ours follows torch there: same count, torch's bits)."""
-    from ckparity.gates import batch_invariance_rows
+    from ckparity.gates.kernel_parity import batch_invariance_rows
 
     rows = {(r["kernel"], r["backend"]): r for r in batch_invariance_rows(torch.float32)}
     assert {("rms_norm", "c"), ("swiglu", "c"), ("cross_entropy", "c"), ("cross_entropy", "c_ptref")} <= set(rows)
@@ -163,7 +163,7 @@ def test_the_kernel_parity_gate_fails_on_a_batch_dependent_own_kernel(monkeypatc
     from ckparity import gates
 
     monkeypatch.setitem(kernels.backends("rms_norm"), "c", _batch_dependent_rms_norm)
-    rows = gates.batch_invariance_rows(torch.float32)
+    rows = gates.kernel_parity.batch_invariance_rows(torch.float32)
     bad = next(r for r in rows if (r["kernel"], r["backend"]) == ("rms_norm", "c"))
     assert bad["verdict"] == "nondeterministic"
 

@@ -87,7 +87,7 @@ def _plant(monkeypatch, fault: str) -> None:
     for record in kernels.KERNELS.values():
         for name, case in list(record.gate_cases.items()):
             monkeypatch.setitem(record.gate_cases, name, replace(case, ours=broken(case.ours)))
-    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity", lambda params, **kw: adamw(params, **kw))
+    monkeypatch.setitem(gates.optimizer_parity.OPTIMIZERS, "ckparity", lambda params, **kw: adamw(params, **kw))
 
 
 @pytest.mark.parametrize("fault", sorted(_FAULTS))

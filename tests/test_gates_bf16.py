@@ -52,7 +52,7 @@ def test_kernel_parity_in_bf16_fails_on_a_single_rounded_swiglu(monkeypatch, tmp
 def test_optimizer_parity_in_bf16_fails_on_torchs_other_adamw(monkeypatch, tmp_path):
     """fused=True does its math in float from unrounded moments: after a few steps its bf16 params are not
     the single-tensor path's."""
-    monkeypatch.setitem(gates.OPTIMIZERS, "ckparity", lambda params, **kw: torch.optim.AdamW(params, fused=True, **kw))
+    monkeypatch.setitem(gates.optimizer_parity.OPTIMIZERS, "ckparity", lambda params, **kw: torch.optim.AdamW(params, fused=True, **kw))
     result = _run("optimizer_parity", tmp_path)
     assert not result["passed"] and "bit-identical" in result["summary"] + str(result["details"]["failures"])
 

@@ -183,6 +183,23 @@ def test_the_docs_table_is_the_records():
     assert docs[start:end].split("\n", 1)[1] == kernels.spine.table()
 
 
+def test_every_gate_is_a_record_in_a_module_of_its_own():
+    """A gate is one module of gates/ with its GATE record, and its line in GATE_RECORDS: no gate table
+    elsewhere (settings, tiers and dtypes come from the records), and docs/harness.md's table is the records."""
+    from ckparity import gates
+
+    modules = {p.stem for p in (PACKAGE / "gates").glob("*.py")} - {"__init__", "common", "record"}
+    assert modules == set(gates.GATE_NAMES) == {g.name for g in gates.GATE_RECORDS}
+    for gate in gates.GATE_RECORDS:
+        assert gate.run.__module__ == f"ckparity.gates.{gate.name}" and gate.checks and gate.passes
+        assert gates.DEFAULTS[gate.name] is gate.settings and set(gate.full) <= set(gate.settings)
+        assert all(set(changes) <= set(gate.settings) for changes in gate.dtypes.values())
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "harness.md").read_text()
+    start = docs.index("<!-- gate records: ckparity.gates.table() -->\n")
+    end = docs.index("\n<!-- end of gate records -->")
+    assert docs[start:end].split("\n", 1)[1] == gates.table()
+
+
 def _one_letter_apart(a: str, b: str) -> bool:
     if len(a) == len(b):
         return sum(x != y for x, y in zip(a, b)) == 1

@@ -60,7 +60,7 @@ def less_accurate_swiglu(x):
 
 def test_a_less_accurate_kernel_fails_the_gate_and_its_entry_says_so(clean_registry, few_widths):
     kernels.register_backend("swiglu", "less", less_accurate_swiglu)
-    (row,) = gates._user_backend_checks({"swiglu": "less"})
+    (row,) = gates.kernel_parity.user_backend_checks({"swiglu": "less"})
     assert row["verdict"] == "less accurate" and row["passed"] is False  # the gate's column, not check's exit
     report = check.run("swiglu", "less")
     assert report["passed"] and not report["passes_gates"]  # check exits 0 on it; a gate fails it
@@ -292,7 +292,7 @@ def test_settings_are_the_settings_that_ran():
 
 
 def test_a_gate_that_does_not_call_a_kernel_says_so(tmp_path, monkeypatch):
-    monkeypatch.setitem(gates.GATES, "kernel_parity", lambda s, out: gates._result(True, "ok", exercised=[]))
+    monkeypatch.setitem(gates.GATES, "kernel_parity", lambda s, out: gates.common.result(True, "ok", exercised=[]))
     (result,) = gates.run_gates(["kernel_parity"], gates.settings_for("quick"), tmp_path, "quick", echo=lambda _: None,
                                 ck_backends={"clip_grad_norm": "c"})
     assert result["details"]["not_exercised"] == ["clip_grad_norm=c"]
@@ -303,7 +303,7 @@ def test_gate_backend_rope_trains_llama_instead_of_breaking(clean_registry, tmp_
     kernels.register("rope", "mine", kernels.backends("rope")["torch"])
     settings = {**gates.settings_for("quick")["drift_smoke"], "steps": 3, "models": ["tiny"],
                 "ck_backends": {"rope": "mine"}}
-    result = gates.drift_smoke(settings, tmp_path)
+    result = gates.drift_smoke.run(settings, tmp_path)
     assert result["passed"], result["summary"]
     assert [r["run"] for r in result["details"]["runs"]] == ["tiny", "tiny+llama+rope=mine"]
     assert result["details"]["exercised"] == ["rope"]
@@ -313,7 +313,7 @@ def test_depth_sweep_under_backends_does_not_claim_bits(clean_registry, tmp_path
     kernels.register("swiglu", "same", kernels.backends("swiglu")["torch"])
     settings = {**gates.settings_for("quick")["depth_sweep"], "depths": [1], "steps": 2, "models": ["stacked"],
                 "ck_backends": {"swiglu": "same"}}
-    result = gates.depth_sweep(settings, tmp_path)
+    result = gates.depth_sweep.run(settings, tmp_path)
     assert result["passed"] and "bit-identical" not in result["summary"] and "not held to bits" in result["summary"]
 
 
@@ -326,7 +326,7 @@ def test_optimizer_parity_on_a_users_adamw_runs_the_settings_steps(clean_registr
             return super().step(closure)
 
     kernels.register("adamw", "counted", lambda params, **kw: Counted(params, foreach=False, **kw))
-    result = gates.optimizer_parity({**gates.settings_for("quick")["optimizer_parity"], "steps": 7, "sizes": [3, 5],
+    result = gates.optimizer_parity.run({**gates.settings_for("quick")["optimizer_parity"], "steps": 7, "sizes": [3, 5],
                                      "ck_backends": {"adamw": "counted"}})
     assert len(steps) == 2 * 7 and result["summary"].startswith("7 steps") and result["passed"], result["summary"]
     assert result["details"]["sizes"]["cases"] == 2

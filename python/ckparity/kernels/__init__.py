@@ -21,7 +21,7 @@ layers above need to know of one kernel, and nothing of how they run:
   library (ckparity.builds: the single-ISA builds' test, mutate's
   equivalence probe); ``bench``: its rows in ``ckparity bench``.
 
-The suites hold procedures only: check.py, gates.py, sweep.py, builds.py
+The suites hold procedures only: check/, gates/, sweep.py, builds.py
 (and so mutate's probe), bench.py, the harness's twins, ``ckparity info``
 and the docs' table read the records.
 

@@ -2,8 +2,8 @@
 kernel, and nothing about how a suite runs (that is the suite's own module).
 
 A record is data and small functions that make inputs. The procedures that
-consume them live above this package: check.py (conformance), gates.py
-(kernel_parity), sweep.py (bit-identity), the harness (the CK twin's ops),
+consume them live above this package: check/ (conformance), gates/
+(kernel_parity's cases), sweep.py (bit-identity), the harness (the CK twin's ops),
 ``ckparity info`` (the claims).
 """
 
