@@ -101,20 +101,15 @@ def test_check_catches_the_planted_linear_and_attention(monkeypatch):
     assert attention["verdict"] == "wrong" and not attention["passed"], suite.table(attention)
 
 
-def test_train_and_attribute_catch_the_planted_linear(tmp_path):
-    config = replace(SHORT, ck_linear_backend="fault_bf16_accumulation", json_out=str(tmp_path / "r.json"))
+@pytest.mark.parametrize("base, flag, fault, slot", [
+    (SHORT, "ck_linear_backend", "fault_bf16_accumulation", "linear"),
+    (LLAMA, "ck_attention_backend", "fault_no_causal_mask", "attention")])
+def test_train_and_attribute_catch_a_planted_slot(tmp_path, base, flag, fault, slot):
+    config = replace(base, **{flag: fault}, json_out=str(tmp_path / "r.json"))
     report = train(config)
     assert report["status"] == "fail" and report["first_loss_fail_step"] == 1
     result = attribute(config, str(tmp_path / "attr.json"), jobs=1)
-    assert result["verdict"]["responsible"] == ["linear"], result["verdict"]
-
-
-def test_train_and_attribute_catch_the_planted_attention(tmp_path):
-    config = replace(LLAMA, ck_attention_backend="fault_no_causal_mask", json_out=str(tmp_path / "r.json"))
-    report = train(config)
-    assert report["status"] == "fail" and report["first_loss_fail_step"] == 1
-    result = attribute(config, str(tmp_path / "attr.json"), jobs=1)
-    assert result["verdict"]["responsible"] == ["attention"], result["verdict"]
+    assert result["verdict"]["responsible"] == [slot], result["verdict"]
 
 
 def test_the_residual_slot_is_the_models_add():
