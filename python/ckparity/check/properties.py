@@ -324,7 +324,7 @@ def batch_invariance(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Prope
     rows = max(BATCHES)
     before = torch.get_num_threads()
     try:
-        for width in BATCH_WIDTHS:
+        for width in kernel_slot.batch_widths or BATCH_WIDTHS:
             pool = kernel_slot.make(width, rows, g)
             if not any(v.dim() and v.shape[0] == rows for v in pool.values()):
                 return prop  # no per-row tensors (rope's rows are positions tied to its cos and sin)

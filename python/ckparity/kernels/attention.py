@@ -56,7 +56,7 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=_call, differentiated=("q", "k", "v"),
-        widths=WIDTHS, bad=_BAD,
+        widths=WIDTHS, bad=_BAD, batch_widths=(8, 64, 100, 128, 256),  # head dims: 65537 is no attention's
         options=(("scale", lambda f, t: _call(f, t, scale=0.3), ("q", "k", "v")),)),
     not_claimed={"attention": "no C kernel yet: torch's backend, and a user's judged against it"},
 )

@@ -46,6 +46,7 @@ class Conformance:
     bad: tuple[BadInput, ...] = ()
     options: tuple[tuple[str, Callable, tuple[str, ...]], ...] = ()
     opinfo: tuple[str, Callable] | None = None
+    batch_widths: tuple[int, ...] | None = None  # batch_invariance's widths, where not check's own
 
 
 @dataclass(frozen=True)
