@@ -191,6 +191,7 @@ def _layout_cases(g):
 
 KERNEL = Kernel(
     name="adamw",
+    used_by=lambda config: config.optimizer == "adamw",  # sgd: both twins run torch's SGD
     exercise=("adamw", {"optimizer": "adamw"}),
     flag="ck_optimizer_backend",
     spellings=("optimizer",),

@@ -46,6 +46,7 @@ def _layout_cases(g):
 
 KERNEL = Kernel(
     name="clip_grad_norm",
+    used_by=lambda config: config.max_grad_norm > 0,
     exercise=("clipped", {"max_grad_norm": 1.0}),
     flag="ck_clip_backend",
     spellings=("clip",),

@@ -474,6 +474,7 @@ def _layout_cases(g):
 
 KERNEL = Kernel(
     name="cross_entropy",
+    used_by=lambda config: config.tp == 1,  # under --tp the CK loss is the vocab-parallel one
     exercise=("one_rank", {"tp": 1}),
     flag="ck_loss_backend",
     slot="loss",

@@ -96,6 +96,8 @@ class Kernel:
     contract: Callable[[Callable], None]
     # the twins' op this kernel is (the models call ops.<slot>); None: not a model op (the optimizer, clip)
     slot: str | None = None
+    # whether a run's CK twin calls the kernel, of its config (harness RunConfig); None: every run does
+    used_by: Callable[[object], bool] | None = None
     # how a run whose CK twin does not call the kernel is changed to (a label, RunConfig fields): a gate given
     # a user's backend of it (gate --backend) runs that; None where every run calls it
     exercise: tuple[str, dict] | None = None

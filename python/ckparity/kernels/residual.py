@@ -32,6 +32,7 @@ _BAD = (BadInput("y of width 5 for x of width 8", "shape", lambda fn: fn(torch.r
 
 KERNEL = Kernel(
     name="residual",
+    used_by=lambda config: config.model != "tiny",
     exercise=("stacked", {"model": "stacked"}),
     flag="ck_residual_backend",
     slot="residual",

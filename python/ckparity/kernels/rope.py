@@ -137,6 +137,7 @@ def _bench(g: torch.Generator, select):
 
 KERNEL = Kernel(
     name="rope",
+    used_by=lambda config: config.model == "llama",
     exercise=("llama", {"model": "llama"}),
     slot="rope",
     flag="ck_rope_backend",

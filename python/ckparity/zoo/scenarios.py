@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# the attribute kind of each slot (harness/studies/attribute.py's names) and its train flag
-SLOTS = {"loss": ("cross_entropy", "ck_loss_backend"), "rmsnorm": ("rms_norm", "ck_rmsnorm_backend"),
-         "rope": ("rope", "ck_rope_backend"), "optimizer": ("adamw", "ck_optimizer_backend"),
-         "clip": ("clip_grad_norm", "ck_clip_backend")}
+from .. import kernels
+from ..harness.studies.attribute import KINDS
+
+# the attribute kind of each slot (harness/studies/attribute.py's names) and its kernel and train flag
+SLOTS = {KINDS[record.flag]: (name, record.flag) for name, record in kernels.KERNELS.items()}
 
 
 @dataclass(frozen=True)

@@ -284,18 +284,7 @@ def kernels_used(config: RunConfig) -> set[str]:
     """The kernels the CK twin calls in this configuration: a backend flag of
     any other takes no effect (refused by validate; gate --backend runs
     another configuration that uses it, or says it does not exercise it)."""
-    used = {"embedding", "linear", "cross_entropy", "rms_norm", "swiglu", "adamw"}
-    if config.model != "tiny":
-        used.add("residual")
-    if config.model == "llama":
-        used |= {"rope", "attention"}
-    if config.max_grad_norm > 0:
-        used.add("clip_grad_norm")
-    if config.tp > 1:  # the CK loss is the vocab-parallel cross-entropy
-        used.discard("cross_entropy")
-    if config.optimizer == "sgd":  # both twins run torch's SGD
-        used.discard("adamw")
-    return used
+    return {name for name, record in kernels.KERNELS.items() if record.used_by is None or record.used_by(config)}
 
 
 def _validate_ranks(config: RunConfig) -> None:
