@@ -183,6 +183,54 @@ def test_the_docs_table_is_the_records():
     assert docs[start:end].split("\n", 1)[1] == kernels.spine.table()
 
 
+# literals that name two kernels or more outside kernels/ by design, with why
+NOT_KERNEL_TABLES = {
+    ("zoo/bugs.py", "BUGS"): "the zoo's planted bugs, filed by the slot each is planted in",
+    ("zoo/run.py", "STAGE_KINDS"): "the divergence tracer's stage names, as attribute names the kinds",
+    ("harness/twins/models.py", "STAGES"): "the tiny model's activations by name (the localization's stages)",
+}
+
+
+def _named_literals(path: Path, names: set[str]):
+    """(assigned name, names found) of each dict/set/list/tuple literal naming two of ``names`` or more."""
+    tree = ast.parse(path.read_text())
+    assigned = {id(node.value): next((t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                                      if isinstance(t, ast.Name)), None)
+                for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))}
+    for node in ast.walk(tree):
+        target = assigned.get(id(node))
+        if isinstance(node, ast.Dict):
+            items = node.keys
+        elif isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+            items = node.elts
+        else:
+            continue
+        found = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+        if len(found) >= 2:
+            yield target, found
+
+
+def test_no_per_kernel_table_outside_the_records():
+    """What loops over kernels loops over the records: a literal naming two kernels (or slots, or their
+    spellings) outside kernels/ is a table the next kernel would have to be added to by hand."""
+    names = (set(kernels.KERNELS) | set(kernels.SLOTS) | {s for k in kernels.KERNELS.values() for s in k.spellings})
+    tables = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith("kernels/"):
+            continue
+        for target, found in _named_literals(path, names):
+            if target != "__all__" and (relative, target) not in NOT_KERNEL_TABLES:
+                tables.append(f"{relative}: {target or 'a literal'} names {found}")
+    assert tables == []
+    planted = PACKAGE.parent / "planted_table.py"  # the rule can fail: a table of the kind it forbids
+    try:
+        planted.write_text('USED = {"rms_norm", "swiglu"}\n')
+        assert list(_named_literals(planted, names)) == [("USED", ["rms_norm", "swiglu"])]
+    finally:
+        planted.unlink()
+
+
 def test_every_gate_is_a_record_in_a_module_of_its_own():
     """A gate is one module of gates/ with its GATE record, and its line in GATE_RECORDS: no gate table
     elsewhere (settings, tiers and dtypes come from the records), and docs/harness.md's table is the records."""

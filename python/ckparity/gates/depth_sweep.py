@@ -13,6 +13,13 @@ from .record import Gate
 
 
 
+def _in_c(config, models: list[str]) -> set[str]:
+    """The claim keys of the kernels ``config``'s CK twin runs on ckparity's C, over ``models``."""
+    runs = [replace(config, model=model) for model in models]
+    return {kernels.claim_key(k, getattr(run, kernels.KERNELS[k].flag)) for run in runs for k in kernels_used(run)
+            if getattr(run, kernels.KERNELS[k].flag) != "torch"}
+
+
 def run(settings: dict, out_dir: Path | None = None) -> dict:
     """Residual twins of growing depth: the "bitwise" variant (every kernel
     bit-identical) must stay bit-identical at every depth, and every variant
@@ -34,8 +41,9 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
         rows += sweep(str(out_dir), preset, settings["depths"], variants, [model])[0]
     if any(r["status"] == "interrupted" for r in rows):
         raise Interrupted(2)
-    # the bitwise variant is held to bits where its kernels are bit-identical at this capability
-    held = {"rms_norm", "swiglu", "rope"} <= set(kernels.bit_identical(settings["dtype"]))
+    # the bitwise variant is held to bits where the kernels it runs in C are bit-identical at this capability
+    held = _in_c(replace(preset, **DEPTH_VARIANTS["bitwise"]), settings["models"]) <= set(
+        kernels.bit_identical(settings["dtype"]))
     failures = [f"L={r['layers']} {r['variant']}: not bit-identical (first divergence at {r['first_divergence_stage']})"
                 for r in rows if held and r["variant"] == "bitwise" and not r["bitwise"]]
     failures += [f"L={r['layers']} {r['variant']}: {r['status']} (params fail at {r['first_param_fail_step']})"

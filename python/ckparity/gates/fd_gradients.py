@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .. import kernels
 from ..harness.loop.config import kernels_used
 from ..harness.twins.factory import build_twins
 from ..measure import nan_max
@@ -23,12 +24,15 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
     failures, rows, exercised = [], [], set()
     g = torch.Generator().manual_seed(0)
     chosen = settings.get("ck_backends", {})
-    # a chosen rope needs the model that calls it; the optimizer and the clip take no part in gradients
-    for model in settings["models"] + (["llama"] if "rope" in chosen and "llama" not in settings["models"] else []):
+    # a chosen kernel a gate model does not call brings the model that does (its record's exercise: rope's and
+    # attention's llama); the optimizer and the clip, no model op (slot None), take no part in gradients
+    brought = [kernels.KERNELS[k].exercise[1]["model"] for k in chosen
+               if kernels.KERNELS[k].exercise and "model" in kernels.KERNELS[k].exercise[1]]
+    for model in dict.fromkeys(settings["models"] + brought):
         config = with_backends(replace(SHORT_RUN, model=model, ck_swiglu_backend=settings["ck_swiglu_backend"],
                                        ck_rmsnorm_backend=settings["ck_rmsnorm_backend"],
                                        ck_loss_backend=settings["ck_loss_backend"]), settings)
-        exercised |= kernels_used(config) - {"adamw", "clip_grad_norm"}
+        exercised |= {k for k in kernels_used(config) if kernels.KERNELS[k].slot is not None}
         ck, ref = build_twins(config)
         tokens = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
         targets = torch.randint(0, config.vocab, (config.seq_len,), generator=g)

@@ -96,6 +96,8 @@ class Kernel:
     contract: Callable[[Callable], None]
     # the twins' op this kernel is (the models call ops.<slot>); None: not a model op (the optimizer, clip)
     slot: str | None = None
+    # under --amp the CK backend meets bf16 tensors (a bf16 linear feeds it), so it must take them
+    amp_bf16: bool = False
     # whether a run's CK twin calls the kernel, of its config (harness RunConfig); None: every run does
     used_by: Callable[[object], bool] | None = None
     # how a run whose CK twin does not call the kernel is changed to (a label, RunConfig fields): a gate given

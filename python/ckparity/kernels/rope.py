@@ -140,6 +140,7 @@ KERNEL = Kernel(
     used_by=lambda config: config.model == "llama",
     exercise=("llama", {"model": "llama"}),
     slot="rope",
+    amp_bf16=True,
     flag="ck_rope_backend",
     # the twins' slot: (q or k (B, heads, T, d), cos, sin (T, d/2)), rotate-half layout
     backends={"c": lambda x, cos, sin: rope(x, cos, sin, layout="half"),

@@ -28,6 +28,12 @@ def claims(dtype: str | None = None) -> list[Claim]:
     return [c for k in KERNELS.values() for c in k.claims if dtype is None or c.dtype == dtype]
 
 
+def claim_key(kernel: str, backend: str) -> str:
+    """The claim key a backend of ckparity's runs under: ``c`` the kernel's (``rms_norm``), ``c_<variant>``
+    the variant's (``cross_entropy.ptref``, ``adamw.fused``)."""
+    return kernel if backend == "c" else f"{kernel}.{backend.removeprefix('c_')}"
+
+
 def bit_identical(dtype: str = "float32") -> dict[str, list[str]]:
     """What is bit-identical to torch in this process, in ``dtype``: each
     claim key's quantities, where the library follows torch's capability and

@@ -277,7 +277,7 @@ def _kernels_in_bf16(config: RunConfig, used: set[str]) -> set[str]:
     its rms_norm, the float32 logits' loss and the optimizer stay float32."""
     if config.dtype != "float32":
         return set(used)
-    return used & {"swiglu", "rope"} if config.amp != "none" else set()
+    return {name for name in used if kernels.KERNELS[name].amp_bf16} if config.amp != "none" else set()
 
 
 def kernels_used(config: RunConfig) -> set[str]:
