@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import cpu
 from ckparity.bench import interleaved_median_ms
-from ckparity.harness.loop.report import check_writable, write_json
+from ckparity.harness.basics.report import check_writable, write_json
 from ckparity.kernels.benching import fwd_bwd
 
 OPTIONS = {  # name -> (keyword arguments, probability targets: True in the logits' dtype, or this dtype)

@@ -27,7 +27,7 @@ from torch.utils.cpp_extension import load_inline
 import ckparity
 from ckparity import cpu
 from ckparity.bench import autograd_floor_us, interleaved_samples_ms
-from ckparity.harness.loop.report import check_writable, write_json
+from ckparity.harness.basics.report import check_writable, write_json
 from ckparity.kernels.benching import fwd_bwd
 
 NODE = r'''

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from ckparity.harness.longrun import init_from
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.twins import init_from
+from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.studies.repro import STRESS
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins

@@ -16,8 +16,8 @@ import ckparity
 from ckparity import kernels
 from ckparity.cli import main
 from ckparity.harness.studies.attribute import attribute, verdict
-from ckparity.harness.loop.config import RunConfig
-from ckparity.harness.loop.data import load_tokens
+from ckparity.harness.basics.config import RunConfig
+from ckparity.harness.basics.data import load_tokens
 from ckparity.harness.observers.forecast import forecast
 from ckparity.harness.studies.repro import HELLO_TEXT
 from ckparity.harness.loop.run import train
@@ -74,7 +74,7 @@ def test_divergence_names_the_planted_stage(tmp_path):
 def test_live_first_difference_equals_the_replayed_one(tmp_path, overrides):
     """The run reads the first divergence off its own step; a replay of that
     step from the initial state (the old way) names the same stage and tensor."""
-    from ckparity.harness.loop.data import Batches
+    from ckparity.harness.basics.data import Batches
     from ckparity.harness.observers.localize import first_difference
     from ckparity.harness.twins.factory import build_twins
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ckparity import kernels
-from ckparity.harness.loop.config import RunConfig, UsageError
-from ckparity.harness.loop.diff import tensor_figures
+from ckparity.harness.basics.config import RunConfig, UsageError
+from ckparity.harness.basics.diff import tensor_figures
 from ckparity.harness.loop.run import train
 
 # ptref's loss, the C rms_norm, swiglu, rope and AdamW: each bit-identical to torch's bf16 eager

@@ -102,7 +102,7 @@ def test_sweep_finds_another_capabilitys_arithmetic(capability):
 TWINS = """
 import json, tempfile
 from dataclasses import replace
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
 runs = {
     "stacked": RunConfig(model="stacked", num_layers=3, vocab=300, d_model=40, hidden=70, seq_len=8, grad_accum=2,

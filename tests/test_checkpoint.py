@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ckparity.harness.longrun import checkpoint
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 
 SKIP = {"timing", "env", "config", "resume"}  # timings, the flags a resume may change, and what it changed

@@ -20,7 +20,7 @@ import torch
 
 from ckparity import _bindings
 from ckparity import kernels
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
 
 BITWISE = RunConfig(model="stacked", max_steps=20, grad_accum=4, total_tokens=4096, no_progress=True,

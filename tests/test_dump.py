@@ -12,7 +12,7 @@ import torch
 
 from ckparity import kernels
 from ckparity.cli import main
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.longrun.dump import load_dump, replay
 from ckparity.harness.loop.run import train
 

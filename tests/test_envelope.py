@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import kernels
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.observers.envelope import LEAN_MARGIN, Measured, Signs, mirror, move_ulps, null_ops, window_ratio
 from ckparity.harness.loop.run import train
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ckparity import kernels
 from ckparity.cli import main
-from ckparity.harness.loop.config import parse_train_args
+from ckparity.harness.basics.config import parse_train_args
 from ckparity.harness.loop.run import train
 
 SHORT = ["--max-steps", "12", "--grad-accum", "2", "--total-tokens", "4096", "--no-progress"]
@@ -303,7 +303,7 @@ def test_compare_table_and_plot(tmp_path, capsys):
 
 
 def test_nonfinite_float_written_as_string(tmp_path):
-    from ckparity.harness.loop.report import read_report, write_json
+    from ckparity.harness.basics.report import read_report, write_json
 
     path = write_json(tmp_path / "x.json", {"schema": "ckparity.drift/1", "a": math.nan, "b": [math.inf, -math.inf]})
     assert strict_load(path) == {"schema": "ckparity.drift/1", "a": "nan", "b": ["inf", "-inf"]}
@@ -312,10 +312,10 @@ def test_nonfinite_float_written_as_string(tmp_path):
 
 @pytest.mark.parametrize("n", [*range(1, 18), 31, 33, 4095, 4096, 4097, 100003])  # every 8-lane tail
 def test_tensor_diff_in_c_matches_the_float64_expression(n):
-    """harness/loop/diff.py compares float32 pairs in one C pass (ckp_compare); its figures equal the float64
+    """harness/basics/diff.py compares float32 pairs in one C pass (ckp_compare); its figures equal the float64
     torch expression's, NaN and infinities included, for any thread count."""
     from ckparity import get_num_threads, set_num_threads
-    from ckparity.harness.loop.diff import tensor_diff
+    from ckparity.harness.basics.diff import tensor_diff
     from ckparity.measure import abs_diff64
 
     def float64_figures(a, b):

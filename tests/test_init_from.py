@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from ckparity.harness.longrun import checkpoint, init_from
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.longrun import checkpoint
+from ckparity.harness.twins import init_from
+from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
 

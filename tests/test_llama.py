@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
 

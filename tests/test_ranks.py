@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 
 CKPARITY = [sys.executable, "-m", "ckparity"]
 

@@ -18,7 +18,7 @@ import torch
 
 import ckparity
 from ckparity.cli import main
-from ckparity.harness.loop import report
+from ckparity.harness.basics import report
 
 QUICK = ["--max-steps", "2", "--total-tokens", "4096", "--no-progress"]
 
@@ -106,7 +106,7 @@ def test_train_text_shorter_than_a_step_is_repeated(tmp_path):
     text = tmp_path / "hello.txt"
     text.write_bytes(b"Hello!")
     result = ckparity.harness.loop.run.train(
-        ckparity.harness.loop.config.RunConfig(train_text=str(text), total_tokens=4097, seq_len=8, grad_accum=8,
+        ckparity.harness.basics.config.RunConfig(train_text=str(text), total_tokens=4097, seq_len=8, grad_accum=8,
                                           max_steps=3, no_progress=True, json_out=str(tmp_path / "r.json")))
     assert result["status"] == "pass" and result["steps"] == 3
 

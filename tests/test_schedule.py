@@ -14,7 +14,7 @@ import torch
 import ckparity
 from ckparity import reference
 from ckparity.harness.longrun import schedule
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.stepper import Twin
 

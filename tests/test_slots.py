@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ckparity import kernels
 from ckparity.check import suite
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 from ckparity.harness.studies.attribute import attribute
 

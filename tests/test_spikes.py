@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import reference
 from ckparity import kernels
-from ckparity.harness.loop.config import UsageError
+from ckparity.harness.basics.config import UsageError
 from ckparity.harness.studies.repro import STRESS
 from ckparity.harness.loop.run import train
 from ckparity.harness.observers.spikes import classify, is_spike

@@ -21,7 +21,7 @@ import pytest
 
 import ckparity
 from ckparity import kernels
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.basics.config import RunConfig
 
 PACKAGE = Path(ckparity.__file__).parent
 
@@ -127,6 +127,23 @@ def test_layers_import_downward_only():
     upward = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
               for m, targets in _graph().items() for t in targets if _layer(t) > _layer(m)]
     assert upward == []
+
+
+# the harness's folders, lowest first: a module imports its own folder or a lower one
+HARNESS_ORDER = ["basics", "twins", "observers", "longrun", "loop", "ranks", "studies"]
+
+
+def test_the_harness_folders_import_downward_only():
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[1] == "harness" else None
+
+    graph = _graph()
+    assert {folder(m) for m in graph} - {None} == set(HARNESS_ORDER)
+    upward = [f"{m} imports {t}" for m, targets in graph.items() for t in targets
+              if folder(m) and folder(t) and HARNESS_ORDER.index(folder(t)) > HARNESS_ORDER.index(folder(m))]
+    # the one exception: --init-from a checkpoint directory reads it in longrun's format (a lazy import)
+    assert upward == ["ckparity.harness.twins.init_from imports ckparity.harness.longrun.checkpoint"]
 
 
 def test_every_module_has_a_layer():

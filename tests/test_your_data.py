@@ -16,7 +16,7 @@ import torch
 
 from ckparity.cli import main
 from ckparity.harness.longrun import checkpoint
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.basics.config import RunConfig
 
 RUN = ["train", "--max-steps", "4", "--no-progress"]
 

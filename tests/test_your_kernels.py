@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import check, gates, kernels, plugin
 from ckparity.cli import COMMANDS, main
-from ckparity.harness.loop.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

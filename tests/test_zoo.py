@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ckparity import kernels
 from ckparity.cli import main
-from ckparity.harness.loop.config import RunConfig
+from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
 from ckparity.harness.observers.peers import allclose
 from ckparity.zoo.run import passed, table
@@ -115,7 +115,7 @@ def test_a_signal_stops_the_zoo_and_leaves_its_report(tmp_path, monkeypatch):
     there too (it does not go on to the next scenario), status interrupted."""
     import pytest
 
-    from ckparity.harness.longrun.interrupts import Interrupted
+    from ckparity.harness.basics.interrupts import Interrupted
     from ckparity.zoo import run
 
     monkeypatch.setattr(run, "train_run", lambda config: {"status": "interrupted", "stopped_by_signal": 15})

@@ -27,12 +27,12 @@ import sys
 from dataclasses import replace
 
 from . import kernels
-from .harness.longrun.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
+from .harness.basics.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
 
 
 def _parser(**kwargs) -> argparse.ArgumentParser:
     """A command's parser, with --plugin in its --help."""
-    from .harness.loop.config import add_plugin_argument
+    from .harness.basics.config import add_plugin_argument
 
     parser = argparse.ArgumentParser(**kwargs)
     add_plugin_argument(parser)
@@ -40,10 +40,10 @@ def _parser(**kwargs) -> argparse.ArgumentParser:
 
 
 def _train(argv: list[str]) -> int:
-    from .harness.loop.config import given_fields, parse_train_args
-    from .harness.loop.report import STDOUT
+    from .harness.basics.config import given_fields, parse_train_args
+    from .harness.basics.report import STDOUT
     from .harness.ranks.launch import launch
-    from .harness.ranks.group import RANK_ENV
+    from .harness.twins.ranked import RANK_ENV
     from .harness.loop.run import DEFAULT_JSON_OUT, train
 
     config = parse_train_args(argv)
@@ -80,7 +80,7 @@ def _train(argv: list[str]) -> int:
 
 
 def _repro(argv: list[str]) -> int:
-    from .harness.loop.config import UsageError
+    from .harness.basics.config import UsageError
     from .harness.studies.repro import AMP_LOSS_REFUSED, DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
     parser = _parser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
@@ -126,7 +126,7 @@ def _attribute(argv: list[str]) -> int:
     import os
 
     from .harness.studies.attribute import attribute, table
-    from .harness.loop.config import UsageError, parse_train_args
+    from .harness.basics.config import UsageError, parse_train_args
 
     config, own = parse_train_args(argv, prog="ckparity attribute", extra={
         "--jobs": {"type": int, "default": os.cpu_count() or 1, "help": "variants run at once (default: cores)"}})
@@ -143,7 +143,7 @@ def _attribute(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from .harness.loop.config import UsageError
+    from .harness.basics.config import UsageError
     from .harness.studies.repro import compare
 
     parser = _parser(prog="ckparity compare")
@@ -179,8 +179,8 @@ def _gate(argv: list[str]) -> int:
     from pathlib import Path
 
     from .gates import DTYPE_GATES, GATE_NAMES, run_gates, settings_for
-    from .harness.loop.config import UsageError
-    from .harness.loop.report import check_writable_dir
+    from .harness.basics.config import UsageError
+    from .harness.basics.report import check_writable_dir
 
     parser = _parser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
@@ -215,7 +215,7 @@ def _gate(argv: list[str]) -> int:
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {out_dir}/summary.md)")
     stopped = [r["details"]["interrupted"] for r in results if r["details"].get("interrupted")]
     if stopped:
-        from .harness.longrun.interrupts import EXIT_CODES
+        from .harness.basics.interrupts import EXIT_CODES
 
         return EXIT_CODES.get(stopped[0], 130)
     return EXIT_FAIL if failed else EXIT_PASS
@@ -223,8 +223,8 @@ def _gate(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     from .bench import bench, row_kernels, selected, table
-    from .harness.loop.config import UsageError
-    from .harness.loop.report import check_writable, write_json
+    from .harness.basics.config import UsageError
+    from .harness.basics.report import check_writable, write_json
 
     parser = _parser(prog="ckparity bench")
     parser.add_argument("--json-out", default="reports/bench_latest.json")
@@ -257,8 +257,8 @@ def _mutate(argv: list[str]) -> int:
     from pathlib import Path
 
     from .gates import GATE_NAMES
-    from .harness.loop.config import UsageError
-    from .harness.loop.report import check_writable, check_writable_dir, write_json
+    from .harness.basics.config import UsageError
+    from .harness.basics.report import check_writable, check_writable_dir, write_json
     from .mutate import check_tools, find_source, mutate, table
 
     parser = _parser(prog="ckparity mutate", description="Builds the C library with each planted "
@@ -288,7 +288,7 @@ def _mutate(argv: list[str]) -> int:
     check_writable(args.json_out, "--json-out")
     check_writable_dir(args.out_dir, "--out-dir")
     build_root = Path(args.build_dir) if args.build_dir else source / "build" / "mutants"
-    from .harness.longrun.interrupts import EXIT_CODES, stop_on_signals
+    from .harness.basics.interrupts import EXIT_CODES, stop_on_signals
 
     # SIGTERM and SIGHUP end the run as Ctrl-C does: with the report of what
     # was measured (a signal while it is written is held, then acted on)
@@ -310,9 +310,9 @@ def _mutate(argv: list[str]) -> int:
 
 def _check(argv: list[str]) -> int:
     from .check import DEFAULT_TIMEOUT, CheckSetupError, covered, isolated_check, table
-    from .harness.longrun.interrupts import EXIT_CODES, Interrupted, stop_on_signals
-    from .harness.loop.config import UsageError
-    from .harness.loop.report import STDOUT, check_writable, write_json
+    from .harness.basics.interrupts import EXIT_CODES, Interrupted, stop_on_signals
+    from .harness.basics.config import UsageError
+    from .harness.basics.report import STDOUT, check_writable, write_json
 
     parser = _parser(prog="ckparity check", description="The conformance suite ckparity runs on its "
                                      "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
@@ -355,7 +355,7 @@ def _check(argv: list[str]) -> int:
 
 def _replay(argv: list[str]) -> int:
     from .harness.longrun.dump import replay
-    from .harness.loop.report import STDOUT, check_writable, write_json
+    from .harness.basics.report import STDOUT, check_writable, write_json
 
     parser = _parser(prog="ckparity replay", description="Recomputes a step dumped by ckparity train "
                                      "--dump-step N: CK and torch each from its own state, and each in float64; "
@@ -395,8 +395,8 @@ def _info(argv: list[str]) -> int:
 def _zoo(argv: list[str]) -> int:
     from pathlib import Path
 
-    from .harness.loop.config import UsageError
-    from .harness.loop.report import check_writable
+    from .harness.basics.config import UsageError
+    from .harness.basics.report import check_writable
     from .zoo.scenarios import BY_NAME
 
     parser = _parser(prog="ckparity zoo", description="Bug classes people ship, each planted through the plugin "
@@ -414,7 +414,7 @@ def _zoo(argv: list[str]) -> int:
     if args.steps < 1 or args.seeds < 0 or args.jobs < 1:
         raise UsageError("--steps and --jobs must be at least 1, --seeds at least 0")
     check_writable(args.json_out, "--json-out")
-    from .harness.longrun.interrupts import EXIT_CODES
+    from .harness.basics.interrupts import EXIT_CODES
     from .zoo.run import passed, table, zoo
 
     try:
@@ -442,7 +442,7 @@ def _load_plugins(command: str, argv: list[str]) -> list[str]:
     on to every process the command starts (CKP_PLUGINS), with the plugins
     CKP_PLUGINS and installed packages' entry points name. Returns the other
     arguments."""
-    from .harness.loop.config import UsageError
+    from .harness.basics.config import UsageError
 
     specs, rest, k = [], [], 0
     while k < len(argv):
@@ -469,8 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return EXIT_USAGE if not argv or argv[0] not in ("-h", "--help") else EXIT_PASS
-    from .harness.loop.config import UsageError
-    from .harness.loop.report import ReportNotWritten
+    from .harness.basics.config import UsageError
+    from .harness.basics.report import ReportNotWritten
 
     try:
         return COMMANDS[argv[0]](_load_plugins(argv[0], argv[1:]))

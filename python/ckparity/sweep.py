@@ -30,7 +30,7 @@ import sys
 import torch
 
 from . import cpu, kernels
-from .harness.loop.report import check_writable, write_json
+from .harness.basics.report import check_writable, write_json
 from .kernels.layouts import applicable, contiguous_copy, run as run_case
 from .kernels.sweeping import Tally, same_bits
 

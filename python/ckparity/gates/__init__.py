@@ -24,8 +24,8 @@ import ckparity
 
 from .. import kernels
 from .._tensors import DTYPES
-from ..harness.longrun.interrupts import Interrupted, stop_on_signals
-from ..harness.loop.report import write_json, write_text
+from ..harness.basics.interrupts import Interrupted, stop_on_signals
+from ..harness.basics.report import write_json, write_text
 from . import (accuracy_parity, common, depth_sweep, distributed_parity, drift_smoke, fd_gradients, kernel_parity,
                long_horizon, noise_envelope, optimizer_parity, replay_determinism)
 from .common import gate_runs

@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import kernels
-from ..harness.loop.config import RunConfig, UsageError, kernels_used
-from ..harness.longrun.interrupts import Interrupted
+from ..harness.basics.config import RunConfig, UsageError, kernels_used
+from ..harness.basics.interrupts import Interrupted
 from ..harness.loop.run import train
 
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import kernels
-from ..harness.loop.config import kernels_used
-from ..harness.longrun.interrupts import Interrupted
+from ..harness.basics.config import kernels_used
+from ..harness.basics.interrupts import Interrupted
 from .common import result, with_backends
 from .record import Gate
 

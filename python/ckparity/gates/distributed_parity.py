@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..harness.loop.config import RunConfig
+from ..harness.basics.config import RunConfig
 from .common import harness_gate
 from .record import Gate
 

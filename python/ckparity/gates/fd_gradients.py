@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import kernels
-from ..harness.loop.config import kernels_used
+from ..harness.basics.config import kernels_used
 from ..harness.twins.factory import build_twins
 from ..measure import nan_max
 from .common import SHORT_RUN, result, with_backends

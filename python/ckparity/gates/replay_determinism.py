@@ -9,7 +9,7 @@ import torch
 
 import ckparity
 
-from ..harness.loop.config import kernels_used
+from ..harness.basics.config import kernels_used
 from .common import SHORT_RUN, result, series_without_timing, train_in_gate
 from .record import Gate
 

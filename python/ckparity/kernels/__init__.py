@@ -40,7 +40,7 @@ Only if the twins' models call it: the record's ``slot`` (the ``Ops`` field
 ``factory.ops_for`` fills from the records) and ``exercise`` (how a run that
 does not call it is made to), its field in ``harness/twins/models.py``'s
 ``Ops`` and the model's call of it, its flag's field in
-``harness/loop/config.py`` (and ``kernels_used``, where only some models call
+``harness/basics/config.py`` (and ``kernels_used``, where only some models call
 it). A slot with torch's backend alone (``linear``: no C yet) is a record with
 ``backends={"torch": ...}``, its contract and check cases: 5 files, the test
 included (tests/test_slots.py).

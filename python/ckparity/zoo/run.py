@@ -27,10 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import check as checking, kernels
-from ..harness.loop.config import RunConfig
-from ..harness.loop.report import write_json
+from ..harness.basics.config import RunConfig
+from ..harness.basics.report import write_json
 from ..harness.loop.run import train as train_run
-from ..harness.longrun.interrupts import Interrupted, stop_on_signals
+from ..harness.basics.interrupts import Interrupted, stop_on_signals
 from ..harness.observers.peers import CRITERIA
 from ..harness.studies.attribute import attribute
 from . import bugs

@@ -1,3 +1,3 @@
 """What lets a run be long and be trusted: checkpoints and --resume
-(``checkpoint``), --dump-step and replay (``dump``), --init-from, lr
-schedules, and stopping on signals with the report written (``interrupts``)."""
+(``checkpoint``), --dump-step and replay (``dump``), lr schedules (the
+signals that stop a run: basics/interrupts.py; --init-from: twins/init_from.py)."""

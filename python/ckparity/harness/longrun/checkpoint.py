@@ -51,10 +51,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..loop.config import RunConfig, UsageError
-from ..ranks.group import SINGLE, Ranks, agreed_min, barrier
+from ..basics.config import RunConfig, UsageError
+from ..twins.ranked import SINGLE, Ranks, agreed_min, barrier
 from ..twins.stepper import Twin
-from ..loop.report import TEMP_PREFIX, fsync, write_new
+from ..basics.report import TEMP_PREFIX, fsync, write_new
 from .directory import fsync_tree, sha256
 
 SCHEMA = "ckparity.checkpoint/1"
@@ -319,7 +319,7 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
     """The checkpoint's config, with the flags that may change taken from ``given``
     where they were given; another flag given with a value other than the
     checkpoint's is refused by name. ``flags``: the RunConfig fields given on
-    the command line (whatever their values; loop.config.given_fields); None
+    the command line (whatever their values; basics.config.given_fields); None
     where only the values are known (a rank re-reading its launcher's config):
     a value other than the default counts as given. A checkpoint written by
     another ckparity or torch, or at another CPU capability, is refused: a

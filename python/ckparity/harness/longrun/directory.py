@@ -26,8 +26,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ..loop.config import UsageError
-from ..loop.report import TEMP_PREFIX, fsync, write_new
+from ..basics.config import UsageError
+from ..basics.report import TEMP_PREFIX, fsync, write_new
 
 MARKER = "ckparity-run.json"
 MARKER_SCHEMA = "ckparity.checkpoint-dir/1"

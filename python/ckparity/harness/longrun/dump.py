@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from .checkpoint import pack, state_of, unpack, unshare
-from ..loop.config import RunConfig, UsageError
+from ..basics.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
 from ..observers.protocol import Observer
-from ..loop.report import TEMP_PREFIX, fsync, write_new
+from ..basics.report import TEMP_PREFIX, fsync, write_new
 from .directory import sha256
 from ..twins.factory import build_twin
 

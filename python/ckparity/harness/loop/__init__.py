@@ -1,3 +1,3 @@
-"""The training loop and what it is made of: the run's config, the token
-stream, how two tensors are compared, the report and where it is written,
-what the machine must hold; ``run.train`` is the loop."""
+"""The training loop: ``run.train``, what the machine must hold for it
+(``resources``), and a run in a process of its own (``child``); the config,
+data, comparison and report it is made of are in basics/."""

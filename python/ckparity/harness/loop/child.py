@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from ... import kernels
-from .config import RunConfig
-from .report import read_report
+from ..basics.config import RunConfig
+from ..basics.report import read_report
 
 
 def command(config: RunConfig, carry: dict | None = None) -> list[str]:

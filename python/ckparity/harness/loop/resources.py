@@ -4,7 +4,7 @@ dying in torch's allocator after the work has started."""
 
 from __future__ import annotations
 
-from .config import UsageError
+from ..basics.config import UsageError
 
 # per parameter and twin: the weights, the gradient, AdamW's two moments, and
 # the localization snapshot (weights and moments again)

@@ -15,13 +15,14 @@ import torch
 
 import ckparity
 
-from ..longrun import checkpoint, directory, init_from, schedule
-from . import report
-from .config import RunConfig, UsageError
-from .data import Batches, load_tokens
+from ..longrun import checkpoint, directory, schedule
+from ..twins import init_from
+from ..basics import report
+from ..basics.config import RunConfig, UsageError
+from ..basics.data import Batches, load_tokens
 from .resources import check_memory
 from ..longrun.dump import StepDump
-from ..longrun.interrupts import Interrupted, stop_on_signals
+from ..basics.interrupts import Interrupted, stop_on_signals
 from ..observers.agreement import RankAgreement
 from ..observers.drift import DivergenceTracer, DriftSeries, FirstFail, Localizer, NonFinite, StepComparison
 from ..observers.envelope import NoiseEnvelope
@@ -30,7 +31,7 @@ from ..observers.forecast import forecast
 from ..observers.protocol import Observer, StepRecord
 from ..observers.shadow import Float64Shadow
 from ..observers.spikes import SpikeTriage
-from ..ranks.group import SINGLE, RanksDisagree, agreed_signal, join, leave
+from ..twins.ranked import SINGLE, RanksDisagree, agreed_signal, join, leave
 from ..twins.factory import build_twins
 
 DEFAULT_JSON_OUT = "reports/train_latest.json"

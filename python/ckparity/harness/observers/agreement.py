@@ -3,7 +3,7 @@ set of replicated CK parameters."""
 
 from __future__ import annotations
 
-from ..ranks.group import Ranks, RanksDisagree, fingerprints
+from ..twins.ranked import Ranks, RanksDisagree, fingerprints
 from .protocol import Observer, StepRecord
 
 

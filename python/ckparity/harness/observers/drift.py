@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from ...ops.clip_grad_norm import grad_norm
-from ..loop.diff import tensor_figures, worst_diff
+from ..basics.diff import tensor_figures, worst_diff
 from .localize import first_difference, first_difference_in, localize, param_rows, stage_rows
 from .protocol import Observer, StepRecord
 

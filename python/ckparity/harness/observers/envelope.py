@@ -80,7 +80,7 @@ import torch
 from ... import cpu, kernels
 from ...measure import nan_max
 from ...ops.clip_grad_norm import grad_norm
-from ..loop.diff import worst_diff
+from ..basics.diff import worst_diff
 from ..twins import precision
 from ..twins.models import build_model
 from ..twins.stepper import Twin

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..loop.diff import tensor_diff
+from ..basics.diff import tensor_diff
 from ..twins.factory import build_twin
 
 

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..loop.diff import tensor_diff
+from ..basics.diff import tensor_diff
 from ..twins.models import model_loss
 from ..twins.factory import build_twin
 from .protocol import Observer, StepRecord

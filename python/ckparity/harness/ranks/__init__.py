@@ -1,2 +1,2 @@
-"""--tp / --dp: the CK twin over the ranks of a torch.distributed group
-(``group``), and the processes started on this machine (``launch``)."""
+"""--tp / --dp: the processes started on this machine (``launch``), each a
+run of the loop; the CK twin over their group is twins/ranked.py."""

@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ... import kernels
-from ..loop import report
-from ..loop.config import RunConfig
-from ..longrun.interrupts import EXIT_CODES, Interrupted, exit_code, stop_on_signals
+from ..basics import report
+from ..basics.config import RunConfig
+from ..basics.interrupts import EXIT_CODES, Interrupted, exit_code, stop_on_signals
 
 # after rank 0 has exited, the others have nothing left to give the report
 GRACE_AFTER_RANK0_S = 5.0

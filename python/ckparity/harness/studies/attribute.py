@@ -31,9 +31,9 @@ from pathlib import Path
 
 from ... import kernels
 from ..loop import child
-from ..loop.config import RunConfig, UsageError, kernels_used
-from ..longrun.interrupts import Interrupted, stop_on_signals
-from ..loop.report import check_writable, check_writable_dir, read_report, write_json
+from ..basics.config import RunConfig, UsageError, kernels_used
+from ..basics.interrupts import Interrupted, stop_on_signals
+from ..basics.report import check_writable, check_writable_dir, read_report, write_json
 
 SCHEMA = "ckparity.attribution/1"
 # the seed's names of the kinds, as the flags say them (--ck-loss-backend: "loss")

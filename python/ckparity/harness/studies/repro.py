@@ -7,8 +7,8 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from ..loop.config import RunConfig
-from ..loop.report import check_writable_dir, read_report
+from ..basics.config import RunConfig
+from ..basics.report import check_writable_dir, read_report
 from ..loop.run import train
 
 # The seed's 850-step drift repro: AdamW at lr 1e-3, seq-len 8, grad-accum 8.

@@ -12,8 +12,8 @@ from functools import partial
 import torch
 
 from ... import kernels, reference
-from ..longrun import init_from
-from ..ranks import group as ranks
+from . import init_from
+from . import ranked as ranks
 from . import precision
 from .models import Ops, build_model
 from .stepper import Twin

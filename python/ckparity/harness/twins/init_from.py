@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from ..loop.config import UsageError
+from ..basics.config import UsageError
 
 _HF_LLAMA = [
     (r"model\.embed_tokens\.weight", "embedding.weight"),
@@ -47,7 +47,7 @@ _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
 def _read(path: str) -> dict[str, torch.Tensor]:
     if os.path.isdir(path):
-        from .checkpoint import twin_weights
+        from ..longrun.checkpoint import twin_weights
 
         return twin_weights(path)
     try:

@@ -39,9 +39,9 @@ from torch import nn
 
 from ...distributed import shard_range, vocab_parallel_cross_entropy
 from ...ops._function import CFunction
-from ..loop.config import UsageError
-from ..twins.models import head_name
-from ..twins.stepper import Twin, refresh
+from ..basics.config import UsageError
+from .models import head_name
+from .stepper import Twin, refresh
 
 # the environment torchrun (and ckparity's own launcher) gives each rank
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
