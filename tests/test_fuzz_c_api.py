@@ -13,6 +13,7 @@ lies about a buffer's size is beyond what any C API can check."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from ckparity._native import ffi, lib
+from ckparity.kernels import KERNELS
 
 CASES = 600  # per entry point; a few thousand calls in all
 SIZES = [-3, 0, 1, 2, 3, 7, 8, 9, 31, 33, 257]
@@ -326,11 +328,38 @@ def fuzz_bf16(rng: random.Random) -> int:
                           [dx] if dx is not x else [])
 
 
-@pytest.mark.parametrize("entry", [fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_vocab_parallel_ce,
-                                   fuzz_compare, fuzz_adamw, fuzz_grad_norm, fuzz_bf16],
-                         ids=lambda f: f.__name__.removeprefix("fuzz_"))
-def test_fuzz_every_entry_point(entry):
-    rng = random.Random(f"ckparity-fuzz-{entry.__name__}")
+_C_TYPES = {"f": (torch.float32, "float *"), "h": (torch.bfloat16, "uint16_t *"), "i": (torch.int64, "int64_t *"),
+            "d": (torch.float64, "double *")}
+
+
+def fuzz_record_entry(entry, rng: random.Random) -> int:
+    """A record's C entry point (kernels.record.CEntry): sizes from SIZES (0 and negative now and then), a NULL
+    now and then, an output placed exactly over an input (in place) or one element into it (a partial overlap)."""
+    sizes = {k: pick(rng, SIZES[2:], -3, 0) for k in entry.sizes}
+    counts = {b.name: max(b.count({k: max(v, 0) for k, v in sizes.items()}), 0) for b in entry.buffers}
+    buffers = {b.name: data(rng, counts[b.name] + 1).to(_C_TYPES[b.kind][0]) for b in entry.buffers}
+    pointers = {b.name: ptr(maybe_null(rng, buffers[b.name]), 0, _C_TYPES[b.kind][1]) for b in entry.buffers}
+    outputs = [b for b in entry.buffers if b.output]
+    inputs = [b for b in entry.buffers if not b.output and b.kind in {o.kind for o in outputs}]
+    aliased = set()
+    if inputs and rng.random() < 0.2:
+        onto = rng.choice(inputs)
+        o = rng.choice([b for b in outputs if b.kind == onto.kind])
+        pointers[o.name] = ptr(buffers[onto.name], rng.choice([0, 1]), _C_TYPES[o.kind][1])
+        aliased.add(o.name)
+    checked = [buffers[b.name] for b in outputs if b.name not in aliased]
+    return call_and_check(rng, lambda: entry.call(lib, pointers, sizes), checked)
+
+
+FUZZERS = [(f.__name__.removeprefix("fuzz_"), f) for f in (
+    fuzz_cross_entropy, fuzz_rms_norm, fuzz_swiglu, fuzz_rope, fuzz_vocab_parallel_ce, fuzz_compare, fuzz_adamw,
+    fuzz_grad_norm, fuzz_bf16)]
+FUZZERS += [(e.name, functools.partial(fuzz_record_entry, e)) for k in KERNELS.values() for e in k.c_entries]
+
+
+@pytest.mark.parametrize("name,entry", FUZZERS, ids=[name for name, _ in FUZZERS])
+def test_fuzz_every_entry_point(name, entry):
+    rng = random.Random(f"ckparity-fuzz-fuzz_{name}")
     statuses = [entry(rng) for _ in range(CASES)]
     # the fuzz reaches both sides of the API: calls that succeed and calls that are refused
     assert statuses.count(lib.CKP_OK) > CASES // 20, "almost every call was refused: the fuzz tests nothing"

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from ckparity._native import ffi, lib
+from ckparity.kernels import KERNELS
 
 N, V, D, H, T, HEAD, R = 3, 5, 6, 4, 2, 4, 2  # rows, vocab, width, hidden, positions, head dim, tensors
 
@@ -215,6 +216,16 @@ ENTRIES = [
                                             D, 3.0, _adamw_options())),
     Entry("grad_norm", (f("t0", D), f("t1", V), Buffer("total_norm", "d", 1, True)), _grad_norm),
 ]
+
+
+def _from_record(entry) -> Entry:
+    """A record's C entry point (kernels.record.CEntry) at its small valid sizes."""
+    buffers = tuple(Buffer(b.name, b.kind, b.count(entry.sizes), b.output, b.reads or not b.output)
+                    for b in entry.buffers)
+    return Entry(entry.name, buffers, lambda p: entry.call(lib, p, entry.sizes))
+
+
+ENTRIES += [_from_record(e) for k in KERNELS.values() for e in k.c_entries]
 
 SLOT = 256  # bytes per buffer's own region: every buffer above fits with room for an 8-byte shift
 

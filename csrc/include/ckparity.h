@@ -278,6 +278,14 @@ ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int6
                                    uint16_t *dx);
 
 /* ------------------------------------------------------------------------
+ * residual (csrc/residual.c): out = x + y over n elements, as torch.add:
+ * float32, and bfloat16 computed in float and rounded once. out may be x or
+ * y exactly (in place); any other overlap is refused.
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_residual_add(const float *x, const float *y, int64_t n, float *out);
+ckp_status ckp_residual_add_bf16(const uint16_t *x, const uint16_t *y, int64_t n, uint16_t *out);
+
+/* ------------------------------------------------------------------------
  * adamw (csrc/adamw.c) = one step of torch.optim.AdamW's single-tensor path
  * on one parameter tensor, updating param and the moments in place.
  * ---------------------------------------------------------------------- */

@@ -81,6 +81,30 @@ class Claim:
     capabilities: tuple[str, ...] = CAPABILITIES
 
 
+@dataclass(frozen=True)
+class CBuffer:
+    """One buffer argument of a C entry point: ``kind`` "f" (float32), "h" (bf16 or float16 bits), "i"
+    (int64) or "d" (float64); ``count(sizes)`` its elements for the entry's size arguments; ``output``
+    whether the call writes it (``reads``: and reads it first, an in-out buffer)."""
+    name: str
+    kind: str
+    count: Callable[[dict], int]
+    output: bool = False
+    reads: bool = False
+
+
+@dataclass(frozen=True)
+class CEntry:
+    """A C entry point as the C API's tests call it: ``sizes`` its size arguments (name -> a small valid
+    value), ``call(library, pointers, sizes)`` one call (pointers by buffer name, NULL for an absent one).
+    tests/test_overlaps.py and tests/test_fuzz_c_api.py cover a record's entries (every pair of buffers
+    overlapping; NULLs, sizes out of range, aliasing) without a table of their own."""
+    name: str  # the C function's name without ckp_
+    buffers: tuple[CBuffer, ...]
+    sizes: dict[str, int]
+    call: Callable[[object, dict, dict], int]
+
+
 @dataclass
 class Kernel:
     """One kernel: every layer's knowledge of it in one place.
@@ -115,6 +139,8 @@ class Kernel:
     probe: Callable[[torch.Generator], Iterator[tuple[str, Callable]]] | None = None
     # (gen) -> the calls whose every tensor argument the layouts sweep lays out anew (layouts.LayoutCase)
     layouts: Callable[[torch.Generator], Iterator] | None = None
+    # the C entry points as the C API's tests call them (CEntry); families before residual have theirs in those tests
+    c_entries: tuple[CEntry, ...] = ()
     # (gen, select) -> the rows of ckparity bench (kernels.benching.Case) whose (kernel, shape) select accepts
     bench: Callable[[torch.Generator, Callable[[str, str], bool]], Iterator] | None = None
     builtin: tuple[str, ...] = ()
