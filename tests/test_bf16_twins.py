@@ -248,9 +248,9 @@ def test_attribute_leaves_out_the_alternatives_the_precision_refuses():
     from ckparity.harness.studies.attribute import variants
 
     names = set(variants(replace(AMP, ck_loss_backend="c")))
-    assert "alternative loss=c_ptref" in names and "alternative loss=c_fused_linear" not in names
-    assert "alternative loss=c_fused_linear" in variants(replace(PURE, ck_loss_backend="c"))  # pure bf16 keeps it
-    assert "alternative loss=c_fused_linear" in variants(RunConfig())  # float32 too
+    assert "alternative cross_entropy=c_ptref" in names and "alternative cross_entropy=c_fused_linear" not in names
+    assert "alternative cross_entropy=c_fused_linear" in variants(replace(PURE, ck_loss_backend="c"))  # pure bf16 keeps it
+    assert "alternative cross_entropy=c_fused_linear" in variants(RunConfig())  # float32 too
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

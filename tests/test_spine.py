@@ -203,8 +203,6 @@ def test_the_docs_table_is_the_records():
 # literals that name two kernels or more outside kernels/ by design, with why
 NOT_KERNEL_TABLES = {
     ("zoo/bugs.py", "BUGS"): "the zoo's planted bugs, filed by the slot each is planted in",
-    ("zoo/run.py", "STAGE_KINDS"): "the divergence tracer's stage names, as attribute names the kinds",
-    ("harness/twins/models.py", "STAGES"): "the tiny model's activations by name (the localization's stages)",
 }
 
 

@@ -16,7 +16,7 @@ from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
 from ckparity.harness.observers.peers import allclose
 from ckparity.zoo.run import passed, table
-from ckparity.zoo.scenarios import SCENARIOS, SLOTS
+from ckparity.zoo.scenarios import SCENARIOS
 
 import torch
 
@@ -65,7 +65,7 @@ def test_every_scenario_names_a_source_and_a_slot():
     names = [s.name for s in SCENARIOS]
     assert len(names) >= 16 and len(set(names)) == len(names)
     for s in SCENARIOS:
-        assert s.source.startswith("https://github.com/") and s.kind in SLOTS
+        assert s.source.startswith("https://github.com/") and s.kind in kernels.KERNELS
         RunConfig(**s.flags)  # the flags are the run's: a typo would fail here
 
 
@@ -82,7 +82,7 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     assert code == 0 and report["schema"] == "ckparity.zoo/1" and report["status"] == "complete"
     rows = {s["name"]: s for s in report["scenarios"]}
     gemma, lean = rows["gemma_one_plus_w"], rows["rmsnorm_leans_below_ulp"]
-    assert gemma["detected"] and gemma["first_fail_step"] == 1 and gemma["blamed"] == ["rmsnorm"]
+    assert gemma["detected"] and gemma["first_fail_step"] == 1 and gemma["blamed"] == ["rms_norm"]
     assert gemma["peers"] == {"liger_fp32": 32, "liger_bf16": 32, "llm_c": 1}
     assert lean["detected"] and lean["caught_by"] == ["train", "check"] and lean["train"]["directed"]
     # check sees the lean as less accurate than torch (a gate fails it; check itself exits 0)
@@ -90,9 +90,9 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     assert lean["check"]["findings"]["widths"] == "less accurate"
     assert lean["train"]["first_loss_fail_step"] is None and lean["train"]["first_param_fail_step"] is None
     assert lean["peers"] == {"liger_fp32": None, "liger_bf16": None, "llm_c": None}
-    assert lean["blamed"] == ["rmsnorm"]
+    assert lean["blamed"] == ["rms_norm"]
     assert report["control"]["passed"] and report["control"]["seeds"][0]["peers_fired"] == []
-    assert "| gemma_one_plus_w | 1 | train, check | rmsnorm |" in capsys.readouterr().out
+    assert "| gemma_one_plus_w | 1 | train, check | rms_norm |" in capsys.readouterr().out
 
 
 def test_a_missed_scenario_or_a_false_alarm_fails_the_zoo():

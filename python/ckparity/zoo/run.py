@@ -34,7 +34,7 @@ from ..harness.basics.interrupts import Interrupted, stop_on_signals
 from ..harness.observers.peers import CRITERIA
 from ..harness.studies.attribute import attribute
 from . import bugs
-from .scenarios import SCENARIOS, SLOTS, Scenario
+from .scenarios import SCENARIOS, Scenario
 
 SCHEMA = "ckparity.zoo/1"
 PLUGIN = "ckparity.zoo.bugs"  # the planted bugs, loaded through the plugin door
@@ -42,8 +42,6 @@ STEPS = 300
 ENVELOPE = 2
 # ckparity's kernels on every slot but the planted one; the loss the ptref variant (bit-identical to torch)
 BASE = RunConfig(ck_loss_backend="c_ptref", envelope=ENVELOPE, no_progress=True)
-# the stages the divergence tracer names, as the kinds attribute names them (the resume scenario's blame)
-STAGE_KINDS = {"update": "optimizer", "loss": "loss", "rms_norm": "rmsnorm", "rope": "rope", "clip": "clip"}
 
 
 def train(config: RunConfig) -> dict:
@@ -56,7 +54,7 @@ def train(config: RunConfig) -> dict:
 
 def config_of(scenario: Scenario | None, steps: int, seed: int, out: Path) -> RunConfig:
     name = scenario.name if scenario else f"control_seed{seed}"
-    planted = {SLOTS[scenario.kind][1]: scenario.backend, **scenario.flags} if scenario else {}
+    planted = {scenario.flag: scenario.backend, **scenario.flags} if scenario else {}
     return replace(BASE, **planted, seed=seed, max_steps=steps, json_out=str(out / f"{name}.json"))
 
 
@@ -101,8 +99,9 @@ def peer_steps(report: dict) -> dict:
 
 def _blame(scenario: Scenario, config: RunConfig, report: dict, out: Path, jobs: int) -> tuple[list[str], str]:
     if scenario.resume_at:
-        stage = (report.get("divergence") or {}).get("stage")
-        return ([STAGE_KINDS.get(stage, stage)] if stage else []), f"the twins first differ at stage {stage!r}"
+        divergence = report.get("divergence") or {}
+        stage, kernel = divergence.get("stage"), divergence.get("kernel")
+        return ([kernel] if kernel else []), f"the twins first differ at stage {stage!r} ({kernel or 'no kernel'})"
     # no more threads than cores: oversubscribed OpenMP threads spin (a 2-thread run's ablation took 6 min at 2 jobs)
     jobs = max(1, min(jobs, (os.cpu_count() or 1) // max(1, config.threads)))
     result = attribute(replace(config, envelope=0), str(out / f"{scenario.name}_attribute.json"), jobs)

@@ -7,16 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import kernels
-from ..harness.studies.attribute import KINDS
-
-# the attribute kind of each slot (harness/studies/attribute.py's names) and its kernel and train flag
-SLOTS = {KINDS[record.flag]: (name, record.flag) for name, record in kernels.KERNELS.items()}
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    kind: str           # the slot the bug is planted in, as attribute names it: the right answer to "blamed"
+    kind: str           # the kernel record the bug is planted in (attribute's kind): the right answer to "blamed"
     bug: str            # its backend in zoo/bugs.py (registered as zoo_<bug>)
     what: str           # the bug, in a line
     source: str         # where people reported it
@@ -25,7 +21,11 @@ class Scenario:
 
     @property
     def slot(self) -> str:
-        return SLOTS[self.kind][0]
+        return self.kind
+
+    @property
+    def flag(self) -> str:
+        return kernels.KERNELS[self.kind].flag
 
     @property
     def backend(self) -> str:
@@ -33,61 +33,61 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("grad_accum_ragged_ignore", "loss", "ce_grad_counts_ignored_rows",
+    Scenario("grad_accum_ragged_ignore", "cross_entropy", "ce_grad_counts_ignored_rows",
              "under gradient accumulation with ragged ignore_index, the gradient is divided by every row of the "
              "micro-batch, ignored ones included (the loss itself is right)",
              "https://github.com/linkedin/Liger-Kernel/issues/802", {"grad_accum": 4, "ignore_frac": 0.3}),
-    Scenario("ignored_rows_in_the_mean", "loss", "ce_mean_counts_ignored_rows",
+    Scenario("ignored_rows_in_the_mean", "cross_entropy", "ce_mean_counts_ignored_rows",
              "the mean loss divides by all rows, ignore_index rows counted",
              "https://github.com/linkedin/Liger-Kernel/issues/1082", {"ignore_frac": 0.3}),
-    Scenario("label_smoothing_over_v_minus_1", "loss", "ce_smoothing_over_v_minus_1",
+    Scenario("label_smoothing_over_v_minus_1", "cross_entropy", "ce_smoothing_over_v_minus_1",
              "label smoothing spreads eps over the V-1 wrong classes where torch spreads eps/V over all V",
              "https://github.com/k2-fsa/icefall/issues/107", {"label_smoothing": 0.1}),
-    Scenario("loss_backward_ignores_upstream_grad", "loss", "ce_backward_ignores_upstream",
+    Scenario("loss_backward_ignores_upstream_grad", "cross_entropy", "ce_backward_ignores_upstream",
              "the loss's backward returns the gradient it made in forward, ignoring the upstream gradient: "
              "the 1/K of gradient accumulation is lost (gradients K times too large)",
              "https://github.com/huggingface/trl/issues/5890", {"grad_accum": 4}),
-    Scenario("vocab_shard_offset_off_by_one", "loss", "ce_vocab_shard_off_by_one",
+    Scenario("vocab_shard_offset_off_by_one", "cross_entropy", "ce_vocab_shard_off_by_one",
              "a vocabulary shard finds its targets at t - offset + 1",
              "https://github.com/apple/ml-cross-entropy/pull/59"),
-    Scenario("adamw_eps_inside_sqrt", "optimizer", "adamw_eps_inside_sqrt",
+    Scenario("adamw_eps_inside_sqrt", "adamw", "adamw_eps_inside_sqrt",
              "AdamW's eps inside the square root: sqrt(v_hat + eps)",
              "https://github.com/keras-team/keras/issues/17391"),
-    Scenario("adamw_bias_correction_off_by_one", "optimizer", "adamw_bias_correction_ahead",
+    Scenario("adamw_bias_correction_off_by_one", "adamw", "adamw_bias_correction_ahead",
              "the bias corrections use step + 1",
              "https://github.com/Oneflow-Inc/oneflow/pull/5960"),
-    Scenario("adamw_l2_not_decoupled", "optimizer", "adamw_decay_in_gradient",
+    Scenario("adamw_l2_not_decoupled", "adamw", "adamw_decay_in_gradient",
              "weight decay added to the gradient (Adam + L2) instead of decoupled",
              "https://github.com/pytorch/pytorch/pull/41679", {"adamw_weight_decay": 0.1}),
-    Scenario("adamw_other_default_eps", "optimizer", "adamw_other_default_eps",
+    Scenario("adamw_other_default_eps", "adamw", "adamw_other_default_eps",
              "another framework's default eps (1e-7) where torch's 1e-8 is configured: a slow drift",
              "https://github.com/keras-team/tf-keras/issues/315"),
-    Scenario("rmsnorm_eps_outside_sqrt", "rmsnorm", "rms_eps_outside_sqrt",
+    Scenario("rmsnorm_eps_outside_sqrt", "rms_norm", "rms_eps_outside_sqrt",
              "RMSNorm's eps added to the root, x / (sqrt(mean(x^2)) + eps)",
              "https://github.com/allenai/OLMo/issues/281"),
-    Scenario("gemma_one_plus_w", "rmsnorm", "rms_gemma_one_plus_w",
+    Scenario("gemma_one_plus_w", "rms_norm", "rms_gemma_one_plus_w",
              "Gemma's (1 + w) weight where the model means w",
              "https://github.com/linkedin/Liger-Kernel/issues/74"),
-    Scenario("rmsnorm_backward_forgets_weight", "rmsnorm", "rms_backward_forgets_weight",
+    Scenario("rmsnorm_backward_forgets_weight", "rms_norm", "rms_backward_forgets_weight",
              "RMSNorm's dx computed without the weight: invisible while the weight is still 1",
              "https://github.com/karpathy/llm.c/pull/763"),
-    Scenario("rmsnorm_leans_below_ulp", "rmsnorm", "rms_leans_below_ulp",
+    Scenario("rmsnorm_leans_below_ulp", "rms_norm", "rms_leans_below_ulp",
              "a moved rounding point: every fourth output one ULP away from 0, below an ULP on average, "
              "always the same way",
              "https://github.com/vllm-project/vllm/issues/42325"),
     Scenario("rope_interleaved_for_rotate_half", "rope", "rope_interleaved",
              "RoPE pairs (2i, 2i+1) where the model's layout pairs (i, i + d/2)",
              "https://github.com/ohdearquant/lattice/issues/392", {"model": "llama"}),
-    Scenario("clip_norm_of_one_shard", "clip", "clip_norm_of_one_shard",
+    Scenario("clip_norm_of_one_shard", "clip_grad_norm", "clip_norm_of_one_shard",
              "clip_grad_norm over one rank's shard of the params, the norm never all-reduced",
              "https://github.com/pytorch/torchtitan/issues/596", {"max_grad_norm": 0.05}),
-    Scenario("resume_loses_optimizer_step", "optimizer", "adamw_step_not_saved",
+    Scenario("resume_loses_optimizer_step", "adamw", "adamw_step_not_saved",
              "the optimizer's step count is not in its state_dict: after a resume the bias corrections start over",
              "https://github.com/NVIDIA-NeMo/Automodel/issues/763", resume_at=100),
-    Scenario("thread_count_dependent_sum", "rmsnorm", "rms_thread_split_sum",
+    Scenario("thread_count_dependent_sum", "rms_norm", "rms_thread_split_sum",
              "the sum of squares split into one block per thread: the bits depend on the thread count",
              "https://github.com/hypre-space/hypre/issues/467", {"threads": 2}),
-    Scenario("bf16_sum_accumulated_in_bf16", "rmsnorm", "rms_sum_in_input_dtype",
+    Scenario("bf16_sum_accumulated_in_bf16", "rms_norm", "rms_sum_in_input_dtype",
              "a bf16 run's sum of squares kept in bf16 across blocks where float was meant (d_model 256: 4 blocks)",
              "https://github.com/pytorch/pytorch/issues/92164",
              # the bug-free bf16 run (c_ptref, the C AdamW) is bit-identical to torch's: a user expects bits

@@ -211,7 +211,7 @@ class DivergenceTracer(Observer):
         self.live = config.tp * config.dp == 1
         self.per_quantity: dict[str, int | None] = {q: None for q in self.QUANTITIES}
         self.first_step: int | None = None
-        self.where = {"stage": None, "tensor": None}
+        self.where = {"stage": None, "kernel": None, "tensor": None}
         self._rows: dict | None = None
 
     def wants_snapshot(self, step: int) -> bool:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import torch
 
+from ... import kernels
 from ..basics.diff import tensor_diff
 from ..twins.factory import build_twin
+from ..twins.models import KERNEL_TAG
 
 
-def _row(stage: str, a: torch.Tensor, b: torch.Tensor, tol: float) -> dict:
+def _row(stage: str, a: torch.Tensor, b: torch.Tensor, tol: float, kernel: str | None = None) -> dict:
     abs_diff, rel = tensor_diff(a, b)
-    return {"stage": stage, "abs_diff": abs_diff, "rel_diff": rel, "tol": tol, "over": abs_diff > tol,
-            "identical": bool(torch.equal(a, b) or abs_diff == 0.0)}
+    return {"stage": stage, "kernel": kernel, "abs_diff": abs_diff, "rel_diff": rel, "tol": tol,
+            "over": abs_diff > tol, "identical": bool(torch.equal(a, b) or abs_diff == 0.0)}
 
 
 def replay(config, snapshot: dict, windows) -> dict:
@@ -50,15 +52,20 @@ def stage_rows(config, ck_acts: list[dict], ref_acts: list[dict], ck_grads: dict
     (per micro-batch, kept with their gradients) and parameter grads."""
     acts = {"ck": ck_acts, "torch": ref_acts}
     stages = list(ck_acts[0])
+    # a stage's kernel is the record its slot names (models.KERNEL_TAG); its gradient's, the next stage's,
+    # whose backward computes it (the models are sequential; the loss's gradient is the 1/K scale)
+    made_by = [getattr(ck_acts[0][stage], KERNEL_TAG, None) for stage in stages]
+    kernel_of = {**{stage: made_by[i] for i, stage in enumerate(stages)},
+                 **{f"d{stage}": (made_by[i + 1] if i + 1 < len(stages) else None) for i, stage in enumerate(stages)}}
 
     def worst(stage: str, grad: bool, tol: float) -> dict:
-        rows = []
+        name, rows = (f"d{stage}" if grad else stage), []
         for a, b in zip(acts["ck"], acts["torch"]):
             x, y = (a[stage].grad, b[stage].grad) if grad else (a[stage], b[stage])
             if x is not None and y is not None:
-                rows.append(_row(f"d{stage}" if grad else stage, x, y, tol))
+                rows.append(_row(name, x, y, tol, kernel_of[name]))
         if not rows:
-            return {"stage": f"d{stage}" if grad else stage, "abs_diff": 0.0, "rel_diff": 0.0, "tol": tol,
+            return {"stage": name, "kernel": kernel_of[name], "abs_diff": 0.0, "rel_diff": 0.0, "tol": tol,
                     "over": False, "identical": True}
         row = max(rows, key=lambda r: (r["abs_diff"], not r["identical"]))
         row["identical"] = all(r["identical"] for r in rows)
@@ -99,11 +106,12 @@ def first_difference(config, snapshot: dict, windows) -> dict:
 
 def first_difference_in(rows: dict) -> dict:
     """first_difference from a step's rows (replayed, or the live step's)."""
-    not_identical = [{**r, "differs": not r["identical"]} for r in rows["forward"] + rows["backward"]]
-    stage = _first(not_identical, "differs")
+    first = next((r for r in rows["forward"] + rows["backward"] if not r["identical"]), None)
+    stage, kernel = (first["stage"], first.get("kernel")) if first else (None, None)
     # parameter grads in the order backward produces them (the models are sequential: last layer first)
     grads = [r for r in rows["backward"] if r["stage"].endswith(".grad")][::-1]
     tensor = next((r["stage"] for r in grads + rows["params"] if not r["identical"]), None)
     if stage is None and tensor is not None:
-        stage = "update"  # forward and backward agree bit for bit: the optimizer step differs
-    return {"stage": stage, "tensor": tensor}
+        # forward and backward agree bit for bit: the optimizer step differs
+        stage, kernel = "update", next(name for name, k in kernels.KERNELS.items() if k.optimizer)
+    return {"stage": stage, "kernel": kernel, "tensor": tensor}

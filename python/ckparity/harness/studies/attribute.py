@@ -36,8 +36,9 @@ from ..basics.interrupts import Interrupted, stop_on_signals
 from ..basics.report import check_writable, check_writable_dir, read_report, write_json
 
 SCHEMA = "ckparity.attribution/1"
-# the seed's names of the kinds, as the flags say them (--ck-loss-backend: "loss")
-KINDS = {flag: flag.removeprefix("ck_").removesuffix("_backend") for flag in kernels.FLAGS}
+# a kind is a kernel record's name (--ck-loss-backend: "cross_entropy"): one vocabulary with check, the zoo and
+# the divergence's stage
+KINDS = kernels.FLAGS
 
 
 def variants(config: RunConfig) -> dict[str, dict[str, str]]:

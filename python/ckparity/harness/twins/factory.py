@@ -15,7 +15,7 @@ from ... import kernels, reference
 from . import init_from
 from . import ranked as ranks
 from . import precision
-from .models import Ops, build_model
+from .models import KERNEL_TAG, Ops, build_model
 from .stepper import Twin
 
 
@@ -31,7 +31,19 @@ def ops_for(config, side: str) -> Ops:
                       head_loss=partial(ops.head_loss, label_smoothing=config.label_smoothing) if ops.head_loss else None)
     if config.amp != "none" and side != "f64":  # the float64 twin runs without autocast
         ops = replace(ops, loss=precision.float_loss(ops.loss))
-    return ops
+    return replace(ops, **{slot: _tagging(name, getattr(ops, slot)) for slot, name in kernels.SLOTS.items()},
+                   head_loss=ops.head_loss and _tagging(kernels.SLOTS["loss"], ops.head_loss))
+
+
+def _tagging(kernel: str, fn):
+    """fn whose output names the kernel record it came out of (models.KERNEL_TAG): localization reads each
+    stage's kernel from its tensor, so no table of the models' stages exists beside the records."""
+    def call(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            setattr(out, KERNEL_TAG, kernel)
+        return out
+    return call
 
 
 def make_optimizer(config, side: str, params):

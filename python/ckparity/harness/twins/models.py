@@ -3,7 +3,8 @@ different ops (factory.build_twins copies the weights). Tokens are (B, T):
 B windows of T tokens.
 
 Every forward returns the activations of each stage by name, so that
-localization can compare the twins stage by stage."""
+localization can compare the twins stage by stage; each is the output of one
+slot, which names its kernel record (KERNEL_TAG)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+
+# the attribute of a slot's output that names its kernel record (factory.ops_for sets it): a stage's kernel
+KERNEL_TAG = "_ckparity_kernel"
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,6 @@ class RMSNormLayer(nn.Module):
 
 class TinyModel(nn.Module):
     """The seed's model: embedding, RMSNorm, Linear(D, 2H), SwiGLU, Linear(H, V)."""
-
-    STAGES = ("embedding", "rmsnorm", "fc1", "swiglu", "logits")
 
     def __init__(self, vocab: int, d_model: int, hidden: int, eps: float, ops: Ops) -> None:
         super().__init__()
