@@ -142,8 +142,7 @@ def test_the_harness_folders_import_downward_only():
     assert {folder(m) for m in graph} - {None} == set(HARNESS_ORDER)
     upward = [f"{m} imports {t}" for m, targets in graph.items() for t in targets
               if folder(m) and folder(t) and HARNESS_ORDER.index(folder(t)) > HARNESS_ORDER.index(folder(m))]
-    # the one exception: --init-from a checkpoint directory reads it in longrun's format (a lazy import)
-    assert upward == ["ckparity.harness.twins.init_from imports ckparity.harness.longrun.checkpoint"]
+    assert upward == []  # (--init-from a checkpoint directory reads it with basics/checkpoint_format.py)
 
 
 def test_every_module_has_a_layer():

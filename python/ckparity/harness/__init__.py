@@ -4,7 +4,7 @@ trained side by side from identical weights, compared step by step.
 Its rooms, each importing only the ones above it in this list (tests/test_spine.py holds the order):
 
 - ``basics/``: the run's config, its data, how tensors are compared, how
-  reports are written, the signals that stop a run (no twin in them);
+  reports are written, the signals that stop a run, the checkpoint format (no twin in them);
 - ``twins/``: the models and the twins built from them, every kind through
   ``build_twin(config, kind)`` (ck, torch, f64), the Twin that steps, the CK
   twin spread over torch.distributed ranks (``ranked``), ``--init-from``;

@@ -39,10 +39,8 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import random
-import re
 import shutil
 import tempfile
 from dataclasses import fields, replace
@@ -55,16 +53,10 @@ from ..basics.config import RunConfig, UsageError
 from ..twins.ranked import SINGLE, Ranks, agreed_min, barrier
 from ..twins.stepper import Twin
 from ..basics.report import TEMP_PREFIX, fsync, write_new
-from .directory import fsync_tree, sha256
+from ..basics.checkpoint_format import (CONFIG_VERSION, SCHEMA, is_step, latest, pack, read_manifest, read_state,
+                                        sha256, unshare)
+from .directory import fsync_tree
 
-SCHEMA = "ckparity.checkpoint/1"
-# [Note: a manifest's config version]
-# A manifest's config holds every RunConfig field. A key it lacks is refused by name (a hand-edited or
-# truncated manifest would otherwise resume with a default the run never had), unless the manifest's
-# config_version says the field did not exist yet when it was written: then its absence means the default,
-# which is what that ckparity did. CONFIG_ADDED: each field added since version 1, with its version.
-CONFIG_VERSION = 2
-CONFIG_ADDED = {"torch_threads": 2}
 RESUME_MAY_CHANGE = ("max_steps", "json_out", "no_progress", "checkpoint_every", "checkpoint_dir", "resume")
 DEFAULT_DIR = "reports/checkpoint"
 
@@ -110,54 +102,6 @@ def load_state(obj, state):
 
 # ---- how it is written: JSON with tensors by key --------------------------------
 
-def pack(value, key: str, tensors: dict):
-    if isinstance(value, torch.Tensor):
-        tensors[key] = value.detach()  # as it is: unshare() copies what safetensors cannot write so
-        return {"__tensor__": key}
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"__float__": repr(value)}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [pack(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
-        return items if isinstance(value, list) else {"__tuple__": items}
-    if isinstance(value, dict):
-        return {"__dict__": [[pack(k, f"{key}.k{i}", tensors), pack(v, f"{key}.{k}", tensors)]
-                             for i, (k, v) in enumerate(value.items())]}
-    raise TypeError(f"cannot checkpoint {key}: a {type(value).__name__}")
-
-
-def unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors as safetensors writes them: a copy of each that shares its
-    storage with one before it (tied weights) or is not contiguous; the others
-    as they are (a copy of every tensor cost a checkpoint as much as its write)."""
-    seen: set[int] = set()
-    out = {}
-    for key, t in tensors.items():
-        storage = t.untyped_storage()
-        whole = t.is_contiguous() and not t.storage_offset() and t.numel() * t.element_size() == storage.nbytes()
-        if storage.data_ptr() in seen or not whole:
-            out[key] = t.clone().contiguous()
-        else:
-            out[key] = t
-            seen.add(storage.data_ptr())
-    return out
-
-
-def unpack(value, tensors: dict):
-    if isinstance(value, list):
-        return [unpack(v, tensors) for v in value]
-    if isinstance(value, dict):
-        if "__tensor__" in value:
-            return tensors[value["__tensor__"]]
-        if "__float__" in value:
-            return float(value["__float__"])
-        if "__tuple__" in value:
-            return tuple(unpack(v, tensors) for v in value["__tuple__"])
-        return {unpack(k, tensors): unpack(v, tensors) for k, v in value["__dict__"]}
-    return value
-
-
 def _rng_state() -> dict:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
@@ -199,10 +143,6 @@ def environment(config: RunConfig) -> dict:
             "torch_threads": config.torch_threads or config.threads or torch.get_num_threads()}
 
 
-def _is_step(name: str) -> bool:
-    return bool(re.fullmatch(r"step-\d{9}", name))
-
-
 def save(directory: str, step: int, config: RunConfig, components: dict, ranks: Ranks = SINGLE) -> Path:
     """Writes the checkpoint of the end of ``step`` (atomically, fsynced) and returns its directory."""
     from safetensors.torch import save_file
@@ -234,85 +174,9 @@ def save(directory: str, step: int, config: RunConfig, components: dict, ranks: 
     write_new(root / "latest", final.name)
     barrier(ranks)  # every rank names step N before any removes the step before
     for old in root.iterdir():
-        if _is_step(old.name) and old != final and old.is_dir() and not old.is_symlink():
+        if is_step(old.name) and old != final and old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _latest(directory: str, ranks: Ranks | None = None) -> Path:
-    """The latest checkpoint of ``directory`` (of rank 0's, by default, in a --tp/--dp one)."""
-    root = Path(directory)
-    if ranks is not None:
-        root = _root(directory, ranks)
-    elif not (root / "latest").is_file() and (root / "rank-0" / "latest").is_file():
-        root = root / "rank-0"
-    if not (root / "latest").is_file():
-        raise UsageError(f"--resume {directory}: no checkpoint there (no 'latest' file)")
-    name = (root / "latest").read_text(errors="replace").strip()
-    if not _is_step(name):  # never a path out of the directory
-        raise UsageError(f"--resume {directory}: 'latest' names {name[:80]!r}, not a step of this directory")
-    path = root / name
-    if not (path / "checkpoint.json").is_file():
-        raise UsageError(f"--resume {directory}: 'latest' names {path.name}, which is not a checkpoint")
-    return path
-
-
-def _manifest(path: Path, what: str) -> dict:
-    """The checkpoint's manifest, checked: JSON, schema, its step that of its directory, a known config."""
-    file = path / "checkpoint.json"
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise UsageError(f"{what}: {file} is not a readable checkpoint manifest ({type(err).__name__}: "
-                         f"{str(err)[:120]})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        schema = manifest.get("schema") if isinstance(manifest, dict) else None
-        raise UsageError(f"{what}: {file}: schema {schema!r}, expected {SCHEMA}")
-    missing = [k for k in ("step", "config", "state") if k not in manifest]
-    if missing:
-        raise UsageError(f"{what}: {file} lacks {', '.join(missing)}")
-    step = manifest["step"]
-    if not isinstance(step, int) or f"step-{step:09d}" != path.name:
-        raise UsageError(f"{what}: {file} says step {manifest['step']!r}, its directory is {path.name}")
-    unknown = sorted(set(manifest["config"]) - {f.name for f in fields(RunConfig)}) \
-        if isinstance(manifest["config"], dict) else ["(not a mapping)"]
-    if unknown:
-        raise UsageError(f"{what}: {file}: config keys this ckparity does not know: {', '.join(unknown)}")
-    version = manifest.get("config_version", 1)  # the manifests before config_version: 1
-    if not isinstance(version, int) or not 1 <= version <= CONFIG_VERSION:
-        raise UsageError(f"{what}: {file}: config_version {version!r}, this ckparity writes 1..{CONFIG_VERSION}")
-    absent = [f.name for f in fields(RunConfig) if f.name not in manifest["config"]]
-    lacking = [name for name in absent if CONFIG_ADDED.get(name, 1) <= version]
-    if lacking:
-        raise UsageError(f"{what}: {file}: its config lacks {', '.join(lacking)} (a config of version {version} "
-                         "holds every field; a resume will not guess a value the run may not have had)")
-    manifest["config"].update({name: RunConfig.__dataclass_fields__[name].default for name in absent})
-    kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "str | None": (str, type(None))}
-    for f in fields(RunConfig):
-        value = manifest["config"][f.name]
-        if not isinstance(value, kinds[f.type]) or (isinstance(value, bool) and f.type != "bool"):
-            raise UsageError(f"{what}: {file}: config {f.name} = {value!r} is not a {f.type}")
-    return manifest
-
-
-def _state(path: Path, manifest: dict) -> dict:
-    """The checkpoint's state, its tensors checked against the manifest's checksum first: a flipped
-    byte is an input error naming the file, never a parity failure blamed on a kernel."""
-    from safetensors.torch import load_file
-
-    file = path / "tensors.safetensors"
-    if not file.is_file():
-        raise UsageError(f"{path}: no tensors.safetensors")
-    expected = manifest.get("tensors_sha256")
-    if expected is not None and sha256(file) != expected:
-        raise UsageError(f"{file}: its SHA-256 is not the one its checkpoint.json recorded (the file changed "
-                         "after it was written: bit rot, a partial copy, an edit)")
-    try:
-        tensors = load_file(str(file))
-        return unpack(manifest["state"], tensors)
-    except Exception as err:  # noqa: BLE001 -- safetensors' errors, a missing key: the file, not the run
-        raise UsageError(f"{file}: not the tensors of {path / 'checkpoint.json'} ({type(err).__name__}: "
-                         f"{str(err)[:120]})") from None
 
 
 def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunConfig:
@@ -324,8 +188,8 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
     a value other than the default counts as given. A checkpoint written by
     another ckparity or torch, or at another CPU capability, is refused: a
     resume could not repeat the uninterrupted run's bits."""
-    path = _latest(given.resume)
-    manifest = _manifest(path, f"--resume {given.resume}")
+    path = latest(given.resume)
+    manifest = read_manifest(path, f"--resume {given.resume}")
     saved = manifest["config"]
 
     def was_given(f) -> bool:
@@ -365,35 +229,26 @@ def resume_config(given: RunConfig, flags: frozenset[str] | None = None) -> RunC
 def resumed_from(config: RunConfig) -> dict:
     """What the report says of a resume: the checkpoint it went on from, and
     the flags that may change that did (the checkpoint's value, this run's)."""
-    path = _latest(config.resume)
-    manifest = _manifest(path, f"--resume {config.resume}")
+    path = latest(config.resume)
+    manifest = read_manifest(path, f"--resume {config.resume}")
     saved = manifest["config"]
     return {"directory": config.resume, "step": manifest["step"],
             "changed": {name: [saved.get(name), getattr(config, name)] for name in RESUME_MAY_CHANGE
                         if name != "resume" and saved.get(name) != getattr(config, name)}}
 
 
-def twin_weights(directory: str, twin: str = "torch") -> dict[str, torch.Tensor]:
-    """A twin's model weights at the latest checkpoint of ``directory`` (rank
-    0's in a --tp/--dp one, whose torch twin is whole): what --init-from takes
-    from a checkpoint directory."""
-    path = _latest(directory)
-    state = _state(path, _manifest(path, directory))
-    return dict(state["components"][twin]["model"])
-
-
 def restore(directory: str, components: dict, ranks: Ranks = SINGLE) -> int:
     """Loads the latest checkpoint of ``directory`` into ``components`` (built
     as for a fresh run) and the RNGs; returns the step it was written after.
     The ranks of a --tp/--dp run take the newest step all of them hold."""
-    path = _latest(directory, ranks)
+    path = latest(directory, _root(directory, ranks))
     step = agreed_min(ranks, int(path.name.split("-")[1]))
     path = path.parent / f"step-{step:09d}"
     if not (path / "checkpoint.json").is_file():
         raise UsageError(f"--resume {directory}: rank {ranks.rank} does not hold step {step}, the newest step "
                          "every rank's latest reaches")
-    manifest = _manifest(path, f"--resume {directory}")
-    state = _state(path, manifest)
+    manifest = read_manifest(path, f"--resume {directory}")
+    state = read_state(path, manifest)
     try:
         for name, component in components.items():
             if component is not None:

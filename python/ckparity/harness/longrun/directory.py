@@ -18,7 +18,6 @@ before anything names them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -109,14 +108,6 @@ def check_dump_dir(directory: str) -> None:
     if entries and sorted(entries) != ["dump.json", "tensors.safetensors"]:
         raise UsageError(f"--dump-dir {directory} holds other files than a step dump's "
                          f"({', '.join(entries)[:200]}); choose an empty or new directory")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fsync_tree(directory: Path) -> None:

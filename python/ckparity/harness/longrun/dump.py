@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import pack, state_of, unpack, unshare
+from ..basics.checkpoint_format import pack, sha256, unpack, unshare
+from .checkpoint import state_of
 from ..basics.config import RunConfig, UsageError
 from ..observers.localize import stage_rows
 from ..observers.protocol import Observer
 from ..basics.report import TEMP_PREFIX, fsync, write_new
-from .directory import sha256
 from ..twins.factory import build_twin
 
 SCHEMA = "ckparity.dump/1"

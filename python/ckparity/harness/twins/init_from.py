@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import torch
 
+from ..basics.checkpoint_format import twin_weights
 from ..basics.config import UsageError
 
 _HF_LLAMA = [
@@ -47,8 +48,6 @@ _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
 def _read(path: str) -> dict[str, torch.Tensor]:
     if os.path.isdir(path):
-        from ..longrun.checkpoint import twin_weights
-
         return twin_weights(path)
     try:
         if path.endswith(".safetensors"):
