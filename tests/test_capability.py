@@ -65,6 +65,9 @@ def test_sweep_is_bit_identical_at(capability, dtype):
         kernel, quantities = claim.key, claim.quantities
         swept = result["kernels"][kernel]
         assert sorted(swept) == sorted(quantities), f"{kernel}: the sweep and the record's claim name other quantities"
+        if kernel in result["not_claimed_here"]:  # a condition beyond the capability fails here (MKL's branch)
+            assert claim.holds is not None and result["not_claimed_here"][kernel]
+            continue
         for quantity in quantities:
             figures = swept[quantity]
             assert figures["swept"] >= 300, f"{kernel}.{quantity}: only {figures['swept']} cases swept"

@@ -14,11 +14,12 @@ one it knows: ``capability()`` says so, and no bit-identity is claimed.
 
 from __future__ import annotations
 
+import functools
 import platform
 
 import torch
 
-from ._native import check, ffi, lib
+from ._native import check, lib
 
 # The order is ckp_capability's: DEFAULT = 0, AVX2 = 1, AVX512 = 2.
 CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
@@ -52,3 +53,50 @@ def follow_torch() -> None:
     name = torch_capability()
     if _X86 and name in CAPABILITIES:
         check(lib.ckp_set_capability(CAPABILITIES.index(name)), "ckp_set_capability")
+
+
+# [Note: MKL's branch]
+# torch's float32 matmul is MKL's sgemm, whose order ckparity's C linear follows (csrc/linear.c) on the
+# branch it was measured on: MKL's AVX-512 code. MKL picks its branch from the CPU, not from torch's
+# capability (ATEN_CPU_CAPABILITY does not move it); MKL_CBWR (Conditional Numerical Reproducibility)
+# and MKL_ENABLE_INSTRUCTIONS pin a lower one (MKL_CBWR=AVX2 takes the AVX2 code, which blocks K
+# otherwise). The branch is read from those variables and the CPU's flags, as MKL reads them.
+MODELLED_MKL_BRANCHES = ("AVX512",)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return set()
+
+
+def mkl_branch() -> str:
+    """The code branch MKL's sgemm takes in this process: AVX512, AVX2, or what MKL_CBWR or
+    MKL_ENABLE_INSTRUCTIONS names (e.g. COMPATIBLE, SSE4_2); "none" without MKL or off x86."""
+    if not (_X86 and torch.backends.mkl.is_available()):
+        return "none"
+    import os
+
+    for variable in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS"):
+        pinned = os.environ.get(variable, "").split(",")[0].strip().upper()
+        if pinned and pinned not in ("AUTO", "AVX512", "AVX512_E1", "AVX512_E2", "AVX512_E3", "AVX512_E4"):
+            return pinned
+    flags = _cpu_flags()
+    return "AVX512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= flags else "SSE"
+
+
+@functools.lru_cache(maxsize=1)
+def mkl_version() -> str:
+    """MKL's version string as the library in torch's process reports it ("" if none is found)."""
+    import ctypes
+    import os
+
+    try:
+        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        buffer = ctypes.create_string_buffer(256)
+        library.MKL_Get_Version_String(buffer, len(buffer))
+        return buffer.value.decode(errors="replace").strip()
+    except (OSError, AttributeError):
+        return ""

@@ -47,13 +47,16 @@ def run(keys=None, seed: int = 0, dtype: str = "float32") -> dict:
     """The sweep of the ``dtype`` claims ``keys`` (default: all, and the layouts sweep) at this
     process's capability."""
     known = claims(dtype)
-    results = {}
+    results, not_here = {}, {}
     for key in keys or known:
         tally = Tally()
         known[key].sweep(tally, torch.Generator().manual_seed(seed))
         results[key] = tally.result()
+        reason = known[key].reason_not_here()
+        if reason:  # swept and reported all the same: the figures say how far off the claim is here
+            not_here[key] = reason
     report = {"schema": "ckparity.sweep/1", "capability": cpu.capability(), "torch": torch.__version__,
-              "dtype": dtype, "kernels": results}
+              "mkl_branch": cpu.mkl_branch(), "dtype": dtype, "kernels": results, "not_claimed_here": not_here}
     if keys is None:
         report["layouts"] = layouts(dtype, seed)
     return report

@@ -140,7 +140,7 @@ def contract(record, fn) -> Property:
 def widths(kernel_slot, fn, torch_fn, g, dtype=torch.float32) -> Property:
     prop = Property("widths")
     for width in kernel_slot.widths:
-        for rows in ROWS:
+        for rows in kernel_slot.rows or ROWS:
             run_case(prop, f"width={width},rows={rows}", _slot_case(kernel_slot, kernel_slot.make(width, rows, g)),
                      fn, torch_fn, dtype=dtype)
     return prop

@@ -1,17 +1,26 @@
 """linear: F.linear(x, weight, bias) -- every projection of the twins (fc1,
-fc2, q/k/v/o) and the lm_head. A slot with torch's backend alone so far: a
-user's GEMM is judged here ("as accurate as torch" unless bitwise) until
-ckparity's own C follows torch's matmul."""
+fc2, q/k/v/o) and the lm_head. Its C backend (csrc/linear.c) follows MKL's
+one-thread sgemm on MKL's AVX-512 branch ([Note: MKL's sgemm order]): bit for
+bit with torch's F.linear, its dX and dW, and its dbias there, where each of
+the three GEMMs has 16 rows or more and 2 columns or more (MKL's skinny and
+gemv paths, M < 16 or one column, take other orders). A user's GEMM is judged
+here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .. import cpu
+from ..ops.linear import gemm, linear
+from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
-from .record import WIDTHS, BadInput, Conformance, Kernel
+from .layouts import LayoutCase
+from .probing import out
+from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
+from .sweeping import Tally, grad_run, torch_threads
 
-OUT = 7  # the conformance cases' output width (an odd one: no vector multiple)
+OUT = 17  # the conformance cases' output width: odd (no vector multiple), and dW's 16 rows or more (followed)
 
 
 def _contract(fn) -> None:
@@ -43,17 +52,123 @@ def _opinfo_sample(s):
 
 
 
+def _mkl_followed() -> str | None:
+    """None where torch's sgemm is the order csrc/linear.c follows (MKL's AVX-512 branch), else why not."""
+    branch = cpu.mkl_branch()
+    if branch in cpu.MODELLED_MKL_BRANCHES:
+        return None
+    return f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only {cpu.MODELLED_MKL_BRANCHES})"
+
+
+# every K block rule's edges (384 and its multiples, the shared remainder, odd tails) and the twins' shapes
+LARGE_K = (383, 384, 385, 511, 767, 768, 769, 1000, 1151, 1152, 1153, 1537, 2047, 4097)
+TWIN_SHAPES = ((512, 64, 256), (512, 128, 64), (256, 32, 96), (256, 48, 32), (256, 32, 64), (1024, 256, 1024))
+
+
+def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, bias: bool = False,
+          special: bool = False) -> None:
+    x = torch.randn(M, K, generator=g).requires_grad_(True)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).requires_grad_(True)
+    if special:  # NaN, inf and -inf in rows of x, and a zero row: the chains carry them as torch's do
+        with torch.no_grad():
+            x[0, K // 2], x[1, 0], x[2, K - 1], x[3] = float("nan"), float("inf"), float("-inf"), 0.0
+    inputs = [x, w] + ([torch.randn(N, generator=g).requires_grad_(True)] if bias else [])
+    up = torch.randn(M, N, generator=g)
+    ours = grad_run(linear, inputs, up)
+    with torch_threads(1):
+        theirs = grad_run(F.linear, inputs, up)
+    for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+        tally.add(q, label, a, b)
+
+
+def sweep(tally: Tally, g: torch.Generator) -> None:
+    """y, dx, dweight and dbias against F.linear on one torch thread: K over every width from 2 (K = 1 makes
+    dX one column: MKL's gemv) and the large ones and block edges, below and from 192 columns, M over
+    16..300, N over 16..300, the twins' shapes, a bias, non-finite rows."""
+    for K in [k for k in WIDTHS if k >= 2] + list(LARGE_K):
+        _case(tally, f"M=17 K={K} N=33", 17, K, 33, g, bias=K % 7 == 0)
+    for M in range(16, 301):
+        _case(tally, f"M={M} K=385 N=19", M, 385, 19, g, bias=M % 5 == 0)
+    for N in range(16, 301):
+        _case(tally, f"M=20 K=97 N={N}", 20, 97, N, g, bias=N % 3 == 0)
+    for K in LARGE_K:  # from 192 columns on, a K over 768 ends in its remainder alone (csrc/linear.c)
+        _case(tally, f"M=16 K={K} N=200", 16, K, 200, g)
+    for N in range(184, 200):
+        _case(tally, f"M=16 K=1000 N={N}", 16, 1000, N, g)
+    for M, K, N in TWIN_SHAPES:
+        _case(tally, f"twins M={M} K={K} N={N}", M, K, N, g, bias=True)
+    for K in (7, 384, 1000):
+        _case(tally, f"non-finite rows M=24 K={K} N=40", 24, K, 40, g, special=True)
+
+
+def _layout_cases(g):
+    """x 2-D and 3-D (transposed: taken by its strides), the weight, the bias; 0 rows."""
+    for label, shape in (("(20, 37)", (20, 37)), ("(2, 9, 37)", (2, 9, 37)), ("(0, 37)", (0, 37))):
+        yield LayoutCase(f"x {label}, weight (17, 37), bias", linear, F.linear,
+                         lambda f, t: f(t["x"], t["weight"], t["bias"]), ("x", "weight", "bias"),
+                         {"x": torch.randn(shape, generator=g), "weight": torch.randn(17, 37, generator=g),
+                          "bias": torch.randn(17, generator=g)}, claim="linear")
+
+
+def _probe(g: torch.Generator):
+    for M, K, N in ((16, 5, 17), (33, 385, 40), (100, 1000, 70), (13, 64, 3)):
+        x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+
+        def run(L, fill, x=x, w=w, b=b):
+            y, y_bias, dx = out((x.shape[0], w.shape[0]), fill), out((x.shape[0], w.shape[0]), fill), out(x, fill)
+            gemm(x, w.t(), y, library=L)
+            gemm(x, w.t(), y_bias, b, library=L)
+            gemm(y, w, dx, library=L)  # a dX: the weight read as it lies
+            return y, y_bias, dx
+        yield f"linear M={M} K={K} N={N}", run
+
+
+def _entry() -> CEntry:
+    def call(L, p, s):
+        return L.ckp_gemm(p["a"], s["K"], 1, p["b"], 1, s["K"], s["M"], s["K"], s["N"], p["bias"], p["c"])
+    return CEntry("gemm", (CBuffer("a", "f", lambda s: s["M"] * s["K"]), CBuffer("b", "f", lambda s: s["N"] * s["K"]),
+                           CBuffer("bias", "f", lambda s: s["N"]), CBuffer("c", "f", lambda s: s["M"] * s["N"], True)),
+                  {"M": 3, "K": 4, "N": 5}, call)
+
+
+def _dbias_entry() -> CEntry:
+    return CEntry("linear_dbias", (CBuffer("dy", "f", lambda s: s["M"] * s["N"]),
+                                   CBuffer("dbias", "f", lambda s: s["N"], True)),
+                  {"M": 3, "N": 5}, lambda L, p, s: L.ckp_linear_dbias(p["dy"], s["M"], s["N"], p["dbias"], 1))
+
+
+def _bench(g: torch.Generator, select):
+    for M, K, N in ((512, 64, 256), (2048, 4096, 4096)):
+        shape = f"M={M},K={K},N={N}"
+        if select("linear", shape):
+            x, w = torch.randn(M, K, generator=g).requires_grad_(True), torch.randn(N, K, generator=g)
+            y = torch.empty(M, N)
+            # forward reads x and W and writes y; backward reads dy, W and x, writes dx and dW
+            yield Case("linear", shape, fwd_bwd(linear, x, w), fwd_bwd(F.linear, x, w),
+                       4 * (2 * M * K + 2 * N * K + 2 * M * N), lambda: gemm(x.detach(), w.t(), y),
+                       compiled=compiled_fwd_bwd(F.linear, x, w), once=M * N * K > 1 << 30)
+
+
 KERNEL = Kernel(
     name="linear",
     flag="ck_linear_backend",
     slot="linear",
     spellings=("gemm", "matmul"),
     # the twins' slot: (x (..., K), weight (OUT, K), bias (OUT) or None) -> (..., OUT), F.linear's contract
-    backends={"torch": F.linear},
+    backends={"c": linear, "torch": F.linear},
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["x"], t["weight"]), differentiated=("x", "weight"), widths=WIDTHS,
+        rows=(3, 17),  # 3: MKL's skinny path (not followed: as accurate); 17: followed
         bad=_BAD, options=(("bias", lambda f, t: f(t["x"], t["weight"], t["bias"]), ("x", "weight", "bias")),),
         opinfo=("nn.functional.linear", _opinfo_sample)),
-    not_claimed={"linear": "no C kernel yet: torch's backend, and a user's judged against it"},
+    claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=_mkl_followed,
+                  condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of 16+ rows and 2+ columns"),),
+    not_claimed={"linear": "torch at 2 threads (MKL splits K between them for some shapes: K 769..1536 of small "
+                           "M x N as two halves, larger ones otherwise), MKL's skinny (M < 16) and gemv (one column) "
+                           "paths, MKL's AVX2 branch (K in blocks of 192), bfloat16 (oneDNN): as accurate as torch"},
+    probe=_probe,
+    layouts=_layout_cases,
+    bench=_bench,
+    c_entries=(_entry(), _dbias_entry()),
 )

@@ -47,6 +47,7 @@ class Conformance:
     options: tuple[tuple[str, Callable, tuple[str, ...]], ...] = ()
     opinfo: tuple[str, Callable] | None = None
     batch_widths: tuple[int, ...] | None = None  # batch_invariance's widths, where not check's own
+    rows: tuple[int, ...] | None = None  # the widths property's row counts, where not check's own (1 and 3)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ class Claim:
     sweep: Callable
     dtype: str = "float32"
     capabilities: tuple[str, ...] = CAPABILITIES
+    # where the claim rests on more than torch's capability (linear: MKL's branch): () -> None where it holds
+    # in this process, else why not (the sweep still runs and reports its figures, as not claimed here)
+    holds: Callable[[], str | None] | None = None
+    condition: str = ""  # that condition in words, for the docs' table
+
+    def reason_not_here(self) -> str | None:
+        return self.holds() if self.holds else None
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ def bit_identical(dtype: str = "float32") -> dict[str, list[str]]:
     if not cpu.matched():
         return {}
     capability = cpu.torch_capability()
-    return {c.key: list(c.quantities) for c in claims(dtype) if capability in c.capabilities}
+    return {c.key: list(c.quantities) for c in claims(dtype)
+            if capability in c.capabilities and c.reason_not_here() is None}
 
 
 def not_bit_identical() -> dict[str, str]:
@@ -56,8 +57,8 @@ def table() -> str:
             "|---|---|---|---|---|"]
     for k in KERNELS.values():
         flag = "--" + k.flag.replace("_", "-")
-        claims = "; ".join(f"`{c.key}`: {', '.join(c.quantities)} ({c.dtype}: {', '.join(c.capabilities)})"
-                           for c in k.claims) or "-"
+        claims = "; ".join(f"`{c.key}`: {', '.join(c.quantities)} ({c.dtype}: {', '.join(c.capabilities)}"
+                           f"{'; ' + c.condition if c.condition else ''})" for c in k.claims) or "-"
         not_claimed = "; ".join(f"{what}: {why}" for what, why in k.not_claimed.items()) or "-"
         rows.append(f"| `{k.name}` | `{flag}` | {', '.join(k.builtin)} | {claims} | {not_claimed} |")
     return "\n".join(rows)

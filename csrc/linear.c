@@ -1,0 +1,253 @@
+/*
+ * linear.c — C = A·B (+ bias), float32, in the order of MKL's sgemm as torch 2.13's
+ * wheel runs it on one thread on its AVX-512 branch ([Note: MKL's sgemm order]).
+ *
+ * [Note: MKL's sgemm order]
+ * Measured (torch 2.13, MKL 2024.2, AMD Zen 4 and Intel Xeon, one thread):
+ *   - K is cut into blocks of 384; a remainder r > 0 makes the last two blocks
+ *     share 384 + r, the larger half first (K = 512: 256 + 256; K = 1000:
+ *     384 + 308 + 308; K <= 384: one block) -- where C has fewer than 192
+ *     columns, or K <= 768; from 192 columns on, a K over 768 ends in the
+ *     remainder as a block of its own (K = 1000: 384 + 384 + 232);
+ *   - each block is an in-order chain acc = fma(a[m,k], b[k,n], acc) from 0;
+ *   - the blocks' results are added left to right, C = acc0, C += acc1, ...;
+ *   - with a bias (addmm, beta 1), C starts as the bias and every block's result is added to it:
+ *     ((bias + acc0) + acc1) + ... (with one block, bias + acc0: the same as the product plus the bias).
+ * That is what a Goto-style GEMM computes with a K panel of the block's depth and k innermost in its
+ * micro-kernel, so following it costs no speed: B's block packed into panels of NR columns, A's rows
+ * into panels of MR, a register tile of MR x NR accumulators per (row panel, column panel) from 0
+ * over the block's k, stored (first block) or added (the others) into C.
+ * Every element's chain is its own: the tile sizes, the vector width and the thread split (over row
+ * blocks and column panels, never over K) change no bit.
+ * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads), M = 1 (MKL's
+ * gemv path), MKL's AVX2 branch (other blocks). ckparity.kernels.linear says which.
+ *
+ * Operands by strides (transposes without copies): A[m,k] at a[m*a_rs + k*a_cs], B[k,n] at
+ * b[k*b_rs + n*b_cs]; C is M x N, row-major. F.linear's y = x·Wᵀ is A = x, B = Wᵀ (b_rs 1,
+ * b_cs K); its dX = dY·W and dW = dYᵀ·X are the same GEMM on other strides.
+ */
+#include "aten_sum.h"
+#include "ckp_internal.h"
+#include "vec.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { KBLOCK = 384, MC = 240, NC = 2048 };
+
+/* The K blocks of a C of N columns: block b of nb is [start, start + size) (see the Note). */
+enum { WIDE_N = 192 };
+
+static int64_t k_blocks(int64_t K) { return K <= KBLOCK ? 1 : (K + KBLOCK - 1) / KBLOCK; }
+
+static void k_block(int64_t K, int64_t N, int64_t b, int64_t *start, int64_t *size) {
+    int64_t nb = k_blocks(K), r = K % KBLOCK;
+    if (nb == 1) {
+        *start = 0, *size = K;
+        return;
+    }
+    if (r == 0 || b < nb - 2 || (N >= WIDE_N && nb > 2 && b == nb - 2)) {
+        *start = b * KBLOCK, *size = KBLOCK;
+        return;
+    }
+    if (N >= WIDE_N && nb > 2) { /* the remainder alone */
+        *start = (nb - 1) * KBLOCK, *size = r;
+        return;
+    }
+    int64_t shared = KBLOCK + r, first = (shared + 1) / 2; /* the larger half first */
+    *start = (nb - 2) * KBLOCK + (b == nb - 2 ? 0 : first);
+    *size = b == nb - 2 ? first : shared - first;
+}
+
+/* ---- the register tiles ------------------------------------------------------------------------ */
+/* A tile of MR rows x NR columns (two vectors): acc from 0 over the kb steps of packed A (kb x MR) and
+ * packed B (kb x NR), one FMA per (row, vector) a step -- each lane's chain in k order -- then stored
+ * into C (first) or added to it, rows < mr and columns < nr only. The lanes and the tile size change
+ * no bit (every element is its own chain); they are the CPU's: 16 lanes x 12 rows with AVX-512 (24
+ * accumulators of its 32 registers), 8 x 6 with AVX2 (12 of 16). */
+#define LINEAR_DEFINE_TILE(NAME, TARGET, VEC, LANES, MR, SET1, LOAD, STORE, ADD, FMA, ZERO)                 \
+    __attribute__((target(TARGET))) static void NAME(int64_t kb, const float *ap, const float *bp, float *c, \
+                                                   int64_t ldc, int64_t mr, int64_t nr, int first) {        \
+        VEC acc[MR][2];                                                                                     \
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = ZERO();                                        \
+        for (int64_t k = 0; k < kb; k++, ap += MR, bp += 2 * LANES) {                                       \
+            VEC b0 = LOAD(bp), b1 = LOAD(bp + LANES);                                                       \
+            for (int i = 0; i < MR; i++) {                                                                  \
+                VEC a = SET1(ap[i]);                                                                        \
+                acc[i][0] = FMA(a, b0, acc[i][0]);                                                          \
+                acc[i][1] = FMA(a, b1, acc[i][1]);                                                          \
+            }                                                                                               \
+        }                                                                                                   \
+        if (mr == MR && nr == 2 * LANES) {                                                                  \
+            for (int i = 0; i < MR; i++)                                                                    \
+                for (int v = 0; v < 2; v++) {                                                               \
+                    float *at = c + i * ldc + v * LANES;                                                    \
+                    STORE(at, first ? acc[i][v] : ADD(LOAD(at), acc[i][v]));                                \
+                }                                                                                           \
+            return;                                                                                         \
+        }                                                                                                   \
+        float out[MR][2 * LANES];                                                                           \
+        for (int i = 0; i < MR; i++)                                                                        \
+            for (int v = 0; v < 2; v++) STORE(&out[i][v * LANES], acc[i][v]);                               \
+        for (int64_t i = 0; i < mr; i++)                                                                    \
+            for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = first ? out[i][j] : c[i * ldc + j] + out[i][j]; \
+    }
+
+LINEAR_DEFINE_TILE(tile16, "avx512f,fma", __m512, 16, 12, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                   _mm512_add_ps, _mm512_fmadd_ps, _mm512_setzero_ps)
+LINEAR_DEFINE_TILE(tile8, "avx2,fma", __m256, 8, 6, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                   _mm256_add_ps, _mm256_fmadd_ps, _mm256_setzero_ps)
+
+/* Any other x86-64 (no FMA instruction): the same chains, fmaf in software. */
+static void tile_scalar(int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t mr,
+                        int64_t nr, int first) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < kb; k++) acc = fmaf(ap[k * 4 + i], bp[k * 8 + j], acc);
+            c[i * ldc + j] = first ? acc : c[i * ldc + j] + acc;
+        }
+}
+
+typedef void (*tile_fn)(int64_t, const float *, const float *, float *, int64_t, int64_t, int64_t, int);
+
+typedef struct {
+    tile_fn tile;
+    int64_t mr, nr;
+} tiling;
+
+static tiling tiling_for_cpu(void) {
+    if (__builtin_cpu_supports("avx512f")) return (tiling){tile16, 12, 32};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (tiling){tile8, 6, 16};
+    return (tiling){tile_scalar, 4, 8};
+}
+
+/* ---- packing ----------------------------------------------------------------------------------- */
+/* B's rows [k0, k0 + kb), columns [n0, n0 + nc) as panels of nr columns, zero past N. */
+static void pack_b(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
+                   int64_t N, int64_t nr, float *bp) {
+    for (int64_t p = 0; p < nc; p += nr)
+        for (int64_t k = 0; k < kb; k++)
+            for (int64_t j = 0; j < nr; j++) {
+                int64_t n = n0 + p + j;
+                *bp++ = n < N && p + j < nc ? b[(k0 + k) * b_rs + n * b_cs] : 0.0f;
+            }
+}
+
+/* A's rows [m0, m0 + mc), columns [k0, k0 + kb) as panels of mr rows, zero past M. */
+static void pack_a(const float *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t k0, int64_t kb,
+                   int64_t M, int64_t mr, float *ap) {
+    for (int64_t q = 0; q < mc; q += mr)
+        for (int64_t k = 0; k < kb; k++)
+            for (int64_t i = 0; i < mr; i++) {
+                int64_t m = m0 + q + i;
+                *ap++ = m < M && q + i < mc ? a[m * a_rs + (k0 + k) * a_cs] : 0.0f;
+            }
+}
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
+                    int64_t M, int64_t K, int64_t N, const float *bias, float *c) {
+    if (a == NULL || b == NULL || c == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a, b and c must not be NULL");
+    if (M <= 0 || K <= 0 || N <= 0 || M > INT32_MAX || K > INT32_MAX || N > INT32_MAX ||
+        M > INT64_MAX / 4 / N)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "M, K and N must be positive, got M=%lld K=%lld N=%lld", (long long)M,
+                        (long long)K, (long long)N);
+    if (a_rs < 0 || a_cs < 0 || b_rs < 0 || b_cs < 0)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "strides must not be negative");
+    size_t c_bytes = (size_t)(M * N) * sizeof(float);
+    /* the extent each operand's strides reach: an output over any of it is refused */
+    size_t a_bytes = (size_t)((M - 1) * a_rs + (K - 1) * a_cs + 1) * sizeof(float);
+    size_t b_bytes = (size_t)((K - 1) * b_rs + (N - 1) * b_cs + 1) * sizeof(float);
+    if (ckp_overlaps(c, c_bytes, a, a_bytes) || ckp_overlaps(c, c_bytes, b, b_bytes) ||
+        (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(float))))
+        return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or the bias");
+    const tiling t = tiling_for_cpu();
+    const int64_t nc_max = round_up(N < NC ? N : NC, t.nr), mc_max = round_up(M < MC ? M : MC, t.mr);
+    const int threads = ckp_threads();
+    float *bp = aligned_alloc(64, (size_t)round_up(KBLOCK * nc_max * 4, 64));
+    float *ap = aligned_alloc(64, (size_t)threads * (size_t)round_up(KBLOCK * mc_max * 4, 64));
+    if (bp == NULL || ap == NULL) {
+        free(bp);
+        free(ap);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm: no memory for the packed panels");
+    }
+    ckp_clear_error();
+    if (bias != NULL)
+        for (int64_t m = 0; m < M; m++) memcpy(c + m * N, bias, (size_t)N * sizeof(float));
+    const int64_t a_stride = round_up(KBLOCK * mc_max, 16);
+    for (int64_t n0 = 0; n0 < N; n0 += NC) {
+        const int64_t nc = N - n0 < NC ? N - n0 : NC, npanels = (nc + t.nr - 1) / t.nr;
+        for (int64_t blk = 0; blk < k_blocks(K); blk++) {
+            int64_t k0, kb;
+            k_block(K, N, blk, &k0, &kb);
+            pack_b(b, b_rs, b_cs, k0, kb, n0, nc, N, t.nr, bp);
+            const int64_t mblocks = (M + MC - 1) / MC;
+            /* threads over row blocks; a single row block's column panels over threads instead */
+#pragma omp parallel num_threads(threads) if (M * nc * kb >= 65536)
+            {
+                int me = omp_get_thread_num(), team = omp_get_num_threads();
+                float *mine = ap + (size_t)me * (size_t)a_stride;
+                for (int64_t mb = 0; mb < mblocks; mb++) {
+                    const int64_t m0 = mb * MC, mc = M - m0 < MC ? M - m0 : MC;
+                    int own_rows = mblocks >= team;
+                    if (own_rows && mb % team != me) continue;
+                    pack_a(a, a_rs, a_cs, m0, mc, k0, kb, M, t.mr, mine);
+                    for (int64_t p = own_rows ? 0 : me; p < npanels; p += own_rows ? 1 : team) {
+                        const int64_t nr = nc - p * t.nr < t.nr ? nc - p * t.nr : t.nr;
+                        for (int64_t q = 0; q < mc; q += t.mr)
+                            t.tile(kb, mine + q * kb, bp + p * t.nr * kb, c + (m0 + q) * N + n0 + p * t.nr, N,
+                                   mc - q < t.mr ? mc - q : t.mr, nr, blk == 0 && bias == NULL);
+                    }
+                }
+            }
+        }
+    }
+    free(bp);
+    free(ap);
+    return CKP_OK;
+}
+
+/* ---- the bias's gradient: dY summed over its rows, in torch.sum's order ------------------------- */
+/* dY's column first + k at row i. */
+typedef struct {
+    const float *dy;
+    int64_t N, first;
+} dy_columns;
+
+static float dy_at(const void *ctx, int64_t i, int64_t k) {
+    const dy_columns *c = ctx;
+    return c->dy[i * c->N + c->first + k];
+}
+
+static float dy_inner(void *ctx, int64_t i) { return dy_at(ctx, i, 0); }
+
+/* autograd's dbias is dY.sum(0) over a contiguous (M, N): ATen's outer sums ([Note: ATen's summation
+ * order], aten_sum.h) -- one cascade per column over the rows for the columns in whole blocks of 32
+ * (from 8 columns on; groups of 4 below 8), row_sum's interleaved accumulators for the rest, and for
+ * one column a sum over contiguous values, split as torch splits it over its threads (as
+ * rms_norm's dweight, csrc/rms_norm.c). */
+ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads) {
+    if (dy == NULL || dbias == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dy and dbias must not be NULL");
+    if (M <= 0 || N <= 0 || M > INT64_MAX / N)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "M and N must be positive, got M=%lld N=%lld", (long long)M, (long long)N);
+    if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", torch_threads);
+    if (ckp_overlaps(dbias, (size_t)N * sizeof(float), dy, (size_t)(M * N) * sizeof(float)))
+        return ckp_fail(CKP_ERR_ALIASING, "dbias overlaps dy");
+    ckp_clear_error();
+    const int64_t cascade_end = N == 1 ? 0 : N < CKP_VLANES ? N - N % CKP_SUM_ILP : N - N % (CKP_SUM_ILP * CKP_VLANES);
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+    for (int64_t j = 0; j < cascade_end; j += CKP_SUM_ILP) {
+        dy_columns c = {dy, N, j};
+        ckp_multi_row_sum(dy_at, &c, M, CKP_SUM_ILP, dbias + j);
+    }
+    for (int64_t j = cascade_end; j < N; j++) {
+        dy_columns c = {dy, N, j};
+        dbias[j] = N == 1 ? ckp_aten_full_sum(dy_inner, &c, M, torch_threads) : ckp_row_sum(dy_at, &c, M);
+    }
+    return CKP_OK;
+}

@@ -1,0 +1,94 @@
+"""ckparity.linear: F.linear(x, weight, bias) on the C GEMM (csrc/linear.c), forward and backward,
+in the order of MKL's one-thread sgemm (kernels/linear.py says where that is torch's bits).
+
+The bindings live here beside the op (as ops/residual.py's): operands go to C by their strides, so a
+transposed or strided x or weight is read where it lies, as a BLAS takes transA/transB."""
+
+from __future__ import annotations
+
+import torch
+
+from .._native import check, ffi, lib
+from .._tensors import empty, require_float32
+from ..errors import InvalidArgument
+from ._function import CFunction, first_order_only
+
+_FLOAT = ffi.typeof("float *")
+
+
+def _at(t: torch.Tensor | None):
+    """A pointer to t's first element (its strides say where the others are); NULL for None."""
+    return ffi.NULL if t is None else ffi.cast(_FLOAT, t.data_ptr())
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None, *,
+         library=lib) -> None:
+    """out (M, N), contiguous = a (M, K) . b (K, N) (+ bias (N), contiguous), a and b of any strides."""
+    (M, K), N = a.shape, b.shape[1]
+    check(library.ckp_gemm(_at(a), a.stride(0), a.stride(1), _at(b), b.stride(0), b.stride(1), M, K, N, _at(bias),
+                           _at(out)), "linear", library)
+
+
+def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
+    """out (N) = dy (M, N), contiguous, summed over its rows as torch.sum(0) orders it."""
+    M, N = dy.shape
+    check(library.ckp_linear_dbias(_at(dy), M, N, _at(out), torch.get_num_threads()), "linear backward", library)
+
+
+class _LinearFunction(CFunction):
+    """x (M, K), weight (N, K), bias (N) or None -> (M, N). First-order only: see ops/_function.py."""
+
+    @staticmethod
+    def compute(x, weight, bias):
+        y = empty((x.shape[0], weight.shape[0]), torch.float32)
+        gemm(x, weight.t(), y, bias)
+        return y
+
+    @staticmethod
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.has_bias = inputs[2] is not None
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = empty(x.shape, torch.float32)
+            gemm(dy, weight, dx)           # dX = dY . W
+        if ctx.needs_input_grad[1]:
+            dw = empty(weight.shape, torch.float32)
+            gemm(dy.t(), x, dw)            # dW = dYᵀ . X
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = empty((weight.shape[0],), torch.float32)
+            dbias(dy, db)
+        return dx, dw, db
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N) or None -> (..., N), float32.
+    Transposed and strided x and weight are read by their strides (no copy)."""
+    require_float32(x, "x")
+    require_float32(weight, "weight")
+    if bias is not None:
+        require_float32(bias, "bias")
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise InvalidArgument(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply "
+                              "(x (..., K) and weight (N, K))")
+    N, K = weight.shape
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
+        raise InvalidArgument(f"linear: bias {tuple(bias.shape)} for a weight of {N} outputs (bias ({N},))")
+    rows = x.reshape(-1, K)  # a view where x's leading dims collapse; else a copy
+    if rows.shape[0] == 0 or K == 0:  # nothing to multiply
+        return _empty_product(x, weight, bias)
+    bias_in = bias.contiguous() if bias is not None else None
+    return _LinearFunction.apply(rows, weight, bias_in).reshape(*x.shape[:-1], N)
+
+
+def _empty_product(x, weight, bias):
+    """No rows, or K = 0: every output (if any) is the empty sum, 0, plus the bias; x and weight get zero
+    gradients, as torch's."""
+    zeros = (x.sum(-1, keepdim=True) * 0).expand(*x.shape[:-1], weight.shape[0]) + weight.sum(-1) * 0
+    return zeros + bias if bias is not None else zeros
