@@ -13,6 +13,8 @@
  *   - the blocks' results are added left to right, C = acc0, C += acc1, ...;
  *   - with a bias (addmm, beta 1), C starts as the bias and every block's result is added to it:
  *     ((bias + acc0) + acc1) + ... (with one block, bias + acc0: the same as the product plus the bias).
+ *     F.linear takes addmm for a 2-D x and a contiguous 3-D one; any other x is matmul, then the bias
+ *     added to the product (bias_after): ATen's linear (Linear.cpp).
  * That is what a Goto-style GEMM computes with a K panel of the block's depth and k innermost in its
  * micro-kernel, so following it costs no speed: B's block packed into panels of NR columns, A's rows
  * into panels of MR, a register tile of MR x NR accumulators per (row panel, column panel) from 0
@@ -151,7 +153,7 @@ static void pack_a(const float *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
-                    int64_t M, int64_t K, int64_t N, const float *bias, float *c) {
+                    int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c) {
     if (a == NULL || b == NULL || c == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a, b and c must not be NULL");
     if (M <= 0 || K <= 0 || N <= 0 || M > INT32_MAX || K > INT32_MAX || N > INT32_MAX ||
         M > INT64_MAX / 4 / N)
@@ -176,8 +178,11 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         free(ap);
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm: no memory for the packed panels");
     }
+    if (bias_after != 0 && bias_after != 1)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "bias_after must be 0 (the bias as C's start) or 1, got %d", bias_after);
     ckp_clear_error();
-    if (bias != NULL)
+    const int seeded = bias != NULL && !bias_after;
+    if (seeded)
         for (int64_t m = 0; m < M; m++) memcpy(c + m * N, bias, (size_t)N * sizeof(float));
     const int64_t a_stride = round_up(KBLOCK * mc_max, 16);
     for (int64_t n0 = 0; n0 < N; n0 += NC) {
@@ -201,7 +206,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
                         const int64_t nr = nc - p * t.nr < t.nr ? nc - p * t.nr : t.nr;
                         for (int64_t q = 0; q < mc; q += t.mr)
                             t.tile(kb, mine + q * kb, bp + p * t.nr * kb, c + (m0 + q) * N + n0 + p * t.nr, N,
-                                   mc - q < t.mr ? mc - q : t.mr, nr, blk == 0 && bias == NULL);
+                                   mc - q < t.mr ? mc - q : t.mr, nr, blk == 0 && !seeded);
                     }
                 }
             }
@@ -209,6 +214,10 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     }
     free(bp);
     free(ap);
+    if (bias != NULL && bias_after)
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * N >= 32768)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) c[m * N + n] += bias[n];
     return CKP_OK;
 }
 

@@ -281,12 +281,13 @@ ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int6
  * linear (csrc/linear.c): C (M x N, row-major) = A (M x K) . B (K x N) + bias
  * (N, or NULL), float32, in the order of MKL's one-thread sgemm (K in blocks
  * of 384, the last two sharing the rest below 192 columns; an FMA chain per block; the blocks
- * added left to right; with a bias, C starts as it). A[m,k] is a[m*a_rs + k*a_cs] and
+ * added left to right; a bias is C's start, or with bias_after added to the
+ * product). A[m,k] is a[m*a_rs + k*a_cs] and
  * B[k,n] is b[k*b_rs + n*b_cs]: transposed operands by their strides. c may
  * overlap nothing. The same bits at any thread count.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
-                    int64_t M, int64_t K, int64_t N, const float *bias, float *c);
+                    int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c);
 /* dbias (N) = dy (M x N, contiguous) summed over its rows in torch.sum's order (autograd's bias
  * gradient of F.linear), on torch_threads as torch splits a one-column sum. */
 ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads);

@@ -20,7 +20,7 @@ from .probing import out
 from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
 from .sweeping import Tally, grad_run, torch_threads
 
-OUT = 17  # the conformance cases' output width: odd (no vector multiple), and dW's 16 rows or more (followed)
+OUT = 19  # the conformance output width: odd (no vector multiple), dW of 16+ rows (followed), not a batch size
 
 
 def _contract(fn) -> None:
@@ -115,17 +115,19 @@ def _probe(g: torch.Generator):
         x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
 
         def run(L, fill, x=x, w=w, b=b):
-            y, y_bias, dx = out((x.shape[0], w.shape[0]), fill), out((x.shape[0], w.shape[0]), fill), out(x, fill)
+            shape = (x.shape[0], w.shape[0])
+            y, y_bias, y_after, dx = out(shape, fill), out(shape, fill), out(shape, fill), out(x, fill)
             gemm(x, w.t(), y, library=L)
             gemm(x, w.t(), y_bias, b, library=L)
+            gemm(x, w.t(), y_after, b, True, library=L)
             gemm(y, w, dx, library=L)  # a dX: the weight read as it lies
-            return y, y_bias, dx
+            return y, y_bias, y_after, dx
         yield f"linear M={M} K={K} N={N}", run
 
 
 def _entry() -> CEntry:
     def call(L, p, s):
-        return L.ckp_gemm(p["a"], s["K"], 1, p["b"], 1, s["K"], s["M"], s["K"], s["N"], p["bias"], p["c"])
+        return L.ckp_gemm(p["a"], s["K"], 1, p["b"], 1, s["K"], s["M"], s["K"], s["N"], p["bias"], 0, p["c"])
     return CEntry("gemm", (CBuffer("a", "f", lambda s: s["M"] * s["K"]), CBuffer("b", "f", lambda s: s["N"] * s["K"]),
                            CBuffer("bias", "f", lambda s: s["N"]), CBuffer("c", "f", lambda s: s["M"] * s["N"], True)),
                   {"M": 3, "K": 4, "N": 5}, call)

@@ -6,6 +6,8 @@ transposed or strided x or weight is read where it lies, as a BLAS takes transA/
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .._native import check, ffi, lib
@@ -21,12 +23,13 @@ def _at(t: torch.Tensor | None):
     return ffi.NULL if t is None else ffi.cast(_FLOAT, t.data_ptr())
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None, *,
-         library=lib) -> None:
-    """out (M, N), contiguous = a (M, K) . b (K, N) (+ bias (N), contiguous), a and b of any strides."""
+def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+         bias_after: bool = False, *, library=lib) -> None:
+    """out (M, N), contiguous = a (M, K) . b (K, N) + bias (N, contiguous; C's start, as addmm's, or added to
+    the product with ``bias_after``, as matmul's then add_), a and b of any strides."""
     (M, K), N = a.shape, b.shape[1]
     check(library.ckp_gemm(_at(a), a.stride(0), a.stride(1), _at(b), b.stride(0), b.stride(1), M, K, N, _at(bias),
-                           _at(out)), "linear", library)
+                           int(bias_after), _at(out)), "linear", library)
 
 
 def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
@@ -36,12 +39,13 @@ def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
 
 
 class _LinearFunction(CFunction):
-    """x (M, K), weight (N, K), bias (N) or None -> (M, N). First-order only: see ops/_function.py."""
+    """x (M, K), weight (N, K), bias (N) or None, bias_after -> (M, N). First-order only: see
+    ops/_function.py."""
 
     @staticmethod
-    def compute(x, weight, bias):
+    def compute(x, weight, bias, bias_after):
         y = empty((x.shape[0], weight.shape[0]), torch.float32)
-        gemm(x, weight.t(), y, bias)
+        gemm(x, weight.t(), y, bias, bias_after)
         return y
 
     @staticmethod
@@ -64,7 +68,7 @@ class _LinearFunction(CFunction):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = empty((weight.shape[0],), torch.float32)
             dbias(dy, db)
-        return dx, dw, db
+        return dx, dw, db, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -80,11 +84,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     N, K = weight.shape
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
         raise InvalidArgument(f"linear: bias {tuple(bias.shape)} for a weight of {N} outputs (bias ({N},))")
-    rows = x.reshape(-1, K)  # a view where x's leading dims collapse; else a copy
-    if rows.shape[0] == 0 or K == 0:  # nothing to multiply
+    if x.numel() == 0:  # no rows, or K = 0: nothing to multiply
         return _empty_product(x, weight, bias)
+    rows = x.reshape(-1, K)  # a view where x's leading dims collapse; else a copy
     bias_in = bias.contiguous() if bias is not None else None
-    return _LinearFunction.apply(rows, weight, bias_in).reshape(*x.shape[:-1], N)
+    return _LinearFunction.apply(rows, weight, bias_in, not _addmm(x)).reshape(*x.shape[:-1], N)
+
+
+def _addmm(x: torch.Tensor) -> bool:
+    """Whether F.linear with a bias takes addmm for this x (the bias as the product's start) rather than
+    matmul and then the bias added (ATen's linear: a 2-D x, or a 3-D one that is contiguous or that
+    TORCH_LINEAR_FLATTEN_3D=1 makes so)."""
+    return x.dim() == 2 or (x.dim() == 3 and (x.is_contiguous() or os.environ.get("TORCH_LINEAR_FLATTEN_3D") == "1"))
 
 
 def _empty_product(x, weight, bias):

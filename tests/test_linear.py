@@ -1,0 +1,206 @@
+"""ckparity.linear (csrc/linear.c): F.linear's semantics on every layout, MKL's one-thread sgemm order
+where MKL's branch is the modelled one (the width sweep: the record's claim, tests/test_capability.py),
+the same bits at any thread count of ours, a claim that drops where MKL's branch is another, the twins
+bit-identical with the C linear, and planted GEMM bugs caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity import cpu, kernels
+from ckparity.check import suite
+from ckparity.errors import InvalidArgument, InvalidType
+from ckparity.harness.basics.config import RunConfig
+from ckparity.harness.loop.run import train
+from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
+from ckparity.ops.linear import gemm, linear
+
+MODELLED = cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES
+needs_modelled_mkl = pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: not followed")
+
+
+def _both(x, w, b=None):
+    """(ours, torch's on one thread): y and every gradient, on fresh leaves."""
+    inputs = [t for t in (x, w, b) if t is not None]
+    up = torch.randn(*x.shape[:-1], w.shape[0], generator=torch.Generator().manual_seed(1))
+    ours = grad_run(lambda *a: linear(*a), [t.detach().requires_grad_(True) for t in inputs], up)
+    with torch_threads(1):
+        theirs = grad_run(lambda *a: F.linear(*a), [t.detach().requires_grad_(True) for t in inputs], up)
+    return ours, theirs
+
+
+@needs_modelled_mkl
+@pytest.mark.parametrize("layout", ["contiguous", "x transposed", "weight transposed", "x strided", "3-D x",
+                                    "3-D x transposed", "1-D x", "weight expanded"])
+def test_every_layout_gives_torchs_bits(layout):
+    """Operands taken by their strides (a transposed or strided x or weight read where it lies): torch's bits."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(40, 385, generator=g), torch.randn(24, 385, generator=g), torch.randn(24, generator=g)
+    if layout == "x transposed":
+        x = x.t().contiguous().t()
+    elif layout == "weight transposed":
+        w = w.t().contiguous().t()
+    elif layout == "x strided":
+        x = torch.randn(40, 770, generator=g)[:, ::2]
+    elif layout == "3-D x":
+        x = x.reshape(4, 10, 385)
+    elif layout == "3-D x transposed":
+        x = x.reshape(10, 4, 385).transpose(0, 1)
+    elif layout == "1-D x":  # one row: MKL's gemv; the forward's dot products are not claimed, its shapes are
+        x = x[0]
+    elif layout == "weight expanded":
+        w = w[:1].expand(24, 385)
+    ours, theirs = _both(x, w, b)
+    for a, c in zip(ours, theirs):
+        assert a.shape == c.shape and a.dtype == c.dtype
+    if layout != "1-D x":
+        assert all(same_bits(a, c) for a, c in zip(ours, theirs))
+
+
+def test_degenerate_shapes_are_torchs():
+    """0 rows, and K = 0 (every output the empty sum plus the bias): torch's values and gradients."""
+    for xs, ws in (((0, 5), (3, 5)), ((4, 0), (3, 0)), ((2, 0, 5), (3, 5))):
+        x, w, b = torch.randn(xs), torch.randn(ws), torch.randn(ws[0])
+        for bias in (None, b):
+            ours, theirs = _both(x, w, bias)
+            assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(ours, theirs))
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(InvalidArgument, match=r"x \(3, 8\) and weight \(4, 5\) do not multiply"):
+        linear(torch.randn(3, 8), torch.randn(4, 5))
+    with pytest.raises(InvalidArgument, match=r"bias \(3,\) for a weight of 4 outputs"):
+        linear(torch.randn(3, 8), torch.randn(4, 8), torch.randn(3))
+    with pytest.raises(InvalidType, match="float32"):
+        linear(torch.randn(3, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64))
+    with pytest.raises(InvalidType, match="float32"):  # bf16: torch's is oneDNN's, not followed; refused, not guessed
+        linear(torch.randn(3, 8).bfloat16(), torch.randn(4, 8).bfloat16())
+
+
+def test_our_bits_do_not_depend_on_our_thread_count():
+    """Threads split rows and column panels, never K: 1 and 2 threads give the same bits (any MKL branch)."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(300, 1000, generator=g), torch.randn(700, 1000, generator=g)
+    before = ckparity.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            ckparity.set_num_threads(n)
+            y = torch.empty(300, 700)
+            gemm(x, w.t(), y)
+            results.append(y)
+    finally:
+        ckparity.set_num_threads(before)
+    assert torch.equal(results[0], results[1])
+
+
+@needs_modelled_mkl
+@pytest.mark.parametrize("M, K, N", [(256, 4096, 4096), (100, 11008, 512), (1024, 768, 2048), (64, 1000, 191),
+                                     (64, 1000, 192)])
+def test_large_shapes_are_torchs_on_one_thread(M, K, N):
+    """K blocks past the sweep's (11008: llama's hidden), and both sides of the 192-column rule."""
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    y = torch.empty(M, N)
+    gemm(x, w.t(), y)
+    with torch_threads(1):
+        assert torch.equal(y, x @ w.t())
+
+
+def _in_process(code: str, **env) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600, cwd=os.path.dirname(__file__))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu._cpu_flags(), reason="MKL's AVX2 branch needs AVX2")
+def test_on_mkls_avx2_branch_the_claim_is_dropped_and_would_be_false():
+    """MKL_CBWR=AVX2 pins MKL's AVX2 code (other K blocks): linear leaves what is bit-identical here, the sweep
+    says why, and its figures show the claim would not hold (a condition that cannot fail proves nothing)."""
+    result = _in_process("import json, ckparity.sweep as s, ckparity.kernels as k; r = s.run(['linear']); "
+                         "print(json.dumps({'here': k.bit_identical(), 'sweep': r}))", MKL_CBWR="AVX2")
+    assert "linear" not in result["here"] and "rms_norm" in result["here"]
+    assert "AVX2" in result["sweep"]["not_claimed_here"]["linear"]
+    assert result["sweep"]["kernels"]["linear"]["y"]["differing"] > 0
+
+
+@needs_modelled_mkl
+def test_check_says_bitwise_where_followed_and_which_cases_are_not():
+    """check's 17-row cases are torch's bits; its 3-row ones (MKL's skinny path) are named, not called bitwise."""
+    record = kernels.KERNELS["linear"]
+    report = suite.check("linear", "c")
+    widths = next(r for r in report["properties"] if r["property"] == "widths")
+    assert widths["bit_identical"] >= len(record.conformance.widths)  # every 17-row case at least
+    assert report["verdict"] != "bitwise" and "rows=3" in suite.table(report)
+    threads = next(r for r in report["properties"] if r["property"] == "threads")
+    assert threads["verdict"] == "bitwise"
+
+
+PLAIN = RunConfig(model="stacked", num_layers=2, seq_len=16, batch_size=2, grad_accum=2, total_tokens=4096,
+                  max_steps=12, no_progress=True, threads=1, ck_linear_backend="c", ck_loss_backend="c_ptref",
+                  ck_optimizer_backend="torch")
+LLAMA = replace(PLAIN, model="llama", heads=4, kv_heads=2, d_model=32, hidden=48, vocab=64)
+
+
+@needs_modelled_mkl
+@pytest.mark.parametrize("model", ["tiny", "stacked", "llama"])
+def test_the_twins_stay_bit_identical_with_the_c_linear(model):
+    config = LLAMA if model == "llama" else replace(PLAIN, model=model)
+    report = train(config)
+    assert report["status"] == "pass", report.get("error")
+    assert report["divergence"]["first_step"] is None, report["divergence"]
+    assert report["env"]["mkl_branch"] == cpu.mkl_branch()
+
+
+def _drops_k_tail(x, weight, bias=None):
+    """planted fault: the last K % 16 columns never reach the product (a vector loop without its tail)"""
+    K = x.shape[-1] - x.shape[-1] % 16
+    return linear(x[..., :K].contiguous(), weight[:, :K].contiguous(), bias)
+
+
+def _wrong_stride(x, weight, bias=None):
+    """planted fault: the weight read with a contiguous one's strides, whatever its own (a transposed weight
+    read as if it were not)"""
+    return linear(x, torch.as_strided(weight, weight.shape, (weight.shape[1], 1)), bias)
+
+
+def _bias_twice(x, weight, bias=None):
+    """planted fault: the bias added to the product twice (once as the seed, once after)"""
+    y = linear(x, weight, bias)
+    return y if bias is None else y + bias
+
+
+for _name, _fn in (("fault_drops_k_tail", _drops_k_tail), ("fault_wrong_stride", _wrong_stride),
+                   ("fault_bias_twice", _bias_twice)):
+    kernels.register("linear", _name, _fn)
+
+
+@pytest.mark.parametrize("fault, caught_at", [("fault_drops_k_tail", "widths"), ("fault_wrong_stride", "layouts"),
+                                              ("fault_bias_twice", "options")])
+def test_check_catches_a_planted_gemm(fault, caught_at):
+    report = suite.check("linear", fault)
+    assert not report["passed"] and report["verdict"] in ("wrong", "crashes"), suite.table(report)
+    failing = {r["property"] for r in report["properties"] if r["verdict"] in ("wrong", "crashes")}
+    assert caught_at in failing, suite.table(report)
+
+
+@pytest.mark.parametrize("fault", ["fault_drops_k_tail", "fault_bias_twice"])
+def test_train_catches_a_planted_gemm_at_step_1(fault):
+    """stacked's linears have K 64 and 128 (no tail to drop): a width of 100 has one; the models' linears are
+    bias-free, so the bias fault is run on the GEMM without a bias too and must then be torch's bits."""
+    config = replace(PLAIN, d_model=100, hidden=72, ck_linear_backend=fault)
+    report = train(config)
+    if fault == "fault_bias_twice":  # no bias in the twins: the fault never bites, and nothing may be blamed
+        assert report["divergence"]["first_step"] is None
+    else:
+        assert report["status"] == "fail" and report["first_loss_fail_step"] == 1
