@@ -11,7 +11,7 @@ import os
 import torch
 
 from .._native import check, ffi, lib
-from .._tensors import empty, require_float32
+from .._tensors import empty, require_floating
 from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
@@ -72,12 +72,20 @@ class _LinearFunction(CFunction):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N) or None -> (..., N), float32.
-    Transposed and strided x and weight are read by their strides (no copy)."""
-    require_float32(x, "x")
-    require_float32(weight, "weight")
-    if bias is not None:
-        require_float32(bias, "bias")
+    """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N) or None -> (..., N), in float32 or
+    bfloat16 (all three of one dtype; under CPU autocast to bfloat16 they are cast to it first, as autocast
+    casts F.linear's). Transposed and strided x and weight are read by their strides (no copy).
+    bfloat16: the float32 GEMM on the widened values, the result rounded once -- torch's bf16 matmul is
+    oneDNN's, whose order is not followed: float32 accumulation, the same bits at any thread count."""
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        x, weight, bias = (t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                           for t in (x, weight, bias))
+    for t, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
+        if t is not None:
+            require_floating(t, name, like=x)
+    if x.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
+        with torch.autocast("cpu", enabled=False):
+            return linear(x.float(), weight.float(), None if bias is None else bias.float()).bfloat16()
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise InvalidArgument(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply "
                               "(x (..., K) and weight (N, K))")
