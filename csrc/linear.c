@@ -128,29 +128,38 @@ static tiling tiling_for_cpu(void) {
 }
 
 /* ---- packing ----------------------------------------------------------------------------------- */
-/* B's rows [k0, k0 + kb), columns [n0, n0 + nc) as panels of nr columns, zero past N. */
-static void pack_b(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
-                   int64_t N, int64_t nr, float *bp) {
-    for (int64_t p = 0; p < nc; p += nr)
-        for (int64_t k = 0; k < kb; k++)
-            for (int64_t j = 0; j < nr; j++) {
-                int64_t n = n0 + p + j;
-                *bp++ = n < N && p + j < nc ? b[(k0 + k) * b_rs + n * b_cs] : 0.0f;
-            }
+/* Panel p of B's rows [k0, k0 + kb), columns [n0 + p*nr, ...): kb rows of nr columns, zero past the
+ * block's nc columns. */
+static void pack_b_panel(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
+                         int64_t nr, int64_t p, float *bp) {
+    bp += p * nr * kb;
+    for (int64_t k = 0; k < kb; k++)
+        for (int64_t j = 0; j < nr; j++) {
+            int64_t col = p * nr + j;
+            *bp++ = col < nc ? b[(k0 + k) * b_rs + (n0 + col) * b_cs] : 0.0f;
+        }
 }
 
-/* A's rows [m0, m0 + mc), columns [k0, k0 + kb) as panels of mr rows, zero past M. */
+/* A's rows [m0, m0 + mc), columns [k0, k0 + kb) as panels of mr rows, zero past mc. */
 static void pack_a(const float *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t k0, int64_t kb,
-                   int64_t M, int64_t mr, float *ap) {
+                   int64_t mr, float *ap) {
     for (int64_t q = 0; q < mc; q += mr)
         for (int64_t k = 0; k < kb; k++)
-            for (int64_t i = 0; i < mr; i++) {
-                int64_t m = m0 + q + i;
-                *ap++ = m < M && q + i < mc ? a[m * a_rs + (k0 + k) * a_cs] : 0.0f;
-            }
+            for (int64_t i = 0; i < mr; i++) *ap++ = q + i < mc ? a[(m0 + q + i) * a_rs + (k0 + k) * a_cs] : 0.0f;
 }
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* Row block mb's tiles against every column panel in [p0, p1) (step dp) of one K block. */
+static void row_block(const tiling *t, const float *ap, const float *bp, int64_t kb, int64_t m0, int64_t mc,
+                      int64_t n0, int64_t nc, int64_t p0, int64_t p1, int64_t dp, float *c, int64_t N, int first) {
+    for (int64_t p = p0; p < p1; p += dp) {
+        const int64_t nr = nc - p * t->nr < t->nr ? nc - p * t->nr : t->nr;
+        for (int64_t q = 0; q < mc; q += t->mr)
+            t->tile(kb, ap + q * kb, bp + p * t->nr * kb, c + (m0 + q) * N + n0 + p * t->nr, N,
+                    mc - q < t->mr ? mc - q : t->mr, nr, first);
+    }
+}
 
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                     int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c) {
@@ -161,6 +170,8 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
                         (long long)K, (long long)N);
     if (a_rs < 0 || a_cs < 0 || b_rs < 0 || b_cs < 0)
         return ckp_fail(CKP_ERR_BAD_SIZE, "strides must not be negative");
+    if (bias_after != 0 && bias_after != 1)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "bias_after must be 0 (the bias as C's start) or 1, got %d", bias_after);
     size_t c_bytes = (size_t)(M * N) * sizeof(float);
     /* the extent each operand's strides reach: an output over any of it is refused */
     size_t a_bytes = (size_t)((M - 1) * a_rs + (K - 1) * a_cs + 1) * sizeof(float);
@@ -169,45 +180,53 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(float))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or the bias");
     const tiling t = tiling_for_cpu();
-    const int64_t nc_max = round_up(N < NC ? N : NC, t.nr), mc_max = round_up(M < MC ? M : MC, t.mr);
-    const int threads = ckp_threads();
+    const int team_max = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+    /* the rows in blocks of at most MC, their count a multiple of the team where there are enough */
+    int64_t mblocks = (M + MC - 1) / MC;
+    if (mblocks >= team_max) mblocks = round_up(mblocks, team_max);
+    const int64_t mc_rows = round_up((M + mblocks - 1) / mblocks, t.mr), nc_max = round_up(N < NC ? N : NC, t.nr);
+    mblocks = (M + mc_rows - 1) / mc_rows;
+    const int64_t a_floats = round_up(KBLOCK * mc_rows, 16);
     float *bp = aligned_alloc(64, (size_t)round_up(KBLOCK * nc_max * 4, 64));
-    float *ap = aligned_alloc(64, (size_t)threads * (size_t)round_up(KBLOCK * mc_max * 4, 64));
+    float *ap = aligned_alloc(64, (size_t)team_max * (size_t)a_floats * 4);
     if (bp == NULL || ap == NULL) {
         free(bp);
         free(ap);
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm: no memory for the packed panels");
     }
-    if (bias_after != 0 && bias_after != 1)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "bias_after must be 0 (the bias as C's start) or 1, got %d", bias_after);
     ckp_clear_error();
     const int seeded = bias != NULL && !bias_after;
     if (seeded)
         for (int64_t m = 0; m < M; m++) memcpy(c + m * N, bias, (size_t)N * sizeof(float));
-    const int64_t a_stride = round_up(KBLOCK * mc_max, 16);
-    for (int64_t n0 = 0; n0 < N; n0 += NC) {
-        const int64_t nc = N - n0 < NC ? N - n0 : NC, npanels = (nc + t.nr - 1) / t.nr;
-        for (int64_t blk = 0; blk < k_blocks(K); blk++) {
-            int64_t k0, kb;
-            k_block(K, N, blk, &k0, &kb);
-            pack_b(b, b_rs, b_cs, k0, kb, n0, nc, N, t.nr, bp);
-            const int64_t mblocks = (M + MC - 1) / MC;
-            /* threads over row blocks; a single row block's column panels over threads instead */
-#pragma omp parallel num_threads(threads) if (M * nc * kb >= 65536)
-            {
-                int me = omp_get_thread_num(), team = omp_get_num_threads();
-                float *mine = ap + (size_t)me * (size_t)a_stride;
-                for (int64_t mb = 0; mb < mblocks; mb++) {
-                    const int64_t m0 = mb * MC, mc = M - m0 < MC ? M - m0 : MC;
-                    int own_rows = mblocks >= team;
-                    if (own_rows && mb % team != me) continue;
-                    pack_a(a, a_rs, a_cs, m0, mc, k0, kb, M, t.mr, mine);
-                    for (int64_t p = own_rows ? 0 : me; p < npanels; p += own_rows ? 1 : team) {
-                        const int64_t nr = nc - p * t.nr < t.nr ? nc - p * t.nr : t.nr;
-                        for (int64_t q = 0; q < mc; q += t.mr)
-                            t.tile(kb, mine + q * kb, bp + p * t.nr * kb, c + (m0 + q) * N + n0 + p * t.nr, N,
-                                   mc - q < t.mr ? mc - q : t.mr, nr, blk == 0 && !seeded);
+    /* One team for the whole product: per (column block, K block) B's panels are packed by all (then a
+     * barrier), then the row blocks are shared out -- or, with fewer row blocks than threads, each row
+     * block's column panels. The K blocks stay in order for every tile: the thread split moves no bit. */
+#pragma omp parallel num_threads(team_max)
+    {
+        const int me = omp_get_thread_num(), team = omp_get_num_threads();
+        float *mine = ap + (size_t)me * (size_t)a_floats;
+        for (int64_t n0 = 0; n0 < N; n0 += NC) {
+            const int64_t nc = N - n0 < NC ? N - n0 : NC, npanels = (nc + t.nr - 1) / t.nr;
+            for (int64_t blk = 0; blk < k_blocks(K); blk++) {
+                int64_t k0, kb;
+                k_block(K, N, blk, &k0, &kb);
+                const int first = blk == 0 && !seeded;
+#pragma omp for schedule(static)
+                for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, n0, nc, t.nr, p, bp);
+                if (mblocks >= team) {
+#pragma omp for schedule(static)
+                    for (int64_t mb = 0; mb < mblocks; mb++) {
+                        const int64_t m0 = mb * mc_rows, mc = M - m0 < mc_rows ? M - m0 : mc_rows;
+                        pack_a(a, a_rs, a_cs, m0, mc, k0, kb, t.mr, mine);
+                        row_block(&t, mine, bp, kb, m0, mc, n0, nc, 0, npanels, 1, c, N, first);
                     }
+                } else {
+                    for (int64_t mb = 0; mb < mblocks; mb++) { /* each thread its own copy of the few rows */
+                        const int64_t m0 = mb * mc_rows, mc = M - m0 < mc_rows ? M - m0 : mc_rows;
+                        pack_a(a, a_rs, a_cs, m0, mc, k0, kb, t.mr, mine);
+                        row_block(&t, mine, bp, kb, m0, mc, n0, nc, me, npanels, team, c, N, first);
+                    }
+#pragma omp barrier
                 }
             }
         }
@@ -215,7 +234,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     free(bp);
     free(ap);
     if (bias != NULL && bias_after)
-#pragma omp parallel for schedule(static) num_threads(threads) if (M * N >= 32768)
+#pragma omp parallel for schedule(static) num_threads(team_max)
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) c[m * N + n] += bias[n];
     return CKP_OK;
