@@ -269,6 +269,15 @@ class AdamWStepNotSaved(_AdamW):
         return float(self.steps_taken[key])
 
 
+# --- linear --------------------------------------------------------------------------------------
+
+def linear_k_tail_dropped(x, weight, bias=None):
+    """A GEMM whose K loop steps 16 at a time and has no remainder loop: the last K % 16 columns of x
+    and the weight never reach the product."""
+    K = x.shape[-1] - x.shape[-1] % 16
+    return F.linear(x[..., :K], weight[:, :K], bias)
+
+
 # --- clip_grad_norm ------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -299,6 +308,7 @@ BUGS = {
     "rope": _named(rope_interleaved),
     "adamw": _named(AdamWEpsInsideSqrt, AdamWBiasCorrectionAhead, AdamWDecayInGradient, AdamWOtherDefaultEps, AdamWStepNotSaved),
     "clip_grad_norm": _named(clip_norm_of_one_shard),
+    "linear": _named(linear_k_tail_dropped),
 }
 
 
