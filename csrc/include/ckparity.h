@@ -293,6 +293,22 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
 ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads);
 
 /* ------------------------------------------------------------------------
+ * embedding (csrc/embedding.c): F.embedding over n indices (int64, each in
+ * [0, V)) into a (V, D) weight: out (n, D) = weight[idx]; its backward
+ * dweight (V, D) = the rows of dout added per index in index order from
+ * zeros, none for padding_idx (-1: none). float32, and bfloat16 with each
+ * add rounded as torch's bf16 add_ rounds it. Outputs may overlap nothing.
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_embedding_forward(const int64_t *idx, int64_t n, const float *weight, int64_t V, int64_t D,
+                                 float *out);
+ckp_status ckp_embedding_forward_bf16(const int64_t *idx, int64_t n, const uint16_t *weight, int64_t V, int64_t D,
+                                      uint16_t *out);
+ckp_status ckp_embedding_backward(const float *dout, const int64_t *idx, int64_t n, int64_t V, int64_t D,
+                                  int64_t padding_idx, float *dweight);
+ckp_status ckp_embedding_backward_bf16(const uint16_t *dout, const int64_t *idx, int64_t n, int64_t V, int64_t D,
+                                       int64_t padding_idx, uint16_t *dweight);
+
+/* ------------------------------------------------------------------------
  * residual (csrc/residual.c): out = x + y over n elements, as torch.add:
  * float32, and bfloat16 computed in float and rounded once. out may be x or
  * y exactly (in place); any other overlap is refused.
