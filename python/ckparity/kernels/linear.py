@@ -86,7 +86,7 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
     dX one column: MKL's gemv) and the large ones and block edges, below and from 192 columns, M over
     16..300, N over 16..300, the twins' shapes, a bias, non-finite rows."""
     for K in [k for k in WIDTHS if k >= 2] + list(LARGE_K):
-        _case(tally, f"M=17 K={K} N=33", 17, K, 33, g, bias=K % 7 == 0)
+        _case(tally, f"M=17 K={K} N=33", 17, K, 33, g, bias=True)
     for M in range(16, 301):
         _case(tally, f"M={M} K=385 N=19", M, 385, 19, g, bias=M % 5 == 0)
     for N in range(16, 301):
