@@ -11,7 +11,7 @@ import torch
 
 from .. import cpu, kernels
 from .._tensors import DTYPES
-from . import properties
+from . import cheats, properties
 from .properties import adamw_sizes
 from .rule import check_passes, gate_passes, worst
 
@@ -131,6 +131,9 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
                                                torch_dtype)]
         runs += [lambda: properties.bad_input(kernel_slot, fn, {"value"} if helper else {"shape", "value"}),
                  lambda: properties.torch_inputs(kernel_slot, fn, torch_fn, not_run, torch_dtype)]
+        if backend != "torch":  # torch's own backend is torch's op
+            runs += [lambda: cheats.cheats(kernel_slot, record.torch_ops, fn, torch_fn,
+                                           torch.Generator().manual_seed(seed), torch_dtype)]
     rows = []
     for run in runs:  # in order: the generator's draws follow it
         prop = run()

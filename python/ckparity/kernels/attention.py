@@ -51,6 +51,7 @@ KERNEL = Kernel(
     exercise=("llama", {"model": "llama"}),
     flag="ck_attention_backend",
     slot="attention",
+    torch_ops=("scaled_dot_product_attention",),
     spellings=("sdpa",),
     # the twins' slot: (q (B, heads, T, d), k, v (B, kv_heads, T, d), is_causal=, enable_gqa=) -> (B, heads, T, d)
     backends={"torch": attention},

@@ -478,6 +478,7 @@ KERNEL = Kernel(
     exercise=("one_rank", {"tp": 1}),
     flag="ck_loss_backend",
     slot="loss",
+    torch_ops=("cross_entropy", "nll_loss", "log_softmax"),
     spellings=("loss",),
     variants=("default", "ptref"),
     # (logits (N, V), targets (N)) -> the mean loss; with --label-smoothing, label_smoothing= too.

@@ -142,6 +142,7 @@ KERNEL = Kernel(
     name="embedding",
     flag="ck_embedding_backend",
     slot="embedding",
+    torch_ops=("embedding", "index_select"),
     # the twins' slot: (tokens (...) int64, weight (V, D)) -> (..., D), F.embedding's contract
     amp_bf16=True,
     backends={"c": embedding, "torch": F.embedding},

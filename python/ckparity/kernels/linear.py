@@ -160,6 +160,7 @@ KERNEL = Kernel(
     name="linear",
     flag="ck_linear_backend",
     slot="linear",
+    torch_ops=("linear", "matmul", "mm", "addmm", "__matmul__", "bmm"),
     spellings=("gemm", "matmul"),
     # the twins' slot: (x (..., K), weight (OUT, K), bias (OUT) or None) -> (..., OUT), F.linear's contract
     backends={"c": linear, "torch": F.linear},

@@ -147,6 +147,9 @@ class Kernel:
     probe: Callable[[torch.Generator], Iterator[tuple[str, Callable]]] | None = None
     # (gen) -> the calls whose every tensor argument the layouts sweep lays out anew (layouts.LayoutCase)
     layouts: Callable[[torch.Generator], Iterator] | None = None
+    # the names of torch's functions that are the slot's op (check's cheats property: a backend calling one
+    # hands torch's work back to torch)
+    torch_ops: tuple[str, ...] = ()
     # the C entry points as the C API's tests call them (CEntry); families before residual have theirs in those tests
     c_entries: tuple[CEntry, ...] = ()
     # (gen, select) -> the rows of ckparity bench (kernels.benching.Case) whose (kernel, shape) select accepts

@@ -103,6 +103,7 @@ KERNEL = Kernel(
     exercise=("stacked", {"model": "stacked"}),
     flag="ck_residual_backend",
     slot="residual",
+    torch_ops=("add", "__add__", "__radd__", "add_", "__iadd__"),
     amp_bf16=True,
     spellings=("add",),
     # the twins' slot: (x, y of one shape) -> x + y

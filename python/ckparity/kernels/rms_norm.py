@@ -185,6 +185,7 @@ def _bench(g: torch.Generator, select):
 KERNEL = Kernel(
     name="rms_norm",
     slot="rms_norm",
+    torch_ops=("rms_norm",),
     flag="ck_rmsnorm_backend",
     spellings=("rmsnorm",),
     backends={"c": rms_norm, "torch": F.rms_norm},
