@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ckparity import kernels
-from ckparity.check import suite
+from ckparity.check import cheats, suite
 
 
 def _sum(x, y):
@@ -69,17 +69,27 @@ for _name, (_fn, _) in CHEATS.items():
 kernels.register("residual", "honest_sub", _sum)
 
 
+def _cheats_row(kernel: str, backend: str) -> dict:
+    """The cheats property alone (check runs it after the others: tests/test_check.py runs check whole)."""
+    record = kernels.KERNELS[kernel]
+    return cheats.cheats(record.conformance, record.torch_ops, record.backends[backend], record.backends["torch"],
+                         torch.Generator().manual_seed(0)).report()
+
+
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_a_planted_cheat_is_named(name):
-    report = suite.check("residual", name)
-    row = next(r for r in report["properties"] if r["property"] == "cheats")
-    assert row["verdict"] == "wrong" and not report["passed"], suite.table(report)
-    assert any(CHEATS[name][1] in f for f in row["failures"]), row["failures"]
+    row = _cheats_row("residual", name)
+    assert row["verdict"] == "wrong" and any(CHEATS[name][1] in f for f in row["failures"]), row["failures"]
+
+
+def test_check_runs_the_cheats_property_and_fails_a_cheat():
+    report = suite.check("residual", "cheat_cached")
+    assert not report["passed"] and "cheats" in {r["property"] for r in report["properties"]}
+    assert "cheats" not in {r["property"] for r in suite.check("residual", "torch")["properties"]}
 
 
 def test_an_honest_backend_is_no_cheat():
-    report = suite.check("residual", "honest_sub")
-    row = next(r for r in report["properties"] if r["property"] == "cheats")
+    row = _cheats_row("residual", "honest_sub")
     assert row["verdict"] == "bitwise" and row["cases"] == 4, row
 
 
@@ -87,8 +97,6 @@ def test_an_honest_backend_is_no_cheat():
                                     "residual"])
 def test_ckparitys_own_backends_do_not_cheat(kernel):
     for backend in kernels.KERNELS[kernel].builtin:
-        if backend == "torch":
-            continue
-        report = suite.check(kernel, backend)
-        row = next(r for r in report["properties"] if r["property"] == "cheats")
-        assert row["verdict"] == "bitwise", (backend, row["failures"])
+        if backend != "torch":
+            row = _cheats_row(kernel, backend)
+            assert row["verdict"] == "bitwise", (backend, row["failures"])
