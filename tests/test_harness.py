@@ -343,3 +343,16 @@ def test_tensor_diff_in_c_matches_the_float64_expression(n):
             got = tensor_diff(a, b)
             assert got == expected or all(math.isnan(x) for x in got + expected), (trial, got, expected)
     set_num_threads(threads)
+
+
+@pytest.mark.parametrize("given, field, expected", [(["--dtype", "bf16"], "dtype", "bfloat16"),
+                                                    (["--dtype", "FP32"], "dtype", "float32"),
+                                                    (["--amp", "bf16"], "amp", "bfloat16"),
+                                                    (["--amp", "bf16-mixed"], "amp", "bfloat16")])
+def test_the_dtype_names_people_type(given, field, expected):
+    """Accelerate's and Lightning's spellings (bf16, bf16-mixed) are ckparity's bfloat16; others are refused."""
+    from ckparity.harness.basics.config import parse_train_args
+
+    assert getattr(parse_train_args(given), field) == expected
+    with pytest.raises(SystemExit):
+        parse_train_args(["--dtype", "fp16"])

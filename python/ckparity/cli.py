@@ -27,6 +27,7 @@ import sys
 from dataclasses import replace
 
 from . import kernels
+from .harness.basics.config import dtype_name
 from .harness.basics.interrupts import EXIT_FAIL, EXIT_NOT_RECORDED, EXIT_PASS, EXIT_USAGE, exit_code  # noqa: F401
 
 
@@ -91,9 +92,9 @@ def _repro(argv: list[str]) -> int:
     parser.add_argument("--out-dir", default="reports")
     parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset")
     parser.add_argument("--f64-shadow", action="store_true", help="add the float64 shadow to each run")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", type=dtype_name,
                         help="both twins' dtype (bfloat16: pure bf16; reports repro_NAME_bfloat16_BACKEND.json)")
-    parser.add_argument("--amp", choices=["none", "bfloat16"], default="none",
+    parser.add_argument("--amp", choices=["none", "bfloat16"], default="none", type=dtype_name,
                         help="mixed precision: float32 masters, the forward under autocast (reports "
                              "repro_NAME_amp_BACKEND.json)")
     parser.add_argument("--loss-backends", nargs="+", metavar="NAME", default=None,
@@ -186,7 +187,7 @@ def _gate(argv: list[str]) -> int:
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
     parser.add_argument("--only", nargs="+", choices=GATE_NAMES, metavar="GATE", help=f"among {GATE_NAMES}")
     parser.add_argument("--config", default=None, help="TOML file overriding gate settings")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", type=dtype_name,
                         help=f"run the gates that take a dtype ({', '.join(DTYPE_GATES)}) in it: bfloat16 holds the "
                              "kernels, the optimizer and the twins to torch's bf16 eager (default out dir "
                              "reports/gates/bfloat16)")
@@ -234,7 +235,7 @@ def _bench(argv: list[str]) -> int:
     parser.add_argument("--no-distributed", action="store_true", help="skip the vocab-parallel row (two gloo ranks)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory columns and the fused "
                         "linear + cross-entropy row (fresh processes; the fused row takes minutes)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", type=dtype_name,
                         help="the rows of this dtype (bfloat16: the kernels torch's bf16 eager is matched for)")
     names = row_kernels()
     parser.add_argument("--kernel", action="append", choices=names, metavar="NAME",
@@ -321,7 +322,7 @@ def _check(argv: list[str]) -> int:
     spellings = sorted(s for name in covered() for s in kernels.KERNELS[name].spellings)
     parser.add_argument("kernel", help=f"one of {covered()} (or the flags' spelling: {', '.join(spellings)})")
     parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", type=dtype_name,
                         help="the cases' dtype: bfloat16 holds the backend to torch's bf16 eager (bf16 ULPs)")
     parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,

@@ -316,6 +316,17 @@ def _validate_ranks(config: RunConfig) -> None:
         raise UsageError(f"--dp {config.dp} needs --grad-accum >= {config.dp}: each rank runs whole micro-batches")
 
 
+# the names people type for a dtype (Accelerate's and Lightning's --mixed-precision bf16), as ckparity's
+DTYPE_SPELLINGS = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "fp32": "float32", "32": "float32",
+                   "no": "none"}
+
+
+def dtype_name(text: str) -> str:
+    """A --dtype or --amp value as ckparity names it (bf16: bfloat16); anything else as given, for the
+    choices to judge."""
+    return DTYPE_SPELLINGS.get(text.strip().lower(), text)
+
+
 def add_train_arguments(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
     """Every RunConfig field as a flag; the defaults are RunConfig's (with
     ``suppress``, none: the parsed values are the flags given)."""
@@ -327,7 +338,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, suppress: bool = False)
             parser.add_argument(_name(f.name), action="store_true", help=help_text,
                                 **({"default": argparse.SUPPRESS} if suppress else {}))
             continue
-        kind = {"int": int, "float": float}.get(f.type, str)
+        kind = dtype_name if f.name in ("dtype", "amp") else {"int": int, "float": float}.get(f.type, str)
         default = f.default if f.default is not MISSING else None
         parser.add_argument(_name(f.name), type=kind, default=argparse.SUPPRESS if suppress else default,
                             choices=f.metadata.get("choices"), help=f"{help_text} (default {default})")
