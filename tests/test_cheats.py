@@ -63,7 +63,7 @@ CHEATS = {"cheat_writes_input": (_writes_y, "writes its input y"),
                                   "shares memory with its input x"),
           "cheat_static_buffer": (_StaticBuffer.apply, "a previous call's output"),
           "cheat_cached": (_Cached.apply, "a cached result"),
-          "cheat_calls_torch": (torch.add, "calls torch's own add")}
+          "cheat_calls_torch": (torch.add, "calls torch's own add and hands back its bits")}
 for _name, (_fn, _) in CHEATS.items():
     kernels.register("residual", _name, _fn)
 kernels.register("residual", "honest_sub", _sum)

@@ -54,7 +54,8 @@ def _train(argv: list[str]) -> int:
         config = resume_config(config, given_fields(argv))
     # --tp/--dp: start the ranks here, unless torchrun already did
     distributed = config.tp * config.dp > 1 and not any(name in os.environ for name in RANK_ENV)
-    result = launch(config) if distributed else train(config)
+    isolated = _users_backends_isolated(config, distributed)
+    result = launch(config) if distributed else isolated(config) if isolated else train(config)
     if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 speaks for the run
         return exit_code(result)
     path = result["config"]["json_out"] or DEFAULT_JSON_OUT
@@ -78,6 +79,28 @@ def _train(argv: list[str]) -> int:
     if mismatch is not None:
         print(f"ckparity train: stopped at step {mismatch}: the ranks' replicated parameters differ", file=sys.stderr)
     return exit_code(result)
+
+
+def _users_backends_isolated(config, distributed: bool):
+    """How a run with a user's backend is trained so that a segfault, an abort or a kill in it is a
+    report, not a core dump: in a child process that keeps its place (loop/child.train_isolated); None
+    for a run of ckparity's and torch's backends alone, a --tp/--dp one (its ranks are processes already),
+    a report on stdout, or a backend only this process can reach (said on stderr)."""
+    from .harness.loop import child
+    from .harness.basics.report import STDOUT
+    from .harness.loop.run import DEFAULT_JSON_OUT
+
+    users = [getattr(config, flag) for flag, kernel in kernels.FLAGS.items()
+             if getattr(config, flag) not in kernels.KERNELS[kernel].builtin]
+    if not users or distributed or config.json_out == STDOUT:
+        return None
+    carry = child.carry_for(config)
+    if carry is None:
+        print(f"ckparity train: {', '.join(users)} can only be reached in this process: a crash in it ends the "
+              "run without a report", file=sys.stderr)
+        return None
+    json_out = config.json_out or DEFAULT_JSON_OUT
+    return lambda c: child.train_isolated(replace(c, json_out=json_out), carry)
 
 
 def _repro(argv: list[str]) -> int:

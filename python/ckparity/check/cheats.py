@@ -7,8 +7,8 @@ BackendBench's watermarked ops), and a conformance check that only compares outp
 - its output aliases an input, or a previous call's output still alive (its storage);
 - its result does not change when the inputs do (a cache): two calls on other values, the same bits,
   where torch's results differ;
-- it calls torch's own op for the slot (seen by a TorchFunctionMode during the calls: the record's
-  ``torch_ops``, the names of the torch functions that are the slot's op).
+- it calls torch's own op for the slot and hands back torch's bits (the call seen by a TorchFunctionMode:
+  the record's ``torch_ops``, the names of the torch functions that are the slot's whole op).
 
 Each cheat is a "wrong" case whose reason names it."""
 
@@ -19,7 +19,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .properties import Property, _floating, at
+from .properties import Property, at, floating
 
 
 class _Calls(TorchFunctionMode):
@@ -37,7 +37,7 @@ class _Calls(TorchFunctionMode):
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """t's bytes (a NaN equal to itself, -0 not +0)."""
-    return t.contiguous().view(torch.uint8) if t.is_floating_point() else t
+    return t.contiguous().reshape(-1).view(torch.uint8) if t.is_floating_point() else t
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -53,7 +53,7 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _run(kernel_slot, fn, tensors: dict, dtype, calls: _Calls | None = None):
     """fn's output and the leaves it was given, after a forward and a backward (under ``calls``)."""
     leaves = {k: v.detach().clone().requires_grad_(k in kernel_slot.differentiated)
-              for k, v in _floating(tensors, dtype).items()}
+              for k, v in floating(tensors, dtype).items()}
     with calls if calls is not None else contextlib.nullcontext():
         out = kernel_slot.call(fn, leaves)
         upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
@@ -78,7 +78,7 @@ def cheats(kernel_slot, torch_ops: tuple[str, ...], fn, torch_fn, g: torch.Gener
 
 
 def _writes_an_input(kernel_slot, torch_ops, fn, torch_fn, first, second, dtype):
-    before = {k: v.clone() for k, v in _floating(first, dtype).items()}
+    before = {k: v.clone() for k, v in floating(first, dtype).items()}
     _, leaves = _run(kernel_slot, fn, first, dtype)
     written = [k for k, v in leaves.items() if not torch.equal(_bits(v.detach()), _bits(before[k]))]
     return f"writes its input{'s' if len(written) > 1 else ''} {', '.join(written)}" if written else None
@@ -104,7 +104,12 @@ def _caches(kernel_slot, torch_ops, fn, torch_fn, first, second, dtype):
 
 
 def _calls_torch(kernel_slot, torch_ops, fn, torch_fn, first, second, dtype):
+    """torch's op called, and its bits handed back: the backend did none of the work. (A backend built on
+    torch's op that changes its result is a kernel like any other, judged by the other properties.)"""
     calls = _Calls()
-    _run(kernel_slot, fn, first, dtype, calls)
+    ours, _ = _run(kernel_slot, fn, first, dtype, calls)
     used = sorted(calls.names & set(torch_ops))
-    return f"calls torch's own {', '.join(used)} (the op it stands in for)" if used else None
+    theirs, _ = _run(kernel_slot, torch_fn, first, dtype)
+    if used and torch.equal(_bits(ours.detach()), _bits(theirs.detach())):
+        return f"calls torch's own {', '.join(used)} and hands back its bits (the op it stands in for)"
+    return None

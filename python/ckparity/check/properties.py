@@ -91,7 +91,7 @@ class Property:
                 "failures": [f"{f['case']}: {f['why']}" for f in worst[:WORST_KEPT]], **self.extra}
 
 
-def _floating(t: dict, dtype) -> dict:
+def floating(t: dict, dtype) -> dict:
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in t.items()}
 
 
@@ -298,7 +298,7 @@ def _evaluate_placed(kernel_slot, fn, pool: dict, rows: int, batch: int, positio
     0-dim loss gets 1)."""
     tensors = _placed(pool, rows, batch, position)
     leaves = {k: v.detach().clone().requires_grad_(k in kernel_slot.differentiated)
-              for k, v in _floating(tensors, dtype).items()}
+              for k, v in floating(tensors, dtype).items()}
     out = kernel_slot.call(fn, leaves)
     if out.dim() == 0:
         upstream = torch.ones((), dtype=dtype)

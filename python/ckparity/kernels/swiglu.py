@@ -126,7 +126,6 @@ def _bench(g: torch.Generator, select):
 KERNEL = Kernel(
     name="swiglu",
     slot="swiglu",
-    torch_ops=("silu",),
     amp_bf16=True,
     flag="ck_swiglu_backend",
     backends={"c": swiglu, "torch": reference.swiglu},

@@ -7,14 +7,17 @@ reads the child's report, or says how it ended when it wrote none."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ... import kernels
+from ..basics import progress
 from ..basics.config import RunConfig
-from ..basics.report import read_report
+from ..basics.report import read_report, write_json
 
 
 def command(config: RunConfig, carry: dict | None = None) -> list[str]:
@@ -66,9 +69,34 @@ def train_in_child(config: RunConfig, carry: dict) -> dict:
     return ended_without_report(config, proc.returncode)
 
 
+def train_isolated(config: RunConfig, carry: dict) -> dict:
+    """train_in_child, keeping the child's place (basics/progress.py): a child that dies by a signal or
+    writes no report leaves a report naming the kernel, the step and the stage it was in, written here."""
+    with tempfile.TemporaryDirectory(prefix="ckparity-progress-") as scratch:
+        where_file = str(Path(scratch) / "where")
+        os.environ[progress.ENV] = where_file
+        try:
+            result = train_in_child(config, carry)
+        finally:
+            os.environ.pop(progress.ENV, None)
+        if result["status"] != "error" or "wrote no report" not in (result["error"] or ""):
+            return result
+        where = progress.read(where_file) or {}
+    stage = f"the {where['stage']} of {where['kernel']}" if where.get("kernel") else where.get("stage") or "its set-up"
+    result["error"] += f", in {stage} at step {where.get('step')}"
+    # the steps before it ran; their figures died with the child (a report is written at the end of a run)
+    result["steps"] = max((where.get("step") or 1) - 1, 0)
+    result["crash"] = {"ending": result["error"].split(" and wrote")[0].removeprefix("the run's process was "),
+                       "step": where.get("step"), "stage": where.get("stage"), "kernel": where.get("kernel"),
+                       "backend": getattr(config, kernels.KERNELS[where["kernel"]].flag) if where.get("kernel") else None}
+    write_json(config.json_out, result)
+    return result
+
+
 if __name__ == "__main__":
     from .run import train
 
     kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
     kernels.load_carried(json.loads(sys.argv[2]))
+    progress.start()
     train(RunConfig(**json.loads(sys.argv[1])))

@@ -15,9 +15,10 @@ import torch
 
 import ckparity
 
+from ... import kernels
 from ..longrun import checkpoint, directory, schedule
 from ..twins import init_from
-from ..basics import report
+from ..basics import progress, report
 from ..basics.config import RunConfig, UsageError
 from ..basics.data import Batches, load_tokens
 from .resources import check_memory
@@ -148,6 +149,7 @@ class _Stepper:
         ck, ref, observers = self.ck, self.ref, self.observers
         if any(o.wants_snapshot(step) for o in observers):
             self.snapshot = ck.snapshot(reuse=self.snapshot)
+        progress.note(step=step)
         for o in observers:
             o.before_step(step, windows, ck, ref)
         comparison = StepComparison(step, ck, ref)
@@ -168,6 +170,8 @@ class _Stepper:
             o.before_update(step, outputs, ck, ref, comparison.identical)
         del outputs  # the kept activations
         for twin in order:
+            if twin is ck:
+                progress.note(stage="update", kernel=kernels.FLAGS["ck_optimizer_backend"])
             twin.update(self.max_grad_norm)
         record = StepRecord(step, windows, ck, ref, comparison.finish(), comparison.losses, comparison.identical,
                             comparison.finite, self.snapshot)

@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from ... import kernels, reference
+from ..basics import progress
 from . import init_from
 from . import ranked as ranks
 from . import precision
@@ -31,17 +32,24 @@ def ops_for(config, side: str) -> Ops:
                       head_loss=partial(ops.head_loss, label_smoothing=config.label_smoothing) if ops.head_loss else None)
     if config.amp != "none" and side != "f64":  # the float64 twin runs without autocast
         ops = replace(ops, loss=precision.float_loss(ops.loss))
-    return replace(ops, **{slot: _tagging(name, getattr(ops, slot)) for slot, name in kernels.SLOTS.items()},
-                   head_loss=ops.head_loss and _tagging(kernels.SLOTS["loss"], ops.head_loss))
+    track = side == "ck" and progress.enabled()
+    return replace(ops, **{slot: _tagging(name, getattr(ops, slot), track) for slot, name in kernels.SLOTS.items()},
+                   head_loss=ops.head_loss and _tagging(kernels.SLOTS["loss"], ops.head_loss, track))
 
 
-def _tagging(kernel: str, fn):
+def _tagging(kernel: str, fn, track: bool = False):
     """fn whose output names the kernel record it came out of (models.KERNEL_TAG): localization reads each
-    stage's kernel from its tensor, so no table of the models' stages exists beside the records."""
+    stage's kernel from its tensor, so no table of the models' stages exists beside the records. With
+    ``track`` (a run in a child that keeps its place: basics/progress.py), entering the slot's forward,
+    and its backward (a hook on its output runs just before), is noted."""
     def call(*args, **kwargs):
+        if track:
+            progress.note(stage="forward", kernel=kernel)
         out = fn(*args, **kwargs)
         if isinstance(out, torch.Tensor):
             setattr(out, KERNEL_TAG, kernel)
+            if track and out.requires_grad:
+                out.register_hook(lambda grad: progress.note(stage="backward", kernel=kernel))
         return out
     return call
 

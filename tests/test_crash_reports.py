@@ -1,0 +1,71 @@
+"""A user's kernel that segfaults or aborts inside `ckparity train` ends the run's child process, not
+the command: exit 1 and a report naming the kernel, its backend, the step and the stage it crashed in
+(basics/progress.py keeps the child's place where a dying process can leave it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PLUGIN = textwrap.dedent('''
+    import ctypes, os
+    import torch
+    import torch.nn.functional as F
+    import ckparity
+
+    CALLS = [0]
+
+    def segfaulting_linear(x, weight, bias=None):
+        """a linear whose 8th call reads address 0 (the contract's call is the 1st)"""
+        CALLS[0] += 1
+        if CALLS[0] == 8:
+            ctypes.string_at(0)
+        return F.linear(x, weight, bias)
+
+    def _swiglu(x):
+        return F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2:]
+
+    class _AbortInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return _swiglu(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            CALLS[0] += 1
+            if CALLS[0] == 5:
+                os.abort()
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_(True)
+                return torch.autograd.grad(_swiglu(x), x, g)[0]
+
+    def aborting_swiglu(x):
+        """a swiglu whose backward aborts on its 5th call (registered unchecked: no contract call)"""
+        return _AbortInBackward.apply(x)
+
+    ckparity.register_backend("linear", "segfaulting", segfaulting_linear)
+    ckparity.register_backend("swiglu", "aborting", aborting_swiglu, check=False)
+''')
+
+
+@pytest.mark.parametrize("flag, backend, signal, kernel, stage", [
+    ("--ck-linear-backend", "segfaulting", "SIGSEGV", "linear", "forward"),
+    ("--ck-swiglu-backend", "aborting", "SIGABRT", "swiglu", "backward")])
+def test_a_crashing_kernel_is_a_report(tmp_path, flag, backend, signal, kernel, stage):
+    (tmp_path / "engine.py").write_text(PLUGIN)
+    done = subprocess.run([sys.executable, "-m", "ckparity", "train", "--plugin", "engine.py", flag, backend,
+                           "--max-steps", "6", "--no-progress", "--json-out", "r.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    crash = report["crash"]
+    assert report["status"] == "error" and crash["ending"] == f"killed by {signal}"
+    assert (crash["kernel"], crash["backend"], crash["stage"]) == (kernel, backend, stage)
+    assert crash["step"] >= 2 and report["steps"] == crash["step"] - 1
+    assert f"in the {stage} of {kernel} at step {crash['step']}" in done.stderr
