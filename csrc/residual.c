@@ -38,20 +38,24 @@ CKP_CLONES static void add_bf16(const uint16_t *x, const uint16_t *y, int64_t lo
 
 enum { CHUNK = 16384 }; /* elements a thread adds at a time: whole cache lines, any split gives the same bits */
 
-ckp_status ckp_residual_add(const float *x, const float *y, int64_t n, float *out) {
-    ckp_status s = check_args(x, y, n, out, sizeof(float));
+static ckp_status add(const void *x, const void *y, int64_t n, void *out, size_t elem) {
+    ckp_status s = check_args(x, y, n, out, elem);
     if (s != CKP_OK) return s;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (n >= 4 * CHUNK)
-    for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++)
-        add_f32(x, y, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, out);
+    for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+        int64_t lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
+        if (elem == sizeof(float))
+            add_f32(x, y, lo, hi, out);
+        else
+            add_bf16(x, y, lo, hi, out);
+    }
     return CKP_OK;
 }
 
+ckp_status ckp_residual_add(const float *x, const float *y, int64_t n, float *out) {
+    return add(x, y, n, out, sizeof(float));
+}
+
 ckp_status ckp_residual_add_bf16(const uint16_t *x, const uint16_t *y, int64_t n, uint16_t *out) {
-    ckp_status s = check_args(x, y, n, out, sizeof(uint16_t));
-    if (s != CKP_OK) return s;
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (n >= 4 * CHUNK)
-    for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++)
-        add_bf16(x, y, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n, out);
-    return CKP_OK;
+    return add(x, y, n, out, sizeof(uint16_t));
 }
