@@ -8,9 +8,12 @@
  *     share 384 + r, the larger half first (K = 512: 256 + 256; K = 1000:
  *     384 + 308 + 308; K <= 384: one block) -- where C has fewer than 192
  *     columns, or K <= 768; from 192 columns on, a K over 768 ends in the
- *     remainder as a block of its own (K = 1000: 384 + 384 + 232);
- *   - each block is an in-order chain acc = fma(a[m,k], b[k,n], acc) from 0;
+ *     remainder as a block of its own (K = 1000: 384 + 384 + 232) -- for F.linear's y (A's rows and
+ *     B's columns along K); for other strides (dX, dW) only where C has 192 rows as well;
+ *   - each block is an in-order chain acc = fma(a[m,k], b[k,n], acc) from +0.0;
  *   - the blocks' results are added left to right, C = acc0, C += acc1, ...;
+ *   - K = 1 is a rank-1 update: the product alone (-x * 0 is -0.0, not +0.0 as from a chain), or one FMA
+ *     onto the bias;
  *   - with a bias (addmm, beta 1), C starts as the bias and every block's result is added to it:
  *     ((bias + acc0) + acc1) + ... (with one block, bias + acc0: the same as the product plus the bias).
  *     F.linear takes addmm for a 2-D x and a contiguous 3-D one; any other x is matmul, then the bias
@@ -21,8 +24,21 @@
  * over the block's k, stored (first block) or added (the others) into C.
  * Every element's chain is its own: the tile sizes, the vector width and the thread split (over row
  * blocks and column panels, never over K) change no bit.
- * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads), M = 1 (MKL's
- * gemv path), MKL's AVX2 branch (other blocks). ckparity.kernels.linear says which.
+ * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads), M = 1 or N = 1
+ * (MKL's gemv paths), MKL's AVX2 branch (other blocks). ckparity.kernels.linear says which.
+ *
+ * [Note: MKL's skinny sgemm]
+ * F.linear's forward with a few rows takes other paths (measured as above, by planting +-2^30 pairs
+ * among ones and reading which terms each pair swallowed). Where A's rows and B's columns both lie
+ * along K (y = x.W^T: a_cs = b_rs = 1) and 2 <= M < 16, N >= 2, an element is a dot product over 16
+ * lanes -- lane l the FMA chain of k = l, l + 16, ... from +0.0, a last partial step leaving the lanes
+ * past K as they were, no K blocks at any K -- reduced in one of two ways:
+ *   - quarters, for K >= 24 M: four 4-lane quarters added in order, then (q0 + q1) + (q2 + q3);
+ *   - halving, for 2 <= K <= N <= 11 with M < N, and for N <= 3 with 2 <= K <= 31 (M < 16 at N = 2,
+ *     M < 11 at N = 3): lanes l and l + 8 added, then l and l + 4, l and l + 2, l and l + 1.
+ * A bias is added to the result. Not followed: N <= 3 with 32 <= K < 24 M (those M), another order.
+ * dX and dW (other strides) keep the blocked order at every M; from 192 columns on they take the
+ * remainder-alone rule only with 192 rows or more (F.linear's y at any M).
  *
  * Operands by strides (transposes without copies): A[m,k] at a[m*a_rs + k*a_cs], B[k,n] at
  * b[k*b_rs + n*b_cs]; C is M x N, row-major. F.linear's y = x·Wᵀ is A = x, B = Wᵀ (b_rs 1,
@@ -40,22 +56,27 @@
 
 enum { KBLOCK = 384, MC = 240, NC = 2048 };
 
-/* The K blocks of a C of N columns: block b of nb is [start, start + size) (see the Note). */
-enum { WIDE_N = 192 };
+/* The K blocks: block b of nb is [start, start + size) (see the Note); `wide`: the remainder alone. */
+enum { WIDE = 192 };
+
+/* From 192 columns of C, with A's rows and B's columns along K (F.linear's y) or 192 rows as well. */
+static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
+    return N >= WIDE && ((a_cs == 1 && b_rs == 1) || M >= WIDE);
+}
 
 static int64_t k_blocks(int64_t K) { return K <= KBLOCK ? 1 : (K + KBLOCK - 1) / KBLOCK; }
 
-static void k_block(int64_t K, int64_t N, int64_t b, int64_t *start, int64_t *size) {
+static void k_block(int64_t K, int wide, int64_t b, int64_t *start, int64_t *size) {
     int64_t nb = k_blocks(K), r = K % KBLOCK;
     if (nb == 1) {
         *start = 0, *size = K;
         return;
     }
-    if (r == 0 || b < nb - 2 || (N >= WIDE_N && nb > 2 && b == nb - 2)) {
+    if (r == 0 || b < nb - 2 || (wide && nb > 2 && b == nb - 2)) {
         *start = b * KBLOCK, *size = KBLOCK;
         return;
     }
-    if (N >= WIDE_N && nb > 2) { /* the remainder alone */
+    if (wide && nb > 2) { /* the remainder alone */
         *start = (nb - 1) * KBLOCK, *size = r;
         return;
     }
@@ -150,6 +171,76 @@ static void pack_a(const float *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+/* ---- the skinny path: 16-lane dot products ([Note: MKL's skinny sgemm]) --------------------------- */
+enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
+typedef enum { BLOCKED, QUARTERS, HALVING } gemm_path;
+
+static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
+    if (a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS || N < 2) return BLOCKED;
+    if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
+    if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
+    return BLOCKED;
+}
+
+/* The 16 lanes' chains of x[0..K) . w[0..K) (both contiguous), in out[16]. */
+__attribute__((target("avx512f,fma"))) static void dot_lanes16(const float *x, const float *w, int64_t K,
+                                                               float *out) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + DOT_LANES <= K; k += DOT_LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(w + k), acc);
+    if (k < K) {
+        const __mmask16 live = (__mmask16)((1u << (K - k)) - 1);
+        acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(live, x + k), _mm512_maskz_loadu_ps(live, w + k), acc, live);
+    }
+    _mm512_storeu_ps(out, acc);
+}
+
+__attribute__((target("avx2,fma"))) static void dot_lanes8x2(const float *x, const float *w, int64_t K, float *out) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + DOT_LANES <= K; k += DOT_LANES) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_loadu_ps(w + k + 8), hi);
+    }
+    _mm256_storeu_ps(out, lo);
+    _mm256_storeu_ps(out + 8, hi);
+    for (int64_t l = 0; k + l < K; l++) out[l] = fmaf(x[k + l], w[k + l], out[l]);
+}
+
+static void dot_lanes_scalar(const float *x, const float *w, int64_t K, float *out) {
+    for (int l = 0; l < DOT_LANES; l++) {
+        out[l] = 0.0f;
+        for (int64_t k = l; k < K; k += DOT_LANES) out[l] = fmaf(x[k], w[k], out[l]);
+    }
+}
+
+static float dot_reduce16(gemm_path path, float v[DOT_LANES]) {
+    if (path == HALVING) {
+        for (int half = DOT_LANES / 2; half >= 1; half /= 2)
+            for (int l = 0; l < half; l++) v[l] += v[l + half];
+        return v[0];
+    }
+    float q[4];
+    for (int j = 0; j < 4; j++) q[j] = ((v[j] + v[4 + j]) + v[8 + j]) + v[12 + j];
+    return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+/* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads. */
+static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
+                        int64_t K, int64_t N, const float *bias, float *c, int team) {
+    void (*lanes)(const float *, const float *, int64_t, float *) =
+        __builtin_cpu_supports("avx512f") ? dot_lanes16
+        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_lanes8x2 : dot_lanes_scalar;
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            float v[DOT_LANES];
+            lanes(a + m * a_rs, b + n * b_cs, K, v);
+            const float dot = dot_reduce16(path, v);
+            c[m * N + n] = bias != NULL ? bias[n] + dot : dot;
+        }
+}
+
 /* Row block mb's tiles against every column panel in [p0, p1) (step dp) of one K block. */
 static void row_block(const tiling *t, const float *ap, const float *bp, int64_t kb, int64_t m0, int64_t mc,
                       int64_t n0, int64_t nc, int64_t p0, int64_t p1, int64_t dp, float *c, int64_t N, int first) {
@@ -179,8 +270,24 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     if (ckp_overlaps(c, c_bytes, a, a_bytes) || ckp_overlaps(c, c_bytes, b, b_bytes) ||
         (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(float))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or the bias");
-    const tiling t = tiling_for_cpu();
     const int team_max = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+    ckp_clear_error();
+    if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias */
+#pragma omp parallel for schedule(static) num_threads(team_max)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                const float x = a[m * a_rs], y = b[n * b_cs];
+                c[m * N + n] = bias == NULL ? x * y : bias_after ? x * y + bias[n] : fmaf(x, y, bias[n]);
+            }
+        return CKP_OK;
+    }
+    const gemm_path path = path_for(a_cs, b_rs, M, K, N);
+    if (path != BLOCKED) {
+        skinny_gemm(path, a, a_rs, b, b_cs, M, K, N, bias, c, team_max);
+        return CKP_OK;
+    }
+    const tiling t = tiling_for_cpu();
+    const int wide = remainder_alone(a_cs, b_rs, M, N);
     /* the rows in blocks of at most MC, their count a multiple of the team where there are enough */
     int64_t mblocks = (M + MC - 1) / MC;
     if (mblocks >= team_max) mblocks = round_up(mblocks, team_max);
@@ -194,7 +301,6 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         free(ap);
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm: no memory for the packed panels");
     }
-    ckp_clear_error();
     const int seeded = bias != NULL && !bias_after;
     if (seeded)
         for (int64_t m = 0; m < M; m++) memcpy(c + m * N, bias, (size_t)N * sizeof(float));
@@ -209,7 +315,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
             const int64_t nc = N - n0 < NC ? N - n0 : NC, npanels = (nc + t.nr - 1) / t.nr;
             for (int64_t blk = 0; blk < k_blocks(K); blk++) {
                 int64_t k0, kb;
-                k_block(K, N, blk, &k0, &kb);
+                k_block(K, wide, blk, &k0, &kb);
                 const int first = blk == 0 && !seeded;
 #pragma omp for schedule(static)
                 for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, n0, nc, t.nr, p, bp);

@@ -151,14 +151,16 @@ def test_a_batch_dependent_reduction_is_nondeterministic(few_widths, planted):
 def test_own_kernels_are_batch_invariant_or_follow_torchs_variance():
     """ckparity's row kernels: a row's bits never depend on its batch, except a
     lone row of 65537 on 2 threads where torch's rms_norm splits the row's sum
-    (ours follows torch there: same count, torch's bits)."""
+    (ours follows torch there: same count, torch's bits), and linear's, which
+    follows MKL's path per batch size and moves only where torch's moves (its
+    row alone, MKL's gemv, not followed: as accurate as torch)."""
     from ckparity.gates.kernel_parity import batch_invariance_rows
 
     rows = {(r["kernel"], r["backend"]): r for r in batch_invariance_rows(torch.float32)}
     assert {("rms_norm", "c"), ("swiglu", "c"), ("cross_entropy", "c"), ("cross_entropy", "c_ptref")} <= set(rows)
-    for r in rows.values():
-        assert r["verdict"] == "bitwise" and r["arrangements"] == 145
-        assert r["ours_variant"] == r["follows_torch"] <= r["torch_variant"]
+    for (kernel, _), r in rows.items():
+        assert r["verdict"] in (("bitwise", "as accurate as torch") if kernel == "linear" else ("bitwise",))
+        assert r["arrangements"] == 145 and r["ours_variant"] == r["follows_torch"] <= r["torch_variant"]
 
 
 def test_the_kernel_parity_gate_fails_on_a_batch_dependent_own_kernel(monkeypatch):

@@ -157,7 +157,7 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
         failures += _compare_self_check()
     batch = batch_invariance_rows(dtype)
     failures += [f"{r['kernel']} backend {r['backend']!r}: {r['failures'][0]}" for r in batch
-                 if r["verdict"] != "bitwise"]
+                 if not _follows_torchs_variance(r)]
     conformance = user_backend_checks(settings.get("ck_backends", {}), settings["dtype"])
     failures += [f"{r['kernel']} backend {r['backend']!r}: check says {r['verdict']}" for r in conformance
                  if not r["passed"]]
@@ -168,6 +168,13 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
     return result(not failures, summary, checks=checks, failures=failures, capability=cpu.capability(),
                    held_bitwise=bitwise, user_backends=conformance, not_in_dtype=not_in_dtype, batch_invariance=batch,
                    exercised=[r["kernel"] for r in conformance])
+
+
+def _follows_torchs_variance(row: dict) -> bool:
+    """A row's bits never move with its batch, or move only where torch's move (linear follows MKL's path for
+    each batch size; its one-row gemv is not followed, so it is "as accurate as torch" there, not bitwise)."""
+    return row["verdict"] == "bitwise" or (row["verdict"] == "as accurate as torch"
+                                           and row["ours_variant"] == row["follows_torch"])
 
 
 def batch_invariance_rows(dtype: torch.dtype) -> list[dict]:
@@ -217,5 +224,5 @@ GATE = Gate(
     passes="every output within `assert_close`'s float32 tolerances of torch and float64 error ≤ `factor` (2) × "
            "torch's (ptref: 1× + 4 ULPs); the `bitwise_kernels` (rms_norm, swiglu, rope, ptref's class-target cases) "
            "bit-identical to torch; ckparity's own row kernels (rms_norm, swiglu, cross_entropy c, c_ptref, "
-           "c_fused_linear) batch-invariant: check's `batch_invariance`, a row's bits independent of its batch "
-           "unless they follow torch's own variance (report key `batch_invariance`)")
+           "c_fused_linear, linear) batch-invariant: check's `batch_invariance`, a row's bits independent of its "
+           "batch unless they move only where torch's do (report key `batch_invariance`)")

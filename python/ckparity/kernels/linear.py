@@ -1,10 +1,11 @@
 """linear: F.linear(x, weight, bias) -- every projection of the twins (fc1,
 fc2, q/k/v/o) and the lm_head. Its C backend (csrc/linear.c) follows MKL's
-one-thread sgemm on MKL's AVX-512 branch ([Note: MKL's sgemm order]): bit for
-bit with torch's F.linear, its dX and dW, and its dbias there, where each of
-the three GEMMs has 16 rows or more and 2 columns or more (MKL's skinny and
-gemv paths, M < 16 or one column, take other orders). A user's GEMM is judged
-here ("as accurate as torch" unless bitwise)."""
+one-thread sgemm on MKL's AVX-512 branch ([Note: MKL's sgemm order], [Note:
+MKL's skinny sgemm]): bit for bit with torch's F.linear, its dX and dW, and its
+dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
+more (one row or one column is MKL's gemv, another order), outside the one
+skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows).
+A user's GEMM is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ TWIN_SHAPES = ((512, 64, 256), (512, 128, 64), (256, 32, 96), (256, 48, 32), (25
 
 
 def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, bias: bool = False,
-          special: bool = False) -> None:
+          special: bool = False, quantities=("y", "dx", "dweight", "dbias")) -> None:
     x = torch.randn(M, K, generator=g).requires_grad_(True)
     w = (torch.randn(N, K, generator=g) / K ** 0.5).requires_grad_(True)
     if special:  # NaN, inf and -inf in rows of x, and a zero row: the chains carry them as torch's do
@@ -78,13 +79,40 @@ def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, 
     with torch_threads(1):
         theirs = grad_run(F.linear, inputs, up)
     for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
-        tally.add(q, label, a, b)
+        if q in quantities:
+            tally.add(q, label, a, b)
+
+
+def _skinny_not_followed(M: int, K: int, N: int) -> bool:
+    """F.linear's y in MKL's one skinny region csrc/linear.c does not follow ([Note: MKL's skinny sgemm])."""
+    return (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M
+
+
+def _skinny_sweep(tally: Tally, g: torch.Generator) -> None:
+    """Few rows: the quarters path's edge (K = 24 M) and long K, the halving path (K <= N <= 11, and 2 or 3
+    columns to K 31), K = 1's rank-1 update with and without a bias, the region not followed skipped."""
+    for M in range(2, 16):
+        for K in (24 * M - 1, 24 * M, 24 * M + 1, 24 * M + 17, 385, 1000):
+            for N in (2, 4, 19, 200):
+                if not _skinny_not_followed(M, K, N):
+                    _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=K % 2 == 0)
+    for N in range(4, 12):
+        for M in (2, N - 1):
+            for K in range(2, N + 1):
+                _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=K % 2 == 0)
+    for N, M in ((2, 2), (2, 15), (3, 4), (3, 10), (3, 11)):
+        for K in range(2, 32, 3):
+            _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=K % 2 == 0)
+    for M, N in ((2, 2), (10, 200), (40, 3)):  # dX and dW of K = 1 have one column: MKL's gemv
+        for bias in (False, True):
+            _case(tally, f"M={M} K=1 N={N}", M, 1, N, g, bias=bias, quantities=("y", "dbias"))
 
 
 def sweep(tally: Tally, g: torch.Generator) -> None:
     """y, dx, dweight and dbias against F.linear on one torch thread: K over every width from 2 (K = 1 makes
     dX one column: MKL's gemv) and the large ones and block edges, below and from 192 columns, M over
-    16..300, N over 16..300, the twins' shapes, a bias, non-finite rows."""
+    2..300, N over 16..300, the twins' shapes, a bias, non-finite rows."""
+    _skinny_sweep(tally, g)
     for K in [k for k in WIDTHS if k >= 2] + list(LARGE_K):
         _case(tally, f"M=17 K={K} N=33", 17, K, 33, g, bias=True)
     for M in range(16, 301):
@@ -167,14 +195,15 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["x"], t["weight"]), differentiated=("x", "weight"), widths=WIDTHS,
-        rows=(3, 17),  # 3: MKL's skinny path (not followed: as accurate); 17: followed
+        rows=(3, 17),  # 3: MKL's skinny paths (K >= 72: 16-lane dot products); 17: its blocked one
         bad=_BAD, options=(("bias", lambda f, t: f(t["x"], t["weight"], t["bias"]), ("x", "weight", "bias")),),
         opinfo=("nn.functional.linear", _opinfo_sample)),
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=_mkl_followed,
-                  condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of 16+ rows and 2+ columns"),),
+                  condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of 2+ rows and 2+ columns, "
+                            "but y of 2-3 columns with 32 <= K < 24 rows"),),
     not_claimed={"linear": "torch at 2 threads (MKL splits K between them for some shapes: K 769..1536 of small "
-                           "M x N as two halves, larger ones otherwise), MKL's skinny (M < 16) and gemv (one column) "
-                           "paths, MKL's AVX2 branch (K in blocks of 192), bfloat16 (oneDNN): as accurate as torch"},
+                           "M x N as two halves, larger ones otherwise), MKL's gemv path (one row or one column: x of "
+                           "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's AVX2 branch (K in blocks of 192), bfloat16 (oneDNN): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,

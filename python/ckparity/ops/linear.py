@@ -27,9 +27,20 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor
          bias_after: bool = False, *, library=lib) -> None:
     """out (M, N), contiguous = a (M, K) . b (K, N) + bias (N, contiguous; C's start, as addmm's, or added to
     the product with ``bias_after``, as matmul's then add_), a and b of any strides."""
+    a, b = _blas_operand(a), _blas_operand(b)
     (M, K), N = a.shape, b.shape[1]
     check(library.ckp_gemm(_at(a), a.stride(0), a.stride(1), _at(b), b.stride(0), b.stride(1), M, K, N, _at(bias),
                            int(bias_after), _at(out)), "linear", library)
+
+
+def _blas_operand(t: torch.Tensor) -> torch.Tensor:
+    """t as ATen's addmm hands it to MKL: read where it lies if one stride is 1 and the other spans a row or
+    column (a BLAS leading dimension), else a contiguous copy (Blas.cpp's addmm_impl_cpu_). The copy changes
+    no value, but MKL's path, and so the order, follows the strides it is given."""
+    rows, cols = t.shape
+    if (t.stride(1) == 1 and t.stride(0) >= max(1, cols)) or (t.stride(0) == 1 and t.stride(1) >= max(1, rows)):
+        return t
+    return t.contiguous()
 
 
 def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
@@ -74,7 +85,8 @@ class _LinearFunction(CFunction):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N) or None -> (..., N), in float32 or
     bfloat16 (all three of one dtype; under CPU autocast to bfloat16 they are cast to it first, as autocast
-    casts F.linear's). Transposed and strided x and weight are read by their strides (no copy).
+    casts F.linear's). Transposed and strided x and weight are read by their strides (no copy where ATen's
+    addmm makes none).
     bfloat16: the float32 GEMM on the widened values, the result rounded once -- torch's bf16 matmul is
     oneDNN's, whose order is not followed: float32 accumulation, the same bits at any thread count."""
     if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
