@@ -202,9 +202,10 @@ def _backend_choices(specs: list[str]) -> dict[str, str]:
 def _gate(argv: list[str]) -> int:
     from pathlib import Path
 
-    from .gates import DTYPE_GATES, GATE_NAMES, run_gates, settings_for
+    from .gates import DTYPE_GATES, GATE_NAMES, junit_cases, run_gates, settings_for
+    from .harness.basics import junit
     from .harness.basics.config import UsageError
-    from .harness.basics.report import check_writable_dir
+    from .harness.basics.report import check_writable, check_writable_dir, write_text
 
     parser = _parser(prog="ckparity gate", description="Runs the parity gates; exits 1 if any fails.")
     parser.add_argument("--tier", choices=["quick", "full"], default="quick")
@@ -220,6 +221,7 @@ def _gate(argv: list[str]) -> int:
                              "--plugin); kernel_parity runs `ckparity check` on it, optimizer_parity holds an adamw "
                              "or clip_grad_norm one to torch")
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first gate that fails")
+    parser.add_argument("--junit", default=None, help="JUnit XML: a test case per gate, failing where it fails")
     args = parser.parse_args(argv)
     try:
         settings = settings_for(args.tier, args.config, args.dtype)
@@ -232,8 +234,12 @@ def _gate(argv: list[str]) -> int:
                          f"only; the gates that take a dtype: {', '.join(DTYPE_GATES)}")
     out_dir = args.out_dir or ("reports/gates" + ("" if args.dtype == "float32" else f"/{args.dtype}"))
     check_writable_dir(out_dir, "--out-dir")
+    if args.junit:
+        check_writable(args.junit, "--junit")
     tier = args.tier + ("" if args.dtype == "float32" else f", {args.dtype}")
     results = run_gates(names, settings, Path(out_dir), tier, ck_backends=ck_backends, fail_fast=args.fail_fast)
+    if args.junit:  # an interrupted run's too: the gates that ran, the stopped one failing
+        write_text(args.junit, junit.xml("ckparity gate", junit_cases(results)))
     failed = [r["gate"] for r in results if not r["passed"]]
     print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {out_dir}/summary.md)")
@@ -334,28 +340,46 @@ def _mutate(argv: list[str]) -> int:
 
 def _check(argv: list[str]) -> int:
     from .check import DEFAULT_TIMEOUT, CheckSetupError, covered, isolated_check, table
+    from .check.suite import junit_cases
     from .harness.basics.interrupts import EXIT_CODES, Interrupted, stop_on_signals
     from .harness.basics.config import UsageError
-    from .harness.basics.report import STDOUT, check_writable, write_json
+    from .harness.basics.report import STDOUT, check_writable
 
     parser = _parser(prog="ckparity check", description="The conformance suite ckparity runs on its "
                                      "own kernels, on any registered backend (--plugin loads yours): widths 1..300 "
                                      "and large odd ones against torch and float64, the slot's options, strided "
-                                     "input, 1 and 2 threads, bad input. Exit 0 unless a verdict is wrong or crashes.")
+                                     "input, 1 and 2 threads, bad input, cheats. With no kernel named: every "
+                                     "backend the plugins register (or --all), one table with each one's speed "
+                                     "against torch eager. Exit 0 unless a verdict is wrong or crashes.")
     spellings = sorted(s for name in covered() for s in kernels.KERNELS[name].spellings)
-    parser.add_argument("kernel", help=f"one of {covered()} (or the flags' spelling: {', '.join(spellings)})")
-    parser.add_argument("--backend", required=True, help="a registered backend, or module:attr")
+    parser.add_argument("kernel", nargs="?", default=None,
+                        help=f"one of {covered()} (or the flags' spelling: {', '.join(spellings)}); none: the "
+                             "whole engine")
+    parser.add_argument("--backend", default=None, help="a registered backend, or module:attr (with a kernel)")
+    parser.add_argument("--all", action="store_true",
+                        help="with no kernel: every backend of every slot but torch's, ckparity's own included")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", type=dtype_name,
                         help="the cases' dtype: bfloat16 holds the backend to torch's bf16 eager (bf16 ULPs)")
-    parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1); - for stdout")
+    parser.add_argument("--json-out", default=None, help="the report (schema ckparity.check/1, or "
+                                                         "ckparity.check-engine/1 for an engine); - for stdout")
+    parser.add_argument("--junit", default=None, help="JUnit XML: a test case per property (per slot's property "
+                                                      "for an engine), a failing one where check fails")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"seconds the suite may run before its process is killed and the verdict is crashes "
+                        help=f"seconds each suite may run before its process is killed and the verdict is crashes "
                              f"(default {DEFAULT_TIMEOUT:g})")
     args = parser.parse_args(argv)
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout}")
-    if args.json_out:
-        check_writable(args.json_out, "--json-out")
+    if args.kernel is None and args.backend is not None:
+        raise UsageError("--backend names one backend of a kernel: name the kernel too, or leave both out to "
+                         "check every backend the plugins register")
+    if args.kernel is not None and (args.backend is None or args.all):
+        raise UsageError("a kernel is checked on one --backend (--all is for the whole engine: no kernel)")
+    for path, flag in ((args.json_out, "--json-out"), (args.junit, "--junit")):
+        if path:
+            check_writable(path, flag)
+    if args.kernel is None:
+        return _check_engine(args)
     try:
         # the plugins load in the child only (_load_plugins): a backend that crashes at registration or in
         # its contract check is a verdict there, not a dead command here
@@ -367,14 +391,45 @@ def _check(argv: list[str]) -> int:
         raise UsageError(str(err).strip("'\"")) from None
     except Interrupted as stopped:  # the report of what ran, its last property "interrupted"
         report = stopped.report
-        if args.json_out:
-            write_json(args.json_out, report)
+        _write_check(args, report, junit_cases([report]))
         print(table(report), file=sys.stderr)
         return EXIT_CODES[stopped.signum]
-    if args.json_out:
-        write_json(args.json_out, report)
+    _write_check(args, report, junit_cases([report]))
     print(table(report), file=sys.stderr if args.json_out == STDOUT else sys.stdout)
     return EXIT_PASS if report["passed"] else EXIT_FAIL
+
+
+def _check_engine(args) -> int:
+    from .check import CheckSetupError, engine
+    from .check.suite import junit_cases
+    from .harness.basics.config import UsageError
+    from .harness.basics.interrupts import EXIT_CODES, Interrupted, stop_on_signals
+    from .harness.basics.report import STDOUT
+
+    try:
+        with stop_on_signals():
+            pairs = engine.backends_to_check(args.all)
+            report = engine.check_engine(pairs, args.dtype, args.timeout,
+                                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except CheckSetupError as err:
+        raise UsageError(str(err)) from None
+    except Interrupted as stopped:  # the slots checked so far, the one stopped in last
+        _write_check(args, stopped.report, junit_cases(stopped.report["checks"]))
+        print(engine.table(stopped.report), file=sys.stderr)
+        return EXIT_CODES[stopped.signum]
+    _write_check(args, report, junit_cases(report["checks"]))
+    print(engine.table(report), file=sys.stderr if args.json_out == STDOUT else sys.stdout)
+    return EXIT_PASS if report["passed"] else EXIT_FAIL
+
+
+def _write_check(args, report: dict, cases) -> None:
+    from .harness.basics import junit
+    from .harness.basics.report import write_json, write_text
+
+    if args.json_out:
+        write_json(args.json_out, report)
+    if args.junit:
+        write_text(args.junit, junit.xml("ckparity check", cases))
 
 
 def _replay(argv: list[str]) -> int:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from .. import cpu, kernels
+from .._tensors import DTYPES
 from .suite import SCHEMA, check, record_of
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: ckparity's own kernels take seconds; a hang is a verdict, not a wait
@@ -55,12 +56,15 @@ _NOT_CARRIED = ("the {kernel} backend {backend!r} is a callable only this proces
 
 
 def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT,
-                   carry: dict | None = None, adamw: dict | None = None, dtype: str = "float32") -> dict:
+                   carry: dict | None = None, adamw: dict | None = None, dtype: str = "float32",
+                   speed: bool = False) -> dict:
     """check() in a child process (see the module's docstring). The report
     comes back through a file, not the child's stdout (which a backend may
     print to). A bad kernel name raises ValueError here, before the child
     starts; a child that cannot set up raises CheckSetupError; a signal to
-    this process kills the child."""
+    this process kills the child. ``speed``: the report's ``speed`` is the
+    backend timed against torch eager (check/speed.py), where its verdict is
+    one check passes (the timeout covers it too)."""
     kernel = record_of(kernel).name
     if carry is None:
         carry = kernels.carried(kernel, backend)
@@ -70,7 +74,7 @@ def isolated_check(kernel: str, backend: str, seed: int = 0, timeout: float = DE
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "report.json"
         request = json.dumps({"kernel": kernel, "backend": backend, "seed": seed, "adamw": adamw, "dtype": dtype,
-                              "out": str(out), **carry})
+                              "speed": speed, "out": str(out), **carry})
         proc = subprocess.Popen([sys.executable, "-m", "ckparity.check.child", request], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=kernels.child_env(carry))
         timed_out = False
@@ -141,7 +145,22 @@ def child(request: dict) -> int:
     except (ValueError, TypeError) as err:
         out.write_text(json.dumps({"setup_error": str(err)}))
         return EXIT_SETUP
-    out.write_text(json.dumps(check(request["kernel"], request["backend"], request["seed"], request["adamw"],
-                                    request["dtype"])))
+    report = check(request["kernel"], request["backend"], request["seed"], request["adamw"], request["dtype"])
+    if request.get("speed"):
+        report["speed"] = _speed(report, request["dtype"])
+    out.write_text(json.dumps(report))
     return 0
+
+
+def _speed(report: dict, dtype: str) -> dict:
+    """The backend against torch eager, or why it is not timed."""
+    from . import speed
+
+    record = record_of(report["kernel"])
+    if record.optimizer:
+        return {"not_timed": "an optimizer: bench times it (ckparity bench)"}
+    if not report["passed"] or report["verdict"] == "not supported":
+        return {"not_timed": f"its verdict is {report['verdict']}"}
+    return speed.speedup(record.conformance, record.backends[report["backend"]], record.backends["torch"],
+                         DTYPES[dtype])
 

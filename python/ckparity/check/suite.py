@@ -13,6 +13,7 @@ from .. import cpu, kernels
 from .._tensors import DTYPES
 from . import cheats, properties
 from .properties import adamw_sizes
+from ..harness.basics.junit import TestCase
 from .rule import check_passes, gate_passes, worst
 
 SCHEMA = "ckparity.check/1"
@@ -175,3 +176,17 @@ def table(report: dict) -> str:
         lines.append(f"checked in this process: {report['in_process_because']}")
     return "\n".join(lines)
 
+
+
+def junit_cases(reports: list[dict]) -> list:
+    """A JUnit test case per property of each report, failing where check fails it (wrong, crashes)."""
+
+    cases = []
+    for report in reports:
+        for r in report["properties"]:
+            failed = not check_passes(r["verdict"])
+            cases.append(TestCase(f"ckparity.check.{report['kernel']}.{report['backend']}", r["property"],
+                                  failure=f"{r['verdict']}: {(r['failures'] or ['-'])[0]}" if failed else None,
+                                  output=f"verdict {r['verdict']}; cases {r['cases']}, failing {r['failing']}, "
+                                         f"bit-identical {r['bit_identical']}, max ULP {r['max_ulp']}"))
+    return cases

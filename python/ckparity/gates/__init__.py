@@ -25,6 +25,7 @@ import ckparity
 from .. import kernels
 from .._tensors import DTYPES
 from ..harness.basics.interrupts import Interrupted, stop_on_signals
+from ..harness.basics.junit import TestCase
 from ..harness.basics.report import write_json, write_text
 from . import (accuracy_parity, common, depth_sweep, distributed_parity, drift_smoke, fd_gradients, kernel_parity,
                long_horizon, noise_envelope, optimizer_parity, replay_determinism)
@@ -146,6 +147,12 @@ def _run_each(names, settings, out_dir, tier, echo, results, fail_fast) -> None:
         echo(f"{'PASS' if result['passed'] else 'FAIL'} {name:20s} {result['seconds']:6.1f}s  {result['summary']}")
         if result["details"].get("interrupted") or (fail_fast and not result["passed"]):
             break
+
+
+def junit_cases(results: list[dict]) -> list[TestCase]:
+    """A JUnit test case per gate run: failing with its summary where the gate failed."""
+    return [TestCase(f"ckparity.gate.{r['tier']}", r["gate"], r["seconds"],
+                     failure=None if r["passed"] else r["summary"], output=r["summary"]) for r in results]
 
 
 def markdown_summary(results: list[dict], tier: str) -> str:

@@ -59,6 +59,8 @@ KERNEL = Kernel(
     conformance=Conformance(
         make=_make, call=_call, differentiated=("q", "k", "v"),
         widths=WIDTHS, bad=_BAD, batch_widths=(8, 64, 100, 128, 256),  # head dims: 65537 is no attention's
-        options=(("scale", lambda f, t: _call(f, t, scale=0.3), ("q", "k", "v")),)),
+        options=(("scale", lambda f, t: _call(f, t, scale=0.3), ("q", "k", "v")),),
+        speed=lambda g: {"q": torch.randn(4, 8, 256, 64, generator=g),  # 4 sequences of 256, 8 heads over 4
+                         "k": torch.randn(4, 4, 256, 64, generator=g), "v": torch.randn(4, 4, 256, 64, generator=g)}),
     not_claimed={"attention": "no C kernel yet: torch's backend, and a user's judged against it"},
 )

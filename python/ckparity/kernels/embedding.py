@@ -149,7 +149,9 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["tokens"], t["weight"]), differentiated=("weight",), widths=WIDTHS,
-        bad=_BAD, opinfo=("nn.functional.embedding", _opinfo_sample)),
+        bad=_BAD, opinfo=("nn.functional.embedding", _opinfo_sample),
+        speed=lambda g: {"weight": torch.randn(32000, 512, generator=g),  # a llama-sized vocabulary, 2048 tokens
+                         "tokens": torch.randint(0, 32000, (2048,), generator=g)}),
     claims=(Claim("embedding", ("out", "dweight"), sweep),
             Claim("embedding", ("out", "dweight"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
     not_claimed={"embedding": "max_norm, scale_grad_by_freq and sparse gradients: refused by name"},

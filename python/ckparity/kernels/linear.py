@@ -197,7 +197,9 @@ KERNEL = Kernel(
         make=_make, call=lambda fn, t: fn(t["x"], t["weight"]), differentiated=("x", "weight"), widths=WIDTHS,
         rows=(3, 17),  # 3: MKL's skinny paths (K >= 72: 16-lane dot products); 17: its blocked one
         bad=_BAD, options=(("bias", lambda f, t: f(t["x"], t["weight"], t["bias"]), ("x", "weight", "bias")),),
-        opinfo=("nn.functional.linear", _opinfo_sample)),
+        opinfo=("nn.functional.linear", _opinfo_sample),
+        speed=lambda g: {"x": torch.randn(512, 1024, generator=g),  # a projection of 512 tokens, d 1024
+                         "weight": torch.randn(1024, 1024, generator=g) / 32, "bias": torch.randn(1024, generator=g)}),
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=_mkl_followed,
                   condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of 2+ rows and 2+ columns, "
                             "but y of 2-3 columns with 32 <= K < 24 rows"),),

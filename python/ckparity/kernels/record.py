@@ -48,6 +48,9 @@ class Conformance:
     opinfo: tuple[str, Callable] | None = None
     batch_widths: tuple[int, ...] | None = None  # batch_invariance's widths, where not check's own
     rows: tuple[int, ...] | None = None  # the widths property's row counts, where not check's own (1 and 3)
+    # (gen) -> the tensors a backend is timed on against torch (check/speed.py), where make(4096, 256) is not
+    # the slot's realistic shape
+    speed: Callable[[torch.Generator], dict] | None = None
 
 
 @dataclass(frozen=True)

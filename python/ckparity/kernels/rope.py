@@ -148,7 +148,9 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(
         make=_make, call=lambda fn, t: fn(t["q"].transpose(1, 2), t["cos"], t["sin"]), differentiated=("q",),
-        widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_BAD),
+        widths=[w for w in range(2, 301, 2)] + [512, 1024, 4096, 8192], bad=_BAD,
+        speed=lambda g: {"q": torch.randn(4, 256, 8, 128, generator=g),  # (B, T, heads, d) as the twins store it
+                         **dict(zip(("cos", "sin"), (lambda a: (a.cos(), a.sin()))(torch.rand(256, 64, generator=g))))}),
     gate_cases={"rope": GateCase(rope, reference.rope, _gate_cases, "default")},
     claims=(Claim("rope", ("out", "dx"), sweep),
             Claim("rope", ("out", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
