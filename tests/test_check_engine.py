@@ -106,10 +106,12 @@ def test_gate_junit_has_a_case_per_gate_failing_where_the_gate_fails(plugin, tmp
     monkeypatch.setattr(kernels.KERNELS["residual"], "backends", dict(kernels.backends("residual")))
     monkeypatch.setattr(kernels.registry, "_loaded", [])
     (tmp_path / "residuals.py").write_text(_ENGINE.replace('ckparity.register_backend("swiglu"', "# "))
-    xml = tmp_path / "gate.xml"
+    xml, page = tmp_path / "gate.xml", tmp_path / "gate.html"
     code = main(["gate", "--plugin", "residuals.py", "--only", "kernel_parity", "--backend", "residual=engine_off",
-                 "--out-dir", str(tmp_path / "gates"), "--junit", str(xml)])
+                 "--out-dir", str(tmp_path / "gates"), "--junit", str(xml), "--html", str(page)])
     assert code == 1
     assert _junit(xml) == [("ckparity.gate.quick", "kernel_parity", True)]
     root = ET.parse(xml).getroot()
     assert "residual backend 'engine_off'" in root.find("testcase/failure").get("message")
+    text = page.read_text()  # the page's table: the gate, and its result as the summary says it
+    assert '<p class="fail">0 of 1 gates passed</p>' in text and "<td>kernel_parity</td><td><strong>FAIL</strong></td>" in text

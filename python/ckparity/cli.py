@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 from . import kernels
@@ -42,12 +43,14 @@ def _parser(**kwargs) -> argparse.ArgumentParser:
 
 def _train(argv: list[str]) -> int:
     from .harness.basics.config import given_fields, parse_train_args
-    from .harness.basics.report import STDOUT
+    from .harness.basics.report import STDOUT, check_writable
     from .harness.ranks.launch import launch
     from .harness.twins.ranked import RANK_ENV
     from .harness.loop.run import DEFAULT_JSON_OUT, train
 
-    config = parse_train_args(argv)
+    config, own = parse_train_args(argv, extra={"--html": HTML_FLAG})
+    if own["html"]:
+        check_writable(own["html"], "--html")
     if config.resume:  # the checkpoint's config says whether the run has ranks
         from .harness.longrun.checkpoint import resume_config
 
@@ -59,6 +62,8 @@ def _train(argv: list[str]) -> int:
     if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 speaks for the run
         return exit_code(result)
     path = result["config"]["json_out"] or DEFAULT_JSON_OUT
+    if own["html"]:  # an interrupted or failed run's too: what ran
+        _write_drift_page(own["html"], {Path(path).stem if path != STDOUT else "run": result}, "ckparity train")
     # with --json-out -, stdout carries the report alone
     out = sys.stderr if path == STDOUT else sys.stdout
     print(f"ckparity train: {result['status']} after {result['steps']} steps "
@@ -79,6 +84,24 @@ def _train(argv: list[str]) -> int:
     if mismatch is not None:
         print(f"ckparity train: stopped at step {mismatch}: the ranks' replicated parameters differ", file=sys.stderr)
     return exit_code(result)
+
+
+HTML_FLAG = {"default": None, "metavar": "FILE",
+             "help": "also write one self-contained HTML page (plots embedded, no network) of what ran"}
+
+
+def _write_drift_page(path: str, reports: dict, title: str) -> None:
+    from .harness.basics.report import write_text
+    from .harness.studies import drift_page
+
+    write_text(path, drift_page.page(reports, title))
+
+
+def _write_page(path: str, title: str, passed: bool, line: str, markdown: str) -> None:
+    from .harness.basics import html
+    from .harness.basics.report import write_text
+
+    write_text(path, html.page(title, html.verdict(passed, line), html.markdown_table(markdown)))
 
 
 def _users_backends_isolated(config, distributed: bool):
@@ -105,6 +128,7 @@ def _users_backends_isolated(config, distributed: bool):
 
 def _repro(argv: list[str]) -> int:
     from .harness.basics.config import UsageError
+    from .harness.basics.report import check_writable
     from .harness.studies.repro import AMP_LOSS_REFUSED, DEPTH, LOSS_BACKENDS, PRESETS, depth_sweep, repro
 
     parser = _parser(prog="ckparity repro", description="A preset run with --ck-loss-backend "
@@ -113,6 +137,7 @@ def _repro(argv: list[str]) -> int:
                                      "seed's larger profile; depth: residual models of 1..24 layers, 100 steps.")
     parser.add_argument("--preset", choices=sorted(PRESETS) + ["depth"], default="850")
     parser.add_argument("--out-dir", default="reports")
+    parser.add_argument("--html", **HTML_FLAG)
     parser.add_argument("--max-steps", type=int, default=None, help="shorten the preset")
     parser.add_argument("--f64-shadow", action="store_true", help="add the float64 shadow to each run")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", type=dtype_name,
@@ -128,6 +153,8 @@ def _repro(argv: list[str]) -> int:
         parser.add_argument(f"--{flag.replace('_', '-')}", default=None, metavar="NAME",
                             help=f"the CK twin's {kernel} in every run (one of {kernels.registered(kernel)})")
     args = parser.parse_args(argv)
+    if args.html:
+        check_writable(args.html, "--html")
     preset = DEPTH if args.preset == "depth" else PRESETS[args.preset]
     chosen = {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
     if args.preset == "depth" and args.loss_backends:
@@ -137,12 +164,17 @@ def _repro(argv: list[str]) -> int:
     if args.preset == "depth":
         rows, text = depth_sweep(args.out_dir, preset)
         print(text)
+        if args.html:
+            _write_page(args.html, "ckparity repro --preset depth", all(r["status"] == "pass" for r in rows),
+                        f"{sum(r['status'] == 'pass' for r in rows)} of {len(rows)} runs pass", text)
         return max(exit_code(r) for r in rows)
     backends = args.loss_backends or [b for b in LOSS_BACKENDS
                                       if preset.amp == "none" or b not in AMP_LOSS_REFUSED]
     name = args.preset + {"float32": "", "bfloat16": "_bfloat16"}[args.dtype] + ("_amp" if args.amp != "none" else "")
     reports, text = repro(args.out_dir, preset, name, backends)
     print(text)
+    if args.html:
+        _write_drift_page(args.html, reports, f"ckparity repro --preset {name}")
     return max(exit_code(r) for r in reports.values())
 
 
@@ -168,18 +200,28 @@ def _attribute(argv: list[str]) -> int:
 
 def _compare(argv: list[str]) -> int:
     from .harness.basics.config import UsageError
+    from .harness.basics.report import check_writable, check_writable_dir
+    from .harness.studies import drift_page
     from .harness.studies.repro import compare
 
     parser = _parser(prog="ckparity compare")
     parser.add_argument("reports", nargs="+")
-    parser.add_argument("--plot", default=None, help="write a PNG of the drift per step")
+    parser.add_argument("--plot", default=None, help="write a PNG of the differences per step")
+    parser.add_argument("--html", **HTML_FLAG)
     args = parser.parse_args(argv)
+    if args.plot:
+        check_writable_dir(Path(args.plot).parent, "--plot")
+    if args.html:
+        check_writable(args.html, "--html")
     try:
-        print(compare(args.reports, args.plot))
+        reports, text = compare(args.reports)
     except (OSError, ValueError, KeyError) as err:
-        if isinstance(err, UsageError):
-            raise
         raise UsageError(f"cannot compare: {err}") from None
+    print(text)
+    if args.plot:
+        drift_page.plot(reports, args.plot)
+    if args.html:
+        _write_drift_page(args.html, reports, "ckparity compare")
     return EXIT_PASS
 
 
@@ -200,9 +242,7 @@ def _backend_choices(specs: list[str]) -> dict[str, str]:
 
 
 def _gate(argv: list[str]) -> int:
-    from pathlib import Path
-
-    from .gates import DTYPE_GATES, GATE_NAMES, junit_cases, run_gates, settings_for
+    from .gates import DTYPE_GATES, GATE_NAMES, junit_cases, markdown_summary, run_gates, settings_for
     from .harness.basics import junit
     from .harness.basics.config import UsageError
     from .harness.basics.report import check_writable, check_writable_dir, write_text
@@ -222,6 +262,7 @@ def _gate(argv: list[str]) -> int:
                              "or clip_grad_norm one to torch")
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first gate that fails")
     parser.add_argument("--junit", default=None, help="JUnit XML: a test case per gate, failing where it fails")
+    parser.add_argument("--html", **HTML_FLAG)
     args = parser.parse_args(argv)
     try:
         settings = settings_for(args.tier, args.config, args.dtype)
@@ -234,12 +275,17 @@ def _gate(argv: list[str]) -> int:
                          f"only; the gates that take a dtype: {', '.join(DTYPE_GATES)}")
     out_dir = args.out_dir or ("reports/gates" + ("" if args.dtype == "float32" else f"/{args.dtype}"))
     check_writable_dir(out_dir, "--out-dir")
-    if args.junit:
-        check_writable(args.junit, "--junit")
+    for path, flag in ((args.junit, "--junit"), (args.html, "--html")):
+        if path:
+            check_writable(path, flag)
     tier = args.tier + ("" if args.dtype == "float32" else f", {args.dtype}")
     results = run_gates(names, settings, Path(out_dir), tier, ck_backends=ck_backends, fail_fast=args.fail_fast)
     if args.junit:  # an interrupted run's too: the gates that ran, the stopped one failing
         write_text(args.junit, junit.xml("ckparity gate", junit_cases(results)))
+    if args.html:
+        _write_page(args.html, f"ckparity gate ({tier})", all(r["passed"] for r in results),
+                    f"{sum(r['passed'] for r in results)} of {len(results)} gates passed",
+                    markdown_summary(results, tier))
     failed = [r["gate"] for r in results if not r["passed"]]
     print(f"ckparity gate: {len(results) - len(failed)}/{len(results)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else "") + f" (summary: {out_dir}/summary.md)")
@@ -284,8 +330,6 @@ def _bench(argv: list[str]) -> int:
 
 
 def _mutate(argv: list[str]) -> int:
-    from pathlib import Path
-
     from .gates import GATE_NAMES
     from .harness.basics.config import UsageError
     from .harness.basics.report import check_writable, check_writable_dir, write_json
@@ -364,6 +408,7 @@ def _check(argv: list[str]) -> int:
                                                          "ckparity.check-engine/1 for an engine); - for stdout")
     parser.add_argument("--junit", default=None, help="JUnit XML: a test case per property (per slot's property "
                                                       "for an engine), a failing one where check fails")
+    parser.add_argument("--html", **HTML_FLAG)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds each suite may run before its process is killed and the verdict is crashes "
                              f"(default {DEFAULT_TIMEOUT:g})")
@@ -375,7 +420,7 @@ def _check(argv: list[str]) -> int:
                          "check every backend the plugins register")
     if args.kernel is not None and (args.backend is None or args.all):
         raise UsageError("a kernel is checked on one --backend (--all is for the whole engine: no kernel)")
-    for path, flag in ((args.json_out, "--json-out"), (args.junit, "--junit")):
+    for path, flag in ((args.json_out, "--json-out"), (args.junit, "--junit"), (args.html, "--html")):
         if path:
             check_writable(path, flag)
     if args.kernel is None:
@@ -391,10 +436,10 @@ def _check(argv: list[str]) -> int:
         raise UsageError(str(err).strip("'\"")) from None
     except Interrupted as stopped:  # the report of what ran, its last property "interrupted"
         report = stopped.report
-        _write_check(args, report, junit_cases([report]))
+        _write_check(args, report, junit_cases([report]), table(report))
         print(table(report), file=sys.stderr)
         return EXIT_CODES[stopped.signum]
-    _write_check(args, report, junit_cases([report]))
+    _write_check(args, report, junit_cases([report]), table(report))
     print(table(report), file=sys.stderr if args.json_out == STDOUT else sys.stdout)
     return EXIT_PASS if report["passed"] else EXIT_FAIL
 
@@ -414,15 +459,16 @@ def _check_engine(args) -> int:
     except CheckSetupError as err:
         raise UsageError(str(err)) from None
     except Interrupted as stopped:  # the slots checked so far, the one stopped in last
-        _write_check(args, stopped.report, junit_cases(stopped.report["checks"]))
+        _write_check(args, stopped.report, junit_cases(stopped.report["checks"]), engine.table(stopped.report))
         print(engine.table(stopped.report), file=sys.stderr)
         return EXIT_CODES[stopped.signum]
-    _write_check(args, report, junit_cases(report["checks"]))
+    _write_check(args, report, junit_cases(report["checks"]), engine.table(report))
     print(engine.table(report), file=sys.stderr if args.json_out == STDOUT else sys.stdout)
     return EXIT_PASS if report["passed"] else EXIT_FAIL
 
 
-def _write_check(args, report: dict, cases) -> None:
+def _write_check(args, report: dict, cases, text: str) -> None:
+    """check's files: the JSON, JUnit (a case per property) and the page (its table, first line the verdict)."""
     from .harness.basics import junit
     from .harness.basics.report import write_json, write_text
 
@@ -430,6 +476,9 @@ def _write_check(args, report: dict, cases) -> None:
         write_json(args.json_out, report)
     if args.junit:
         write_text(args.junit, junit.xml("ckparity check", cases))
+    if args.html:
+        title, _, rest = text.partition("\n")
+        _write_page(args.html, "ckparity check", report["passed"], title, rest)
 
 
 def _replay(argv: list[str]) -> int:
@@ -472,8 +521,6 @@ def _info(argv: list[str]) -> int:
 
 
 def _zoo(argv: list[str]) -> int:
-    from pathlib import Path
-
     from .harness.basics.config import UsageError
     from .harness.basics.report import check_writable
     from .zoo.scenarios import BY_NAME
