@@ -86,6 +86,9 @@ def test_resume_refuses_another_flag_and_a_missing_checkpoint(tmp_path):
                     json_out=str(tmp_path / "r.json")))
     with pytest.raises(UsageError, match="--lr 0.01 differs from the checkpoint's 0.001"):
         train(RunConfig(resume=str(tmp_path / "ck"), lr=1e-2, no_progress=True))
+    # another world size: refused by name (its shards and reductions split otherwise: not the run's bits)
+    with pytest.raises(UsageError, match="--tp 2 differs from the checkpoint's 1"):
+        train(RunConfig(resume=str(tmp_path / "ck"), no_progress=True, tp=2))
     with pytest.raises(UsageError, match="no checkpoint there"):
         train(RunConfig(resume=str(tmp_path / "none"), no_progress=True))
     with pytest.raises(UsageError, match="before the checkpoint's step 3"):
