@@ -69,3 +69,23 @@ def test_a_crashing_kernel_is_a_report(tmp_path, flag, backend, signal, kernel, 
     assert (crash["kernel"], crash["backend"], crash["stage"]) == (kernel, backend, stage)
     assert crash["step"] >= 2 and report["steps"] == crash["step"] - 1
     assert f"in the {stage} of {kernel} at step {crash['step']}" in done.stderr
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_attribute_survives_a_crashing_kernel_and_names_it(tmp_path, jobs):
+    """attribute's variants that call the segfaulting linear end as error rows naming the kernel, the stage
+    and the step; the variants on torch's linear still run and report."""
+    (tmp_path / "engine.py").write_text(PLUGIN)
+    done = subprocess.run([sys.executable, "-m", "ckparity", "attribute", "--plugin", "engine.py",
+                           "--ck-linear-backend", "segfaulting", "--max-steps", "4", "--jobs", jobs,
+                           "--json-out", "a.json"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-2000:]  # the configured run errored
+    result = json.loads((tmp_path / "a.json").read_text())
+    rows = {v["name"]: v for v in result["variants"]}
+    crashed = [v for v in rows.values() if v["backends"]["linear"] == "segfaulting"]
+    assert crashed and all(v["status"] == "error" for v in crashed)
+    for v in crashed:
+        assert v["crash"]["ending"] == "killed by SIGSEGV" and v["crash"]["kernel"] == "linear"
+        assert "the forward of linear at step" in v["error"]
+    assert rows["all torch"]["status"] == "pass"
+    assert "killed by SIGSEGV" in done.stdout  # the table says it

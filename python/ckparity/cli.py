@@ -113,8 +113,7 @@ def _users_backends_isolated(config, distributed: bool):
     from .harness.basics.report import STDOUT
     from .harness.loop.run import DEFAULT_JSON_OUT
 
-    users = [getattr(config, flag) for flag, kernel in kernels.FLAGS.items()
-             if getattr(config, flag) not in kernels.KERNELS[kernel].builtin]
+    users = child.users_backends(config)
     if not users or distributed or config.json_out == STDOUT:
         return None
     carry = child.carry_for(config)

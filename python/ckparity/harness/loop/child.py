@@ -39,6 +39,18 @@ def ended_without_report(config: RunConfig, returncode: int) -> dict:
             "env": {}, "series": {}, "stopped_by_signal": None}
 
 
+def users_backends(config: RunConfig) -> list[str]:
+    """The backends ``config`` names that are not ckparity's own or torch's: a user's, which may crash."""
+    return [getattr(config, flag) for flag, kernel in kernels.FLAGS.items()
+            if getattr(config, flag) not in kernels.KERNELS[kernel].builtin]
+
+
+def place(where: dict) -> str:
+    """Where a dead child was (basics/progress.py's record): "the forward of linear at step 3"."""
+    stage = f"the {where['stage']} of {where['kernel']}" if where.get("kernel") else where.get("stage") or "its set-up"
+    return f"{stage} at step {where.get('step')}"
+
+
 def carry_for(config: RunConfig) -> dict | None:
     """What a child loads to have every backend ``config`` names (kernels.carried, merged), or
     None where one of them only this process can reach."""
@@ -82,8 +94,7 @@ def train_isolated(config: RunConfig, carry: dict) -> dict:
         if result["status"] != "error" or "wrote no report" not in (result["error"] or ""):
             return result
         where = progress.read(where_file) or {}
-    stage = f"the {where['stage']} of {where['kernel']}" if where.get("kernel") else where.get("stage") or "its set-up"
-    result["error"] += f", in {stage} at step {where.get('step')}"
+    result["error"] += f", in {place(where)}"
     # the steps before it ran; their figures died with the child (a report is written at the end of a run)
     result["steps"] = max((where.get("step") or 1) - 1, 0)
     result["crash"] = {"ending": result["error"].split(" and wrote")[0].removeprefix("the run's process was "),

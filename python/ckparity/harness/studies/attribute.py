@@ -25,12 +25,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from ... import kernels
 from ..loop import child
+from ..basics import progress
 from ..basics.config import RunConfig, UsageError, kernels_used
 from ..basics.interrupts import Interrupted, stop_on_signals
 from ..basics.report import check_writable, check_writable_dir, read_report, write_json
@@ -68,7 +70,7 @@ def _valid(config: RunConfig, backends: dict[str, str]) -> bool:
 
 
 _ROW_KEYS = ("status", "first_loss_fail_step", "first_param_fail_step", "max_param_abs_diff", "max_loss_abs_diff",
-             "divergence", "forecast_param_fail_step")
+             "divergence", "forecast_param_fail_step", "error", "crash")
 
 
 def _row(report: dict) -> dict:
@@ -78,24 +80,29 @@ def _row(report: dict) -> dict:
     return row
 
 
-def _finished(config: RunConfig, returncode: int) -> dict:
-    """A child's row: its report, or an error row when it died without one."""
+def _finished(config: RunConfig, returncode: int, where_file: Path) -> dict:
+    """A child's row: its report, or an error row when it died without one, saying where it was (the
+    kernel, the stage and the step its progress record last held)."""
     if Path(config.json_out).exists():
         return _row(read_report(config.json_out))
+    where = progress.read(str(where_file)) or {}
+    error = f"the run's process was {child.ending(returncode)} and wrote no report, in {child.place(where)}"
     return {"status": "error", "first_loss_fail_step": None, "first_param_fail_step": None,
             "max_param_abs_diff": None, "max_loss_abs_diff": None, "forecast_param_fail_step": None,
-            "max_param_ulp_diff": None,
-            "divergence": {"first_step": None,
-                           "stage": f"the run's process was {child.ending(returncode)} and wrote no report"}}
+            "max_param_ulp_diff": None, "divergence": None, "error": error,
+            "crash": {"ending": child.ending(returncode), **where}}
 
 
 def _in_process(configs: dict[str, RunConfig]) -> dict[str, dict]:
-    """One variant after another in this process (planted backends of tests stay visible)."""
+    """One variant after another from this process (planted backends of tests stay visible): a variant with a
+    user's backend that a fresh process can load runs in a child (loop/child.train_isolated), so a segfault
+    in it is that variant's error row, named, not the end of the ablation."""
     from ..loop.run import train
 
     rows = {}
     for name, config in configs.items():
-        report = train(config)
+        carry = child.carry_for(config) if child.users_backends(config) else None
+        report = child.train_isolated(config, carry) if carry is not None else train(config)
         rows[name] = _row(report)
         if report["status"] == "interrupted":
             raise Interrupted(report["stopped_by_signal"])
@@ -107,15 +114,18 @@ def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
     A signal that stops this process is passed on to the running children, whose reports then say
     "interrupted"; they are waited for, so none is left behind."""
     waiting, running, rows = list(configs.items()), {}, {}
+    scratch = tempfile.TemporaryDirectory(prefix="ckparity-progress-")
+    where = {name: Path(scratch.name) / f"{k}.where" for k, name in enumerate(configs)}  # each child's place
     try:
         while waiting or running:
             while waiting and len(running) < jobs:
                 name, config = waiting.pop(0)
-                running[name] = subprocess.Popen(child.command(config), stdout=subprocess.DEVNULL)
+                running[name] = subprocess.Popen(child.command(config), stdout=subprocess.DEVNULL,
+                                                 env={**os.environ, progress.ENV: str(where[name])})
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[name]
-                    rows[name] = _finished(configs[name], proc.returncode)
+                    rows[name] = _finished(configs[name], proc.returncode, where[name])
             time.sleep(0.05)
     except KeyboardInterrupt:
         for proc in running.values():
@@ -123,6 +133,8 @@ def _in_processes(configs: dict[str, RunConfig], jobs: int) -> dict[str, dict]:
         for proc in running.values():
             proc.wait()
         raise
+    finally:
+        scratch.cleanup()
     return rows
 
 
@@ -237,6 +249,7 @@ def table(result: dict) -> str:
     for v in result["variants"]:
         backends = " ".join(f"{k}={b}" for k, b in v["backends"].items())
         diff = "-" if v["max_param_abs_diff"] is None else f"{v['max_param_abs_diff']:.3g}"
+        parted = (v["divergence"] or {}).get("first_step") or (v.get("error") if v["status"] == "error" else None)
         lines.append(f"| {v['name']} | {backends} | {v['status']} | {v['first_loss_fail_step'] or '-'} | "
-                     f"{v['first_param_fail_step'] or '-'} | {diff} | {v['divergence']['first_step'] or '-'} |")
+                     f"{v['first_param_fail_step'] or '-'} | {diff} | {parted or '-'} |")
     return "\n".join(lines) + f"\n\nverdict: {result['verdict']['summary']}"
