@@ -354,7 +354,7 @@ def test_a_sigterm_to_check_ends_its_child_and_leaves_the_report_of_what_ran(tmp
     (tmp_path / "slow.py").write_text(_HANGING_PLUGIN)
     out, mark = tmp_path / "check.json", tmp_path / "hanging"
     proc = subprocess.Popen([sys.executable, "-m", "ckparity", "check", "swiglu", "--plugin", "slow.py", "--backend",
-                             "slow", "--json-out", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
+                             "slow", "--json-out", str(out), "--junit", str(tmp_path / "check.xml")], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "CKP_PLUGINS": "", "HANG_MARK": str(mark)})
     deadline = time.monotonic() + 120
     while not mark.exists() and time.monotonic() < deadline:  # the suite running, into the widths that hang
@@ -366,4 +366,8 @@ def test_a_sigterm_to_check_ends_its_child_and_leaves_the_report_of_what_ran(tmp
     report = json.loads(out.read_text())
     assert report["verdict"] == "interrupted" and not report["passed"]
     assert report["crash"]["ending"] == "stopped by SIGTERM (killed)" and report["crash"]["property"] == "widths"
+    import xml.etree.ElementTree as ET  # the JUnit of what ran: the interrupted property a failing case
+    failing = [c.get("name") for c in ET.parse(tmp_path / "check.xml").getroot().iter("testcase")
+               if c.find("failure") is not None]
+    assert "widths" in failing
     assert not Path(f"/proc/{children[0]}").exists() or "Z" in Path(f"/proc/{children[0]}/stat").read_text().split()[2]

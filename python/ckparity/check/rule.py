@@ -22,18 +22,23 @@ RULE: dict[str, tuple[str, bool, bool]] = {
 VERDICTS = list(RULE)
 
 
+# a check stopped by a signal: no verdict on the kernel, and never a pass
+INTERRUPTED = "interrupted"
+
+
 def check_passes(verdict: str) -> bool:
-    """``ckparity check``'s exit code: 0 unless the verdict is wrong or crashes."""
-    return RULE[verdict][1]
+    """``ckparity check``'s exit code: 0 unless the verdict is wrong or crashes (or the check was interrupted)."""
+    return verdict != INTERRUPTED and RULE[verdict][1]
 
 
 def gate_passes(verdict: str) -> bool:
     """A parity gate asks for torch's accuracy, deterministically."""
-    return RULE[verdict][2]
+    return verdict != INTERRUPTED and RULE[verdict][2]
 
 
 def worst(verdicts) -> str:
-    return max(verdicts, key=VERDICTS.index, default="bitwise")
+    """The worst verdict; an interrupted check is worse than any."""
+    return max(verdicts, key=lambda v: len(VERDICTS) if v == INTERRUPTED else VERDICTS.index(v), default="bitwise")
 
 
 def markdown() -> str:
