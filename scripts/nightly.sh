@@ -26,6 +26,8 @@
 #                          and train children)
 #   test_capability.py     test_sweep_finds_another_capabilitys_arithmetic below the CPU's
 #                          highest capability (CI: at the highest)
+#   test_crash_reports.py  test_attribute_survives_a_crashing_kernel_and_names_it at --jobs 2
+#                          (CI: --jobs 1; train's own crash reports at every --jobs)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CKP_NIGHTLY=1 ./scripts/test.sh "$@"

@@ -71,7 +71,8 @@ def test_a_crashing_kernel_is_a_report(tmp_path, flag, backend, signal, kernel, 
     assert f"in the {stage} of {kernel} at step {crash['step']}" in done.stderr
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
+# --jobs 2 (every variant a child, each its own place record) is nightly: CI's 15 minutes
+@pytest.mark.parametrize("jobs", ["1", pytest.param("2", marks=pytest.mark.nightly)])
 def test_attribute_survives_a_crashing_kernel_and_names_it(tmp_path, jobs):
     """attribute's variants that call the segfaulting linear end as error rows naming the kernel, the stage
     and the step; the variants on torch's linear still run and report."""

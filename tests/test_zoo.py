@@ -77,7 +77,8 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     rmsnorm for both, and check calls it less accurate. The control stays silent."""
     out = tmp_path / "zoo.json"
     code = main(["zoo", "--only", "gemma_one_plus_w", "rmsnorm_leans_below_ulp", "--steps", "40", "--seeds", "1",
-                 "--jobs", "1", "--out-dir", str(tmp_path / "runs"), "--json-out", str(out)])
+                 "--jobs", "1", "--out-dir", str(tmp_path / "runs"), "--json-out", str(out),
+                 "--html", str(tmp_path / "zoo.html")])
     report = json.loads(out.read_text())
     assert code == 0 and report["schema"] == "ckparity.zoo/1" and report["status"] == "complete"
     rows = {s["name"]: s for s in report["scenarios"]}
@@ -93,6 +94,9 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     assert lean["blamed"] == ["rms_norm"]
     assert report["control"]["passed"] and report["control"]["seeds"][0]["peers_fired"] == []
     assert "| gemma_one_plus_w | 1 | train, check | rms_norm |" in capsys.readouterr().out
+    page = (tmp_path / "zoo.html").read_text()  # the page: the verdict line and the same row as a table row
+    assert '<p class="pass">2 of 2 planted bugs detected</p>' in page
+    assert "<td>gemma_one_plus_w</td><td>1</td><td>train, check</td><td>rms_norm</td>" in page
 
 
 def test_a_missed_scenario_or_a_false_alarm_fails_the_zoo():

@@ -532,6 +532,7 @@ def _zoo(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="attribute's parallel variants (default 2)")
     parser.add_argument("--out-dir", default="reports/zoo", help="the runs' reports (default reports/zoo)")
     parser.add_argument("--json-out", default="reports/zoo.json", help="the zoo's report (default reports/zoo.json)")
+    parser.add_argument("--html", **HTML_FLAG)
     args = parser.parse_args(argv)
     unknown = [name for name in args.only if name not in BY_NAME]
     if unknown:
@@ -539,15 +540,25 @@ def _zoo(argv: list[str]) -> int:
     if args.steps < 1 or args.seeds < 0 or args.jobs < 1:
         raise UsageError("--steps and --jobs must be at least 1, --seeds at least 0")
     check_writable(args.json_out, "--json-out")
+    if args.html:
+        check_writable(args.html, "--html")
     from .harness.basics.interrupts import EXIT_CODES
+    from .harness.basics.report import read_report
     from .zoo.run import passed, table, zoo
 
+    def page(result: dict) -> None:
+        if args.html:
+            _write_page(args.html, "ckparity zoo", passed(result), f"{sum(s['detected'] for s in result['scenarios'])}"
+                        f" of {len(result['scenarios'])} planted bugs detected", table(result))
     try:
         result = zoo(args.only, args.steps, args.seeds, Path(args.out_dir), args.json_out, args.jobs,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     except KeyboardInterrupt as err:  # the report of what ran is written
         print(f"ckparity zoo: interrupted; what ran is in {args.json_out}", file=sys.stderr)
+        if args.json_out != "-" and Path(args.json_out).is_file():
+            page(read_report(args.json_out))
         return EXIT_CODES.get(getattr(err, "signum", signal.SIGINT), 130)
+    page(result)
     print(table(result))
     return EXIT_PASS if passed(result) else EXIT_FAIL
 
