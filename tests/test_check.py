@@ -295,18 +295,29 @@ def test_mine_is_bitwise(ckparity_check):
 
 def test_sloppy_is_held_to_torch(ckparity_check):
     ckparity_check("rms_norm", sloppy_rms_norm)
+
+
+def test_an_engine_of_mine(ckparity_engine):
+    report = ckparity_engine({"rms_norm": my_rms_norm}, at_least="bitwise")
+    assert report["correct"] == 1 and report["rows"][0]["speedup"] is not None
+
+
+def test_an_engine_with_the_sloppy_one(ckparity_engine):
+    ckparity_engine({"rms_norm": sloppy_rms_norm})
 '''
 
 
 def test_pytest_plugin_holds_a_users_kernel_to_the_checks(pytester):
     """The pytest11 entry point: an installed ckparity gives any test suite
-    the ckparity_check fixture; it passes a bit-identical kernel and fails a
-    wrong one with the check's table."""
+    the ckparity_check and ckparity_engine fixtures; they pass a bit-identical
+    kernel and fail a wrong one with the check's (the engine's) table."""
     pytester.makepyfile(test_user=_USER_TESTS)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["*expected 'as accurate as torch' or better*",
-                                 "*ckparity check rms_norm --backend pytest:test_user.sloppy_rms_norm: wrong*"])
+                                 "*ckparity check rms_norm --backend pytest:test_user.sloppy_rms_norm: wrong*",
+                                 "*expected 'as accurate as torch' or better of every slot; rms_norm 'wrong'*",
+                                 "*| rms_norm | pytest:test_user.sloppy_rms_norm | wrong |*"])
 
 
 @pytest.mark.parametrize("kernel", ["cross_entropy", "rms_norm", "swiglu"])

@@ -16,7 +16,7 @@ import sys
 import time
 
 from .. import cpu, kernels
-from .isolation import DEFAULT_TIMEOUT, CheckSetupError, isolated_check
+from .isolation import DEFAULT_TIMEOUT, CheckSetupError, run
 from .rule import check_passes, gate_passes, worst
 from .suite import covered
 
@@ -61,14 +61,15 @@ def _row(report: dict) -> dict:
 
 def check_engine(pairs: list[tuple[str, str]], dtype: str = "float32", timeout: float = DEFAULT_TIMEOUT,
                  progress=lambda line: None) -> dict:
-    """Each pair checked (and timed) in its own child; the report keeps every check's own report too."""
+    """Each pair checked (and timed) in its own child (in this process where no child can reach it: check.run);
+    the report keeps every check's own report too."""
     if not pairs:
         raise CheckSetupError("no backend to check: the plugins register none (--all checks ckparity's own)")
     start, reports = time.perf_counter(), []
     try:
         for kernel, backend in pairs:
             progress(f"ckparity check: {kernel} --backend {backend} ...")
-            reports.append(isolated_check(kernel, backend, timeout=timeout, dtype=dtype, speed=True))
+            reports.append(run(kernel, backend, timeout=timeout, dtype=dtype, speed=True))
     except BaseException as stopped:  # a signal (Interrupted): the report of the slots checked so far
         if hasattr(stopped, "signum"):
             stopped.report = _engine_report(reports + ([stopped.report] if hasattr(stopped, "report") else []),

@@ -37,17 +37,19 @@ class CheckSetupError(ValueError):
 
 
 def run(kernel: str, backend: str, seed: int = 0, timeout: float = DEFAULT_TIMEOUT, adamw: dict | None = None,
-        dtype: str = "float32") -> dict:
+        dtype: str = "float32", speed: bool = False) -> dict:
     """The check of ``backend``: in a child process when one can register it
     (isolated_check), else in this one (the report's ``isolated`` is False,
-    ``in_process_because`` says why)."""
+    ``in_process_because`` says why). ``speed``: as isolated_check's."""
     carry = kernels.carried(record_of(kernel).name, backend)
     if carry is None:
         report = check(kernel, backend, seed, adamw, dtype)
         report.update(isolated=False, in_process_because=_NOT_CARRIED.format(kernel=record_of(kernel).name,
                                                                               backend=backend))
+        if speed:
+            report["speed"] = _speed(report, dtype)
         return report
-    return isolated_check(kernel, backend, seed, timeout, carry, adamw, dtype)
+    return isolated_check(kernel, backend, seed, timeout, carry, adamw, dtype, speed)
 
 
 _NOT_CARRIED = ("the {kernel} backend {backend!r} is a callable only this process can reach (made in a function or "
