@@ -16,7 +16,7 @@ SPEED_WIDTH, SPEED_ROWS = 4096, 256
 REPEATS = 7
 
 
-def case_tensors(kernel_slot, g: torch.Generator) -> dict:
+def _case_tensors(kernel_slot, g: torch.Generator) -> dict:
     """The tensors the slot is timed on."""
     if kernel_slot.speed is not None:
         return kernel_slot.speed(g)
@@ -36,7 +36,7 @@ def _fwd_bwd(kernel_slot, fn, tensors: dict, dtype: torch.dtype):
 def speedup(kernel_slot, fn, torch_fn, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
     """{"shape", "ours_ms", "torch_ms", "speedup"}: torch's median time over the backend's (above 1: faster),
     or {"error"} where a side raises at this shape (its verdict is the check's)."""
-    tensors = case_tensors(kernel_slot, torch.Generator().manual_seed(seed))
+    tensors = _case_tensors(kernel_slot, torch.Generator().manual_seed(seed))
     shape = ", ".join(f"{k} {tuple(v.shape)}" for k, v in tensors.items() if isinstance(v, torch.Tensor))
     try:
         ours, theirs = bench.interleaved_median_ms([_fwd_bwd(kernel_slot, fn, tensors, dtype),

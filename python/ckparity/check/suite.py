@@ -180,7 +180,6 @@ def table(report: dict) -> str:
 
 def junit_cases(reports: list[dict]) -> list:
     """A JUnit test case per property of each report, failing where check fails it (wrong, crashes)."""
-
     cases = []
     for report in reports:
         for r in report["properties"]:

@@ -2,7 +2,7 @@
 embedded as PNG data URIs, the tables the commands print (their Markdown pipe
 tables) as HTML tables, every text escaped. What a person opens from a CI
 artifact or mails to a colleague; the JSON stays the record. ``--html FILE``
-on train, repro, compare, check and gate writes one (report.write_text:
+on train, repro, compare, check, gate and zoo writes one (report.write_text:
 atomically)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:75em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #bbb;padding:0.25em 0.6em;
 text-align:left}th{background:#eee}tr:nth-child(even) td{background:#fafafa}img{max-width:100%}
-.fail{color:#b00;font-weight:bold}.pass{color:#070;font-weight:bold}code{background:#f3f3f3;padding:0 0.2em}"""
+.fail{color:#b00;font-weight:bold}.pass{color:#070;font-weight:bold}"""
 
 
 def _cell(text: str) -> str:
