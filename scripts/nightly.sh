@@ -24,8 +24,11 @@
 #                          (CI: the probe on chosen mutants)
 #   test_plugins.py        test_attribute_jobs_load_the_plugin (CI: plugins reach gate
 #                          and train children)
-#   test_capability.py     test_sweep_finds_another_capabilitys_arithmetic below the CPU's
-#                          highest capability (CI: at the highest)
+#   test_capability.py     test_sweep_finds_another_capabilitys_arithmetic and
+#                          test_sweep_is_bit_identical_at below the CPU's highest capability
+#                          (CI: at the highest; test_clones runs every capability's C there)
+#   test_gate_faults.py    test_distributed_parity_fails_on in bfloat16 (CI: float32's faults;
+#                          test_gates_bf16 runs the bf16 gate)
 #   test_crash_reports.py  test_attribute_survives_a_crashing_kernel_and_names_it at --jobs 2
 #                          (CI: --jobs 1; train's own crash reports at every --jobs)
 set -euo pipefail

@@ -1,6 +1,7 @@
-"""A user's kernel that segfaults or aborts inside `ckparity train` ends the run's child process, not
-the command: exit 1 and a report naming the kernel, its backend, the step and the stage it crashed in
-(basics/progress.py keeps the child's place where a dying process can leave it)."""
+"""A user's kernel that segfaults, aborts or hangs inside `ckparity train` ends the run's child process,
+not the command: exit 1 and a report naming the kernel, its backend, the step and the stage it crashed in
+(basics/progress.py keeps the child's place where a dying process can leave it). `attribute`'s variants
+and `gate --backend`'s gates the same."""
 
 from __future__ import annotations
 
@@ -49,7 +50,15 @@ PLUGIN = textwrap.dedent('''
         """a swiglu whose backward aborts on its 5th call (registered unchecked: no contract call)"""
         return _AbortInBackward.apply(x)
 
+    def hanging_linear(x, weight, bias=None):
+        """a linear whose 8th call sleeps in C for 11 days"""
+        CALLS[0] += 1
+        if CALLS[0] == 8:
+            ctypes.CDLL(None).sleep(10 ** 6)
+        return F.linear(x, weight, bias)
+
     ckparity.register_backend("linear", "segfaulting", segfaulting_linear)
+    ckparity.register_backend("linear", "hanging", hanging_linear)
     ckparity.register_backend("swiglu", "aborting", aborting_swiglu, check=False)
 ''')
 
@@ -90,3 +99,40 @@ def test_attribute_survives_a_crashing_kernel_and_names_it(tmp_path, jobs):
         assert "the forward of linear at step" in v["error"]
     assert rows["all torch"]["status"] == "pass"
     assert "killed by SIGSEGV" in done.stdout  # the table says it
+
+
+def test_a_hanging_kernel_is_killed_and_reported(tmp_path):
+    """A child whose place record stands still for --hang-timeout seconds is killed as hung; the report
+    says where it stood. An 8 s timeout: the child's set-up (imports, then the twins) moves it twice."""
+    (tmp_path / "engine.py").write_text(PLUGIN)
+    done = subprocess.run([sys.executable, "-m", "ckparity", "train", "--plugin", "engine.py", "--ck-linear-backend",
+                           "hanging", "--hang-timeout", "8", "--max-steps", "6", "--no-progress", "--json-out", "r.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    crash = json.loads((tmp_path / "r.json").read_text())["crash"]
+    assert crash["ending"] == "hung (no slot called for 8 s) and killed"
+    assert (crash["kernel"], crash["backend"], crash["stage"]) == ("linear", "hanging", "forward")
+    assert f"hung (no slot called for 8 s) and killed and wrote no report, in the forward of linear at step {crash['step']}" in done.stderr
+
+
+def test_a_hang_timeout_must_be_a_number_of_seconds(tmp_path):
+    from ckparity.cli import main
+
+    for bad in ("-1", "inf", "nan"):
+        assert main(["train", "--hang-timeout", bad, "--json-out", str(tmp_path / "r.json")]) == 2
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_gate_survives_a_crashing_backend_and_names_where(tmp_path):
+    """gate --backend runs each gate in a process of its own: fd_gradients' twins run the segfaulting linear
+    in that process, which dies; the gate fails naming the stage and the kernel, and the gates after it run."""
+    (tmp_path / "engine.py").write_text(PLUGIN)
+    done = subprocess.run([sys.executable, "-m", "ckparity", "gate", "--plugin", "engine.py", "--backend",
+                           "linear=segfaulting", "--only", "fd_gradients", "optimizer_parity", "--out-dir", "gates"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    fd = json.loads((tmp_path / "gates" / "fd_gradients_latest.json").read_text())
+    assert not fd["passed"] and fd["details"]["crash"]["ending"] == "killed by SIGSEGV"
+    assert "killed by SIGSEGV in the forward of linear (with linear=segfaulting)" in fd["summary"]
+    after = json.loads((tmp_path / "gates" / "optimizer_parity_latest.json").read_text())
+    assert after["passed"], after["summary"]  # the next gate ran (it calls no linear)

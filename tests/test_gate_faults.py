@@ -137,7 +137,7 @@ kernels.backends("rms_norm")["c"] = faulty
 """
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.nightly)])
 @pytest.mark.parametrize("fault", ["raises", "nan", "inf", "rank_dependent"])
 def test_distributed_parity_fails_on(fault, dtype, monkeypatch, tmp_path):
     plugin = tmp_path / "plant.py"

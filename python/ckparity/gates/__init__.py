@@ -12,7 +12,12 @@ Adding a gate: its module here with its ``GATE`` record, and its line in GATE_RE
 from __future__ import annotations
 
 import copy
+import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -24,6 +29,7 @@ import ckparity
 
 from .. import kernels
 from .._tensors import DTYPES
+from ..harness.basics import progress
 from ..harness.basics.interrupts import Interrupted, stop_on_signals
 from ..harness.basics.junit import TestCase
 from ..harness.basics.report import write_json, write_text
@@ -48,7 +54,7 @@ DTYPE_GATES = [name for name, values in DEFAULTS.items() if "dtype" in values]
 DTYPE_SETTINGS = {"bfloat16": {g.name: g.dtypes["bfloat16"] for g in GATE_RECORDS if "bfloat16" in g.dtypes}}
 
 __all__ = ["DEFAULTS", "DTYPE_GATES", "DTYPE_SETTINGS", "GATES", "GATE_NAMES", "GATE_RECORDS", "TIERS", "Gate",
-           "gate_runs", "markdown_summary", "run_gates", "settings_for", "settings_with_backends", "table"]
+           "gate_runs", "markdown_summary", "run_gates", "run_one", "settings_for", "settings_with_backends", "table"]
 
 
 def settings_for(tier: str, config_path: str | None = None, dtype: str = "float32") -> dict[str, dict]:
@@ -124,17 +130,54 @@ def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: 
     return results
 
 
+def run_one(name: str, settings: dict, out_dir: Path) -> dict:
+    """One gate's result; a gate that raises fails and says why (a signal passes through)."""
+    try:
+        return GATES[name](settings, out_dir)
+    except Exception as err:
+        return common.result(False, f"error: {type(err).__name__}: {err}")
+
+
+def _run_isolated(name: str, settings: dict, out_dir: Path, carry: dict) -> dict:
+    """run_one in a process of its own (``python -m ckparity.gates``) that loads ``carry``: a user's
+    backend that segfaults or aborts -- in a gate's own twins (fd_gradients, depth_sweep) or in a check --
+    fails this gate, not the gates after it. A signal here is passed on to the child and waited for."""
+    from ..harness.loop.child import ending, place
+
+    with tempfile.TemporaryDirectory(prefix="ckparity-gate-") as scratch:
+        answer, where_file = Path(scratch) / "result.json", str(Path(scratch) / "where")
+        # the gate's own twins keep their place there (a run it trains in a child keeps its own)
+        env = dict(kernels.child_env(carry), **{progress.ENV: where_file})
+        proc = subprocess.Popen([sys.executable, "-m", "ckparity.gates", name, json.dumps(settings), str(out_dir),
+                                 str(answer), json.dumps(carry)], env=env)
+        try:
+            proc.wait()
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+            raise
+        if answer.exists():
+            return json.loads(answer.read_text())
+        where = progress.read(where_file) or {}
+    backends = ", ".join(f"{kernel}={backend}" for kernel, backend in settings["ck_backends"].items())
+    return common.result(False, f"crashed: the gate's process was {ending(proc.returncode)} in {place(where)} "
+                                f"(with {backends})",
+                         crash={"ending": ending(proc.returncode), "stage": where.get("stage"),
+                                "kernel": where.get("kernel"), "backends": settings["ck_backends"]})
+
+
 def _run_each(names, settings, out_dir, tier, echo, results, fail_fast) -> None:
     for name in names:
         start = time.perf_counter()
+        chosen = settings[name].get("ck_backends", {})
+        # a user's backends a fresh process can load: the gate runs in one (a crash ends that gate only)
+        carry = kernels.carried_together(chosen.items()) if chosen else None
         try:
-            result = GATES[name](settings[name], out_dir)
+            result = (_run_isolated(name, settings[name], out_dir, carry) if carry is not None
+                      else run_one(name, settings[name], out_dir))
         except KeyboardInterrupt as err:  # Ctrl-C or a signal: this gate proves nothing, and no other gate runs
             signum = err.signum if isinstance(err, Interrupted) else 2
             result = common.result(False, "interrupted", interrupted=signum)
-        except Exception as err:  # a gate that crashes fails, and says why
-            result = common.result(False, f"error: {type(err).__name__}: {err}")
-        chosen = settings[name].get("ck_backends", {})
         if chosen and "exercised" in result["details"]:  # said plainly: a backend this gate did not call
             missed = [f"{k}={n}" for k, n in chosen.items() if k not in result["details"]["exercised"]]
             result["details"]["not_exercised"] = missed

@@ -70,10 +70,11 @@ def gate_runs(runs: dict[str, RunConfig], settings: dict) -> dict[str, RunConfig
 def train_in_gate(config: RunConfig, settings: dict) -> dict:
     """train() (or, for --tp/--dp, the launcher) with the gate's backends, and
     a signal that stopped it stopping the gates too. A run with a user's
-    backend (gate --backend) trains in a process of its own where the backend
-    can be carried there (kernels.carried): a crash in its C is that run's
-    error, not the end of the gates."""
-    from ..harness.loop.child import carry_for, train_in_child
+    backend (gate --backend) trains in a process of its own that keeps its
+    place, where the backend can be carried there (kernels.carried): a crash
+    or a hang in its C is that run's error, naming the kernel, the stage and
+    the step, not the end of the gates."""
+    from ..harness.loop.child import carry_for, train_isolated
     from ..harness.ranks.launch import launch
 
     config = with_backends(config, settings)
@@ -81,7 +82,7 @@ def train_in_gate(config: RunConfig, settings: dict) -> dict:
     if config.tp * config.dp > 1:
         report = launch(config)
     else:
-        report = train_in_child(config, carry) if carry is not None else train(config)
+        report = train_isolated(config, carry) if carry is not None else train(config)
     if report["status"] == "interrupted":
         raise Interrupted(report["stopped_by_signal"])
     return report

@@ -163,6 +163,19 @@ def carried(kernel: str, name: str) -> dict | None:
     return {"plugins": [origin], "attrs": []}
 
 
+def carried_together(pairs) -> dict | None:
+    """``carried`` of every (kernel, backend name) pair, merged; None where one of them no fresh process
+    can have."""
+    merged = {"plugins": [], "attrs": []}
+    for kernel, name in pairs:
+        carry = carried(kernel, name)
+        if carry is None:
+            return None
+        for key in merged:
+            merged[key] += [item for item in carry[key] if item not in merged[key]]
+    return merged
+
+
 def load_carried(carry: dict) -> None:
     """In a fresh process: the plugins and module attributes ``carried`` named."""
     for spec in carry["plugins"]:

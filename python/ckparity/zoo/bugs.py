@@ -278,6 +278,121 @@ def linear_k_tail_dropped(x, weight, bias=None):
     return F.linear(x[..., :K], weight[:, :K], bias)
 
 
+def linear_accumulates_in_bf16(x, weight, bias=None):
+    """K in blocks of 16, each block's product in float but the running sum kept in bf16 (an accumulator
+    of the output's storage type): every block's addition rounds to 8 bits of mantissa."""
+    total = None
+    for k in range(0, x.shape[-1], 16):
+        part = F.linear(x[..., k:k + 16], weight[:, k:k + 16])
+        total = (part if total is None else total.float() + part).to(torch.bfloat16)
+    y = total.to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def linear_transposed_wrong_stride(x, weight, bias=None):
+    """x times W^T with W^T read at the wrong leading dimension: its element (k, n) taken at k*N + n, as if
+    W^T were stored (K, N), where the (N, K) weight holds it at n*K + k. A square weight is read as W, not
+    W^T; any other as a scramble of it."""
+    N, K = weight.shape
+    return F.linear(x, weight.reshape(K, N).t(), bias)
+
+
+def linear_bias_twice(x, weight, bias=None):
+    """The bias added in the GEMM's epilogue and again by the layer around it."""
+    y = F.linear(x, weight, bias)
+    return y if bias is None else y + bias
+
+
+# --- attention -----------------------------------------------------------------------------------
+
+def _kv_heads(q, t, enable_gqa):
+    """k or v with a head for each of q's: each kv head repeated for its group of query heads (torch's
+    GQA: query head h reads kv head h // group)."""
+    return t.repeat_interleave(q.shape[1] // t.shape[1], 1) if enable_gqa else t
+
+
+def _scores(q, k, is_causal, scale):
+    s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        T, S = s.shape[-2:]
+        s = s.masked_fill(torch.ones(T, S, dtype=torch.bool).triu(1), -math.inf)
+    return s
+
+
+def attention_no_causal_mask(q, k, v, *, is_causal=True, enable_gqa=False, scale=None):
+    """The causal mask never applied: every position attends to the ones after it."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=enable_gqa, scale=scale)
+
+
+def attention_softmax_unshifted(q, k, v, *, is_causal=True, enable_gqa=False, scale=None):
+    """softmax as exp(s) / sum(exp(s)), the row's maximum never subtracted: a score past 88.7 is an
+    infinite exp and the row NaN."""
+    k, v = _kv_heads(q, k, enable_gqa), _kv_heads(q, v, enable_gqa)
+    e = _scores(q, k, is_causal, scale).exp()
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def attention_gqa_heads_tiled(q, k, v, *, is_causal=True, enable_gqa=False, scale=None):
+    """kv heads tiled for the query heads (k.repeat: query head h reads kv head h % kv_heads) where torch
+    groups them (h // group)."""
+    if enable_gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+class _BackwardWithoutLogsumexp(torch.autograd.Function):
+    """torch's forward; a backward that recomputes the probabilities from the scores without the
+    logsumexp the forward should have saved: exp(s - rowmax), never divided by the row's sum."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        s = _scores(q, k, ctx.is_causal, ctx.scale)
+        p = (s - s.amax(-1, keepdim=True)).exp()  # the bug: exp(s - lse) is the probability
+        o = torch.softmax(s, -1) @ v
+        dp = dout @ v.transpose(-2, -1)
+        ds = p * (dp - (dout * o).sum(-1, keepdim=True))
+        scale = q.shape[-1] ** -0.5 if ctx.scale is None else ctx.scale
+        return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ dout, None, None
+
+
+def attention_backward_without_lse(q, k, v, *, is_causal=True, enable_gqa=False, scale=None):
+    """The forward right; the backward's probabilities exp(s - max) where exp(s - logsumexp) is meant."""
+    return _BackwardWithoutLogsumexp.apply(q, _kv_heads(q, k, enable_gqa), _kv_heads(q, v, enable_gqa), is_causal,
+                                           scale)
+
+
+# --- embedding -----------------------------------------------------------------------------------
+
+class _LastWriteWins(torch.autograd.Function):
+    """The lookup right; the weight's gradient scattered row by row, a repeated token's gradient written
+    over by its next use instead of added to it."""
+
+    @staticmethod
+    def forward(ctx, tokens, weight):
+        ctx.save_for_backward(tokens)
+        ctx.vocab = weight.shape[0]
+        return F.embedding(tokens, weight)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (tokens,) = ctx.saved_tensors
+        grad = dout.new_zeros(ctx.vocab, dout.shape[-1])
+        grad[tokens.reshape(-1)] = dout.reshape(-1, dout.shape[-1])
+        return None, grad
+
+
+def embedding_backward_drops_repeats(tokens, weight):
+    return _LastWriteWins.apply(tokens, weight)
+
+
 # --- clip_grad_norm ------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -308,7 +423,11 @@ BUGS = {
     "rope": _named(rope_interleaved),
     "adamw": _named(AdamWEpsInsideSqrt, AdamWBiasCorrectionAhead, AdamWDecayInGradient, AdamWOtherDefaultEps, AdamWStepNotSaved),
     "clip_grad_norm": _named(clip_norm_of_one_shard),
-    "linear": _named(linear_k_tail_dropped),
+    "linear": _named(linear_k_tail_dropped, linear_accumulates_in_bf16, linear_transposed_wrong_stride,
+                     linear_bias_twice),
+    "attention": _named(attention_no_causal_mask, attention_softmax_unshifted, attention_gqa_heads_tiled,
+                        attention_backward_without_lse),
+    "embedding": _named(embedding_backward_drops_repeats),
 }
 
 

@@ -102,6 +102,9 @@ class RunConfig:
     dp: int = _flag(1, "data parallel: the CK twin's micro-batches split over N ranks, gradients summed")
     rank_timeout: float = _flag(300.0, "with --tp/--dp: seconds a rank waits for the others before the run ends "
                                        "with an error")
+    hang_timeout: float = _flag(600.0, "with a user's backend (a run in a child that keeps its place): seconds "
+                                       "the run may stay between two slot calls before it is called hung, killed "
+                                       "and reported where it stood; 0: wait forever")
     # The CK twin's kernels, by the seed's flags; kernels.FLAGS maps each
     # flag to its kernel and names the choices.
     ck_rmsnorm_backend: str = _flag("c", "the CK twin's rms_norm")
@@ -288,6 +291,8 @@ def kernels_used(config: RunConfig) -> set[str]:
 
 
 def _validate_ranks(config: RunConfig) -> None:
+    if not (config.hang_timeout >= 0 and math.isfinite(config.hang_timeout)):
+        raise UsageError(f"--hang-timeout must be finite and >= 0 (0: wait forever), got {config.hang_timeout}")
     if not (config.rank_timeout > 0 and math.isfinite(config.rank_timeout)):
         raise UsageError(f"--rank-timeout must be finite and > 0, got {config.rank_timeout}")
     if config.tp == 1 and config.dp == 1:

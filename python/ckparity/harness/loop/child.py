@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ... import kernels
@@ -30,9 +31,10 @@ def ending(returncode: int) -> str:
     return f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit {returncode}"
 
 
-def ended_without_report(config: RunConfig, returncode: int) -> dict:
+def ended_without_report(config: RunConfig, returncode: int, hung: bool = False) -> dict:
     """What a gate reads of a run whose process wrote no report: an error, saying how it ended."""
-    return {"status": "error", "error": f"the run's process was {ending(returncode)} and wrote no report",
+    how = f"hung (no slot called for {config.hang_timeout:g} s) and killed" if hung else ending(returncode)
+    return {"status": "error", "error": f"the run's process was {how} and wrote no report",
             "config": config.to_dict(), "steps": 0, "pass_parity": False, "first_loss_fail_step": None,
             "first_param_fail_step": None, "max_loss_abs_diff": None, "max_param_abs_diff": None,
             "first_nonfinite_step": None, "localization": None, "ranks": None, "shadow": None, "envelope": None,
@@ -48,37 +50,54 @@ def users_backends(config: RunConfig) -> list[str]:
 def place(where: dict) -> str:
     """Where a dead child was (basics/progress.py's record): "the forward of linear at step 3"."""
     stage = f"the {where['stage']} of {where['kernel']}" if where.get("kernel") else where.get("stage") or "its set-up"
-    return f"{stage} at step {where.get('step')}"
+    return stage if where.get("step") is None else f"{stage} at step {where['step']}"  # a gate's twins count no steps
 
 
 def carry_for(config: RunConfig) -> dict | None:
     """What a child loads to have every backend ``config`` names (kernels.carried, merged), or
     None where one of them only this process can reach."""
-    merged = {"plugins": [], "attrs": []}
-    for flag, kernel in kernels.FLAGS.items():
-        carry = kernels.carried(kernel, getattr(config, flag))
-        if carry is None:
-            return None
-        for key in merged:
-            merged[key] += [item for item in carry[key] if item not in merged[key]]
-    return merged
+    return kernels.carried_together((kernel, getattr(config, flag)) for flag, kernel in kernels.FLAGS.items())
 
 
-def train_in_child(config: RunConfig, carry: dict) -> dict:
+def _hung(proc: subprocess.Popen, where_file: str | None, timeout: float) -> bool:
+    """Waits for the child; True when its place record (basics/progress.py: every slot call changes it)
+    stood still for ``timeout`` seconds, the child then killed -- a kernel stuck in C never returns to
+    the interpreter that would handle a gentler signal. ``where_file`` None or timeout 0: waits."""
+    if where_file is None or timeout <= 0:
+        proc.wait()
+        return False
+    seen, since = None, time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=min(0.5, timeout))
+            return False
+        except subprocess.TimeoutExpired:
+            now = progress.raw(where_file)
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since >= timeout:
+                proc.kill()
+                proc.wait()
+                return True
+
+
+def train_in_child(config: RunConfig, carry: dict, where_file: str | None = None) -> dict:
     """train(config) in a child process that loads ``carry`` (config.json_out
     names its report); a signal to this process is passed on to the child,
-    which then writes its interrupted report, and is waited for."""
+    which then writes its interrupted report, and is waited for. With
+    ``where_file`` (the child's place record) a child that stands still for
+    config.hang_timeout seconds is killed as hung."""
     Path(config.json_out).unlink(missing_ok=True)  # an earlier run's report must not pass for this one's
     proc = subprocess.Popen(command(config, carry), stdout=subprocess.DEVNULL, env=kernels.child_env(carry))
     try:
-        proc.wait()
+        hung = _hung(proc, where_file, config.hang_timeout)
     except BaseException:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
         raise
-    if Path(config.json_out).exists():
+    if Path(config.json_out).exists() and not hung:
         return read_report(config.json_out)
-    return ended_without_report(config, proc.returncode)
+    return ended_without_report(config, proc.returncode, hung)
 
 
 def train_isolated(config: RunConfig, carry: dict) -> dict:
@@ -88,7 +107,7 @@ def train_isolated(config: RunConfig, carry: dict) -> dict:
         where_file = str(Path(scratch) / "where")
         os.environ[progress.ENV] = where_file
         try:
-            result = train_in_child(config, carry)
+            result = train_in_child(config, carry, where_file)
         finally:
             os.environ.pop(progress.ENV, None)
         if result["status"] != "error" or "wrote no report" not in (result["error"] or ""):
