@@ -176,6 +176,19 @@ def test_a_drift_inside_every_tolerance_is_ranked_by_effect(tmp_path):
     assert "nothing is responsible" not in v["summary"] and "suspect: adamw" in v["summary"]
 
 
+def test_a_forecast_far_past_the_run_is_said_to_be_one():
+    """The suspect's summary gives the forecast as an extrapolation, never as a bare step (the 850-step
+    repro's forecast was 26361249495)."""
+    from ckparity.harness.studies.attribute import by_effect
+
+    row = {"max_param_ulp_diff": 4.0, "steps": 300, "forecast_param_fail_step": 26361249495, "divergence": None}
+    rows = {"as configured": row, "without adamw": dict(row, max_param_ulp_diff=0.0),
+            "only adamw": dict(row, max_param_ulp_diff=4.0)}
+    summary = by_effect(rows, ["adamw"])["summary"]
+    assert summary.endswith("suspect: adamw; its params' forecast crossing of the tolerance: "
+                            "step ~2.6e+10: a forecast 8.8e+07x past this run's 300 steps, not a measurement")
+
+
 def test_attribute_when_torch_disagrees_with_itself(tmp_path, monkeypatch):
     # torch's own loss, made nondeterministic: both twins use it, so even the control fails
     noisy = lambda logits, t: F.cross_entropy(logits, t) * (1 + 1e-3 * torch.rand(()))  # noqa: E731

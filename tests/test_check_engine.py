@@ -99,6 +99,8 @@ def test_a_single_check_writes_junit_too(plugin, tmp_path):
     assert main(["check", "residual", "--plugin", plugin, "--backend", "engine_off", "--junit", str(xml)]) == 1
     cases = _junit(xml)
     assert ("ckparity.check.residual.engine_off", "widths", True) in cases
+    timed = {c.get("name"): float(c.get("time")) for c in ET.parse(xml).getroot().iter("testcase")}
+    assert timed["widths"] > 0 and timed["cheats"] > 0  # each property's own time, as CI pages show it
 
 
 def test_gate_junit_has_a_case_per_gate_failing_where_the_gate_fails(plugin, tmp_path, monkeypatch):

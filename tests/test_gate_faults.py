@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import os
 import textwrap
 
 import pytest

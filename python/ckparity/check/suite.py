@@ -137,9 +137,10 @@ def check(kernel: str, backend: str, seed: int = 0, adamw: dict | None = None, d
                                            torch.Generator().manual_seed(seed), torch_dtype)]
     rows = []
     for run in runs:  # in order: the generator's draws follow it
+        started = time.perf_counter()
         prop = run()
         if prop.cases:
-            rows.append(prop.report())
+            rows.append(dict(prop.report(), seconds=round(time.perf_counter() - started, 3)))
             if properties.TRACE is not None:
                 properties.TRACE(json.dumps({"row": rows[-1]}))
     rows += [{"property": f"option {name}", "cases": 0, "bit_identical": 0, "failing": 0, "max_ulp": 0,
@@ -185,6 +186,7 @@ def junit_cases(reports: list[dict]) -> list:
         for r in report["properties"]:
             failed = not check_passes(r["verdict"])
             cases.append(TestCase(f"ckparity.check.{report['kernel']}.{report['backend']}", r["property"],
+                                  r.get("seconds", 0.0),  # an option the backend declared unsupported: not run
                                   failure=f"{r['verdict']}: {(r['failures'] or ['-'])[0]}" if failed else None,
                                   output=f"verdict {r['verdict']}; cases {r['cases']}, failing {r['failing']}, "
                                          f"bit-identical {r['bit_identical']}, max ULP {r['max_ulp']}"))

@@ -60,3 +60,14 @@ def forecast(steps: list[int], param_diffs: list[float], tol: float, planned_ste
     if result["param_fail_step"] is None:
         result["reason"] = "the fitted growth never reaches param-tol within 1e12 steps"
     return result
+
+
+def forecast_text(r: dict) -> str | None:
+    """The forecast as what it is: a straight-line extrapolation, said as far past the run as it lies (the
+    850-step repro's 26361249495 is 3e7 runs away: no run measured it)."""
+    step, steps = r.get("forecast_param_fail_step"), r.get("steps") or 0
+    if step is None:
+        return None
+    if steps and step > 10 * steps:
+        return f"~{step:.2g}: a forecast {step / steps:.2g}x past this run's {steps} steps, not a measurement"
+    return f"{step} (forecast, not measured)"

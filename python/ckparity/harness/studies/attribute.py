@@ -36,6 +36,7 @@ from ..basics import progress
 from ..basics.config import RunConfig, UsageError, kernels_used
 from ..basics.interrupts import Interrupted, stop_on_signals
 from ..basics.report import check_writable, check_writable_dir, read_report, write_json
+from ..observers.forecast import forecast_text
 
 SCHEMA = "ckparity.attribution/1"
 # a kind is a kernel record's name (--ck-loss-backend: "cross_entropy"): one vocabulary with check, the zoo and
@@ -69,7 +70,7 @@ def _valid(config: RunConfig, backends: dict[str, str]) -> bool:
     return True
 
 
-_ROW_KEYS = ("status", "first_loss_fail_step", "first_param_fail_step", "max_param_abs_diff", "max_loss_abs_diff",
+_ROW_KEYS = ("status", "steps", "first_loss_fail_step", "first_param_fail_step", "max_param_abs_diff", "max_loss_abs_diff",
              "divergence", "forecast_param_fail_step", "error", "crash")
 
 
@@ -195,14 +196,14 @@ def by_effect(rows: dict[str, dict], kinds: list[str]) -> dict:
     ranked = sorted(({"kind": k, "effect_ulps": configured - _drift(rows[f"without {k}"]),
                       "alone_ulps": _drift(rows[f"only {k}"])} for k in kinds),
                     key=lambda r: (-r["effect_ulps"], -r["alone_ulps"]))
-    forecast = rows["as configured"].get("forecast_param_fail_step")
+    forecast = forecast_text(rows["as configured"])
     if configured == 0.0 or not any(r["effect_ulps"] > 0 or r["alone_ulps"] > 0 for r in ranked):
         why = "bit-identical to torch" if configured == 0.0 else "no ablation changes its drift"
         return {"responsible": [], "ranked": ranked, "suspect": None,
                 "summary": f"the configured run passes and is {why}: nothing is responsible"}
     suspect = next((r["kind"] for r in ranked if r["alone_ulps"] > 0), ranked[0]["kind"])
     effects = ", ".join(f"{r['kind']} {r['effect_ulps']:.3g} ULPs (alone {r['alone_ulps']:.3g})" for r in ranked)
-    when = f"; the forecast has its params cross tolerance at step {forecast}" if forecast else ""
+    when = f"; its params' forecast crossing of the tolerance: step {forecast}" if forecast else ""
     return {"responsible": [], "ranked": ranked, "suspect": suspect,
             "summary": f"no variant crosses a tolerance in the run's steps, but the twins drift "
                        f"{configured:.3g} ULPs apart; ranked by effect (how much closer to torch swapping each to "

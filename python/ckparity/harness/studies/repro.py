@@ -10,6 +10,7 @@ from pathlib import Path
 from ..basics.config import RunConfig
 from ..basics.report import check_writable_dir, read_report
 from ..loop.run import train
+from ..observers.forecast import forecast_text
 
 # The seed's 850-step drift repro: AdamW at lr 1e-3, seq-len 8, grad-accum 8.
 PRESET = RunConfig(epochs=8, seq_len=8, total_tokens=131072, grad_accum=8, optimizer="adamw", lr=1e-3, seed=42,
@@ -48,17 +49,6 @@ def _fmt(value) -> str:
         whole = math.isfinite(value) and value == int(value)
         return f"{value:.6g}" if whole or not math.isfinite(value) else f"{value:.3g}"
     return str(value)
-
-
-def forecast_text(r: dict) -> str | None:
-    """The forecast as what it is: a straight-line extrapolation, said as far past the run as it lies (the
-    850-step repro's 26361249495 is 3e7 runs away: no run measured it)."""
-    step, steps = r.get("forecast_param_fail_step"), r.get("steps") or 0
-    if step is None:
-        return None
-    if steps and step > 10 * steps:
-        return f"~{step:.2g}: a forecast {step / steps:.2g}x past this run's {steps} steps, not a measurement"
-    return f"{step} (forecast, not measured)"
 
 
 # Report fields shown as they are, then the ones that need digging out.
