@@ -278,6 +278,17 @@ ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int6
                                    uint16_t *dx);
 
 /* ------------------------------------------------------------------------
+ * gelu (csrc/gelu.c): y = F.gelu(x) (approximate="none") over n contiguous
+ * floats, and its backward dx = dy * gelu'(x). torch_threads >= 1: the
+ * threads torch runs the op on (torch.get_num_threads()); its loop splits a
+ * tensor into that many pieces past a grain and treats each piece's last
+ * elements apart, so the bits follow it (the work stays on this library's
+ * threads). y may be x, dx may be dy or x (in place).
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y);
+ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx);
+
+/* ------------------------------------------------------------------------
  * linear (csrc/linear.c): C (M x N, row-major) = A (M x K) . B (K x N) + bias
  * (N, or NULL), float32, in the order of MKL's one-thread sgemm (K in blocks
  * of 384, the last two sharing the rest below 192 columns; an FMA chain per block; the blocks

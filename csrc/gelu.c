@@ -1,0 +1,233 @@
+/*
+ * gelu.c — GELU in its tanh form, F.gelu(x, approximate="tanh") (GPT-2's), as ATen's GeluKernelImpl and
+ * GeluBackwardKernelImpl compute it (aten/src/ATen/native/cpu/Activation.cpp, Gelu.h):
+ *   inner = beta * (x + kappa * x^3),  beta = float(sqrt(2) * 2/sqrt(pi) * 0.5),  kappa = 0.044715f
+ *   y  = (0.5 * x) * (1 + tanh(inner))
+ *   dx = dy * (0.5 * (1 + t) + ((0.5 * x) * (1 - t * t)) * (beta * (1 + 3 kappa x^2))),  t = tanh(inner)
+ * (x^3 is (x * x) * x.) F.gelu's default form, erf, is not here: torch hands a float32 tensor of more
+ * than one element to oneDNN's eltwise gelu_erf, whose JIT code has its own erf (not modelled).
+ *
+ * Every element repeats torch's float operations in torch's order, at the CPU capability torch runs at
+ * (ckp_get_capability), and where torch's loop puts it:
+ * - AVX512 and AVX2: cpu_kernel_vec runs whole vector pairs (32 floats at AVX-512, 16 at AVX2) from the
+ *   start of each piece of the tensor with Vectorized<float>::tanh -- SLEEF's tanhf_u10: exp(|x|) in
+ *   double-float (expk2f), (e - 1/e) / (e + 1/e) in double-float, 1 past |x| 8.664339742 -- and the rest
+ *   of the piece with the C library's tanhf. Those builds have FMA and GCC contracts x + kappa * x^3,
+ *   1 - t * t, 1 + 3 kappa * x^2 and the backward's last sum, in the vector code and the scalar code alike.
+ * - DEFAULT: Vectorized<float> is lane arrays whose tanh is libm's per lane, and the build has no FMA:
+ *   every element is the scalar code without contraction.
+ * The pieces are torch's threads' (TensorIterator's for_each over at::parallel_for): the whole tensor
+ * on one thread; with torch_threads T > 1, divup(n, k) elements a piece for k = min(T, divup(n, grain))
+ * pieces, grain the forward's n / T once n > 16384 (GeluKernelImpl's own), the backward's 32768
+ * (at::internal::GRAIN_SIZE), and one piece when n does not exceed the grain. So y and dx are torch's
+ * bits at that thread count, whatever threads this library runs on (they split a piece into spans of
+ * whole vector pairs: an element's arithmetic depends only on where its piece's vector pairs end).
+ */
+#include "ckp_internal.h"
+#include "vec.h"
+
+#include <math.h>
+
+#define KBETA ((float)(1.41421356237309504880 * 1.12837916709551257390 * 0.5)) /* float(M_SQRT2 * M_2_SQRTPI * 0.5) */
+#define KKAPPA 0.044715f
+#define FORWARD_MIN_ELEMENTS_FOR_THREADS 16384            /* GeluKernelImpl's GELU_MIN_ELEMENTS_FOR_MULTI_THREADING */
+#define ATEN_GRAIN_SIZE 32768                             /* at::internal::GRAIN_SIZE */
+
+/* How torch's build at the running capability computes a piece. */
+typedef struct {
+    int64_t vec_pair; /* floats per step of ATen's vectorized loop; 0: all scalar */
+    int fma;          /* the build contracts a + b * c into one FMA */
+} aten_layout;
+
+static aten_layout layout_for_capability(void) {
+    switch (ckp_get_capability()) {
+    case CKP_CAPABILITY_AVX512: return (aten_layout){32, 1}; /* two 16-lane vectors */
+    case CKP_CAPABILITY_AVX2: return (aten_layout){16, 1};   /* two 8-lane vectors */
+    default: return (aten_layout){0, 0};
+    }
+}
+
+/* The length of each of torch's pieces of n elements at torch_threads with the loop's grain. */
+static int64_t piece_length(int64_t n, int torch_threads, int64_t grain) {
+    if (torch_threads <= 1 || n <= grain) return n; /* for_each serial below the grain; parallel_for, at it */
+    int64_t pieces = (n + grain - 1) / grain;
+    if (pieces > torch_threads) pieces = torch_threads;
+    return (n + pieces - 1) / pieces;
+}
+
+/* SLEEF's double-float arithmetic (df.h, its FMA forms) on 8 lanes: a value hi + lo. */
+typedef struct {
+    ckp_v8f hi, lo;
+} f2x8;
+
+#define FMA8 ckp_fma8
+static inline __attribute__((always_inline)) f2x8 df_add2_f(f2x8 x, ckp_v8f y) { /* dfadd2_vf2_vf2_vf */
+    ckp_v8f s = x.hi + y, v = s - x.hi;
+    return (f2x8){s, ((x.hi - (s - v)) + (y - v)) + x.lo};
+}
+static inline __attribute__((always_inline)) f2x8 df_add2(f2x8 x, f2x8 y) { /* dfadd2_vf2_vf2_vf2 */
+    ckp_v8f s = x.hi + y.hi, v = s - x.hi;
+    return (f2x8){s, ((x.hi - (s - v)) + (y.hi - v)) + (x.lo + y.lo)};
+}
+static inline __attribute__((always_inline)) f2x8 df_add(f2x8 x, f2x8 y) { /* dfadd_vf2_vf2_vf2: |x| >= |y| */
+    ckp_v8f s = x.hi + y.hi;
+    return (f2x8){s, (((x.hi - s) + y.hi) + x.lo) + y.lo};
+}
+static inline __attribute__((always_inline)) f2x8 df_add_f_f2(ckp_v8f x, f2x8 y) { /* dfadd_vf2_vf_vf2 */
+    ckp_v8f s = x + y.hi;
+    return (f2x8){s, ((x - s) + y.hi) + y.lo};
+}
+static inline __attribute__((always_inline)) f2x8 df_mul_f(f2x8 x, ckp_v8f y) { /* dfmul_vf2_vf2_vf */
+    ckp_v8f s = x.hi * y;
+    return (f2x8){s, FMA8(x.lo, y, FMA8(x.hi, y, -s))};
+}
+static inline __attribute__((always_inline)) f2x8 df_mul(f2x8 x, f2x8 y) { /* dfmul_vf2_vf2_vf2 */
+    ckp_v8f s = x.hi * y.hi;
+    return (f2x8){s, FMA8(x.hi, y.lo, FMA8(x.lo, y.hi, FMA8(x.hi, y.hi, -s)))};
+}
+static inline __attribute__((always_inline)) f2x8 df_squ(f2x8 x) { /* dfsqu_vf2_vf2 */
+    ckp_v8f s = x.hi * x.hi;
+    return (f2x8){s, FMA8(x.hi + x.hi, x.lo, FMA8(x.hi, x.hi, -s))};
+}
+static inline __attribute__((always_inline)) f2x8 df_rec(f2x8 d) { /* dfrec_vf2_vf2 */
+    ckp_v8f s = 1.0f / d.hi;
+    return (f2x8){s, s * FMA8(-d.lo, s, FMA8(-d.hi, s, ckp_splat8(1.0f)))};
+}
+static inline __attribute__((always_inline)) f2x8 df_div(f2x8 n, f2x8 d) { /* dfdiv_vf2_vf2_vf2 */
+    ckp_v8f t = 1.0f / d.hi, s = n.hi * t;
+    ckp_v8f u = FMA8(t, n.hi, -s), v = FMA8(-d.lo, t, FMA8(-d.hi, t, ckp_splat8(1.0f)));
+    return (f2x8){s, FMA8(s, v, FMA8(n.lo, t, u))};
+}
+
+/* 2^q as a float, for q in [-126, 127] (SLEEF's vpow2i). */
+static inline __attribute__((always_inline)) ckp_v8f pow2i8(ckp_v8i q) { return (ckp_v8f)((q + 0x7f) << 23); }
+
+/* Vectorized<float>::tanh at AVX2 and AVX-512: SLEEF's xtanhf_u1 (Sleef_tanhf8_u10, Sleef_tanhf16_u10), lane
+ * by lane in its FMA form. Lanes past 8.664339742 (or NaN) are 1 (then the sign) before any exp is taken:
+ * their q is computed from 0 (a float past INT_MAX converted to int is undefined in C). */
+static inline __attribute__((always_inline)) ckp_v8f tanh_sleef8(ckp_v8f x) {
+    const ckp_v8u sign = (ckp_v8u)x & 0x80000000u;
+    const ckp_v8f ax = (ckp_v8f)((ckp_v8u)x ^ sign);
+    const ckp_v8i far = (ckp_v8i)(ax > 8.664339742f) | (ckp_v8i)(ax != ax);
+    const ckp_v8f y = ckp_select8(far, ckp_splat8(0.0f), ax);
+    /* expk2f((y, 0)) */
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: y / ln2 <= 12.5 rounded to nearest even (vrint) */
+    const ckp_v8f qf = (y * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -
+                       round_magic;
+    const ckp_v8i q = __builtin_convertvector(qf, ckp_v8i);
+    f2x8 s = df_add2_f((f2x8){y, ckp_splat8(0.0f)}, qf * -0.693145751953125f);
+    s = df_add2_f(s, qf * -1.428606765330187045e-06f);
+    ckp_v8f u = FMA8(ckp_splat8(0.1980960224e-3f), s.hi, ckp_splat8(0.1394256484e-2f));
+    u = FMA8(u, s.hi, ckp_splat8(0.8333456703e-2f));
+    u = FMA8(u, s.hi, ckp_splat8(0.4166637361e-1f));
+    f2x8 t = df_add2_f(df_mul_f(s, u), ckp_splat8(0.166666659414234244790680580464e+0f));
+    t = df_add2_f(df_mul(s, t), ckp_splat8(0.5f));
+    t = df_add2(s, df_mul(df_squ(s), t));
+    t = df_add_f_f2(ckp_splat8(1.0f), t);
+    const ckp_v8i half = q >> 1; /* vldexp2: two multiplies by powers of two */
+    t.hi = t.hi * pow2i8(half) * pow2i8(q - half);
+    t.lo = t.lo * pow2i8(half) * pow2i8(q - half);
+    /* (e - 1/e) / (e + 1/e) */
+    const f2x8 e = df_rec(t);
+    const f2x8 d = df_div(df_add(t, (f2x8){-e.hi, -e.lo}), df_add(t, e));
+    ckp_v8f r = d.hi + d.lo;
+    r = ckp_select8(far | (ckp_v8i)(r != r), ckp_splat8(1.0f), r);
+    r = (ckp_v8f)((ckp_v8u)r ^ sign);
+    const ckp_v8i nan = (ckp_v8i)(x != x);
+    return ckp_select8(nan, (ckp_v8f)nan, r); /* a NaN's lanes all ones, as SLEEF's or with the mask */
+}
+
+/* x + kappa * x^3 as the build computes it: contracted where it has FMA. */
+static inline __attribute__((always_inline)) float inner_of(float x, int fma) {
+    float cube = x * x * x;
+    return KBETA * (fma ? fmaf(KKAPPA, cube, x) : x + KKAPPA * cube);
+}
+
+/* A span of a piece: its first vec_count elements (a multiple of 8) in ATen's vector code, the rest in
+ * its scalar code. x and dy are the span's; y and dx its outputs. */
+CKP_CLONES
+static void forward_span(const float *x, const float *unused, int64_t count, int64_t vec_count, aten_layout at,
+                         float *y) {
+    (void)unused;
+    int64_t j = 0;
+    for (; j < vec_count; j += CKP_VLANES) {
+        ckp_v8f xv = ckp_load8(x + j);
+        ckp_v8f inner = KBETA * ckp_fma8(ckp_splat8(KKAPPA), xv * xv * xv, xv);
+        ckp_store8(y + j, 0.5f * xv * (1.0f + tanh_sleef8(inner)));
+    }
+    for (; j < count; j++) y[j] = 0.5f * x[j] * (1.0f + tanhf(inner_of(x[j], at.fma)));
+}
+
+CKP_CLONES
+static void backward_span(const float *x, const float *dy, int64_t count, int64_t vec_count, aten_layout at,
+                          float *dx) {
+    int64_t j = 0;
+    for (; j < vec_count; j += CKP_VLANES) {
+        ckp_v8f xv = ckp_load8(x + j), sq = xv * xv;
+        ckp_v8f t = tanh_sleef8(KBETA * ckp_fma8(ckp_splat8(KKAPPA), sq * xv, xv));
+        ckp_v8f left = 0.5f * xv, right = 1.0f + t;
+        ckp_v8f tanh_slope = ckp_fma8(-t, t, ckp_splat8(1.0f));
+        ckp_v8f inner_slope = KBETA * ckp_fma8(ckp_splat8(3.0f * KKAPPA), sq, ckp_splat8(1.0f));
+        ckp_store8(dx + j, ckp_load8(dy + j) * ckp_fma8(ckp_splat8(0.5f), right, left * tanh_slope * inner_slope));
+    }
+    for (; j < count; j++) {
+        float xj = x[j], sq = xj * xj, t = tanhf(inner_of(xj, at.fma));
+        float left = 0.5f * xj, right = 1.0f + t;
+        float tanh_slope = at.fma ? fmaf(-t, t, 1.0f) : 1.0f - t * t;
+        float inner_slope = KBETA * (at.fma ? fmaf(3.0f * KKAPPA, sq, 1.0f) : 1.0f + 3.0f * KKAPPA * sq);
+        float right_slope = left * tanh_slope * inner_slope;
+        dx[j] = dy[j] * (at.fma ? fmaf(0.5f, right, right_slope) : 0.5f * right + right_slope);
+    }
+}
+
+typedef void (*span_fn)(const float *, const float *, int64_t, int64_t, aten_layout, float *);
+
+enum { SPAN = 8192 }; /* this library's threads take spans of a piece: a multiple of every vector pair */
+
+/* torch's pieces of [0, n) of piece_len elements, one after another; each split into spans for this
+ * library's threads. b may be NULL (the forward). */
+static void run_pieces(span_fn fn, const float *a, const float *b, int64_t n, int64_t piece_len, float *out) {
+    const aten_layout at = layout_for_capability();
+    for (int64_t start = 0; start < n; start += piece_len) {
+        const int64_t count = n - start < piece_len ? n - start : piece_len;
+        const int64_t vec_count = at.vec_pair == 0 ? 0 : count - count % at.vec_pair;
+        const int64_t spans = (count + SPAN - 1) / SPAN;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (count >= 32768)
+        for (int64_t k = 0; k < spans; k++) {
+            const int64_t lo = k * SPAN, hi = count - lo < SPAN ? count : lo + SPAN;
+            const int64_t vec = vec_count <= lo ? 0 : (vec_count >= hi ? hi - lo : vec_count - lo);
+            fn(a + start + lo, b == NULL ? NULL : b + start + lo, hi - lo, vec, at, out + start + lo);
+        }
+    }
+}
+
+static ckp_status check_args(const void *a, const void *b, int64_t n, int torch_threads) {
+    if (a == NULL || b == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
+    if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
+    if (n > INT64_MAX / (int64_t)sizeof(float)) return ckp_fail(CKP_ERR_BAD_SIZE, "n is too large: %lld", (long long)n);
+    if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
+    return CKP_OK;
+}
+
+ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y) {
+    ckp_status s = check_args(x, y, n, torch_threads);
+    if (s != CKP_OK) return s;
+    if (y != x && ckp_overlaps(y, (size_t)n * sizeof(float), x, (size_t)n * sizeof(float)))
+        return ckp_fail(CKP_ERR_ALIASING, "y overlaps x (other than in place)");
+    ckp_clear_error();
+    const int64_t grain = n > FORWARD_MIN_ELEMENTS_FOR_THREADS ? n / torch_threads : ATEN_GRAIN_SIZE;
+    run_pieces(forward_span, x, NULL, n, piece_length(n, torch_threads, grain), y);
+    return CKP_OK;
+}
+
+ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx) {
+    ckp_status s = check_args(dy, x, n, torch_threads);
+    if (s != CKP_OK) return s;
+    if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
+    const size_t bytes = (size_t)n * sizeof(float);
+    if ((dx != x && ckp_overlaps(dx, bytes, x, bytes)) || (dx != dy && ckp_overlaps(dx, bytes, dy, bytes)))
+        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy (other than in place)");
+    ckp_clear_error();
+    run_pieces(backward_span, x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), dx);
+    return CKP_OK;
+}
