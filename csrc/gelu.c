@@ -212,8 +212,8 @@ static ckp_status check_args(const void *a, const void *b, int64_t n, int torch_
 ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y) {
     ckp_status s = check_args(x, y, n, torch_threads);
     if (s != CKP_OK) return s;
-    if (y != x && ckp_overlaps(y, (size_t)n * sizeof(float), x, (size_t)n * sizeof(float)))
-        return ckp_fail(CKP_ERR_ALIASING, "y overlaps x (other than in place)");
+    if (ckp_overlaps(y, (size_t)n * sizeof(float), x, (size_t)n * sizeof(float)))
+        return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
     ckp_clear_error();
     const int64_t grain = n > FORWARD_MIN_ELEMENTS_FOR_THREADS ? n / torch_threads : ATEN_GRAIN_SIZE;
     run_pieces(forward_span, x, NULL, n, piece_length(n, torch_threads, grain), y);
@@ -225,8 +225,8 @@ ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int tor
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
     const size_t bytes = (size_t)n * sizeof(float);
-    if ((dx != x && ckp_overlaps(dx, bytes, x, bytes)) || (dx != dy && ckp_overlaps(dx, bytes, dy, bytes)))
-        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy (other than in place)");
+    if (ckp_overlaps(dx, bytes, x, bytes) || ckp_overlaps(dx, bytes, dy, bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy");
     ckp_clear_error();
     run_pieces(backward_span, x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), dx);
     return CKP_OK;

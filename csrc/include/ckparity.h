@@ -278,12 +278,12 @@ ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int6
                                    uint16_t *dx);
 
 /* ------------------------------------------------------------------------
- * gelu (csrc/gelu.c): y = F.gelu(x) (approximate="none") over n contiguous
+ * gelu (csrc/gelu.c): y = F.gelu(x, approximate="tanh") over n contiguous
  * floats, and its backward dx = dy * gelu'(x). torch_threads >= 1: the
  * threads torch runs the op on (torch.get_num_threads()); its loop splits a
- * tensor into that many pieces past a grain and treats each piece's last
+ * tensor into that many pieces past a grain and computes each piece's last
  * elements apart, so the bits follow it (the work stays on this library's
- * threads). y may be x, dx may be dy or x (in place).
+ * threads). No output may overlap an input.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y);
 ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx);

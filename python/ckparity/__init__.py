@@ -12,6 +12,7 @@ from .kernels import register_backend
 from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from .ops.gelu import gelu
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope
 from .ops.swiglu import swiglu
@@ -28,6 +29,7 @@ __all__ = [
     "cross_entropy",
     "empty_cache",
     "fused_linear_cross_entropy",
+    "gelu",
     "get_num_threads",
     "nn",
     "register_backend",

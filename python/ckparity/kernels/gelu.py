@@ -1,0 +1,138 @@
+"""gelu: F.gelu(x, approximate="tanh") -- GPT-2's GELU. Its C kernel (csrc/gelu.c) is torch's bit for bit in
+float32 at every capability and at torch's thread count (torch splits a large tensor between its threads and
+computes each piece's last elements with libm's tanhf, the rest with SLEEF's). No twin calls it yet (the GPT-2
+model is not built): a slot for check, bench and a user's GELU. F.gelu's default form (erf) is oneDNN's in
+torch and is refused by name."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.gelu import gelu, gelu_backward, gelu_forward
+from .benching import Case, compiled_fwd_bwd, fwd_bwd
+from .contract import grads_present, tensor_like
+from .layouts import LayoutCase
+from .probing import out
+from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
+from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
+
+# the flat sizes where torch's threads split the tensor (forward past 16384 elements, backward past 32768) and
+# where a piece's end falls inside a vector pair: odd sizes, and multiples of a pair either side of the grains
+SPLIT_SIZES = (16385, 16417, 32769, 40007, 65536, 65537, 100003)
+
+
+def gelu_tanh(x, approximate: str = "tanh"):
+    """torch's GELU as the slot calls it: the tanh form unless asked otherwise."""
+    return F.gelu(x, approximate=approximate)
+
+
+def _tanh_form(x):
+    return gelu(x, approximate="tanh")
+
+
+def _contract(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 10, generator=g).requires_grad_(True)
+    y = fn(x, approximate="tanh")
+    tensor_like(y, (2, 3, 10), "gelu(x (2, 3, 10), approximate='tanh')")
+    y.backward(torch.randn(2, 3, 10, generator=g))
+    grads_present({"x": x})
+
+
+def _make(width, rows, g):
+    return {"x": torch.randn(rows, width, generator=g) * 3}
+
+
+_BAD = (BadInput("approximate='sigmoid'", "value", lambda fn: fn(torch.randn(3, 4), approximate="sigmoid")),)
+
+
+def _opinfo_sample(s):
+    """torch's gelu samples in the tanh form (the erf form is not the slot's)."""
+    if s.kwargs.get("approximate", "none") != "tanh" or s.input.dtype != torch.float32:
+        return None
+    return (lambda f, t: f(t["x"], approximate="tanh")), {"x": s.input.detach()}, ("x",)
+
+
+def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """y and dx against F.gelu(x, approximate="tanh"): every width in 1, 3 and 17 rows at torch's one thread;
+    the sizes torch splits (SPLIT_SIZES) at 1 and 2 threads; rows of NaN, infs and signed zeros; and x
+    sweeping past tanh's cut-off (|inner| 8.66) and x^3's overflow."""
+    def case(label, x, threads=1):
+        x = x.requires_grad_(True)
+        up = torch.randn(x.shape, generator=g)
+        with torch_threads(threads):
+            ours, theirs = grad_run(_tanh_form, [x], up), grad_run(gelu_tanh, [x], up)
+        for q, a, b in zip(("y", "dx"), ours, theirs):
+            tally.add(q, label, a, b)
+
+    for N in (1, 3, 17):
+        for W in WIDTHS:
+            case(f"N={N} W={W}", torch.randn(N, W, generator=g) * 3)
+    for n in SPLIT_SIZES:
+        for threads in (1, 2):
+            case(f"n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
+    for W in SPECIAL_WIDTHS:
+        case(f"special rows W={W}", special_rows(g, W, dtype))
+    case("x from -1e13 to 1e13", torch.cat([-torch.logspace(13, -8, 250), torch.logspace(-8, 13, 250)]))
+
+
+def _layout_cases(g):
+    """x 1-D, 2-D and 3-D, and empty."""
+    for shape in ((37,), (4, 18), (2, 3, 18), (0, 18)):
+        yield LayoutCase(f"x {shape}", gelu, gelu_tanh, lambda f, t: f(t["x"], approximate="tanh"), ("x",),
+                         {"x": torch.randn(shape, generator=g) * 3}, claim="gelu")
+
+
+def _probe(g: torch.Generator):
+    for n in (1, 7, 15, 16, 17, 31, 32, 33, 100, 70001):  # vector pairs' tails, and a size torch's threads split
+        x, dy = torch.randn(n, generator=g) * 4, torch.randn(n, generator=g)
+
+        def run(L, fill, x=x, dy=dy):
+            y, dx = out(x, fill), out(x, fill)
+            gelu_forward(x, y, library=L)
+            gelu_backward(dy, x, dx, library=L)
+            return y, dx
+        yield f"gelu n={n}", run
+
+
+def _entries() -> tuple[CEntry, ...]:
+    n = lambda s: s["n"]  # noqa: E731 - every buffer holds n elements
+    return (CEntry("gelu_forward", (CBuffer("x", "f", n), CBuffer("y", "f", n, output=True)), {"n": 5},
+                   lambda L, p, s: L.ckp_gelu_forward(p["x"], s["n"], 1, p["y"])),
+            CEntry("gelu_backward", (CBuffer("dy", "f", n), CBuffer("x", "f", n), CBuffer("dx", "f", n, output=True)),
+                   {"n": 5}, lambda L, p, s: L.ckp_gelu_backward(p["dy"], p["x"], s["n"], 1, p["dx"])))
+
+
+def _bench(g: torch.Generator, select):
+    if select("gelu", "N=2048,D=3072"):  # GPT-2 small's MLP: 4 x 768 columns, 2048 tokens
+        x = (torch.randn(2048, 3072, generator=g) * 3).requires_grad_(True)
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        ones = torch.ones_like(x)
+
+        def c_calls():
+            gelu_forward(x.detach(), y)
+            gelu_backward(ones, x.detach(), dx)
+        # forward reads x, writes y; backward reads dy and x, writes dx
+        yield Case("gelu", "N=2048,D=3072", fwd_bwd(gelu, x, "tanh"), fwd_bwd(gelu_tanh, x, "tanh"),
+                   5 * x.numel() * 4, c_calls, compiled=compiled_fwd_bwd(gelu_tanh, x, "tanh"))
+
+
+KERNEL = Kernel(
+    name="gelu",
+    used_by=lambda config: False,  # GPT-2's model is not built: no run calls it
+    flag="ck_gelu_backend",
+    torch_ops=("gelu",),
+    # the slot: (x, approximate="tanh") -> F.gelu(x, approximate=...)
+    backends={"c": gelu, "torch": gelu_tanh},
+    contract=_contract,
+    conformance=Conformance(make=_make, call=lambda fn, t: fn(t["x"], approximate="tanh"), differentiated=("x",),
+                            widths=WIDTHS, bad=_BAD, opinfo=("nn.functional.gelu", _opinfo_sample)),
+    claims=(Claim("gelu", ("y", "dx"), sweep),),
+    not_claimed={"gelu": "approximate='none' (erf): torch runs oneDNN's gelu_erf on float32 tensors of 2+ elements "
+                         "(refused by name); bfloat16 (not built)"},
+    probe=_probe,
+    layouts=_layout_cases,
+    bench=_bench,
+    c_entries=_entries(),
+)
