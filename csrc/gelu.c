@@ -138,65 +138,83 @@ static inline __attribute__((always_inline)) ckp_v8f tanh_sleef8(ckp_v8f x) {
 }
 
 /* x + kappa * x^3 as the build computes it: contracted where it has FMA. */
-static inline __attribute__((always_inline)) float inner_of(float x, int fma) {
-    float cube = x * x * x;
-    return KBETA * (fma ? fmaf(KKAPPA, cube, x) : x + KKAPPA * cube);
+/* The forward and the backward of one element (scalar code) and of 8 (vector code), in float. fma: the
+ * build contracts x + kappa * x^3, 1 - t * t, 1 + 3 kappa * x^2 and the backward's last sum. */
+static inline __attribute__((always_inline)) float forward1(float x, int fma) {
+    float cube = x * x * x, inner = KBETA * (fma ? fmaf(KKAPPA, cube, x) : x + KKAPPA * cube);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+static inline __attribute__((always_inline)) float backward1(float x, float dy, int fma) {
+    float sq = x * x, cube = sq * x;
+    float t = tanhf(KBETA * (fma ? fmaf(KKAPPA, cube, x) : x + KKAPPA * cube));
+    float left = 0.5f * x, right = 1.0f + t;
+    float tanh_slope = fma ? fmaf(-t, t, 1.0f) : 1.0f - t * t;
+    float inner_slope = KBETA * (fma ? fmaf(3.0f * KKAPPA, sq, 1.0f) : 1.0f + 3.0f * KKAPPA * sq);
+    float right_slope = left * tanh_slope * inner_slope;
+    return dy * (fma ? fmaf(0.5f, right, right_slope) : 0.5f * right + right_slope);
+}
+
+static inline __attribute__((always_inline)) ckp_v8f forward8(ckp_v8f x) {
+    return 0.5f * x * (1.0f + tanh_sleef8(KBETA * ckp_fma8(ckp_splat8(KKAPPA), x * x * x, x)));
+}
+
+static inline __attribute__((always_inline)) ckp_v8f backward8(ckp_v8f x, ckp_v8f dy) {
+    ckp_v8f sq = x * x, t = tanh_sleef8(KBETA * ckp_fma8(ckp_splat8(KKAPPA), sq * x, x));
+    ckp_v8f left = 0.5f * x, right = 1.0f + t;
+    ckp_v8f tanh_slope = ckp_fma8(-t, t, ckp_splat8(1.0f));
+    ckp_v8f inner_slope = KBETA * ckp_fma8(ckp_splat8(3.0f * KKAPPA), sq, ckp_splat8(1.0f));
+    return dy * ckp_fma8(ckp_splat8(0.5f), right, left * tanh_slope * inner_slope);
 }
 
 /* A span of a piece: its first vec_count elements (a multiple of 8) in ATen's vector code, the rest in
- * its scalar code. x and dy are the span's; y and dx its outputs. */
+ * its scalar code; x and dy (NULL for the forward) are the span's, out its output. float32 and bfloat16
+ * (torch's BFloat16 GELU: the same float formula on the widened values, rounded to bf16 once, as it stores). */
 CKP_CLONES
-static void forward_span(const float *x, const float *unused, int64_t count, int64_t vec_count, aten_layout at,
-                         float *y) {
-    (void)unused;
+static void span_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count, aten_layout at, void *out_) {
+    const float *x = x_, *dy = dy_;
+    float *out = out_;
     int64_t j = 0;
-    for (; j < vec_count; j += CKP_VLANES) {
-        ckp_v8f xv = ckp_load8(x + j);
-        ckp_v8f inner = KBETA * ckp_fma8(ckp_splat8(KKAPPA), xv * xv * xv, xv);
-        ckp_store8(y + j, 0.5f * xv * (1.0f + tanh_sleef8(inner)));
-    }
-    for (; j < count; j++) y[j] = 0.5f * x[j] * (1.0f + tanhf(inner_of(x[j], at.fma)));
+    for (; j < vec_count; j += CKP_VLANES)
+        ckp_store8(out + j, dy == NULL ? forward8(ckp_load8(x + j)) : backward8(ckp_load8(x + j), ckp_load8(dy + j)));
+    for (; j < count; j++) out[j] = dy == NULL ? forward1(x[j], at.fma) : backward1(x[j], dy[j], at.fma);
 }
 
 CKP_CLONES
-static void backward_span(const float *x, const float *dy, int64_t count, int64_t vec_count, aten_layout at,
-                          float *dx) {
+static void span_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count, aten_layout at, void *out_) {
+    const uint16_t *x = x_, *dy = dy_;
+    uint16_t *out = out_;
     int64_t j = 0;
-    for (; j < vec_count; j += CKP_VLANES) {
-        ckp_v8f xv = ckp_load8(x + j), sq = xv * xv;
-        ckp_v8f t = tanh_sleef8(KBETA * ckp_fma8(ckp_splat8(KKAPPA), sq * xv, xv));
-        ckp_v8f left = 0.5f * xv, right = 1.0f + t;
-        ckp_v8f tanh_slope = ckp_fma8(-t, t, ckp_splat8(1.0f));
-        ckp_v8f inner_slope = KBETA * ckp_fma8(ckp_splat8(3.0f * KKAPPA), sq, ckp_splat8(1.0f));
-        ckp_store8(dx + j, ckp_load8(dy + j) * ckp_fma8(ckp_splat8(0.5f), right, left * tanh_slope * inner_slope));
-    }
-    for (; j < count; j++) {
-        float xj = x[j], sq = xj * xj, t = tanhf(inner_of(xj, at.fma));
-        float left = 0.5f * xj, right = 1.0f + t;
-        float tanh_slope = at.fma ? fmaf(-t, t, 1.0f) : 1.0f - t * t;
-        float inner_slope = KBETA * (at.fma ? fmaf(3.0f * KKAPPA, sq, 1.0f) : 1.0f + 3.0f * KKAPPA * sq);
-        float right_slope = left * tanh_slope * inner_slope;
-        dx[j] = dy[j] * (at.fma ? fmaf(0.5f, right, right_slope) : 0.5f * right + right_slope);
-    }
+    for (; j < vec_count; j += CKP_VLANES)
+        ckp_bf16_store8(out + j, dy == NULL ? forward8(ckp_bf16_load8(x + j))
+                                            : backward8(ckp_bf16_load8(x + j), ckp_bf16_load8(dy + j)));
+    for (; j < count; j++)
+        out[j] = ckp_f_to_bf16(dy == NULL ? forward1(ckp_bf16_to_f(x[j]), at.fma)
+                                          : backward1(ckp_bf16_to_f(x[j]), ckp_bf16_to_f(dy[j]), at.fma));
 }
 
-typedef void (*span_fn)(const float *, const float *, int64_t, int64_t, aten_layout, float *);
+typedef void (*span_fn)(const void *, const void *, int64_t, int64_t, aten_layout, void *);
 
 enum { SPAN = 8192 }; /* this library's threads take spans of a piece: a multiple of every vector pair */
 
-/* torch's pieces of [0, n) of piece_len elements, one after another; each split into spans for this
- * library's threads. b may be NULL (the forward). */
-static void run_pieces(span_fn fn, const float *a, const float *b, int64_t n, int64_t piece_len, float *out) {
+/* torch's pieces of [0, n) of piece_len elements (elem bytes each), one after another; each split into spans
+ * for this library's threads. dy is NULL for the forward. A bf16 vector pair is twice a float one: ATen's
+ * loop steps two Vectorized<BFloat16>, each widened to two float vectors. */
+static void run_pieces(span_fn fn, const void *x, const void *dy, int64_t n, int64_t piece_len, size_t elem,
+                       void *out) {
     const aten_layout at = layout_for_capability();
+    const int64_t pair = elem == sizeof(float) ? at.vec_pair : 2 * at.vec_pair;
     for (int64_t start = 0; start < n; start += piece_len) {
         const int64_t count = n - start < piece_len ? n - start : piece_len;
-        const int64_t vec_count = at.vec_pair == 0 ? 0 : count - count % at.vec_pair;
+        const int64_t vec_count = pair == 0 ? 0 : count - count % pair;
         const int64_t spans = (count + SPAN - 1) / SPAN;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (count >= 32768)
         for (int64_t k = 0; k < spans; k++) {
             const int64_t lo = k * SPAN, hi = count - lo < SPAN ? count : lo + SPAN;
             const int64_t vec = vec_count <= lo ? 0 : (vec_count >= hi ? hi - lo : vec_count - lo);
-            fn(a + start + lo, b == NULL ? NULL : b + start + lo, hi - lo, vec, at, out + start + lo);
+            const size_t at_ = (size_t)(start + lo) * elem;
+            fn((const char *)x + at_, dy == NULL ? NULL : (const char *)dy + at_, hi - lo, vec, at,
+               (char *)out + at_);
         }
     }
 }
@@ -209,25 +227,43 @@ static ckp_status check_args(const void *a, const void *b, int64_t n, int torch_
     return CKP_OK;
 }
 
-ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y) {
+static ckp_status forward(const void *x, int64_t n, int torch_threads, void *y, size_t elem) {
     ckp_status s = check_args(x, y, n, torch_threads);
     if (s != CKP_OK) return s;
-    if (ckp_overlaps(y, (size_t)n * sizeof(float), x, (size_t)n * sizeof(float)))
-        return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
+    if (ckp_overlaps(y, (size_t)n * elem, x, (size_t)n * elem)) return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
     ckp_clear_error();
     const int64_t grain = n > FORWARD_MIN_ELEMENTS_FOR_THREADS ? n / torch_threads : ATEN_GRAIN_SIZE;
-    run_pieces(forward_span, x, NULL, n, piece_length(n, torch_threads, grain), y);
+    run_pieces(elem == sizeof(float) ? span_f32 : span_bf16, x, NULL, n, piece_length(n, torch_threads, grain),
+               elem, y);
     return CKP_OK;
 }
 
-ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx) {
+static ckp_status backward(const void *dy, const void *x, int64_t n, int torch_threads, void *dx, size_t elem) {
     ckp_status s = check_args(dy, x, n, torch_threads);
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    const size_t bytes = (size_t)n * sizeof(float);
+    const size_t bytes = (size_t)n * elem;
     if (ckp_overlaps(dx, bytes, x, bytes) || ckp_overlaps(dx, bytes, dy, bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy");
     ckp_clear_error();
-    run_pieces(backward_span, x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), dx);
+    run_pieces(elem == sizeof(float) ? span_f32 : span_bf16, x, dy, n,
+               piece_length(n, torch_threads, ATEN_GRAIN_SIZE), elem, dx);
     return CKP_OK;
+}
+
+ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y) {
+    return forward(x, n, torch_threads, y, sizeof(float));
+}
+
+ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx) {
+    return backward(dy, x, n, torch_threads, dx, sizeof(float));
+}
+
+ckp_status ckp_gelu_forward_bf16(const uint16_t *x, int64_t n, int torch_threads, uint16_t *y) {
+    return forward(x, n, torch_threads, y, sizeof(uint16_t));
+}
+
+ckp_status ckp_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int torch_threads,
+                                  uint16_t *dx) {
+    return backward(dy, x, n, torch_threads, dx, sizeof(uint16_t));
 }

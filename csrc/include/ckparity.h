@@ -287,6 +287,11 @@ ckp_status ckp_swiglu_backward_f16(const uint16_t *dout, const uint16_t *x, int6
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y);
 ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx);
+/* The same in bfloat16 (uint16_t: a float's high 16 bits), bit-identical to torch's bf16 GELU: the float
+ * formula on the widened values, rounded to bf16 once. */
+ckp_status ckp_gelu_forward_bf16(const uint16_t *x, int64_t n, int torch_threads, uint16_t *y);
+ckp_status ckp_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int torch_threads,
+                                  uint16_t *dx);
 
 /* ------------------------------------------------------------------------
  * linear (csrc/linear.c): C (M x N, row-major) = A (M x K) . B (K x N) + bias

@@ -1,10 +1,12 @@
 """gelu: F.gelu(x, approximate="tanh") -- GPT-2's GELU. Its C kernel (csrc/gelu.c) is torch's bit for bit in
-float32 at every capability and at torch's thread count (torch splits a large tensor between its threads and
+float32 and bfloat16 at every capability and at torch's thread count (torch splits a large tensor between its threads and
 computes each piece's last elements with libm's tanhf, the rest with SLEEF's). No twin calls it yet (the GPT-2
 model is not built): a slot for check, bench and a user's GELU. F.gelu's default form (erf) is oneDNN's in
 torch and is refused by name."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -49,18 +51,19 @@ _BAD = (BadInput("approximate='sigmoid'", "value", lambda fn: fn(torch.randn(3, 
 
 def _opinfo_sample(s):
     """torch's gelu samples in the tanh form (the erf form is not the slot's)."""
-    if s.kwargs.get("approximate", "none") != "tanh" or s.input.dtype != torch.float32:
+    if s.kwargs.get("approximate", "none") != "tanh" or s.input.dtype not in (torch.float32, torch.bfloat16):
         return None
     return (lambda f, t: f(t["x"], approximate="tanh")), {"x": s.input.detach()}, ("x",)
 
 
 def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """y and dx against F.gelu(x, approximate="tanh"): every width in 1, 3 and 17 rows at torch's one thread;
+    """y and dx against F.gelu(x, approximate="tanh") on ``dtype`` tensors: every width in 1, 3 and 17 rows at
+    torch's one thread;
     the sizes torch splits (SPLIT_SIZES) at 1 and 2 threads; rows of NaN, infs and signed zeros; and x
     sweeping past tanh's cut-off (|inner| 8.66) and x^3's overflow."""
     def case(label, x, threads=1):
-        x = x.requires_grad_(True)
-        up = torch.randn(x.shape, generator=g)
+        x = x.to(dtype).requires_grad_(True)
+        up = torch.randn(x.shape, generator=g).to(dtype)
         with torch_threads(threads):
             ours, theirs = grad_run(_tanh_form, [x], up), grad_run(gelu_tanh, [x], up)
         for q, a, b in zip(("y", "dx"), ours, theirs):
@@ -85,23 +88,25 @@ def _layout_cases(g):
 
 
 def _probe(g: torch.Generator):
-    for n in (1, 7, 15, 16, 17, 31, 32, 33, 100, 70001):  # vector pairs' tails, and a size torch's threads split
-        x, dy = torch.randn(n, generator=g) * 4, torch.randn(n, generator=g)
+    for n in (1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 70001):  # vector pairs' tails; a size torch splits
+        for dtype in (torch.float32, torch.bfloat16):
+            x, dy = (torch.randn(n, generator=g) * 4).to(dtype), torch.randn(n, generator=g).to(dtype)
 
-        def run(L, fill, x=x, dy=dy):
-            y, dx = out(x, fill), out(x, fill)
-            gelu_forward(x, y, library=L)
-            gelu_backward(dy, x, dx, library=L)
-            return y, dx
-        yield f"gelu n={n}", run
+            def run(L, fill, x=x, dy=dy):
+                y, dx = out(x, fill), out(x, fill)
+                gelu_forward(x, y, library=L)
+                gelu_backward(dy, x, dx, library=L)
+                return y, dx
+            yield f"gelu n={n} {dtype}", run
 
 
-def _entries() -> tuple[CEntry, ...]:
+def _entries(suffix: str, kind: str) -> tuple[CEntry, ...]:
     n = lambda s: s["n"]  # noqa: E731 - every buffer holds n elements
-    return (CEntry("gelu_forward", (CBuffer("x", "f", n), CBuffer("y", "f", n, output=True)), {"n": 5},
-                   lambda L, p, s: L.ckp_gelu_forward(p["x"], s["n"], 1, p["y"])),
-            CEntry("gelu_backward", (CBuffer("dy", "f", n), CBuffer("x", "f", n), CBuffer("dx", "f", n, output=True)),
-                   {"n": 5}, lambda L, p, s: L.ckp_gelu_backward(p["dy"], p["x"], s["n"], 1, p["dx"])))
+    forward, backward = "gelu_forward" + suffix, "gelu_backward" + suffix
+    return (CEntry(forward, (CBuffer("x", kind, n), CBuffer("y", kind, n, output=True)), {"n": 5},
+                   lambda L, p, s: getattr(L, "ckp_" + forward)(p["x"], s["n"], 1, p["y"])),
+            CEntry(backward, (CBuffer("dy", kind, n), CBuffer("x", kind, n), CBuffer("dx", kind, n, output=True)),
+                   {"n": 5}, lambda L, p, s: getattr(L, "ckp_" + backward)(p["dy"], p["x"], s["n"], 1, p["dx"])))
 
 
 def _bench(g: torch.Generator, select):
@@ -128,11 +133,13 @@ KERNEL = Kernel(
     contract=_contract,
     conformance=Conformance(make=_make, call=lambda fn, t: fn(t["x"], approximate="tanh"), differentiated=("x",),
                             widths=WIDTHS, bad=_BAD, opinfo=("nn.functional.gelu", _opinfo_sample)),
-    claims=(Claim("gelu", ("y", "dx"), sweep),),
+    amp_bf16=True,
+    claims=(Claim("gelu", ("y", "dx"), sweep),
+            Claim("gelu", ("y", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
     not_claimed={"gelu": "approximate='none' (erf): torch runs oneDNN's gelu_erf on float32 tensors of 2+ elements "
-                         "(refused by name); bfloat16 (not built)"},
+                         "(refused by name); float16 (not built)"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=_entries(),
+    c_entries=_entries("", "f") + _entries("_bf16", "h"),
 )

@@ -21,15 +21,19 @@ ERF_NOT_BUILT = ("approximate='none' (erf) is not built in C: torch hands a floa
                  "approximate='tanh' (GPT-2's GELU) or torch's F.gelu")
 
 
+_SUFFIX = {torch.float32: "", torch.bfloat16: "_bf16"}
+
+
 def gelu_forward(x, y, *, library=lib) -> None:
-    """y = gelu_tanh(x) over two contiguous float32 tensors of one size."""
-    check(library.ckp_gelu_forward(pointer(x), x.numel(), torch.get_num_threads(), pointer(y)), "gelu", library)
+    """y = gelu_tanh(x) over two contiguous tensors of one size and dtype (float32 or bfloat16)."""
+    entry = getattr(library, "ckp_gelu_forward" + _SUFFIX[x.dtype])
+    check(entry(pointer(x), x.numel(), torch.get_num_threads(), pointer(y)), "gelu", library)
 
 
 def gelu_backward(dy, x, dx, *, library=lib) -> None:
-    """dx = dy * gelu_tanh'(x) over three contiguous float32 tensors of one size."""
-    check(library.ckp_gelu_backward(pointer(dy), pointer(x), x.numel(), torch.get_num_threads(), pointer(dx)),
-          "gelu backward", library)
+    """dx = dy * gelu_tanh'(x) over three contiguous tensors of one size and dtype (float32 or bfloat16)."""
+    entry = getattr(library, "ckp_gelu_backward" + _SUFFIX[x.dtype])
+    check(entry(pointer(dy), pointer(x), x.numel(), torch.get_num_threads(), pointer(dx)), "gelu backward", library)
 
 
 class _GeluFunction(CFunction):
@@ -52,19 +56,19 @@ class _GeluFunction(CFunction):
         (x,) = ctx.saved_tensors
         dx = empty_like(x)
         if x.numel():
-            gelu_backward(dy.contiguous(), x, dx)
+            gelu_backward(dy.contiguous().to(x.dtype), x, dx)
         return dx
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """F.gelu(x, approximate="tanh") of a float32 tensor of any shape, bit-identical to torch's forward and
-    backward at every CPU capability and at torch's thread count. F.gelu's default form, approximate="none",
-    is refused by name (ERF_NOT_BUILT), as is any dtype but float32."""
+    """F.gelu(x, approximate="tanh") of a float32 or bfloat16 tensor of any shape, bit-identical to torch's
+    forward and backward at every CPU capability and at torch's thread count (bfloat16: torch's float formula
+    rounded once). F.gelu's default form, approximate="none", is refused by name (ERF_NOT_BUILT)."""
     if approximate not in ("none", "tanh"):
         raise InvalidArgument(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     if approximate == "none":
         raise InvalidArgument(ERF_NOT_BUILT)
     require_cpu(x, "x")
-    if x.dtype != torch.float32:
-        raise InvalidType(f"gelu takes a float32 tensor (bfloat16 is not built yet), got {x.dtype}")
+    if x.dtype not in _SUFFIX:
+        raise InvalidType(f"gelu takes a float32 or bfloat16 tensor, got {x.dtype}")
     return _GeluFunction.apply(x.contiguous())
