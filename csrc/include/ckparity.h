@@ -294,6 +294,27 @@ ckp_status ckp_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t
                                   uint16_t *dx);
 
 /* ------------------------------------------------------------------------
+ * layer_norm (csrc/layer_norm.c): F.layer_norm over the last N elements of
+ * each of M rows of x (M x N, float32), weight and bias (N) or NULL, as ATen
+ * computes it (its row moments, its reductions, torch's FMAs):
+ * y = (x - mean) * rstd * weight + bias; mean and rstd (M) as torch's
+ * native_layer_norm returns them. eps >= 0 (taken as a float, as torch does).
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_layer_norm_forward(const float *x, const float *weight, const float *bias, int64_t M, int64_t N,
+                                  double eps, float *y, float *mean, float *rstd);
+
+/* dy, x, dx (M x N); mean, rstd (M) from the forward; weight (N) or NULL.
+ * dx, dweight, dbias may each be NULL (not computed). torch_threads >= 1:
+ * the threads torch runs the backward on (torch.get_num_threads()): its
+ * dweight and dbias are one partial sum per thread, added in thread order,
+ * and follow it; the work stays on this library's threads. With dweight
+ * or dbias the call allocates 2 x torch_threads x N floats
+ * (CKP_ERR_OUT_OF_MEMORY, nothing written, when that fails). */
+ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float *mean, const float *rstd,
+                                   const float *weight, int64_t M, int64_t N, int torch_threads, float *dx,
+                                   float *dweight, float *dbias);
+
+/* ------------------------------------------------------------------------
  * linear (csrc/linear.c): C (M x N, row-major) = A (M x K) . B (K x N) + bias
  * (N, or NULL), float32, in the order of MKL's one-thread sgemm (K in blocks
  * of 384, the last two sharing the rest below 192 columns; an FMA chain per block; the blocks

@@ -1,0 +1,247 @@
+/*
+ * layer_norm.c — LayerNorm, F.layer_norm over the last N elements of each of M rows, float32, as ATen's
+ * LayerNormKernelImpl and LayerNormBackwardKernelImpl compute it (layer_norm_kernel.cpp, moments_utils.h):
+ *
+ * Forward, per row: mean and variance by RowwiseMoments -- Welford over 8 lanes (x[8k + l] in lane l), the
+ * row's whole vectors in chunks of 16 (lane update m1 += (1/(j+1)) (x - m1), m2 += (x - m1_old)(x - m1_new),
+ * both FMAs), each chunk's moments merged into a cascade of depth ceil(log2(chunks)) (AddMomentsVec: a carry
+ * at every even chunk count, as a binary counter), the cascade folded into level 0, then the row's last
+ * N % 8 elements by plain Welford, then the 8 lanes merged into that one by one (AddMoments, scalar: its
+ * m1 += c * delta and m2_add + delta^2 c m0 contracted); var = m2 / N; rstd = 1 / sqrt(var + eps);
+ *   y = (x - mean) * rstd * w + b   (one FMA: ((x - mean) * rstd) * w + b).
+ * Backward, per row i (a = rstd, scale = 1/N):
+ *   ds = sum dy * x * w, db = sum dy * w (map_reduce_all: 8 lanes from the first vector, the middle vectors
+ *   added unfused, the last partial vector with an FMA, then the lanes by AVX2's shuffle tree
+ *   ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)); a row under 8 long, lane 0 plus each other in turn)
+ *   b_i = fma(db, mean, -ds) a^3 scale,  c_i = fma(-b_i, mean, -(db a scale))
+ *   dx = fma(b_i, x, a dy w) + c_i
+ *   dw_j, db_j: one buffer per torch thread (the rows of at::parallel_for's chunk of that thread, in order:
+ *   buf += dy * fma(a, x, -a * mean), and += dy), then summed from 0 over the torch threads in order.
+ * Measured against torch 2.13: at AVX2 and AVX512 (its layer norm runs 8 float lanes at both) with the FMAs
+ * above; at DEFAULT the same with no FMA and the lanes added in order (the generic vec_reduce_all). Every
+ * element of every row is torch's bits at its thread count (torch_threads: the dw/db buffers' split);
+ * this library's own threads split rows and columns and change nothing.
+ */
+#include "ckp_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 8  /* Vectorized<float>::size() where torch's layer norm is built (AVX2's width at AVX512 too) */
+#define CHUNK 16 /* moments_utils.h's kChunkSize */
+
+static int with_fma(void) { return ckp_get_capability() != CKP_CAPABILITY_DEFAULT; }
+
+static inline float fm(float a, float b, float c, int fma) { return fma ? fmaf(a, b, c) : a * b + c; }
+
+static int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)x - 1); }
+
+/* AddMomentsVec: the moments (m0_add, m1a, m2a) merged into (m0, m1, m2), lane by lane. */
+static void add_moments_vec(int64_t m0_add, const float *m1a, const float *m2a, int64_t *m0, float *m1, float *m2,
+                            int fma) {
+    const int64_t n = *m0 + m0_add;
+    const float c = n == 0 ? 0.0f : (float)m0_add / (float)n, m0f = (float)*m0;
+    for (int l = 0; l < LANES; l++) {
+        const float delta = m1a[l] - m1[l], m2_tmp = m2[l] + m2a[l], c_delta = c * delta;
+        m1[l] = m1[l] + c_delta;
+        m2[l] = fm(delta * m0f, c_delta, m2_tmp, fma);
+    }
+    *m0 = n;
+}
+
+/* RowwiseMoments(X, N): the mean and the biased variance. */
+static void row_moments(const float *x, int64_t N, int fma, float *mean, float *var) {
+    const int64_t n = N / LANES, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
+    int64_t m0s[64] = {0};
+    float m1s[64][LANES], m2s[64][LANES];
+    memset(m1s, 0, sizeof m1s);
+    memset(m2s, 0, sizeof m2s);
+    for (int64_t i = 0; i < chunks; i++) {
+        const float *xc = x + i * CHUNK * LANES;
+        const int64_t m0 = n - i * CHUNK < CHUNK ? n - i * CHUNK : CHUNK;
+        float m1v[LANES] = {0}, m2v[LANES] = {0};
+        for (int64_t j = 0; j < m0; j++) {
+            const float c = 1.0f / (float)(j + 1);
+            for (int l = 0; l < LANES; l++) {
+                const float v = xc[j * LANES + l], delta = v - m1v[l];
+                m1v[l] = fm(c, delta, m1v[l], fma);
+                m2v[l] = fm(delta, v - m1v[l], m2v[l], fma);
+            }
+        }
+        add_moments_vec(m0, m1v, m2v, &m0s[0], m1s[0], m2s[0], fma);
+        for (int64_t j = 1, mask = i + 1; j < depth && (mask & 1) == 0; ++j, mask >>= 1) {
+            add_moments_vec(m0s[j - 1], m1s[j - 1], m2s[j - 1], &m0s[j], m1s[j], m2s[j], fma);
+            m0s[j - 1] = 0;
+            memset(m1s[j - 1], 0, sizeof m1s[0]);
+            memset(m2s[j - 1], 0, sizeof m2s[0]);
+        }
+    }
+    for (int64_t j = 1; j < depth; j++) add_moments_vec(m0s[j], m1s[j], m2s[j], &m0s[0], m1s[0], m2s[0], fma);
+    int64_t m0 = 0;
+    float m1 = 0.0f, m2 = 0.0f;
+    for (int64_t i = n * LANES; i < N; i++) { /* the tail: not contracted in torch's build (measured) */
+        const float v = x[i], delta = v - m1;
+        ++m0;
+        m1 += delta / (float)m0;
+        m2 = m2 + delta * (v - m1);
+    }
+    for (int l = 0; l < LANES; l++) { /* AddMoments of each lane, m0_add = n */
+        const int64_t total = m0 + n;
+        const float c = total == 0 ? 0.0f : (float)n / (float)total, delta = m1s[0][l] - m1;
+        m1 = fm(c, delta, m1, fma);
+        m2 = m2 + fm(delta * delta * c, (float)m0, m2s[0][l], fma);
+        m0 = total;
+    }
+    *mean = m1;
+    *var = m2 / (float)N;
+}
+
+/* ATen's map_reduce_all of the product of p, q and r (q or r NULL: fewer factors) over N, 8 lanes, as
+ * vec/functional_base.h reduces it in torch's build: a row under 8 long is one partial vector whose lanes are
+ * added to lane 0 in turn; otherwise the lanes start at the first vector's products, the middle vectors are
+ * added (not contracted), the last partial vector is added with an FMA of its last factor (contracted), and
+ * the lanes are summed by AVX2's shuffle tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) -- or, at
+ * DEFAULT (no FMA), in order. */
+static float reduce_all(const float *p, const float *q, const float *r, int64_t N, int fma) {
+#define HEAD(j) (r ? p[j] * q[j] : p[j])  /* the product but its last factor */
+#define LAST(j) (r ? r[j] : q[j])
+#define TERM(j) (q ? HEAD(j) * LAST(j) : p[j])
+    if (N < LANES) {
+        float sum = TERM(0);
+        for (int64_t l = 1; l < N; l++) sum = sum + TERM(l);
+        return sum;
+    }
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = TERM(l);
+    int64_t d = LANES;
+    for (; d < N - N % LANES; d += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = acc[l] + TERM(d + l);
+    for (int l = 0; d + l < N; l++) acc[l] = q ? fm(HEAD(d + l), LAST(d + l), acc[l], fma) : acc[l] + p[d + l];
+#undef HEAD
+#undef LAST
+#undef TERM
+    if (!fma) {
+        float sum = acc[0];
+        for (int l = 1; l < LANES; l++) sum = sum + acc[l];
+        return sum;
+    }
+    float v[LANES], w[LANES];
+    for (int l = 0; l < LANES; l++) v[l] = acc[l] + acc[l ^ 4];
+    for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ 2];
+    return w[0] + w[1];
+}
+
+static ckp_status check_sizes(int64_t M, int64_t N) {
+    if (M < 0 || N <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "M must be >= 0 and N > 0, got M=%lld N=%lld",
+                                         (long long)M, (long long)N);
+    if (M > INT64_MAX / N / (int64_t)sizeof(float))
+        return ckp_fail(CKP_ERR_BAD_SIZE, "M*N overflows: M=%lld N=%lld", (long long)M, (long long)N);
+    return CKP_OK;
+}
+
+ckp_status ckp_layer_norm_forward(const float *x, const float *weight, const float *bias, int64_t M, int64_t N,
+                                  double eps, float *y, float *mean, float *rstd) {
+    if (x == NULL || y == NULL || mean == NULL || rstd == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "x, y, mean and rstd must not be NULL");
+    ckp_status s = check_sizes(M, N);
+    if (s != CKP_OK) return s;
+    if (!(eps >= 0) || !isfinite(eps)) return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
+    const size_t bytes = (size_t)(M * N) * sizeof(float), pbytes = (size_t)N * sizeof(float);
+    if (ckp_overlaps(y, bytes, x, bytes) || (weight && ckp_overlaps(y, bytes, weight, pbytes)) ||
+        (bias && ckp_overlaps(y, bytes, bias, pbytes)) || ckp_overlaps(mean, (size_t)M * 4, y, bytes) ||
+        ckp_overlaps(rstd, (size_t)M * 4, y, bytes) || ckp_overlaps(mean, (size_t)M * 4, rstd, (size_t)M * 4) ||
+        ckp_overlaps(mean, (size_t)M * 4, x, bytes) || ckp_overlaps(rstd, (size_t)M * 4, x, bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "an output overlaps an input or another output");
+    ckp_clear_error();
+    const int fma = with_fma();
+    const float eps_f = (float)eps; /* LayerNormKernelImpl: static_cast<scalar_t>(eps) */
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+    for (int64_t i = 0; i < M; i++) {
+        const float *xr = x + i * N;
+        float *yr = y + i * N, mu, var;
+        row_moments(xr, N, fma, &mu, &var);
+        const float r = 1.0f / sqrtf(var + eps_f);
+        mean[i] = mu;
+        rstd[i] = r;
+        /* without a weight torch's loop multiplies by a constant 1, which its compiler drops: one FMA of
+         * (x - mean) by rstd (measured) */
+        for (int64_t j = 0; j < N; j++)
+            yr[j] = weight ? fm((xr[j] + -mu) * r, weight[j], bias ? bias[j] : 0.0f, fma)
+                           : fm(xr[j] + -mu, r, bias ? bias[j] : 0.0f, fma);
+    }
+    return CKP_OK;
+}
+
+ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float *mean, const float *rstd,
+                                   const float *weight, int64_t M, int64_t N, int torch_threads, float *dx,
+                                   float *dweight, float *dbias) {
+    if (dy == NULL || x == NULL || mean == NULL || rstd == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, mean and rstd must not be NULL");
+    ckp_status s = check_sizes(M, N);
+    if (s != CKP_OK) return s;
+    if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
+    const size_t bytes = (size_t)(M * N) * sizeof(float), pbytes = (size_t)N * sizeof(float);
+    const void *inputs[] = {dy, x, mean, rstd, weight};
+    const size_t in_bytes[] = {bytes, bytes, (size_t)M * 4, (size_t)M * 4, pbytes};
+    float *outputs[] = {dx, dweight, dbias};
+    const size_t out_bytes[] = {bytes, pbytes, pbytes};
+    for (int o = 0; o < 3; o++) {
+        if (outputs[o] == NULL) continue;
+        for (int k = 0; k < 5; k++)
+            if (inputs[k] && ckp_overlaps(outputs[o], out_bytes[o], inputs[k], in_bytes[k]))
+                return ckp_fail(CKP_ERR_ALIASING, "an output overlaps an input");
+        for (int p = o + 1; p < 3; p++)
+            if (outputs[p] && ckp_overlaps(outputs[o], out_bytes[o], outputs[p], out_bytes[p]))
+                return ckp_fail(CKP_ERR_ALIASING, "two outputs overlap");
+    }
+    const int fma = with_fma();
+    /* torch's buffers: the rows of each torch thread's chunk of at::parallel_for(0, M, 1) */
+    const int64_t used = M < 2 ? 1 : (torch_threads < M ? torch_threads : M);
+    const int64_t chunk = M == 0 ? 1 : (M + used - 1) / used;
+    if (dweight || dbias) {
+        float *buf = calloc((size_t)torch_threads * 2, pbytes); /* [dw buffers | db buffers], torch's order */
+        if (buf == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "cannot allocate %d x 2 x %lld floats",
+                                         torch_threads, (long long)N);
+        enum { COLUMNS = 256 };
+        const int64_t blocks = (N + COLUMNS - 1) / COLUMNS;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+        for (int64_t k = 0; k < blocks; k++) { /* each column's sums are its own: split by column blocks */
+            const int64_t lo = k * COLUMNS, hi = N - lo < COLUMNS ? N : lo + COLUMNS;
+            for (int64_t i = 0; i < M; i++) {
+                const int64_t tid = i / chunk;
+                float *wb = buf + tid * N, *bb = buf + (torch_threads + tid) * N;
+                const float *dyr = dy + i * N, *xr = x + i * N, a = rstd[i], b = -a * mean[i];
+                for (int64_t j = lo; j < hi; j++) {
+                    wb[j] = fm(dyr[j], fm(a, xr[j], b, fma), wb[j], fma);
+                    bb[j] = bb[j] + dyr[j];
+                }
+            }
+            for (int64_t j = lo; j < hi; j++) {
+                float w = 0.0f, b = 0.0f;
+                for (int t = 0; t < torch_threads; t++) {
+                    w = w + buf[t * N + j];
+                    b = b + buf[(torch_threads + t) * N + j];
+                }
+                if (dweight) dweight[j] = w;
+                if (dbias) dbias[j] = b;
+            }
+        }
+        free(buf);
+    }
+    ckp_clear_error();
+    if (dx == NULL) return CKP_OK;
+    const float scale = 1.0f / (float)N;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+    for (int64_t i = 0; i < M; i++) {
+        const float *dyr = dy + i * N, *xr = x + i * N, a = rstd[i], mu = mean[i];
+        /* ds = sum dy * x * w, db = sum dy * w (without a weight: dy * x, and dy) */
+        const float ds = reduce_all(dyr, xr, weight, N, fma), db = reduce_all(dyr, weight, NULL, N, fma);
+        const float b = (fma ? fmaf(db, mu, -ds) : db * mu - ds) * a * a * a * scale;
+        const float c = fma ? fmaf(-b, mu, -(db * a * scale)) : -b * mu - db * a * scale;
+        float *dxr = dx + i * N;
+        for (int64_t j = 0; j < N; j++)
+            dxr[j] = fm(b, xr[j], a * dyr[j] * (weight ? weight[j] : 1.0f), fma) + c;
+    }
+    return CKP_OK;
+}
