@@ -140,22 +140,37 @@ static ckp_status check_sizes(int64_t M, int64_t N) {
     return CKP_OK;
 }
 
+/* CKP_ERR_ALIASING where an output (non-NULL) overlaps an input or another output. */
+static ckp_status refuse_overlaps(const void *const *inputs, const size_t *in_bytes, int n_in, float *const *outputs,
+                                  const size_t *out_bytes, int n_out) {
+    for (int o = 0; o < n_out; o++) {
+        if (outputs[o] == NULL) continue;
+        for (int k = 0; k < n_in; k++)
+            if (inputs[k] && ckp_overlaps(outputs[o], out_bytes[o], inputs[k], in_bytes[k]))
+                return ckp_fail(CKP_ERR_ALIASING, "an output overlaps an input");
+        for (int p = o + 1; p < n_out; p++)
+            if (outputs[p] && ckp_overlaps(outputs[o], out_bytes[o], outputs[p], out_bytes[p]))
+                return ckp_fail(CKP_ERR_ALIASING, "two outputs overlap");
+    }
+    return CKP_OK;
+}
+
 ckp_status ckp_layer_norm_forward(const float *x, const float *weight, const float *bias, int64_t M, int64_t N,
                                   double eps, float *y, float *mean, float *rstd) {
     if (x == NULL || y == NULL || mean == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, y, mean and rstd must not be NULL");
     ckp_status s = check_sizes(M, N);
     if (s != CKP_OK) return s;
-    if (!(eps >= 0) || !isfinite(eps)) return ckp_fail(CKP_ERR_BAD_OPTION, "eps must be finite and >= 0, got %g", eps);
     const size_t bytes = (size_t)(M * N) * sizeof(float), pbytes = (size_t)N * sizeof(float);
-    if (ckp_overlaps(y, bytes, x, bytes) || (weight && ckp_overlaps(y, bytes, weight, pbytes)) ||
-        (bias && ckp_overlaps(y, bytes, bias, pbytes)) || ckp_overlaps(mean, (size_t)M * 4, y, bytes) ||
-        ckp_overlaps(rstd, (size_t)M * 4, y, bytes) || ckp_overlaps(mean, (size_t)M * 4, rstd, (size_t)M * 4) ||
-        ckp_overlaps(mean, (size_t)M * 4, x, bytes) || ckp_overlaps(rstd, (size_t)M * 4, x, bytes))
-        return ckp_fail(CKP_ERR_ALIASING, "an output overlaps an input or another output");
+    const void *inputs[] = {x, weight, bias};
+    const size_t in_bytes[] = {bytes, pbytes, pbytes};
+    float *outputs[] = {y, mean, rstd};
+    const size_t out_bytes[] = {bytes, (size_t)M * sizeof(float), (size_t)M * sizeof(float)};
+    s = refuse_overlaps(inputs, in_bytes, 3, outputs, out_bytes, 3);
+    if (s != CKP_OK) return s;
     ckp_clear_error();
     const int fma = with_fma();
-    const float eps_f = (float)eps; /* LayerNormKernelImpl: static_cast<scalar_t>(eps) */
+    const float eps_f = (float)eps; /* LayerNormKernelImpl: static_cast<scalar_t>(eps); any value, as torch takes it */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * N;
@@ -183,18 +198,11 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
     if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
     const size_t bytes = (size_t)(M * N) * sizeof(float), pbytes = (size_t)N * sizeof(float);
     const void *inputs[] = {dy, x, mean, rstd, weight};
-    const size_t in_bytes[] = {bytes, bytes, (size_t)M * 4, (size_t)M * 4, pbytes};
+    const size_t in_bytes[] = {bytes, bytes, (size_t)M * sizeof(float), (size_t)M * sizeof(float), pbytes};
     float *outputs[] = {dx, dweight, dbias};
     const size_t out_bytes[] = {bytes, pbytes, pbytes};
-    for (int o = 0; o < 3; o++) {
-        if (outputs[o] == NULL) continue;
-        for (int k = 0; k < 5; k++)
-            if (inputs[k] && ckp_overlaps(outputs[o], out_bytes[o], inputs[k], in_bytes[k]))
-                return ckp_fail(CKP_ERR_ALIASING, "an output overlaps an input");
-        for (int p = o + 1; p < 3; p++)
-            if (outputs[p] && ckp_overlaps(outputs[o], out_bytes[o], outputs[p], out_bytes[p]))
-                return ckp_fail(CKP_ERR_ALIASING, "two outputs overlap");
-    }
+    s = refuse_overlaps(inputs, in_bytes, 5, outputs, out_bytes, 3);
+    if (s != CKP_OK) return s;
     const int fma = with_fma();
     /* torch's buffers: the rows of each torch thread's chunk of at::parallel_for(0, M, 1) */
     const int64_t used = M < 2 ? 1 : (torch_threads < M ? torch_threads : M);

@@ -298,7 +298,8 @@ ckp_status ckp_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t
  * each of M rows of x (M x N, float32), weight and bias (N) or NULL, as ATen
  * computes it (its row moments, its reductions, torch's FMAs):
  * y = (x - mean) * rstd * weight + bias; mean and rstd (M) as torch's
- * native_layer_norm returns them. eps >= 0 (taken as a float, as torch does).
+ * native_layer_norm returns them. eps is any value torch takes (a negative
+ * one too), converted to float as torch does.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_layer_norm_forward(const float *x, const float *weight, const float *bias, int64_t M, int64_t N,
                                   double eps, float *y, float *mean, float *rstd);

@@ -13,6 +13,7 @@ from .ops.clip_grad_norm import clip_grad_norm_
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .ops.gelu import gelu
+from .ops.layer_norm import layer_norm
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope
 from .ops.swiglu import swiglu
@@ -30,6 +31,7 @@ __all__ = [
     "empty_cache",
     "fused_linear_cross_entropy",
     "gelu",
+    "layer_norm",
     "get_num_threads",
     "nn",
     "register_backend",

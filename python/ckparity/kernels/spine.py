@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import cpu
-from . import (adamw, attention, clip_grad_norm, cross_entropy, embedding, gelu, linear, residual, rms_norm, rope,
-               swiglu)
+from . import (adamw, attention, clip_grad_norm, cross_entropy, embedding, gelu, layer_norm, linear, residual, rms_norm,
+               rope, swiglu)
 from .record import Claim, Kernel
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (cross_entropy.KERNEL, rms_norm.KERNEL, swiglu.KERNEL, rope.KERNEL,
                                                   adamw.KERNEL, clip_grad_norm.KERNEL, embedding.KERNEL, linear.KERNEL,
-                                                  attention.KERNEL, residual.KERNEL, gelu.KERNEL)}
+                                                  attention.KERNEL, residual.KERNEL, gelu.KERNEL,
+                                                  layer_norm.KERNEL)}
 SLOTS: dict[str, str] = {k.slot: name for name, k in KERNELS.items() if k.slot}  # the twins' op -> its kernel
 
 FLAGS: dict[str, str] = {k.flag: name for name, k in KERNELS.items()}  # RunConfig field -> kernel

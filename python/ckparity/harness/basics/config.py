@@ -118,6 +118,7 @@ class RunConfig:
     ck_attention_backend: str = _flag("torch", "the CK twin's attention (llama)")
     ck_residual_backend: str = _flag("torch", "the CK twin's residual add (stacked, llama)")
     ck_gelu_backend: str = _flag("c", "the CK twin's gelu (GPT-2's model, not built yet: no run calls it)")
+    ck_layer_norm_backend: str = _flag("c", "the CK twin's layer_norm (GPT-2's model, not built yet: no run calls it)")
     ck_all: str = _flag("", "every slot the CK twin calls whose flag is left at its default and that has a backend "
                             "of this name runs it (the report's config names each slot's backend; ck_all itself is "
                             "spent on them)")

@@ -1,0 +1,97 @@
+"""ckparity.layer_norm: F.layer_norm on the C kernel (csrc/layer_norm.c), float32.
+
+Its bindings live here beside the op (as residual's do). dweight and dbias follow torch's thread count
+(torch.get_num_threads()): torch sums them as one partial sum per thread, added in thread order."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._bindings import pointer
+from .._native import check, ffi, lib
+from .._tensors import empty, empty_like, require_cpu
+from ..errors import InvalidArgument, InvalidType
+from ._function import CFunction, first_order_only
+
+
+def layer_norm_forward(x, weight, bias, eps, y, mean, rstd, *, library=lib) -> None:
+    """x, y (M, N); weight, bias (N) or None; mean, rstd (M): contiguous float32."""
+    M, N = x.shape
+    check(library.ckp_layer_norm_forward(pointer(x), pointer(weight), pointer(bias), M, N, eps, pointer(y),
+                                         pointer(mean), pointer(rstd)), "layer_norm", library)
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, library=lib) -> None:
+    """dy, x, dx (M, N); mean, rstd (M); weight, dweight, dbias (N); dx, dweight, dbias None: not computed."""
+    M, N = x.shape
+    check(library.ckp_layer_norm_backward(pointer(dy), pointer(x), pointer(mean), pointer(rstd), pointer(weight),
+                                          M, N, torch.get_num_threads(), pointer(dx) if dx is not None else ffi.NULL,
+                                          pointer(dweight), pointer(dbias)), "layer_norm backward", library)
+
+
+class _LayerNormFunction(CFunction):
+    """x (M, N), weight and bias (N) or None. First-order only: see ops/_function.py."""
+
+    @staticmethod
+    def compute(x, weight, bias, eps):
+        M, N = x.shape
+        y, mean, rstd = empty_like(x), empty((M,), x.dtype), empty((M,), x.dtype)
+        if x.numel():
+            layer_norm_forward(x, weight, bias, eps, y, mean, rstd)
+        return y, mean, rstd
+
+    @staticmethod
+    def save(ctx, inputs, output):
+        x, weight = inputs[0], inputs[1]
+        ctx.save_for_backward(x, weight, output[1], output[2])
+        ctx.mark_non_differentiable(output[1], output[2])
+        ctx.has_bias = inputs[2] is not None
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dy, _dmean, _drstd):
+        x, weight, mean, rstd = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        N = x.shape[1]
+        dx = empty_like(x) if need_x else None
+        dweight = empty((N,), x.dtype) if need_w and weight is not None else None
+        dbias = empty((N,), x.dtype) if need_b and ctx.has_bias else None
+        if x.numel():
+            layer_norm_backward(dy.contiguous(), x, mean, rstd, weight, dx, dweight, dbias)
+        else:  # no rows: the parameters' gradients are sums over nothing
+            dweight = None if dweight is None else dweight.zero_()
+            dbias = None if dbias is None else dbias.zero_()
+        return dx, dweight, dbias, None
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """F.layer_norm(x, normalized_shape, weight, bias, eps) of float32 tensors: bit-identical to torch's forward
+    and backward at every CPU capability and at torch's thread count (dweight, dbias)."""
+    require_cpu(x, "x")
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not all(isinstance(d, int) for d in shape):
+        raise InvalidArgument(f"normalized_shape must be ints, got {normalized_shape!r}")
+    k = len(shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[-k:]) != shape:
+        raise InvalidArgument(f"layer_norm: normalized_shape {shape} must be the last dimensions of x {tuple(x.shape)}")
+    for t, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
+        if t is None:
+            continue
+        require_cpu(t, name)
+        if t.dtype != torch.float32:
+            raise InvalidType(f"layer_norm takes float32 tensors (bfloat16 is not built), got {name} of {t.dtype}")
+        if t is not x and tuple(t.shape) != shape:
+            raise InvalidArgument(f"layer_norm: {name} of shape {tuple(t.shape)} for normalized_shape {shape}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):  # any number, a negative one too, as torch takes it
+        raise InvalidArgument(f"eps must be a number, got {eps!r}")
+    N = math.prod(shape)
+    if N == 0:
+        raise InvalidArgument(f"layer_norm: normalized_shape {shape} holds no element")
+    flat = x.reshape(-1, N).contiguous()
+    w = None if weight is None else weight.reshape(N).contiguous()
+    b = None if bias is None else bias.reshape(N).contiguous()
+    y, _, _ = _LayerNormFunction.apply(flat, w, b, float(eps))
+    return y.reshape(x.shape)

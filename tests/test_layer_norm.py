@@ -1,0 +1,75 @@
+"""ckparity.layer_norm (csrc/layer_norm.c): F.layer_norm bit for bit in float32 -- y, dx, dweight, dbias, and
+the mean and rstd torch's native_layer_norm saves -- at torch's thread count (dweight and dbias are one partial
+sum per torch thread), at any thread count of its own, for any normalized shape; bad input refused. (The width
+sweep at each capability: the record's claim, tests/test_capability.py; check's properties, torch's OpInfo
+samples among them: tests/test_slots.py; its C API: tests/test_fuzz_c_api.py and tests/test_overlaps.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity.errors import InvalidArgument, InvalidType
+from ckparity.kernels.sweeping import same_bits, torch_threads
+from ckparity.ops.layer_norm import layer_norm_forward
+
+
+def _grads(fn, x, w, b, dy, shape):
+    x, w, b = (t.clone().requires_grad_(True) for t in (x, w, b))
+    y = fn(x, shape, w, b)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def test_torchs_bits_at_one_and_two_torch_threads_and_any_of_ours():
+    """dweight and dbias: torch sums each thread's rows apart, then the partial sums in thread order, so its
+    bits move with its thread count on many rows; ours follow at each count, whatever ckparity's own."""
+    g = torch.Generator().manual_seed(0)
+    torch_moved = 0
+    for M, N in ((64, 100), (257, 768), (9, 1023)):
+        x, dy = torch.randn(M, N, generator=g) * 2 + 0.5, torch.randn(M, N, generator=g)
+        w, b = torch.randn(N, generator=g), torch.randn(N, generator=g)
+        per_count = {}
+        for threads in (1, 2):
+            with torch_threads(threads):
+                theirs = _grads(F.layer_norm, x, w, b, dy, (N,))
+                for ours_threads in (1, 2):
+                    previous = ckparity.get_num_threads()
+                    ckparity.set_num_threads(ours_threads)
+                    try:
+                        ours = _grads(ckparity.layer_norm, x, w, b, dy, (N,))
+                    finally:
+                        ckparity.set_num_threads(previous)
+                    for a, c, what in zip(ours, theirs, ("y", "dx", "dweight", "dbias")):
+                        assert same_bits(a, c), f"{what}, ({M}, {N}): torch at {threads} threads, ours at {ours_threads}"
+            per_count[threads] = theirs
+        torch_moved += sum(int((a != c).sum()) for a, c in zip(per_count[1][2:], per_count[2][2:]))
+    assert torch_moved > 0, "torch's dweight and dbias did not depend on its thread count: the split was not exercised"
+
+
+def test_the_saved_moments_are_torchs():
+    g = torch.Generator().manual_seed(1)
+    for N in (1, 7, 8, 129, 130 * 8 + 3):  # the lanes' tail, and a cascade of chunks
+        x = torch.randn(6, N, generator=g) * 3 + 10
+        _, mean, rstd = torch.native_layer_norm(x, [N], None, None, 1e-5)
+        y, m, r = torch.empty_like(x), torch.empty(6), torch.empty(6)
+        layer_norm_forward(x, None, None, 1e-5, y, m, r)
+        assert same_bits(m, mean.flatten()) and same_bits(r, rstd.flatten()), N
+
+
+def test_normalized_shapes_and_refusals():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 4, 5, generator=g)
+    w, b = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    assert same_bits(ckparity.layer_norm(x, (4, 5), w, b), F.layer_norm(x, (4, 5), w, b))
+    assert same_bits(ckparity.layer_norm(x, 5), F.layer_norm(x, (5,)))
+    with pytest.raises(InvalidArgument, match="last dimensions"):
+        ckparity.layer_norm(x, (3, 5))
+    with pytest.raises(InvalidArgument, match="weight of shape"):
+        ckparity.layer_norm(x, (5,), torch.randn(4))
+    with pytest.raises(InvalidType, match="float32"):
+        ckparity.layer_norm(x.bfloat16(), (5,))
+    with pytest.raises(InvalidArgument, match="eps must be a number"):
+        ckparity.layer_norm(x, (5,), eps="small")
