@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from .. import check, cpu, kernels
 from .._tensors import DTYPES
 from ..check.properties import batch_invariance
+from ..check.suite import refuses
 from ..measure import RULES, differing_elements, parity
 from .common import result
 from .record import Gate
@@ -187,6 +188,8 @@ def batch_invariance_rows(dtype: torch.dtype) -> list[dict]:
         if record.optimizer:
             continue
         for backend in (b for b in record.builtin if b != "torch"):
+            if dtype != torch.float32 and refuses(name, backend, str(dtype).removeprefix("torch.")) is not None:
+                continue  # a backend not built for the dtype (layer_norm's in bf16): check says "not supported"
             prop = batch_invariance(record.conformance, record.backends[backend],
                                                      record.backends["torch"], torch.Generator().manual_seed(0), dtype)
             if prop.cases:
