@@ -70,22 +70,20 @@ def test_every_scenario_names_a_source_and_a_slot():
 
 
 def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
-    """Two scenarios end to end, shortened: Gemma's (1 + w) fails the run at
-    step 1 (llm.c too, Liger at 32); the rms_norm whose error is one ULP
-    outward on a fourth of its outputs crosses no tolerance and no peer's
-    criterion, and fails the run by the envelope's direction; attribute blames
-    rmsnorm for both, and check calls it less accurate. The control stays silent."""
+    """One scenario end to end, shortened (CI time: a bug caught at step 1 is the other tests' case): the
+    rms_norm whose error is one ULP outward on a fourth of its outputs crosses no tolerance and no peer's
+    criterion, and fails the run by the envelope's direction; attribute blames rmsnorm, and check calls it
+    less accurate. The control stays silent."""
     out = tmp_path / "zoo.json"
-    code = main(["zoo", "--only", "gemma_one_plus_w", "rmsnorm_leans_below_ulp", "--steps", "40", "--seeds", "1",
+    code = main(["zoo", "--only", "rmsnorm_leans_below_ulp", "--steps", "40", "--seeds", "1",
                  "--jobs", "1", "--out-dir", str(tmp_path / "runs"), "--json-out", str(out),
                  "--html", str(tmp_path / "zoo.html")])
     report = json.loads(out.read_text())
     assert code == 0 and report["schema"] == "ckparity.zoo/1" and report["status"] == "complete"
-    rows = {s["name"]: s for s in report["scenarios"]}
-    gemma, lean = rows["gemma_one_plus_w"], rows["rmsnorm_leans_below_ulp"]
-    assert gemma["detected"] and gemma["first_fail_step"] == 1 and gemma["blamed"] == ["rms_norm"]
-    assert gemma["peers"] == {"liger_fp32": 32, "liger_bf16": 32, "llm_c": 1}
+    (lean,) = report["scenarios"]
+    assert lean["name"] == "rmsnorm_leans_below_ulp"
     assert lean["detected"] and lean["caught_by"] == ["train", "check"] and lean["train"]["directed"]
+    assert lean["first_fail_step"] == 40  # a direction has no step: the run's last
     # check sees the lean as less accurate than torch (a gate fails it; check itself exits 0)
     assert lean["check"]["passed"] and "bad_input" not in lean["check"]["findings"]
     assert lean["check"]["findings"]["widths"] == "less accurate"
@@ -93,10 +91,10 @@ def test_the_zoo_detects_blames_and_writes_its_report(tmp_path, capsys):
     assert lean["peers"] == {"liger_fp32": None, "liger_bf16": None, "llm_c": None}
     assert lean["blamed"] == ["rms_norm"]
     assert report["control"]["passed"] and report["control"]["seeds"][0]["peers_fired"] == []
-    assert "| gemma_one_plus_w | 1 | train, check | rms_norm |" in capsys.readouterr().out
+    assert "| rmsnorm_leans_below_ulp | 40 | train, check | rms_norm |" in capsys.readouterr().out
     page = (tmp_path / "zoo.html").read_text()  # the page: the verdict line and the same row as a table row
-    assert '<p class="pass">2 of 2 planted bugs detected</p>' in page
-    assert "<td>gemma_one_plus_w</td><td>1</td><td>train, check</td><td>rms_norm</td>" in page
+    assert '<p class="pass">1 of 1 planted bugs detected</p>' in page
+    assert "<td>rmsnorm_leans_below_ulp</td><td>40</td><td>train, check</td><td>rms_norm</td>" in page
 
 
 def test_a_missed_scenario_or_a_false_alarm_fails_the_zoo():

@@ -43,6 +43,7 @@ GATE_RECORDS: list[Gate] = [m.GATE for m in (kernel_parity, optimizer_parity, fd
                                              drift_smoke, long_horizon, depth_sweep, accuracy_parity, noise_envelope,
                                              distributed_parity)]
 GATE_NAMES = [g.name for g in GATE_RECORDS]
+RECORDS: dict[str, Gate] = {g.name: g for g in GATE_RECORDS}
 GATES: dict[str, Callable] = {g.name: g.run for g in GATE_RECORDS}
 # Settings per gate; the "full" tier overrides some of them (TIERS).
 DEFAULTS: dict[str, dict] = {g.name: g.settings for g in GATE_RECORDS}
@@ -170,8 +171,9 @@ def _run_each(names, settings, out_dir, tier, echo, results, fail_fast) -> None:
     for name in names:
         start = time.perf_counter()
         chosen = settings[name].get("ck_backends", {})
-        # a user's backends a fresh process can load: the gate runs in one (a crash ends that gate only)
-        carry = kernels.carried_together(chosen.items()) if chosen else None
+        # a gate whose own twins call a user's backends runs in a fresh process that can load them (a crash
+        # ends that gate only); the others' kernels run in training children or check's child already
+        carry = kernels.carried_together(chosen.items()) if chosen and RECORDS[name].kernels_here else None
         try:
             result = (_run_isolated(name, settings[name], out_dir, carry) if carry is not None
                       else run_one(name, settings[name], out_dir))

@@ -69,4 +69,5 @@ GATE = Gate(
     full={"depths": [1, 2, 6, 12, 24], "steps": 100, "variants": ["bitwise", "c", "c_ptref", "torch"]},
     checks="`stacked` and `llama` twins at L ∈ {1, 4} for 10 steps, variants `bitwise` and `c` (full: L ∈ "
            "{1, 2, 6, 12, 24}, 100 steps, every variant)",
-    passes="the `bitwise` variant bit-identical at every depth; every run `pass_parity`")
+    passes="the `bitwise` variant bit-identical at every depth; every run `pass_parity`",
+    kernels_here=True)  # repro's depth sweep trains in the gate's process

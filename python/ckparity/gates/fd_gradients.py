@@ -79,4 +79,5 @@ GATE = Gate(
     full={"coordinates": 64},
     checks="the CK twin's float32 gradients vs float64 central differences (h = 1e-6) on `coordinates` (16; full 64) "
            "random coordinates of every parameter tensor of the tiny and the 2-layer stacked model",
-    passes="`|g - fd| ≤ atol + rtol·|fd|` (2e-6, 1e-3) everywhere")
+    passes="`|g - fd| ≤ atol + rtol·|fd|` (2e-6, 1e-3) everywhere",
+    kernels_here=True)  # its twins run in the gate's process

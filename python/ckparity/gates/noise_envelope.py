@@ -50,11 +50,11 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
 
 GATE = Gate(
     name="noise_envelope", run=run,
-    settings={"dtype": "float32", "steps": 150, "members": 2, "ratio": 4.0,
+    settings={"dtype": "float32", "steps": 100, "members": 2, "ratio": 4.0,
               # c_ptref is torch's bits (its drift is 0: long_horizon holds that); the full tier runs it too
               "loss_backends": ["c", "c_fused_linear"], "ck_optimizer_backend": "c"},
     full={"steps": 850, "members": 4, "loss_backends": ["c", "c_ptref", "c_fused_linear"]},
     checks="the repro preset with `--envelope members` (2; full 4), loss backends `c`, `c_fused_linear` (full: "
-           "`c_ptref` too), `steps` 150 (full: 850)",
+           "`c_ptref` too), `steps` 100 (full: 850)",
     passes="every backend's `noise_verdict` is `within_noise` at `ratio` (4): no drift beyond the envelope, no "
            "directed slot")
