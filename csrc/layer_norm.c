@@ -33,12 +33,12 @@
 
 static int with_fma(void) { return ckp_get_capability() != CKP_CAPABILITY_DEFAULT; }
 
-static inline float fm(float a, float b, float c, int fma) { return fma ? fmaf(a, b, c) : a * b + c; }
+static inline __attribute__((always_inline)) float fm(float a, float b, float c, int fma) { return fma ? fmaf(a, b, c) : a * b + c; }
 
 static int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)x - 1); }
 
 /* AddMomentsVec: the moments (m0_add, m1a, m2a) merged into (m0, m1, m2), lane by lane. */
-static void add_moments_vec(int64_t m0_add, const float *m1a, const float *m2a, int64_t *m0, float *m1, float *m2,
+static inline __attribute__((always_inline)) void add_moments_vec(int64_t m0_add, const float *m1a, const float *m2a, int64_t *m0, float *m1, float *m2,
                             int fma) {
     const int64_t n = *m0 + m0_add;
     const float c = n == 0 ? 0.0f : (float)m0_add / (float)n, m0f = (float)*m0;
@@ -51,7 +51,7 @@ static void add_moments_vec(int64_t m0_add, const float *m1a, const float *m2a, 
 }
 
 /* RowwiseMoments(X, N): the mean and the biased variance. */
-static void row_moments(const float *x, int64_t N, int fma, float *mean, float *var) {
+static inline __attribute__((always_inline)) void row_moments(const float *x, int64_t N, int fma, float *mean, float *var) {
     const int64_t n = N / LANES, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
     int64_t m0s[64] = {0};
     float m1s[64][LANES], m2s[64][LANES];
@@ -103,7 +103,7 @@ static void row_moments(const float *x, int64_t N, int fma, float *mean, float *
  * added (not contracted), the last partial vector is added with an FMA of its last factor (contracted), and
  * the lanes are summed by AVX2's shuffle tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) -- or, at
  * DEFAULT (no FMA), in order. */
-static float reduce_all(const float *p, const float *q, const float *r, int64_t N, int fma) {
+static inline __attribute__((always_inline)) float reduce_all(const float *p, const float *q, const float *r, int64_t N, int fma) {
 #define HEAD(j) (r ? p[j] * q[j] : p[j])  /* the product but its last factor */
 #define LAST(j) (r ? r[j] : q[j])
 #define TERM(j) (q ? HEAD(j) * LAST(j) : p[j])
@@ -130,6 +130,59 @@ static float reduce_all(const float *p, const float *q, const float *r, int64_t 
     for (int l = 0; l < LANES; l++) v[l] = acc[l] + acc[l ^ 4];
     for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ 2];
     return w[0] + w[1];
+}
+
+/* One row of the forward: its moments, then y. Without a weight torch's loop multiplies by a constant 1,
+ * which its compiler drops: one FMA of (x - mean) by rstd (measured). (The clones give the compiler FMA and
+ * wider vectors; fm's FMA is the same single rounding in every clone.) */
+CKP_CLONES
+static void forward_row(const float *x, const float *weight, const float *bias, int64_t N, float eps, int fma,
+                        float *y, float *mean, float *rstd) {
+    float mu, var;
+    row_moments(x, N, fma, &mu, &var);
+    const float r = 1.0f / sqrtf(var + eps);
+    *mean = mu;
+    *rstd = r;
+    for (int64_t j = 0; j < N; j++)
+        y[j] = weight ? fm((x[j] + -mu) * r, weight[j], bias ? bias[j] : 0.0f, fma)
+                      : fm(x[j] + -mu, r, bias ? bias[j] : 0.0f, fma);
+}
+
+/* dweight and dbias of columns [lo, hi): each torch thread's buffer over the rows of its chunk (rows i of
+ * thread i / chunk), then the buffers added from 0 in thread order. */
+CKP_CLONES
+static void param_grads_block(const float *dy, const float *x, const float *mean, const float *rstd, int64_t M,
+                              int64_t N, int64_t lo, int64_t hi, int64_t chunk, int torch_threads, int fma,
+                              float *buf, float *dweight, float *dbias) {
+    for (int64_t i = 0; i < M; i++) {
+        const int64_t tid = i / chunk;
+        float *wb = buf + tid * N, *bb = buf + (torch_threads + tid) * N;
+        const float *dyr = dy + i * N, *xr = x + i * N, a = rstd[i], b = -a * mean[i];
+        for (int64_t j = lo; j < hi; j++) {
+            wb[j] = fm(dyr[j], fm(a, xr[j], b, fma), wb[j], fma);
+            bb[j] = bb[j] + dyr[j];
+        }
+    }
+    for (int64_t j = lo; j < hi; j++) {
+        float w = 0.0f, b = 0.0f;
+        for (int t = 0; t < torch_threads; t++) {
+            w = w + buf[t * N + j];
+            b = b + buf[(torch_threads + t) * N + j];
+        }
+        if (dweight) dweight[j] = w;
+        if (dbias) dbias[j] = b;
+    }
+}
+
+/* One row of dx. ds = sum dy * x * w, db = sum dy * w (without a weight: dy * x, and dy). */
+CKP_CLONES
+static void dx_row(const float *dy, const float *x, const float *weight, int64_t N, float mu, float a, int fma,
+                   float *dx) {
+    const float scale = 1.0f / (float)N;
+    const float ds = reduce_all(dy, x, weight, N, fma), db = reduce_all(dy, weight, NULL, N, fma);
+    const float b = (fma ? fmaf(db, mu, -ds) : db * mu - ds) * a * a * a * scale;
+    const float c = fma ? fmaf(-b, mu, -(db * a * scale)) : -b * mu - db * a * scale;
+    for (int64_t j = 0; j < N; j++) dx[j] = fm(b, x[j], a * dy[j] * (weight ? weight[j] : 1.0f), fma) + c;
 }
 
 static ckp_status check_sizes(int64_t M, int64_t N) {
@@ -172,19 +225,7 @@ ckp_status ckp_layer_norm_forward(const float *x, const float *weight, const flo
     const int fma = with_fma();
     const float eps_f = (float)eps; /* LayerNormKernelImpl: static_cast<scalar_t>(eps); any value, as torch takes it */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
-    for (int64_t i = 0; i < M; i++) {
-        const float *xr = x + i * N;
-        float *yr = y + i * N, mu, var;
-        row_moments(xr, N, fma, &mu, &var);
-        const float r = 1.0f / sqrtf(var + eps_f);
-        mean[i] = mu;
-        rstd[i] = r;
-        /* without a weight torch's loop multiplies by a constant 1, which its compiler drops: one FMA of
-         * (x - mean) by rstd (measured) */
-        for (int64_t j = 0; j < N; j++)
-            yr[j] = weight ? fm((xr[j] + -mu) * r, weight[j], bias ? bias[j] : 0.0f, fma)
-                           : fm(xr[j] + -mu, r, bias ? bias[j] : 0.0f, fma);
-    }
+    for (int64_t i = 0; i < M; i++) forward_row(x + i * N, weight, bias, N, eps_f, fma, y + i * N, mean + i, rstd + i);
     return CKP_OK;
 }
 
@@ -216,40 +257,13 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
         for (int64_t k = 0; k < blocks; k++) { /* each column's sums are its own: split by column blocks */
             const int64_t lo = k * COLUMNS, hi = N - lo < COLUMNS ? N : lo + COLUMNS;
-            for (int64_t i = 0; i < M; i++) {
-                const int64_t tid = i / chunk;
-                float *wb = buf + tid * N, *bb = buf + (torch_threads + tid) * N;
-                const float *dyr = dy + i * N, *xr = x + i * N, a = rstd[i], b = -a * mean[i];
-                for (int64_t j = lo; j < hi; j++) {
-                    wb[j] = fm(dyr[j], fm(a, xr[j], b, fma), wb[j], fma);
-                    bb[j] = bb[j] + dyr[j];
-                }
-            }
-            for (int64_t j = lo; j < hi; j++) {
-                float w = 0.0f, b = 0.0f;
-                for (int t = 0; t < torch_threads; t++) {
-                    w = w + buf[t * N + j];
-                    b = b + buf[(torch_threads + t) * N + j];
-                }
-                if (dweight) dweight[j] = w;
-                if (dbias) dbias[j] = b;
-            }
+            param_grads_block(dy, x, mean, rstd, M, N, lo, hi, chunk, torch_threads, fma, buf, dweight, dbias);
         }
         free(buf);
     }
     ckp_clear_error();
     if (dx == NULL) return CKP_OK;
-    const float scale = 1.0f / (float)N;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
-    for (int64_t i = 0; i < M; i++) {
-        const float *dyr = dy + i * N, *xr = x + i * N, a = rstd[i], mu = mean[i];
-        /* ds = sum dy * x * w, db = sum dy * w (without a weight: dy * x, and dy) */
-        const float ds = reduce_all(dyr, xr, weight, N, fma), db = reduce_all(dyr, weight, NULL, N, fma);
-        const float b = (fma ? fmaf(db, mu, -ds) : db * mu - ds) * a * a * a * scale;
-        const float c = fma ? fmaf(-b, mu, -(db * a * scale)) : -b * mu - db * a * scale;
-        float *dxr = dx + i * N;
-        for (int64_t j = 0; j < N; j++)
-            dxr[j] = fm(b, xr[j], a * dyr[j] * (weight ? weight[j] : 1.0f), fma) + c;
-    }
+    for (int64_t i = 0; i < M; i++) dx_row(dy + i * N, x + i * N, weight, N, mean[i], rstd[i], fma, dx + i * N);
     return CKP_OK;
 }
