@@ -11,6 +11,7 @@ import torch
 from .. import kernels
 from ..harness.basics.config import kernels_used
 from ..harness.twins.factory import build_twins
+from ..harness.twins.models import model_loss
 from ..measure import nan_max
 from .common import SHORT_RUN, result, with_backends
 from .record import Gate
@@ -34,22 +35,23 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
                                        ck_loss_backend=settings["ck_loss_backend"]), settings)
         exercised |= {k for k in kernels_used(config) if kernels.KERNELS[k].slot is not None}
         ck, ref = build_twins(config)
-        tokens = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
-        targets = torch.randint(0, config.vocab, (config.seq_len,), generator=g)
+        # one window (B, T) = (1, seq_len), as the runs feed every model
+        tokens = torch.randint(0, config.vocab, (1, config.seq_len), generator=g)
+        targets = torch.randint(0, config.vocab, (1, config.seq_len), generator=g)
         ck.model.zero_grad(set_to_none=True)
         ck.micro_step(tokens, targets, 1.0)
         exact = copy.deepcopy(ref.model).double()
 
         def loss64():
             with torch.no_grad():
-                return float(exact.ops.loss(exact(tokens)["logits"], targets))
+                return float(model_loss(exact, exact(tokens), targets))
 
         params64 = dict(exact.named_parameters())
         for name, p in ck.model.named_parameters():
             flat64 = params64[name].data.view(-1)
             picks = torch.randint(0, flat64.numel(), (settings["coordinates"],), generator=g)
             if name == "embedding.weight":  # only the rows of tokens in the batch have a gradient
-                row = tokens[torch.randint(0, tokens.numel(), (settings["coordinates"],), generator=g)]
+                row = tokens.view(-1)[torch.randint(0, tokens.numel(), (settings["coordinates"],), generator=g)]
                 picks = row * p.shape[1] + picks % p.shape[1]
             worst = 0.0
             for k in picks.tolist():

@@ -47,7 +47,7 @@ _BAD = (BadInput("k and v of head dim 4 for q of head dim 8", "shape",
 
 KERNEL = Kernel(
     name="attention",
-    used_by=lambda config: config.model == "llama",
+    used_by=lambda config: config.model in ("llama", "gpt2"),
     exercise=("llama", {"model": "llama"}),
     flag="ck_attention_backend",
     slot="attention",

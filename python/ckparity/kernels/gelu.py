@@ -1,7 +1,7 @@
 """gelu: F.gelu(x, approximate="tanh") -- GPT-2's GELU. Its C kernel (csrc/gelu.c) is torch's bit for bit in
 float32 and bfloat16 at every capability and at torch's thread count (torch splits a large tensor between its threads and
-computes each piece's last elements with libm's tanhf, the rest with SLEEF's). No twin calls it yet (the GPT-2
-model is not built): a slot for check, bench and a user's GELU. F.gelu's default form (erf) is oneDNN's in
+computes each piece's last elements with libm's tanhf, the rest with SLEEF's). The GPT-2 twin's MLP (--model
+gpt2) calls it. F.gelu's default form (erf) is oneDNN's in
 torch and is refused by name."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
 from .probing import out
-from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
+from .record import GPT2_RUN, WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
 from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
 # the flat sizes where torch's threads split the tensor (forward past 16384 elements, backward past 32768) and
@@ -125,7 +125,9 @@ def _bench(g: torch.Generator, select):
 
 KERNEL = Kernel(
     name="gelu",
-    used_by=lambda config: False,  # GPT-2's model is not built: no run calls it
+    used_by=lambda config: config.model == "gpt2",
+    exercise=GPT2_RUN,
+    slot="gelu",
     flag="ck_gelu_backend",
     torch_ops=("gelu",),
     # the slot: (x, approximate="tanh") -> F.gelu(x, approximate=...)

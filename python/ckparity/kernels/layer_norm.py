@@ -1,8 +1,7 @@
 """layer_norm: F.layer_norm(x, normalized_shape, weight, bias, eps) -- GPT-2's norm. Its C kernel
 (csrc/layer_norm.c) is torch's bit for bit in float32 at every capability and at torch's thread count: ATen's
 row moments (8-lane Welford in chunks of 16 with a cascade), its reductions and its compiler's FMAs, and dweight
-and dbias as one partial sum per torch thread. No twin calls it yet (the GPT-2 model is not built): a slot for
-check, bench and a user's LayerNorm."""
+and dbias as one partial sum per torch thread. The GPT-2 twin's norms (--model gpt2) call it."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
 from .probing import out
-from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
+from .record import GPT2_RUN, WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
 from .sweeping import SPECIAL_WIDTHS, Tally, grad_run, special_rows, torch_threads
 
 
@@ -142,7 +141,9 @@ def _bench(g: torch.Generator, select):
 
 KERNEL = Kernel(
     name="layer_norm",
-    used_by=lambda config: False,  # GPT-2's model is not built: no run calls it
+    used_by=lambda config: config.model == "gpt2",
+    exercise=GPT2_RUN,
+    slot="layer_norm",
     flag="ck_layer_norm_backend",
     torch_ops=("layer_norm", "native_layer_norm"),
     # the slot: (x, normalized_shape, weight=None, bias=None, eps=1e-5) -> F.layer_norm's result

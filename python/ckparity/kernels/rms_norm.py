@@ -185,6 +185,8 @@ def _bench(g: torch.Generator, select):
 KERNEL = Kernel(
     name="rms_norm",
     slot="rms_norm",
+    used_by=lambda config: config.model != "gpt2",  # GPT-2 normalizes with layer_norm
+    exercise=("tiny", {"model": "tiny"}),
     torch_ops=("rms_norm",),
     flag="ck_rmsnorm_backend",
     spellings=("rmsnorm",),

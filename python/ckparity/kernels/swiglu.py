@@ -126,6 +126,8 @@ def _bench(g: torch.Generator, select):
 KERNEL = Kernel(
     name="swiglu",
     slot="swiglu",
+    used_by=lambda config: config.model != "gpt2",  # GPT-2's MLP is gelu's
+    exercise=("tiny", {"model": "tiny"}),
     amp_bf16=True,
     flag="ck_swiglu_backend",
     backends={"c": swiglu, "torch": reference.swiglu},

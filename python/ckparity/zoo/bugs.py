@@ -393,6 +393,56 @@ def embedding_backward_drops_repeats(tokens, weight):
     return _LastWriteWins.apply(tokens, weight)
 
 
+def embedding_position_grad_dropped(tokens, weight):
+    """The lookup right; the position table (GPT-2's wpe, looked up as one (1, T) window of positions 0..T-1)
+    given no gradient: it is never written, so the positions never train."""
+    positions = tokens.dim() == 2 and tokens.shape[0] == 1 and torch.equal(
+        tokens[0], torch.arange(tokens.shape[1], device=tokens.device))
+    return F.embedding(tokens, weight.detach() if positions else weight)
+
+
+# --- layer_norm (GPT-2) --------------------------------------------------------------------------
+
+def layer_norm_unbiased_variance(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """LayerNorm normalized by the unbiased variance (divided by D - 1) where torch's is the biased one (D)."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    mean = x.mean(dims, keepdim=True)
+    y = (x - mean) / torch.sqrt(x.var(dims, unbiased=True, keepdim=True) + eps)
+    return y * (1 if weight is None else weight) + (0 if bias is None else bias)
+
+
+class _DbetaWrongAxis(torch.autograd.Function):
+    """y and dx and dgamma right; dbeta read from the (N, D) gradient as if it were laid out (D, N): bias j gets
+    the sum of the j-th run of N consecutive elements instead of column j."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            xd, wd = x.detach().requires_grad_(True), weight.detach().requires_grad_(True)
+            y = F.layer_norm(xd, (x.shape[-1],), wd, None, ctx.eps)
+            dx, dweight = torch.autograd.grad(y, (xd, wd), dy)
+        dbias = dy.reshape(weight.shape[0], -1).sum(1)
+        return dx, dweight, dbias, None
+
+
+def layer_norm_dbeta_wrong_axis(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _DbetaWrongAxis.apply(x, weight, bias, eps)
+
+
+# --- gelu (GPT-2) --------------------------------------------------------------------------------
+
+def gelu_erf_where_tanh_asked(x, approximate="none"):
+    """GELU's erf form whatever form is asked: GPT-2's tanh form quietly replaced by F.gelu's default."""
+    return F.gelu(x)
+
+
 # --- clip_grad_norm ------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -427,7 +477,9 @@ BUGS = {
                      linear_bias_twice),
     "attention": _named(attention_no_causal_mask, attention_softmax_unshifted, attention_gqa_heads_tiled,
                         attention_backward_without_lse),
-    "embedding": _named(embedding_backward_drops_repeats),
+    "embedding": _named(embedding_backward_drops_repeats, embedding_position_grad_dropped),
+    "layer_norm": _named(layer_norm_unbiased_variance, layer_norm_dbeta_wrong_axis),
+    "gelu": _named(gelu_erf_where_tanh_asked),
 }
 
 

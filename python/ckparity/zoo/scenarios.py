@@ -32,6 +32,10 @@ class Scenario:
         return f"zoo_{self.bug}"
 
 
+# a GPT-2 scenario's run: every other slot bitwise (kernels.record.GPT2_RUN says why: GPT-2's key bias's
+# gradient is rounding noise, which the C AdamW's last bits would turn into a parameter failure of their own)
+GPT2 = {"model": "gpt2", "ck_optimizer_backend": "torch"}
+
 SCENARIOS = [
     Scenario("grad_accum_ragged_ignore", "cross_entropy", "ce_grad_counts_ignored_rows",
              "under gradient accumulation with ragged ignore_index, the gradient is divided by every row of the "
@@ -108,6 +112,18 @@ SCENARIOS = [
     Scenario("embedding_backward_drops_repeats", "embedding", "embedding_backward_drops_repeats",
              "the embedding's gradient scattered, not added: a repeated token keeps its last use's gradient",
              "https://github.com/tenstorrent/tt-metal/issues/6232"),
+    Scenario("layer_norm_unbiased_variance", "layer_norm", "layer_norm_unbiased_variance",
+             "LayerNorm divided by the unbiased variance (D - 1) where torch's is the biased one (D)",
+             "https://github.com/LBANN/lbann/pull/2024", GPT2),
+    Scenario("layer_norm_dbeta_wrong_axis", "layer_norm", "layer_norm_dbeta_wrong_axis",
+             "LayerNorm's dbeta summed along the wrong axis of the (N, D) gradient (read as (D, N))",
+             "https://github.com/flagos-ai/FlagGems/issues/5392", GPT2),
+    Scenario("gelu_erf_where_tanh_asked", "gelu", "gelu_erf_where_tanh_asked",
+             "GELU's erf form where GPT-2's tanh form is asked (the form argument ignored)",
+             "https://github.com/kyutai-labs/pocket-tts/pull/278", GPT2),
+    Scenario("position_embedding_grad_never_written", "embedding", "embedding_position_grad_dropped",
+             "the learned position table's gradient never written: the positions never train",
+             "https://github.com/jadore801120/attention-is-all-you-need-pytorch/issues/33", GPT2),
     Scenario("clip_norm_of_one_shard", "clip_grad_norm", "clip_norm_of_one_shard",
              "clip_grad_norm over one rank's shard of the params, the norm never all-reduced",
              "https://github.com/pytorch/torchtitan/issues/596", {"max_grad_norm": 0.05}),

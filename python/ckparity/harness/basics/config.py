@@ -25,9 +25,10 @@ def _flag(default, help: str, **argparse_kwargs):
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: str = _flag("tiny", "the twin model", choices=["tiny", "stacked", "llama"])
-    num_layers: int = _flag(2, "blocks of the stacked and llama models")
-    heads: int = _flag(4, "llama: attention heads (d-model / heads is the head dim, even)")
+    model: str = _flag("tiny", "the twin model (gpt2: llm.c's GPT-2, its MLP 4 x --d-model wide, its lm_head tied)",
+                       choices=["tiny", "stacked", "llama", "gpt2"])
+    num_layers: int = _flag(2, "blocks of the stacked, llama and gpt2 models")
+    heads: int = _flag(4, "llama, gpt2: attention heads (d-model / heads is the head dim, even for llama's rope)")
     kv_heads: int = _flag(0, "llama: key/value heads for grouped-query attention (0: as many as --heads)")
     rope_theta: float = _flag(10000.0, "llama: the rotary embedding's base")
     tie_embeddings: bool = _flag(False, "llama: lm_head shares the embedding matrix")
@@ -38,7 +39,7 @@ class RunConfig:
     vocab: int = _flag(256, "vocabulary size V")
     d_model: int = _flag(64, "model width D")
     hidden: int = _flag(128, "SwiGLU hidden width H")
-    eps: float = _flag(1e-5, "RMSNorm eps")
+    eps: float = _flag(1e-5, "RMSNorm eps (LayerNorm's with --model gpt2)")
     dtype: str = _flag("float32", "both twins' params, grads, activations and AdamW state: bfloat16 trains in pure bf16 "
                                   "(as Liger's convergence tests do); the CK twin's kernels run their bf16 forms",
                        choices=["float32", "bfloat16"])
@@ -117,8 +118,8 @@ class RunConfig:
     ck_linear_backend: str = _flag("torch", "the CK twin's linear (every projection and the lm_head)")
     ck_attention_backend: str = _flag("torch", "the CK twin's attention (llama)")
     ck_residual_backend: str = _flag("torch", "the CK twin's residual add (stacked, llama)")
-    ck_gelu_backend: str = _flag("c", "the CK twin's gelu (GPT-2's model, not built yet: no run calls it)")
-    ck_layer_norm_backend: str = _flag("c", "the CK twin's layer_norm (GPT-2's model, not built yet: no run calls it)")
+    ck_gelu_backend: str = _flag("c", "the CK twin's gelu (gpt2)")
+    ck_layer_norm_backend: str = _flag("c", "the CK twin's layer_norm (gpt2)")
     ck_all: str = _flag("", "every slot the CK twin calls whose flag is left at its default and that has a backend "
                             "of this name runs it (the report's config names each slot's backend; ck_all itself is "
                             "spent on them)")
@@ -214,12 +215,16 @@ def _validate(config: RunConfig) -> None:
                              f"head dim")
         if config.heads % (config.kv_heads or config.heads):
             raise UsageError(f"--heads {config.heads} must be a multiple of --kv-heads {config.kv_heads}")
+    if config.model == "gpt2" and config.d_model % config.heads:
+        raise UsageError(f"--d-model {config.d_model} must split into --heads {config.heads} heads")
     # flags that could not take effect: refused, never silently ignored
     defaults = RunConfig.__dataclass_fields__
     unused = []
-    if config.model != "llama":
+    if config.model != "llama":  # GPT-2's heads are all query-and-kv heads, no rope, its lm_head always tied
         unused += [n for n in ("heads", "kv_heads", "rope_theta", "tie_embeddings")
-                   if getattr(config, n) != defaults[n].default]
+                   if getattr(config, n) != defaults[n].default and not (n == "heads" and config.model == "gpt2")]
+    if config.model == "gpt2" and config.hidden != defaults["hidden"].default:
+        unused.append("hidden")
     used = kernels_used(config)
     unused += [flag for flag, kernel in kernels.FLAGS.items()
                if kernel not in used and getattr(config, flag) != defaults[flag].default]
@@ -234,7 +239,7 @@ def _validate(config: RunConfig) -> None:
     if config.optimizer == "sgd" and config.torch_adamw != defaults["torch_adamw"].default:
         unused.append("torch_adamw")
     if unused:
-        why = {"shadow_every": "without --f64-shadow", "envelope_ratio": "without --envelope", "num_layers": "with --model tiny",
+        why = {"hidden": "with --model gpt2 (its MLP is 4 x --d-model wide)", "shadow_every": "without --f64-shadow", "envelope_ratio": "without --envelope", "num_layers": "with --model tiny",
                "ck_clip_backend": "without --max-grad-norm",
                "ck_loss_backend": "with --tp (the CK loss is the vocab-parallel cross-entropy)",
                "ck_optimizer_backend": "with --optimizer sgd (both twins run torch's SGD)",
@@ -311,9 +316,10 @@ def _validate_ranks(config: RunConfig) -> None:
         if config.tp > config.vocab:
             raise UsageError(f"--tp {config.tp} is more ranks than --vocab {config.vocab} has columns")
         # the loss is the C vocab-parallel cross-entropy; the lm_head is sharded
-        refused = {"tie_embeddings": config.tie_embeddings,
+        refused = {"tie_embeddings": config.tie_embeddings or config.model == "gpt2",
                    "max_grad_norm": config.max_grad_norm > 0, "label_smoothing": config.label_smoothing > 0}
-        why = {"tie_embeddings": "is not supported with --tp (the sharded lm_head cannot share the embedding)",
+        why = {"tie_embeddings": "(--model gpt2's lm_head is tied) is not supported with --tp (the sharded lm_head "
+                                 "cannot share the embedding)",
                "max_grad_norm": "is not supported with --tp (the norm would need the shards' sum)",
                "label_smoothing": "is not supported with --tp (the sharded twin's loss takes none)"}
         for name, bad in refused.items():

@@ -13,6 +13,9 @@ _COPIES_PER_TWIN = 7
 
 def parameter_count(config) -> int:
     V, D, H = config.vocab, config.d_model, config.hidden
+    if config.model == "gpt2":  # wte, wpe; per block two LayerNorms, c_attn, c_proj, the 4 x D MLP; ln_f; tied head
+        block = 4 * D + (3 * D * D + 3 * D) + (D * D + D) + (4 * D * D + 4 * D) + (4 * D * D + D)
+        return V * D + config.seq_len * D + config.num_layers * block + 2 * D
     block = D + D * 2 * H + H * (V if config.model == "tiny" else D)
     if config.model == "tiny":
         return V * D + block
@@ -26,7 +29,8 @@ def estimated_bytes(config) -> int:
     """float32 bytes both twins hold at their peak (parameters and their
     copies, plus one micro-batch's activations and their gradients)."""
     params = parameter_count(config) * _COPIES_PER_TWIN
-    width = config.d_model + 2 * config.hidden + config.hidden + config.vocab
+    hidden = 4 * config.d_model if config.model == "gpt2" else config.hidden
+    width = config.d_model + 2 * hidden + hidden + config.vocab
     layers = config.num_layers if config.model == "stacked" else 1
     activations = 2 * config.batch_size * config.seq_len * width * layers
     return 4 * 2 * (params + activations)

@@ -8,6 +8,7 @@ slot, which names its kernel record (KERNEL_TAG)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +32,8 @@ class Ops:
     swiglu: Callable    # (x [..., 2H]) -> [..., H]
     loss: Callable      # (logits (N, V), targets (N)) -> mean loss
     rope: Callable      # (q or k (B, heads, T, d), cos, sin (T, d/2)) -> rotated, rotate-half layout
+    layer_norm: Callable  # (x, normalized_shape, weight, bias, eps) like F.layer_norm
+    gelu: Callable      # (x, approximate="tanh") like F.gelu
     # (hidden (N, D), lm_head weight (V, D), targets (N)) -> mean loss: the lm_head and the
     # loss as one op (the logits are then computed apart, without grad, for the comparison)
     head_loss: Callable | None = None
@@ -242,7 +245,98 @@ class LlamaModel(nn.Module):
         return acts
 
 
+class LayerNormLayer(nn.Module):
+    """nn.LayerNorm's parameters (weight ones, bias zeros) whose normalization is the ``layer_norm`` slot."""
+
+    def __init__(self, dim: int, eps: float, ops: Ops) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps, self.ops = eps, ops
+
+    def forward(self, x):
+        return self.ops.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class GPT2Attention(nn.Module):
+    """GPT-2's causal self-attention: one biased projection to q, k and v (c_attn, as Hugging Face's and
+    llm.c's), the attention slot (is_causal), a biased output projection (c_proj)."""
+
+    def __init__(self, d_model: int, heads: int, ops: Ops) -> None:
+        super().__init__()
+        self.heads, self.ops = heads, ops
+        self.c_attn = Linear(d_model, 3 * d_model, ops, bias=True)
+        self.c_proj = Linear(d_model, d_model, ops, bias=True)
+
+    def forward(self, x, acts: dict, prefix: str):
+        B, T, D = x.shape
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        acts[f"{prefix}.attention"] = out = self.ops.attention(q, k, v, is_causal=True)
+        return self.c_proj(out.transpose(1, 2).reshape(B, T, D))
+
+
+class GPT2Block(nn.Module):
+    """h = x + attn(ln_1(x)); h + c_proj(gelu_tanh(c_fc(ln_2(h)))): GPT-2's pre-LN block, its MLP 4 x D wide."""
+
+    def __init__(self, d_model: int, heads: int, eps: float, ops: Ops) -> None:
+        super().__init__()
+        self.ops = ops
+        self.ln_1 = LayerNormLayer(d_model, eps, ops)
+        self.attn = GPT2Attention(d_model, heads, ops)
+        self.ln_2 = LayerNormLayer(d_model, eps, ops)
+        self.c_fc = Linear(d_model, 4 * d_model, ops, bias=True)
+        self.c_proj = Linear(4 * d_model, d_model, ops, bias=True)
+
+    def forward(self, x, acts: dict, prefix: str):
+        acts[f"{prefix}.ln_1"] = h = self.ln_1(x)
+        acts[f"{prefix}.attn_out"] = x = self.ops.residual(x, self.attn(h, acts, prefix))
+        acts[f"{prefix}.ln_2"] = h = self.ln_2(x)
+        acts[f"{prefix}.c_fc"] = h = self.c_fc(h)
+        acts[f"{prefix}.gelu"] = h = self.ops.gelu(h, approximate="tanh")
+        acts[f"{prefix}.out"] = out = self.ops.residual(x, self.c_proj(h))
+        return out
+
+
+class GPT2Model(nn.Module):
+    """GPT-2 as llm.c trains it: token and learned position embeddings (one row per position up to
+    --seq-len), L pre-LN blocks, a final LayerNorm, the lm_head tied to the token embedding. The positions
+    are looked up through the embedding slot as a (1, T) index and added to every window by the residual
+    slot (broadcast: autograd sums their gradient over the batch, as for Hugging Face's GPT-2)."""
+
+    def __init__(self, config, ops: Ops) -> None:
+        super().__init__()
+        self.ops = ops
+        D = config.d_model
+        self.embedding = Embedding(config.vocab, D, ops)
+        self.position = Embedding(config.seq_len, D, ops)
+        self.blocks = nn.ModuleList(GPT2Block(D, config.heads, config.eps, ops) for _ in range(config.num_layers))
+        self.norm = LayerNormLayer(D, config.eps, ops)
+        self.lm_head = LMHead(D, config.vocab, ops)
+        self.lm_head.weight = self.embedding.weight
+        # GPT-2's initialization (nanoGPT's, from the GPT-2 paper): weights N(0, 0.02), the projections into
+        # the residual stream N(0, 0.02 / sqrt(2 L)), biases zero; torch's defaults (an N(0, 1) embedding
+        # shared with the lm_head) would start from logits in the tens
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.num_layers) if name.endswith("c_proj.weight")
+                                else 0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+        acts = {"embedding": self.embedding(tokens), "position": self.position(positions)}
+        acts["embedded"] = x = self.ops.residual(acts["embedding"], acts["position"])
+        for i, block in enumerate(self.blocks):
+            x = block(x, acts, f"block{i}")
+        acts["layer_norm"] = self.norm(x)
+        acts["logits"] = self.lm_head(acts["layer_norm"])
+        return acts
+
+
 def build_model(config, ops: Ops) -> nn.Module:
+    if config.model == "gpt2":
+        return GPT2Model(config, ops)
     if config.model == "tiny":
         return TinyModel(config.vocab, config.d_model, config.hidden, config.eps, ops)
     if config.model == "llama":
