@@ -128,3 +128,68 @@ def test_gpt2s_key_bias_walks_apart_under_the_c_adamw(tmp_path):
                              json_out=str(tmp_path / "r.json")))
     assert result["first_loss_fail_step"] is None and result["first_param_fail_step"] is not None
     assert result["series"]["param_tensor"][result["first_param_fail_step"] - 1].endswith("attn.c_attn.bias")
+
+
+def _hugging_face_gpt2(layers=2, D=32, V=64, positions=16, seed=0):
+    """Random weights under Hugging Face GPT-2's names and layouts (Conv1D: (in, out)), with the causal mask
+    buffer older checkpoints carry and the tied lm_head."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.1  # noqa: E731
+    state = {"transformer.wte.weight": r(V, D), "transformer.wpe.weight": r(positions, D),
+             "transformer.ln_f.weight": 1 + r(D), "transformer.ln_f.bias": r(D)}
+    for i in range(layers):
+        h = f"transformer.h.{i}."
+        state.update({h + "ln_1.weight": 1 + r(D), h + "ln_1.bias": r(D), h + "ln_2.weight": 1 + r(D),
+                      h + "ln_2.bias": r(D), h + "attn.c_attn.weight": r(D, 3 * D), h + "attn.c_attn.bias": r(3 * D),
+                      h + "attn.c_proj.weight": r(D, D), h + "attn.c_proj.bias": r(D),
+                      h + "mlp.c_fc.weight": r(D, 4 * D), h + "mlp.c_fc.bias": r(4 * D),
+                      h + "mlp.c_proj.weight": r(4 * D, D), h + "mlp.c_proj.bias": r(D),
+                      h + "attn.bias": torch.tril(torch.ones(1, 1, positions, positions))})
+    state["lm_head.weight"] = state["transformer.wte.weight"].clone()
+    return state
+
+
+def _hugging_face_forward(state, tokens, layers=2, heads=4):
+    """GPT-2's forward in Hugging Face's layout: Conv1D is x @ W + b."""
+    def ln(x, p):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), state[p + ".weight"], state[p + ".bias"])
+
+    def conv1d(x, p):
+        return x @ state[p + ".weight"] + state[p + ".bias"]
+
+    B, T = tokens.shape
+    x = state["transformer.wte.weight"][tokens] + state["transformer.wpe.weight"][:T]
+    D = x.shape[-1]
+    for i in range(layers):
+        h = f"transformer.h.{i}."
+        q, k, v = (t.view(B, T, heads, D // heads).transpose(1, 2)
+                   for t in conv1d(ln(x, h + "ln_1"), h + "attn.c_attn").split(D, -1))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + conv1d(a.transpose(1, 2).reshape(B, T, D), h + "attn.c_proj")
+        x = x + conv1d(torch.nn.functional.gelu(conv1d(ln(x, h + "ln_2"), h + "mlp.c_fc"), approximate="tanh"),
+                       h + "mlp.c_proj")
+    return ln(x, "transformer.ln_f") @ state["transformer.wte.weight"].T
+
+
+def test_hugging_face_gpt2_weights_give_hugging_faces_logits(tmp_path):
+    from safetensors.torch import save_file
+
+    from ckparity.harness.twins import init_from
+
+    state = _hugging_face_gpt2()
+    save_file(state, str(tmp_path / "gpt2.safetensors"))
+    config = init_from.configure(RunConfig(model="gpt2", seq_len=8, init_from=str(tmp_path / "gpt2.safetensors")))
+    assert (config.vocab, config.d_model, config.num_layers) == (64, 32, 2)
+    _, ref = build_twins(config)
+    tokens = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(ref.model(tokens)["logits"], _hugging_face_forward(state, tokens), rtol=1e-5,
+                                   atol=1e-5)
+    untied = {**state, "lm_head.weight": state["lm_head.weight"] + 1}
+    save_file(untied, str(tmp_path / "untied.safetensors"))
+    with pytest.raises(UsageError, match="lm_head is tied"):
+        init_from.configure(RunConfig(model="gpt2", init_from=str(tmp_path / "untied.safetensors")))
+    with pytest.raises(UsageError, match="fewer than --seq-len 32"):
+        init_from.configure(RunConfig(model="gpt2", seq_len=32, init_from=str(tmp_path / "gpt2.safetensors")))
+    with pytest.raises(UsageError, match="need --model gpt2"):
+        init_from.configure(RunConfig(model="llama", init_from=str(tmp_path / "gpt2.safetensors")))

@@ -64,7 +64,8 @@ class RunConfig:
                               "(0: none; ckparity replay DIR recomputes it)")
     dump_dir: str | None = _flag(None, "where --dump-step writes (default reports/dump-step-N)")
     init_from: str | None = _flag(None, "start both twins from these weights (safetensors, a torch state_dict or a checkpoint directory; "
-                                        "Hugging Face Llama names with --model llama); the dims come from them")
+                                        "Hugging Face Llama names with --model llama, GPT-2's with --model gpt2); the dims come "
+                                        "from them")
     torch_adamw: str = _flag("single_tensor", "the torch twin's AdamW: torch's default CPU path (single_tensor, "
                                               "the one the C AdamW follows) or fused=True (fused: its math in float, "
                                               "the stores rounded)", choices=["single_tensor", "fused"])

@@ -11,7 +11,12 @@ for ``--model llama``, Hugging Face Llama's (``model.layers.N.self_attn.q_proj
 RMSNorms, a missing lm_head.weight a tied embedding. The rotary layout needs
 no permutation: Hugging Face's q/k weights are already in the rotate-half
 layout ckparity's llama uses (tests/test_init_from.py checks the logits
-against an independent rotate-half forward).
+against an independent rotate-half forward). For ``--model gpt2``, Hugging
+Face GPT-2's names (``transformer.h.N.attn.c_attn.weight`` ...): its Conv1D
+weights are stored (in, out), transposed here to Linear's (out, in); wte and
+wpe are the token and position embeddings (wpe's first --seq-len rows: a
+window never reaches the others); the attention's mask buffers are skipped;
+an lm_head.weight, GPT-2's tied one, must be wte's.
 
 The model's dims come from the weights -- vocab and d-model from the
 embedding, hidden from fc1, the number of blocks, kv-heads from k_proj given
@@ -42,6 +47,17 @@ _HF_LLAMA = [
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blocks.\1.mlp.fc2.weight"),
 ]
 _HF_MLP = re.compile(r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj\.weight")
+_HF_GPT2 = [
+    (r"transformer\.wte\.weight", "embedding.weight"),
+    (r"transformer\.wpe\.weight", "position.weight"),
+    (r"transformer\.ln_f\.(weight|bias)", r"norm.\1"),
+    (r"transformer\.h\.(\d+)\.(ln_1|ln_2)\.(weight|bias)", r"blocks.\1.\2.\3"),
+    (r"transformer\.h\.(\d+)\.attn\.(c_attn|c_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"transformer\.h\.(\d+)\.mlp\.(c_fc|c_proj)\.(weight|bias)", r"blocks.\1.\2.\3"),
+]
+# Hugging Face's non-weight buffers some checkpoints carry: llama's rotary frequencies (recomputed from
+# --rope-theta), GPT-2's causal mask (the attention slot's is_causal)
+_HF_BUFFERS = re.compile(r".*(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)")
 # safetensors' names of the floating-point dtypes a weight may have
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
@@ -57,6 +73,8 @@ def _read(path: str) -> dict[str, torch.Tensor]:
             with safe_open(path, "pt") as f:  # the header first: names and dtypes, before any tensor is read
                 for name in f.keys():
                     dtype = f.get_slice(name).get_dtype()
+                    if _HF_BUFFERS.fullmatch(name):  # a mask buffer may be bool: skipped, not a weight
+                        continue
                     if dtype not in _FLOAT_DTYPES:
                         raise UsageError(f"--init-from {path}: {name} is {dtype}, not a floating-point weight")
             return load_file(path)
@@ -74,7 +92,7 @@ def _read(path: str) -> dict[str, torch.Tensor]:
 def _from_hugging_face(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out, halves = {}, {}
     for name, tensor in state.items():
-        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints carry; recomputed from --rope-theta
+        if _HF_BUFFERS.fullmatch(name):
             continue
         mlp = _HF_MLP.fullmatch(name)
         if mlp:
@@ -93,6 +111,27 @@ def _from_hugging_face(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+def _from_hugging_face_gpt2(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in state.items():
+        if _HF_BUFFERS.fullmatch(name):
+            continue
+        if name == "lm_head.weight":  # tied: it must be wte itself, which stands for both
+            if "transformer.wte.weight" not in state or not torch.equal(tensor, state["transformer.wte.weight"]):
+                raise UsageError("--init-from: lm_head.weight differs from transformer.wte.weight: GPT-2's lm_head "
+                                 "is tied to the token embedding")
+            continue
+        for pattern, ours in _HF_GPT2:
+            if re.fullmatch(pattern, name):
+                # Conv1D keeps its weight (in, out): Linear's is (out, in)
+                conv1d = name.endswith(".weight") and (".attn." in name or ".mlp." in name)
+                out[re.sub(pattern, ours, name)] = tensor.t() if conv1d and tensor.dim() == 2 else tensor
+                break
+        else:
+            raise UsageError(f"--init-from: {name} is not a Hugging Face GPT-2 tensor ckparity's gpt2 has")
+    return out
+
+
 @functools.lru_cache(maxsize=2)
 def _weights(path: str, model: str, stamp: float) -> dict[str, torch.Tensor]:
     """The file's tensors under ckparity's names, float32 (read once per file version)."""
@@ -101,6 +140,10 @@ def _weights(path: str, model: str, stamp: float) -> dict[str, torch.Tensor]:
         if model != "llama":
             raise UsageError(f"--init-from {path}: Hugging Face Llama weights need --model llama, not {model}")
         state = _from_hugging_face(state)
+    elif any(name.startswith("transformer.") for name in state):
+        if model != "gpt2":
+            raise UsageError(f"--init-from {path}: Hugging Face GPT-2 weights need --model gpt2, not {model}")
+        state = _from_hugging_face_gpt2(state)
     for name, t in state.items():  # checked as given, before any conversion
         if not t.is_floating_point():
             raise UsageError(f"--init-from {path}: {name} is {t.dtype}, not a floating-point weight")
@@ -160,14 +203,24 @@ def configure(config):
                                  f"{head_dim} (d-model {d_model} / --heads {config.heads})")
             changes["kv_heads"] = k_proj.shape[0] // head_dim
         changes["tie_embeddings"] = "lm_head.weight" not in state
+    if config.model == "gpt2":
+        if d_model % config.heads:
+            raise UsageError(f"--init-from: d-model {d_model} (from the embedding) is not a multiple of --heads "
+                             f"{config.heads}")
+        positions = state.get("position.weight")
+        if positions is not None and positions.shape[0] < config.seq_len:
+            raise UsageError(f"--init-from: the position table has {positions.shape[0]} rows, fewer than --seq-len "
+                             f"{config.seq_len}")
     return replace(config, **changes)
 
 
 def load_into(model: torch.nn.Module, config) -> None:
     """The weights into ``model`` (built from configure's config), every tensor's name and shape checked."""
     state, own = weights(config), model.state_dict()
-    if config.model == "llama" and config.tie_embeddings:
+    if (config.model == "llama" and config.tie_embeddings) or config.model == "gpt2":
         own.pop("lm_head.weight", None)  # the embedding's, tied
+    if config.model == "gpt2" and "position.weight" in state:  # the rows a window of --seq-len reaches
+        state = {**state, "position.weight": state["position.weight"][: config.seq_len]}
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or extra:
         raise UsageError(f"--init-from {config.init_from}: " + "; ".join(
