@@ -24,6 +24,8 @@
 #                          (CI: the probe on chosen mutants)
 #   test_plugins.py        test_attribute_jobs_load_the_plugin (CI: plugins reach gate
 #                          and train children)
+#                          test_gate_runs_on_a_users_backend with swiglu=fast_exp (CI: the
+#                          exact swiglu passes those gates, the drifting AdamW fails its own)
 #   test_capability.py     test_sweep_finds_another_capabilitys_arithmetic and
 #                          test_sweep_is_bit_identical_at below the CPU's highest capability
 #                          (CI: at the highest; test_clones runs every capability's C there)

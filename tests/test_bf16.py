@@ -444,8 +444,6 @@ def test_the_bf16_ptref_sweep_catches_smoothing_and_weights_rounded_otherwise(mo
     cases -- and only there: the plain cases still match."""
     import importlib
 
-    from ckparity import sweep
-
     ce_record = importlib.import_module("ckparity.kernels.cross_entropy")
     real = ce_record.cross_entropy
 

@@ -5,8 +5,10 @@ ptref loss) and torch's AdamW the CK twin is bit-identical to the torch twin at 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from ckparity.harness.loop.resources import parameter_count
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
 
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 GPT2 = RunConfig(model="gpt2", num_layers=2, heads=4, d_model=32, vocab=64, seq_len=8, batch_size=2, grad_accum=2,
                  total_tokens=2048, max_steps=12, no_progress=True, ck_loss_backend="torch",
                  ck_optimizer_backend="torch")
@@ -193,3 +196,21 @@ def test_hugging_face_gpt2_weights_give_hugging_faces_logits(tmp_path):
         init_from.configure(RunConfig(model="gpt2", seq_len=32, init_from=str(tmp_path / "gpt2.safetensors")))
     with pytest.raises(UsageError, match="need --model gpt2"):
         init_from.configure(RunConfig(model="llama", init_from=str(tmp_path / "gpt2.safetensors")))
+
+
+def test_the_committed_gpt2_runs_are_bit_identical():
+    """reports/gpt2/ (scripts/gpt2_twins.sh): issue 56's small GPT-2 over 850 steps, every op in C but attention,
+    the C AdamW's fused form against torch's fused AdamW; torch at one thread and each capability, ckparity at
+    1 and 2 threads -- not one differing bit."""
+    runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "gpt2").glob("gpt2_850_*.json"))]
+    seen = set()
+    for r in runs:
+        c = r["config"]
+        assert (c["model"], c["num_layers"], c["d_model"], c["vocab"], c["seq_len"]) == ("gpt2", 4, 256, 8192, 64)
+        assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "layer_norm", "gelu", "residual")} == {"c"}
+        assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
+        assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 850
+        assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
+        assert r["env"]["capability_matched"] and r["env"]["torch_threads"] == 1
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
+    assert seen == {(cap, t) for cap in ("DEFAULT", "AVX2", "AVX512") for t in (1, 2)}

@@ -164,7 +164,8 @@ GATE_PLUGIN = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("backend, passes", [("swiglu=mine", True), ("swiglu=fast_exp", False),
+@pytest.mark.parametrize("backend, passes", [("swiglu=mine", True),
+                                             pytest.param("swiglu=fast_exp", False, marks=pytest.mark.nightly),
                                              ("optimizer=float_beta2", False)])
 def test_gate_runs_on_a_users_backend(tmp_path, backend, passes):
     """gate --backend: kernel_parity runs check on a user's swiglu, optimizer_parity holds a user's AdamW

@@ -94,7 +94,8 @@ SCENARIOS = [
              "https://github.com/mikkyang/rust-blas/issues/6"),
     Scenario("linear_bias_twice", "linear", "linear_bias_twice",
              "the bias added in the GEMM's epilogue and again by the layer around it",
-             "https://github.com/casper-hansen/AutoAWQ/issues/369"),
+             # GPT-2's projections are the twins' biased linears
+             "https://github.com/casper-hansen/AutoAWQ/issues/369", GPT2),
     Scenario("attention_without_causal_mask", "attention", "attention_no_causal_mask",
              "the causal mask never applied: each position sees the tokens it is trained to predict",
              "https://github.com/facebookresearch/xformers/issues/103", {"model": "llama"}),
