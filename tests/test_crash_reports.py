@@ -136,3 +136,33 @@ def test_a_gate_survives_a_crashing_backend_and_names_where(tmp_path):
     assert "killed by SIGSEGV in the forward of linear (with linear=segfaulting)" in fd["summary"]
     after = json.loads((tmp_path / "gates" / "optimizer_parity_latest.json").read_text())
     assert after["passed"], after["summary"]  # the next gate ran (it calls no linear)
+
+
+LOAD_CRASH = textwrap.dedent('''
+    import ctypes
+    import torch.nn.functional as F
+    import ckparity
+
+    def segfaulting_gelu(x, approximate="none"):
+        """a gelu that reads address 0 on its first call: the contract check's, at registration"""
+        ctypes.string_at(0)
+        return F.gelu(x, approximate=approximate)
+
+    ckparity.register_backend("gelu", "segfaulting", segfaulting_gelu)
+''')
+
+
+@pytest.mark.parametrize("command", [["train", "--model", "gpt2", "--ck-gelu-backend", "segfaulting"],
+                                     ["gate", "--only", "kernel_parity", "--backend", "gelu=segfaulting"]])
+def test_a_plugin_that_crashes_as_it_loads_is_refused_by_name(tmp_path, command):
+    """A backend that segfaults in its contract check, at --plugin's load, ends a probe process, not the
+    command: exit 2, the plugin named with the signal and the child's Python stack (the register_backend
+    call), and no work started."""
+    (tmp_path / "engine.py").write_text(LOAD_CRASH)
+    done = subprocess.run([sys.executable, "-m", "ckparity", command[0], "--plugin", "engine.py", *command[1:],
+                           "--json-out" if command[0] == "train" else "--out-dir", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--plugin engine.py: loading it killed the process (SIGSEGV)" in done.stderr
+    assert "segfaulting_gelu" in done.stderr  # the child's last words: faulthandler's stack
+    assert not (tmp_path / "out").exists()

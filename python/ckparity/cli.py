@@ -592,6 +592,8 @@ def _load_plugins(command: str, argv: list[str]) -> list[str]:
         rest.append(argv[k])
         k += 1
     try:
+        if command not in LOADED_IN_CHILD:  # check's child loads them: a crash there is its verdict
+            kernels.probe_plugins(specs)
         kernels.use_plugins(specs, load=command not in LOADED_IN_CHILD)
         if command not in LOADED_IN_CHILD:
             kernels.load_configured()

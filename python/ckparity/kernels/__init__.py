@@ -50,11 +50,11 @@ from __future__ import annotations
 
 from .contract import ContractError
 from .record import CAPABILITIES, WIDTHS, BadInput, Claim, Conformance, GateCase, Kernel, Registration
-from .registry import (carried, carried_together, child_env, deferred_contracts, load_carried, load_configured, load_plugin, register,
+from .registry import (carried, carried_together, child_env, deferred_contracts, load_carried, load_configured, load_plugin, probe_plugins, register,
                        register_backend, registered, resolve, slot, unknown_backend_message, use_plugins)
 from .spine import FLAGS, HEAD_LOSS, KERNELS, SLOTS, backends, bit_identical, claim_key, claims, not_bit_identical
 
 __all__ = ["KERNELS", "FLAGS", "SLOTS", "HEAD_LOSS", "Kernel", "Claim", "Conformance", "GateCase", "WIDTHS",
            "BadInput", "Registration", "claim_key", "deferred_contracts", "carried", "carried_together", "child_env", "load_carried", "CAPABILITIES", "ContractError", "backends", "bit_identical", "claims", "load_configured", "load_plugin",
-           "not_bit_identical", "register", "register_backend", "registered", "resolve", "slot",
+           "not_bit_identical", "probe_plugins", "register", "register_backend", "registered", "resolve", "slot",
            "unknown_backend_message", "use_plugins"]

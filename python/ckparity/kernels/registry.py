@@ -39,6 +39,8 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
@@ -276,6 +278,25 @@ def _importing(what: str, load) -> None:
     except (Exception, SystemExit) as err:  # noqa: BLE001 -- a plugin's failure is an input error, named
         detail = f"sys.exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
         raise ValueError(f"{what} failed to load: {detail}") from None
+
+
+def probe_plugins(specs: list[str]) -> None:
+    """Loads ``specs`` in a child process first: a plugin whose import, or a backend's contract check at its
+    registration, kills its process (a segfault or an abort in a user's C) is refused by name with the
+    child's last words (its Python stack, by faulthandler), instead of killing the command before it can
+    say or write anything. Any other failure is left to the load here, which says it as usual."""
+    if not specs:
+        return
+    code = "import ckparity.kernels.registry as r; [r.load_plugin(s) for s in __import__('sys').argv[1:]]"
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code, *specs], capture_output=True, text=True)
+    if done.returncode < 0:
+        # faulthandler's stack, most recent call first: the frames name the plugin's crashing function
+        frames = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("File ")]
+        words = " | ".join(frames[:4]) or done.stderr.strip()[-500:]
+        raise ValueError(f"--plugin {' '.join(specs)}: loading it killed the process "
+                         f"({signal.Signals(-done.returncode).name}): a crash in its import or in a backend's "
+                         f"contract check, which would have killed this command; nothing was run. Where: "
+                         f"{words}")
 
 
 def use_plugins(specs: list[str], load: bool = True) -> None:
