@@ -214,3 +214,14 @@ def test_the_committed_gpt2_runs_are_bit_identical():
         assert r["env"]["capability_matched"] and r["env"]["torch_threads"] == 1
         seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
     assert seen == {(cap, t) for cap in ("DEFAULT", "AVX2", "AVX512") for t in (1, 2)}
+
+
+def test_a_position_table_never_trained_fails_the_run_and_the_envelope_measures_it(tmp_path, monkeypatch):
+    """The zoo's embedding that gives GPT-2's position table no gradient: the params fail at step 1, and the
+    envelope's noise members, which measure the CK op's input gradients, take a gradient never written as
+    zeros (it once stopped the run with autograd's 'does not require grad')."""
+    monkeypatch.setitem(kernels.backends("embedding"), "no_position_grad", bugs.embedding_position_grad_dropped)
+    result = train(replace(GPT2, ck_embedding_backend="no_position_grad", ck_loss_backend="c_ptref", envelope=2,
+                           max_steps=3, json_out=str(tmp_path / "r.json")))
+    assert result["status"] == "fail" and result["error"] is None
+    assert result["first_param_fail_step"] == 1 and result["noise_verdict"] == "beyond_noise"

@@ -322,9 +322,14 @@ class _MeasuredNoise(torch.autograd.Function):
         wanted = [i for i, need in enumerate(ctx.needs_input_grad[1:]) if need]
 
         def input_grads(op, inputs, upstream):
+            """The op's gradients of the wanted inputs; one it gives no gradient (a CK op whose output holds no
+            graph of an input: a gradient never written) is zeros, as the engine leaves it."""
             with torch.enable_grad():
                 args = [x.clone().requires_grad_() if i in wanted else x for i, x in enumerate(inputs)]
-                return torch.autograd.grad(op(*args, **slot.kwargs), [args[i] for i in wanted], upstream)
+                out, leaves = op(*args, **slot.kwargs), [args[i] for i in wanted]
+                grads = (torch.autograd.grad(out, leaves, upstream, allow_unused=True) if out.requires_grad
+                         else [None] * len(leaves))
+                return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]
 
         refs, cks = input_grads(slot.ref, ctx.inputs, grad), input_grads(slot.ck, ctx.inputs, grad)
         exacts = [None] * len(refs)
