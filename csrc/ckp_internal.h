@@ -35,6 +35,23 @@
  * cross-entropy rows, swiglu, AdamW's default path; vec.h's CKP_DEFINE_LANES). */
 static inline int ckp_lanes16(void) { return ckp_get_capability() == CKP_CAPABILITY_AVX512; }
 
+/* How torch's build at the running capability runs an elementwise op's
+ * ATen loop (Loops.h's vectorized_loop: two vectors a step, the rest scalar):
+ * vec_pair floats a step, 0 where DEFAULT runs every element scalar; fma
+ * whether the build contracts a + b * c into one FMA (swiglu, gelu). */
+typedef struct {
+    int64_t vec_pair;
+    int fma;
+} ckp_aten_layout;
+
+static inline ckp_aten_layout ckp_aten_layout_for_capability(void) {
+    switch (ckp_get_capability()) {
+    case CKP_CAPABILITY_AVX512: return (ckp_aten_layout){32, 1}; /* two 16-lane vectors */
+    case CKP_CAPABILITY_AVX2: return (ckp_aten_layout){16, 1};   /* two 8-lane vectors */
+    default: return (ckp_aten_layout){0, 0};
+    }
+}
+
 /* Records a printf-style detail for ckp_last_error() and returns status. */
 ckp_status ckp_fail(ckp_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -33,20 +33,6 @@
 #define FORWARD_MIN_ELEMENTS_FOR_THREADS 16384            /* GeluKernelImpl's GELU_MIN_ELEMENTS_FOR_MULTI_THREADING */
 #define ATEN_GRAIN_SIZE 32768                             /* at::internal::GRAIN_SIZE */
 
-/* How torch's build at the running capability computes a piece. */
-typedef struct {
-    int64_t vec_pair; /* floats per step of ATen's vectorized loop; 0: all scalar */
-    int fma;          /* the build contracts a + b * c into one FMA */
-} aten_layout;
-
-static aten_layout layout_for_capability(void) {
-    switch (ckp_get_capability()) {
-    case CKP_CAPABILITY_AVX512: return (aten_layout){32, 1}; /* two 16-lane vectors */
-    case CKP_CAPABILITY_AVX2: return (aten_layout){16, 1};   /* two 8-lane vectors */
-    default: return (aten_layout){0, 0};
-    }
-}
-
 /* The length of each of torch's pieces of n elements at torch_threads with the loop's grain. */
 static int64_t piece_length(int64_t n, int torch_threads, int64_t grain) {
     if (torch_threads <= 1 || n <= grain) return n; /* for_each serial below the grain; parallel_for, at it */
@@ -171,7 +157,7 @@ static inline __attribute__((always_inline)) ckp_v8f backward8(ckp_v8f x, ckp_v8
  * its scalar code; x and dy (NULL for the forward) are the span's, out its output. float32 and bfloat16
  * (torch's BFloat16 GELU: the same float formula on the widened values, rounded to bf16 once, as it stores). */
 CKP_CLONES
-static void span_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count, aten_layout at, void *out_) {
+static void span_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at, void *out_) {
     const float *x = x_, *dy = dy_;
     float *out = out_;
     int64_t j = 0;
@@ -181,7 +167,7 @@ static void span_f32(const void *x_, const void *dy_, int64_t count, int64_t vec
 }
 
 CKP_CLONES
-static void span_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count, aten_layout at, void *out_) {
+static void span_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at, void *out_) {
     const uint16_t *x = x_, *dy = dy_;
     uint16_t *out = out_;
     int64_t j = 0;
@@ -193,7 +179,7 @@ static void span_bf16(const void *x_, const void *dy_, int64_t count, int64_t ve
                                           : backward1(ckp_bf16_to_f(x[j]), ckp_bf16_to_f(dy[j]), at.fma));
 }
 
-typedef void (*span_fn)(const void *, const void *, int64_t, int64_t, aten_layout, void *);
+typedef void (*span_fn)(const void *, const void *, int64_t, int64_t, ckp_aten_layout, void *);
 
 enum { SPAN = 8192 }; /* this library's threads take spans of a piece: a multiple of every vector pair */
 
@@ -202,7 +188,7 @@ enum { SPAN = 8192 }; /* this library's threads take spans of a piece: a multipl
  * loop steps two Vectorized<BFloat16>, each widened to two float vectors. */
 static void run_pieces(span_fn fn, const void *x, const void *dy, int64_t n, int64_t piece_len, size_t elem,
                        void *out) {
-    const aten_layout at = layout_for_capability();
+    const ckp_aten_layout at = ckp_aten_layout_for_capability();
     const int64_t pair = elem == sizeof(float) ? at.vec_pair : 2 * at.vec_pair;
     for (int64_t start = 0; start < n; start += piece_len) {
         const int64_t count = n - start < piece_len ? n - start : piece_len;

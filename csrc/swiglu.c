@@ -44,20 +44,6 @@
 
 #include <math.h>
 
-/* How torch's build at the running capability computes a row. */
-typedef struct {
-    int64_t vec_pair; /* floats per step of ATen's vectorized loop; 0: all libm expf */
-    int fma;          /* the build contracts g * (1 - s) + 1 */
-} aten_layout;
-
-static aten_layout layout_for_capability(void) {
-    switch (ckp_get_capability()) {
-    case CKP_CAPABILITY_AVX512: return (aten_layout){32, 1}; /* two 16-lane vectors */
-    case CKP_CAPABILITY_AVX2: return (aten_layout){16, 1};   /* two 8-lane vectors */
-    default: return (aten_layout){0, 0};
-    }
-}
-
 static ckp_status check_args(const void *a, const void *b, int64_t N, int64_t H) {
     if (a == NULL || b == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
     if (N <= 0 || H <= 0)
@@ -70,7 +56,7 @@ static ckp_status check_args(const void *a, const void *b, int64_t N, int64_t H)
 
 /* One row of the forward: out = silu(g) * u. */
 CKP_CLONES
-static void forward_row(const float *g, const float *u, int64_t H, aten_layout at, float *out) {
+static void forward_row(const float *g, const float *u, int64_t H, ckp_aten_layout at, float *out) {
     int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) || at.vec_pair == 0 ? 0 : H - H % at.vec_pair, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
         ckp_v8f gv = ckp_load8(g + j);
@@ -81,7 +67,7 @@ static void forward_row(const float *g, const float *u, int64_t H, aten_layout a
 
 /* One row of the backward. */
 CKP_CLONES
-static void backward_row(const float *dy, const float *g, const float *u, int64_t H, aten_layout at, float *dg,
+static void backward_row(const float *dy, const float *g, const float *u, int64_t H, ckp_aten_layout at, float *dg,
                          float *du) {
     int64_t vec_end = CKP_MUTANT(SWIGLU_LIBM_EXP) || at.vec_pair == 0 ? 0 : H - H % at.vec_pair, j = 0;
     for (; j < vec_end; j += CKP_VLANES) {
@@ -129,7 +115,7 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
 
 #define SWIGLU_DEFINE_HALF_ROWS(F)                                                                                  \
     /* One row of the forward. */                                                                                   \
-    CKP_CLONES static void forward_row_##F(const uint16_t *g, const uint16_t *u, int64_t H, aten_layout at,         \
+    CKP_CLONES static void forward_row_##F(const uint16_t *g, const uint16_t *u, int64_t H, ckp_aten_layout at,         \
                                            uint16_t *out) {                                                         \
         int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;                            \
         if (ckp_lanes16())                                                                                          \
@@ -143,7 +129,7 @@ static void backward_row(const float *dy, const float *g, const float *u, int64_
     }                                                                                                               \
     /* One row of the backward. */                                                                                  \
     CKP_CLONES static void backward_row_##F(const uint16_t *dy, const uint16_t *g, const uint16_t *u, int64_t H,    \
-                                            aten_layout at, uint16_t *dg, uint16_t *du) {                           \
+                                            ckp_aten_layout at, uint16_t *dg, uint16_t *du) {                           \
         int64_t vec_end = at.vec_pair == 0 ? 0 : H - H % (2 * at.vec_pair), j = vec_end;                            \
         if (ckp_lanes16())                                                                                          \
             backward_##F##_loop16(dy, g, u, vec_end, dg, du);                                                       \
@@ -173,7 +159,7 @@ static ckp_status forward(const void *x, int64_t N, int64_t H, void *out, size_t
     if (ckp_overlaps(out, (size_t)(N * H) * bytes, x, (size_t)(N * 2 * H) * bytes))
         return ckp_fail(CKP_ERR_ALIASING, "out overlaps x");
     ckp_clear_error();
-    const aten_layout at = layout_for_capability();
+    const ckp_aten_layout at = ckp_aten_layout_for_capability();
     /* x (N, 2H), out (N, H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
@@ -198,7 +184,7 @@ static ckp_status backward(const void *dout, const void *x, int64_t N, int64_t H
     if (ckp_overlaps(dx, x_bytes, x, x_bytes) || ckp_overlaps(dx, x_bytes, dout, (size_t)(N * H) * bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dout");
     ckp_clear_error();
-    const aten_layout at = layout_for_capability();
+    const ckp_aten_layout at = ckp_aten_layout_for_capability();
     /* dout (N, H), x (N, 2H), dx (N, 2H) */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (N * H >= 32768)
     for (int64_t i = 0; i < N; i++) {
