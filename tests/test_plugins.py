@@ -231,3 +231,40 @@ def test_plugin_helpers_for_rope_and_cross_entropy(clean_registry, monkeypatch):
         check.table(report)
     with pytest.raises(ckparity.errors.InvalidArgument, match="cos, sin"):
         rope(torch.randn(1, 2, 4, 8), torch.randn(4, 3), torch.randn(4, 3))
+
+
+def test_plugin_helpers_for_gelu_and_layer_norm(clean_registry, monkeypatch):
+    """ckparity.plugin's gelu and layer_norm forms fed by stand-in "C" calls writing torch's results into the
+    buffers given: the marshalling (flat and row views, a missing weight as ones and bias as zeros with their
+    gradients dropped, eps passed on) keeps them torch's bits; a wrong call would show as wrong."""
+    from ckparity import check, plugin
+
+    for name in ("gelu", "layer_norm"):  # the stand-ins are torch's own ops: not what the cheats property is for
+        record = kernels.KERNELS[name]
+        monkeypatch.setattr(record, "torch_ops", ())
+        monkeypatch.setattr(record, "conformance", dataclasses.replace(record.conformance, widths=[2, 8, 34, 300]))
+
+    def ln_backward(dy, x, w, dx, dw, db, eps):
+        with torch.enable_grad():
+            xx, ww, bb = x.detach().requires_grad_(), w.detach().requires_grad_(), torch.zeros_like(w).requires_grad_()
+            grads = torch.autograd.grad(F.layer_norm(xx, (x.shape[1],), ww, bb, eps), (xx, ww, bb), dy)
+        for out, g in zip((dx, dw, db), grads):
+            out.copy_(g)
+
+    def gelu_backward(dy, x, dx):
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_()
+            dx.copy_(torch.autograd.grad(F.gelu(xx, approximate="tanh"), xx, dy)[0])
+
+    backends = {"gelu": plugin.gelu(lambda x, y: y.copy_(F.gelu(x, approximate="tanh")), gelu_backward),
+                "layer_norm": plugin.layer_norm(lambda x, w, b, y, eps: y.copy_(F.layer_norm(x, (x.shape[1],), w, b, eps)),
+                                                ln_backward)}
+    for name, backend in backends.items():
+        ckparity.register_backend(name, "helper", backend)
+        report = check.check(name, "helper")
+        assert report["passed"] and report["properties"][0]["verdict"] == "bitwise", check.table(report)
+    x, w = torch.randn(3, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    backends["layer_norm"](x, (8,), w).sum().backward()  # no bias: its gradient dropped, weight's kept
+    assert w.grad is not None and x.grad is not None
+    with pytest.raises(ckparity.errors.InvalidArgument, match="tanh form"):
+        backends["gelu"](torch.randn(4), approximate="none")

@@ -20,6 +20,11 @@ a torch Optimizer keeping its state under torch's names. The forms
 - ``rope(forward, backward, saves=False)``: forward(x, cos, sin, out) with x, out
   (N, T, d) and cos, sin (T, d/2), rotate-half layout; backward(dout, cos,
   sin, dx, *saved).
+- ``gelu(forward, backward, saves=False)``: GELU's tanh form; forward(x, y) with x, y flat (n,);
+  backward(dy, x, dx, *saved). Another ``approximate`` is refused (the erf form is another kernel).
+- ``layer_norm(forward, backward, saves=False)``: forward(x, w, b, y, eps) with x, y (rows, D) and
+  w, b (D); backward(dy, x, w, dx, dw, db, eps, *saved). A missing weight is passed as ones, a
+  missing bias as zeros (their gradients dropped); normalized dims past the last are flattened into D.
 - ``cross_entropy(forward, label_smoothing=True)``: forward(logits, targets,
   dlogits, label_smoothing) -> the mean loss over the rows whose target is
   not -100 (a float), writing the gradient of that mean into dlogits (N, V);
@@ -53,6 +58,7 @@ forward (``__qualname__``), so two of them are told apart in reports.
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Callable
 
 import torch
@@ -203,6 +209,67 @@ def rope(forward: Callable, backward: Callable, saves: bool = False, dtypes: tup
                                   f"{tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
         return Rope.apply(x, cos, sin)
     return _named(rope_backend, forward, "rope")
+
+
+def gelu(forward: Callable, backward: Callable, saves: bool = False, dtypes: tuple = FLOAT32) -> Callable:
+    class Gelu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x1 = x.contiguous().view(-1)
+            y = torch.empty_like(x1)
+            ctx.save_for_backward(x1, *_saved(forward(x1, y), "gelu", saves))
+            ctx.shape = x.shape
+            return y.view(x.shape)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x1, *saved = ctx.saved_tensors
+            dx = torch.empty_like(x1)
+            backward(dy.contiguous().view(-1), x1, dx, *saved)
+            return dx.view(ctx.shape)
+
+    def gelu_backend(x, approximate="tanh"):
+        if approximate != "tanh":  # the slot's form: a kernel of the erf form is another kernel
+            raise InvalidArgument(f"this gelu computes the tanh form (approximate='tanh'), got {approximate!r}")
+        return Gelu.apply(_of_dtype(x, "x", dtypes))
+    return _named(gelu_backend, forward, "gelu")
+
+
+def layer_norm(forward: Callable, backward: Callable, saves: bool = False, dtypes: tuple = FLOAT32) -> Callable:
+    class LayerNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias, eps, affine):
+            D = weight.shape[0]
+            x2, y = _rows(x, D), torch.empty(x.shape, dtype=x.dtype).view(-1, D)
+            ctx.save_for_backward(x2, weight, *_saved(forward(x2, weight, bias, y, eps), "layer_norm", saves))
+            ctx.eps, ctx.shape, ctx.affine = eps, x.shape, affine
+            return y.view(x.shape)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x2, weight, *saved = ctx.saved_tensors
+            dx, dw, db = torch.empty_like(x2), torch.empty_like(weight), torch.empty_like(weight)
+            backward(_rows(dy, x2.shape[1]), x2, weight, dx, dw, db, ctx.eps, *saved)
+            has_w, has_b = ctx.affine
+            return dx.view(ctx.shape), dw if has_w else None, db if has_b else None, None, None
+
+    def layer_norm_backend(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+        x = _of_dtype(x, "x", dtypes)
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if not shape or tuple(x.shape[x.dim() - len(shape):]) != shape:
+            raise InvalidArgument(f"normalized_shape must be x's trailing dims, got {shape} for x {tuple(x.shape)}")
+        D = math.prod(shape)  # the rows your C sees are (rows, D): the normalized dims flattened
+        params = []
+        for name, t, fill in (("weight", weight, 1.0), ("bias", bias, 0.0)):
+            if t is None:
+                params.append(torch.full((D,), fill, dtype=x.dtype))
+            elif not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                raise InvalidArgument(f"{name} must be {shape}, got "
+                                      f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            else:
+                params.append(_of_dtype(t, name, dtypes, like=x).reshape(D))
+        return LayerNorm.apply(x, *params, float(eps), (weight is not None, bias is not None))
+    return _named(layer_norm_backend, forward, "layer_norm")
 
 
 def cross_entropy(forward: Callable, label_smoothing: bool = True, dtypes: tuple = FLOAT32) -> Callable:
