@@ -225,3 +225,13 @@ def test_a_position_table_never_trained_fails_the_run_and_the_envelope_measures_
                            max_steps=3, json_out=str(tmp_path / "r.json")))
     assert result["status"] == "fail" and result["error"] is None
     assert result["first_param_fail_step"] == 1 and result["noise_verdict"] == "beyond_noise"
+
+
+def test_depth_sweep_brings_gpt2_for_its_kernels(tmp_path):
+    settings = {**gates.settings_for("quick")["depth_sweep"], "models": ["stacked"], "depths": [1], "steps": 3,
+                "ck_backends": {"gelu": "c", "layer_norm": "c"}}
+    result = gates.depth_sweep.run(settings, tmp_path)
+    assert result["passed"], result["summary"]
+    assert [row["model"] for row in result["details"]["rows"]] == ["stacked", "gpt2"]
+    assert result["details"]["exercised"] == ["gelu", "layer_norm"]
+    assert json.loads((tmp_path / "depth_gpt2_L1_backends.json").read_text())["config"]["ck_loss_backend"] == "c_ptref"

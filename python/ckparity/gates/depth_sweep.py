@@ -32,9 +32,16 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
     preset = replace(DEPTH, max_steps=settings["steps"], no_progress=True, dtype=settings["dtype"])
     rows, exercised = [], set()
-    for model in settings["models"]:
+    # a chosen kernel no gate model calls brings the run that does (its record's exercise: GPT-2's kernels, gpt2
+    # with every other slot bitwise)
+    runs = {model: preset for model in settings["models"]}
+    for kernel in settings.get("ck_backends", {}):
+        change = (kernels.KERNELS[kernel].exercise or ("", {}))[1]
+        if change.get("model") and change["model"] not in runs:
+            runs[change["model"]] = replace(preset, **change)
+    for model, base in runs.items():
         if settings.get("ck_backends"):  # the backends each model calls (rope: llama's only)
-            chosen = with_backends(replace(preset, model=model), settings)
+            chosen = with_backends(replace(base, model=model), settings)
             exercised |= kernels_used(chosen)
             variants = {"backends": {flag: getattr(chosen, flag) for flag in kernels.FLAGS
                                      if getattr(chosen, flag) != getattr(preset, flag)}}
