@@ -37,7 +37,8 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
     runs = {model: preset for model in settings["models"]}
     for kernel in settings.get("ck_backends", {}):
         change = (kernels.KERNELS[kernel].exercise or ("", {}))[1]
-        if change.get("model") and change["model"] not in runs:
+        called = any(kernel in kernels_used(replace(preset, model=model)) for model in runs)
+        if not called and change.get("model") and change["model"] not in runs:
             runs[change["model"]] = replace(preset, **change)
     for model, base in runs.items():
         if settings.get("ck_backends"):  # the backends each model calls (rope: llama's only)
