@@ -270,9 +270,11 @@ class GPT2Attention(nn.Module):
 
     def forward(self, x, acts: dict, prefix: str):
         B, T, D = x.shape
-        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        acts[f"{prefix}.c_attn"] = qkv = self.c_attn(x)  # each projection a stage: localization blames its linear
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in qkv.split(D, dim=2))
         acts[f"{prefix}.attention"] = out = self.ops.attention(q, k, v, is_causal=True)
-        return self.c_proj(out.transpose(1, 2).reshape(B, T, D))
+        acts[f"{prefix}.attn.c_proj"] = out = self.c_proj(out.transpose(1, 2).reshape(B, T, D))
+        return out
 
 
 class GPT2Block(nn.Module):
@@ -293,7 +295,8 @@ class GPT2Block(nn.Module):
         acts[f"{prefix}.ln_2"] = h = self.ln_2(x)
         acts[f"{prefix}.c_fc"] = h = self.c_fc(h)
         acts[f"{prefix}.gelu"] = h = self.ops.gelu(h, approximate="tanh")
-        acts[f"{prefix}.out"] = out = self.ops.residual(x, self.c_proj(h))
+        acts[f"{prefix}.c_proj"] = h = self.c_proj(h)
+        acts[f"{prefix}.out"] = out = self.ops.residual(x, h)
         return out
 
 
