@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckparity import gates, kernels
+from ckparity import cpu, gates, kernels
 from ckparity.zoo import bugs
 from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.resources import parameter_count
@@ -76,10 +76,12 @@ def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads):
     """Every op the CK twin calls is ckparity's C but attention (not built in C); torch at one thread, where
     the C linear follows MKL's order (at 2 torch threads MKL splits long K between its threads). ckparity's own
     thread count changes no bit."""
-    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend="torch", threads=threads,
-                     torch_threads=1, json_out=str(tmp_path / "r.json"))
-    assert {config.ck_embedding_backend, config.ck_linear_backend, config.ck_layer_norm_backend,
-            config.ck_gelu_backend, config.ck_residual_backend} == {"c"}
+    # the C linear follows MKL's modelled branches only (docs/kernels.md): elsewhere torch's, the rest still C
+    linear = "c" if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES else "torch"
+    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend="torch",
+                     ck_linear_backend=linear, threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
+    assert {config.ck_embedding_backend, config.ck_layer_norm_backend, config.ck_gelu_backend,
+            config.ck_residual_backend} == {"c"}
     result = train(config)
     assert result["divergence"]["first_step"] is None, result["divergence"]
     assert result["max_param_abs_diff"] == 0.0 and result["max_grad_abs_diff"] == 0.0
@@ -123,14 +125,19 @@ def test_fd_gradients_brings_gpt2_for_gelu_and_layer_norm(monkeypatch):
     assert not result["passed"] and "gpt2" in result["summary"]
 
 
-def test_gpt2s_key_bias_walks_apart_under_the_c_adamw(tmp_path):
+@pytest.mark.parametrize("model, fails", [("gpt2", True), ("tiny", False)])
+def test_gpt2s_key_bias_walks_apart_under_the_c_adamw(tmp_path, model, fails):
     """Why GPT-2's gate runs keep every other slot bitwise (kernels.record.GPT2_RUN): the key bias's gradient
-    is rounding noise, and the C AdamW's last-bit differences from torch's (its sqrt) grow there into a
-    parameter failure within tens of steps, all of the kernels bit-identical otherwise."""
-    result = train(RunConfig(model="gpt2", ck_loss_backend="c_ptref", max_steps=20, no_progress=True,
+    is rounding noise, and the single-tensor C AdamW's last-bit differences from torch's (its sqrt) grow there
+    into a parameter failure within tens of steps, every kernel bit-identical otherwise; the tiny model takes
+    the same optimizer in its stride (its 850-step preset passes with it)."""
+    result = train(RunConfig(model=model, ck_loss_backend="c_ptref", max_steps=20, no_progress=True,
                              json_out=str(tmp_path / "r.json")))
-    assert result["first_loss_fail_step"] is None and result["first_param_fail_step"] is not None
-    assert result["series"]["param_tensor"][result["first_param_fail_step"] - 1].endswith("attn.c_attn.bias")
+    if result["divergence"]["first_step"] is None:
+        pytest.skip("the C AdamW gives torch's bits on this CPU: nothing for the key bias to grow")
+    assert result["first_loss_fail_step"] is None and (result["first_param_fail_step"] is not None) == fails
+    if fails:
+        assert result["series"]["param_tensor"][result["first_param_fail_step"] - 1].endswith("attn.c_attn.bias")
 
 
 def _hugging_face_gpt2(layers=2, D=32, V=64, positions=16, seed=0):
