@@ -36,6 +36,19 @@ def with_backends(config: RunConfig, settings: dict) -> RunConfig:
 
 
 
+def brought(chosen, models: list[str], base: RunConfig) -> dict[str, dict]:
+    """For the gates that sweep models (fd_gradients, depth_sweep): each chosen kernel no run of ``models`` (from
+    ``base``) calls brings the run of its record's ``exercise`` that does -- model -> that run's change (rope's
+    and attention's llama; GPT-2's kernels gpt2, every other slot bitwise)."""
+    out: dict[str, dict] = {}
+    for kernel in chosen:
+        change = (kernels.KERNELS[kernel].exercise or ("", {}))[1]
+        called = any(kernel in kernels_used(replace(base, model=model)) for model in [*models, *out])
+        if not called and change.get("model"):
+            out[change["model"]] = change
+    return out
+
+
 def gate_runs(runs: dict[str, RunConfig], settings: dict) -> dict[str, RunConfig]:
     """A harness gate's runs with gate --backend's backends: each run with the
     ones it calls, labelled with them (``tiny+swiglu=mine``; a run that

@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import kernels
 from ..harness.basics.config import kernels_used
 from ..harness.basics.interrupts import Interrupted
-from .common import result, with_backends
+from .common import brought, result, with_backends
 from .record import Gate
 
 
@@ -32,14 +32,10 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
     variants = {name: DEPTH_VARIANTS[name] for name in settings["variants"]}
     preset = replace(DEPTH, max_steps=settings["steps"], no_progress=True, dtype=settings["dtype"])
     rows, exercised = [], set()
-    # a chosen kernel no gate model calls brings the run that does (its record's exercise: GPT-2's kernels, gpt2
-    # with every other slot bitwise)
+    # a chosen kernel no gate model calls brings the run that does
     runs = {model: preset for model in settings["models"]}
-    for kernel in settings.get("ck_backends", {}):
-        change = (kernels.KERNELS[kernel].exercise or ("", {}))[1]
-        called = any(kernel in kernels_used(replace(preset, model=model)) for model in runs)
-        if not called and change.get("model") and change["model"] not in runs:
-            runs[change["model"]] = replace(preset, **change)
+    runs.update({model: replace(preset, **change)
+                 for model, change in brought(settings.get("ck_backends", {}), settings["models"], preset).items()})
     for model, base in runs.items():
         if settings.get("ck_backends"):  # the backends each model calls (rope: llama's only)
             chosen = with_backends(replace(base, model=model), settings)

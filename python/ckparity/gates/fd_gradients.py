@@ -13,7 +13,7 @@ from ..harness.basics.config import kernels_used
 from ..harness.twins.factory import build_twins
 from ..harness.twins.models import model_loss
 from ..measure import nan_max
-from .common import SHORT_RUN, result, with_backends
+from .common import SHORT_RUN, brought, result, with_backends
 from .record import Gate
 
 
@@ -25,11 +25,9 @@ def run(settings: dict, out_dir: Path | None = None) -> dict:
     failures, rows, exercised = [], [], set()
     g = torch.Generator().manual_seed(0)
     chosen = settings.get("ck_backends", {})
-    # a chosen kernel a gate model does not call brings the model that does (its record's exercise: rope's and
-    # attention's llama); the optimizer and the clip, no model op (slot None), take no part in gradients
-    brought = [kernels.KERNELS[k].exercise[1]["model"] for k in chosen
-               if kernels.KERNELS[k].exercise and "model" in kernels.KERNELS[k].exercise[1]]
-    for model in dict.fromkeys(settings["models"] + brought):
+    # a chosen kernel no gate model calls brings the model that does; the optimizer and the clip, no model op
+    # (slot None), take no part in gradients
+    for model in [*settings["models"], *brought(chosen, settings["models"], SHORT_RUN)]:
         config = with_backends(replace(SHORT_RUN, model=model, ck_swiglu_backend=settings["ck_swiglu_backend"],
                                        ck_rmsnorm_backend=settings["ck_rmsnorm_backend"],
                                        ck_loss_backend=settings["ck_loss_backend"]), settings)
