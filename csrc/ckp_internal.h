@@ -120,4 +120,9 @@ float ckp_row_sum(ckp_float_map2 map, const void *ctx, int64_t n);
 /* ATen's utils::CeilLog2: 1 for x <= 2. */
 int64_t ckp_ceil_log2(int64_t x);
 
+/* One thread's float32 GEMM in MKL's order, with sgemm's alpha and beta 0/1 (linear.c). */
+int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N);
+void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
+                     int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
+                     float *scratch);
 #endif /* CKP_INTERNAL_H */

@@ -152,12 +152,12 @@ static tiling tiling_for_cpu(void) {
 /* Panel p of B's rows [k0, k0 + kb), columns [n0 + p*nr, ...): kb rows of nr columns, zero past the
  * block's nc columns. */
 static void pack_b_panel(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
-                         int64_t nr, int64_t p, float *bp) {
+                         int64_t nr, int64_t p, float scale, float *bp) {
     bp += p * nr * kb;
     for (int64_t k = 0; k < kb; k++)
         for (int64_t j = 0; j < nr; j++) {
             int64_t col = p * nr + j;
-            *bp++ = col < nc ? b[(k0 + k) * b_rs + (n0 + col) * b_cs] : 0.0f;
+            *bp++ = col < nc ? b[(k0 + k) * b_rs + (n0 + col) * b_cs] * scale : 0.0f;
         }
 }
 
@@ -318,7 +318,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
                 k_block(K, wide, blk, &k0, &kb);
                 const int first = blk == 0 && !seeded;
 #pragma omp for schedule(static)
-                for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, n0, nc, t.nr, p, bp);
+                for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, n0, nc, t.nr, p, 1.0f, bp);
                 if (mblocks >= team) {
 #pragma omp for schedule(static)
                     for (int64_t mb = 0; mb < mblocks; mb++) {
@@ -344,6 +344,72 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) c[m * N + n] += bias[n];
     return CKP_OK;
+}
+
+/* ---- one thread's GEMM, as a kernel calls MKL inside its own parallel loop -------------------------- */
+/* Where MKL applies sgemm's alpha to B as it packs it (each B[k, n] times alpha, rounded, then the chains)
+ * rather than to the product: with A's rows and B's columns along K (q.k^T in attention), on the blocked
+ * path, when C has 192 columns or more, or more columns than rows and at least max(12, min(K, 192))
+ * (measured: K 2..200 against M 2..512, N 1..512; alpha 1 is exact either way). */
+static int alpha_packed_with_b(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
+    const int64_t least = K < 12 ? 12 : K > 192 ? 192 : K;
+    return a_cs == 1 && b_rs == 1 && (N >= 192 || (N > M && N >= least));
+}
+
+/* Scratch floats ckp_gemm_serial needs for (M, K, N): B's packed block, A's packed rows, one block's product. */
+int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N) {
+    const tiling t = tiling_for_cpu();
+    const int64_t kb = K < KBLOCK ? K : KBLOCK;
+    return kb * round_up(N, t.nr) + kb * round_up(M, t.mr) + M * N;
+}
+
+/* C (ldc) = alpha * A.B, or C += alpha * A.B with accumulate: cblas_sgemm's alpha and beta (0 or 1) as MKL
+ * applies them on one thread (measured as the Note's order was): each K block's product rounded, times
+ * alpha rounded, added to C in block order -- C = ((C + alpha acc0) + alpha acc1) ..., or alpha acc0 + ...
+ * from beta 0 -- or with alpha in B's packing (alpha_packed_with_b). The skinny paths and K = 1 as ckp_gemm's. On the calling thread; scratch holds
+ * ckp_gemm_serial_floats(M, K, N). ATen's flash attention runs its GEMMs this way (csrc/attention.c). */
+void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
+                     int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
+                     float *scratch) {
+#define CKP_STORE(m, n, product) \
+    (c[(m) * ldc + (n)] = accumulate ? c[(m) * ldc + (n)] + alpha * (product) : alpha * (product))
+    if (K == 1) {
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, a[m * a_rs] * b[n * b_cs]);
+        return;
+    }
+    const gemm_path path = path_for(a_cs, b_rs, M, K, N);
+    if (path != BLOCKED) {
+        void (*lanes)(const float *, const float *, int64_t, float *) =
+            __builtin_cpu_supports("avx512f") ? dot_lanes16
+            : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_lanes8x2 : dot_lanes_scalar;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                float v[DOT_LANES];
+                lanes(a + m * a_rs, b + n * b_cs, K, v);
+                CKP_STORE(m, n, dot_reduce16(path, v));
+            }
+        return;
+    }
+    const tiling t = tiling_for_cpu();
+    const int wide = remainder_alone(a_cs, b_rs, M, N);
+    const int64_t kmax = K < KBLOCK ? K : KBLOCK, npanels = (N + t.nr - 1) / t.nr;
+    const float b_scale = alpha_packed_with_b(a_cs, b_rs, M, K, N) ? alpha : 1.0f;
+    if (b_scale != 1.0f) alpha = 1.0f; /* B took it */
+    float *bp = scratch, *ap = bp + kmax * round_up(N, t.nr), *product = ap + kmax * round_up(M, t.mr);
+    for (int64_t blk = 0; blk < k_blocks(K); blk++) {
+        int64_t k0, kb;
+        k_block(K, wide, blk, &k0, &kb);
+        for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, 0, N, t.nr, p, b_scale, bp);
+        pack_a(a, a_rs, a_cs, 0, M, k0, kb, t.mr, ap);
+        row_block(&t, ap, bp, kb, 0, M, 0, N, 0, npanels, 1, product, N, 1);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                if (blk == 0) CKP_STORE(m, n, product[m * N + n]);
+                else c[m * ldc + n] += alpha * product[m * N + n];
+            }
+    }
+#undef CKP_STORE
 }
 
 /* ---- the bias's gradient: dY summed over its rows, in torch.sum's order ------------------------- */

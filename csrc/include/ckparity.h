@@ -331,6 +331,28 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
 ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads);
 
 /* ------------------------------------------------------------------------
+ * attention (csrc/attention.c): F.scaled_dot_product_attention without mask or
+ * dropout, float32, as ATen's CPU flash kernel computes it (its blocks, its
+ * exps, its online softmax; its GEMMs in MKL's one-thread order). q (B, Hq,
+ * Tq, d), k and v (B, Hkv, Tk, d), each by its batch, head and position
+ * strides (3 each; the head dim contiguous); Hq a multiple of Hkv (query head
+ * h reads kv head h / (Hq / Hkv)). scale: the softmax scale (torch's default
+ * is 1 / sqrt(d)), converted to float. out (B, Hq, Tq, d) and lse (B, Hq, Tq)
+ * contiguous. The backward takes dout and out contiguous as out, the forward's
+ * lse, and writes dq (B, Hq, Tq, d), dk and dv (B, Hkv, Tk, d), contiguous.
+ * The same bits at any thread count.
+ * ---------------------------------------------------------------------- */
+ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
+                                 const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
+                                 int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
+                                 float *lse);
+ckp_status ckp_attention_backward(const float *dout, const float *q, const int64_t *q_strides, const float *k,
+                                  const int64_t *k_strides, const float *v, const int64_t *v_strides,
+                                  const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
+                                  int64_t Tk, int64_t d, double scale, int is_causal, float *dq, float *dk,
+                                  float *dv);
+
+/* ------------------------------------------------------------------------
  * embedding (csrc/embedding.c): F.embedding over n indices (int64, each in
  * [0, V)) into a (V, D) weight: out (n, D) = weight[idx]; its backward
  * dweight (V, D) = the rows of dout added per index in index order from

@@ -1,15 +1,27 @@
-"""attention: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-enable_gqa=...) without dropout -- the llama twin's attention. A slot with
-torch's backend alone so far (ATen's CPU flash kernel for float32 training):
-a user's attention is judged here."""
+"""attention: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=...) without dropout -- the llama
+and GPT-2 twins' attention. Its C backend (csrc/attention.c, [Note: ATen's CPU flash attention]) computes what
+ATen's CPU flash kernel computes for float32 training: bit for bit with torch's forward, logsumexp and q, k, v
+gradients at every capability, with torch at one thread on MKL's modelled branch, wherever each of the kernel's
+GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
+64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
+region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3). A user's attention is judged
+here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .. import cpu
+from .._native import ffi
+from ..ops.attention import attention as c_attention
+from ..ops.attention import attention_backward, attention_forward
+from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
-from .record import WIDTHS, BadInput, Conformance, Kernel
+from .layouts import LayoutCase
+from .probing import out
+from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
+from .sweeping import Tally, grad_run, torch_threads
 
 HEADS, KV_HEADS, T = 4, 2, 5  # the conformance cases: GQA (two query heads a kv head), 5 positions
 
@@ -17,6 +29,11 @@ HEADS, KV_HEADS, T = 4, 2, 5  # the conformance cases: GQA (two query heads a kv
 def attention(q, k, v, *, is_causal: bool = True, enable_gqa: bool = False, scale: float | None = None):
     """torch's attention as the twins call it: causal, no dropout, no mask."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa, scale=scale)
+
+
+def attention_c(q, k, v, *, is_causal: bool = True, enable_gqa: bool = False, scale: float | None = None):
+    """ckparity's C attention with the slot's defaults (causal)."""
+    return c_attention(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa, scale=scale)
 
 
 def _contract(fn) -> None:
@@ -44,6 +61,144 @@ _BAD = (BadInput("k and v of head dim 4 for q of head dim 8", "shape",
                                is_causal=True, enable_gqa=False)),)
 
 
+def _opinfo_sample(s):
+    """torch's own SDPA samples without a mask or dropout (neither is in the slot), 4-D."""
+    k, v = s.args[0], s.args[1]
+    kw = dict(s.kwargs)
+    if kw.get("attn_mask") is not None or kw.get("dropout_p", 0.0) or s.input.dim() != 4 or len(s.args) > 2:
+        return None
+    causal, gqa, scale = bool(kw.get("is_causal", False)), bool(kw.get("enable_gqa", False)), kw.get("scale")
+    tensors = {"q": s.input, "k": k, "v": v}
+    return (lambda f, t: f(t["q"], t["k"], t["v"], is_causal=causal, enable_gqa=gqa, scale=scale)), tensors, ("q", "k", "v")
+
+
+def _mkl_followed() -> str | None:
+    """None where torch's sgemm is the order csrc/linear.c follows (MKL's AVX-512 branch), else why not."""
+    branch = cpu.mkl_branch()
+    if branch in cpu.MODELLED_MKL_BRANCHES:
+        return None
+    return f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only {cpu.MODELLED_MKL_BRANCHES})"
+
+
+def _split(tq: int) -> int:
+    return min(256 if tq >= 768 else 64 if tq >= 192 else 32, tq)
+
+
+def followed(tq: int, tk: int, d: int) -> bool:
+    """Whether every GEMM of ATen's flash kernel at these sizes takes the order csrc/linear.c follows (the
+    module's docstring): no one-row q block or one-key block (MKL's gemv), no head dim of 1, not MKL's skinny
+    region (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows)."""
+    qs, ks = _split(tq), min(512, tk)
+    if d == 1 or tq % qs == 1 or tk % ks == 1:
+        return False
+    q_rows = {qs, tq % qs or qs}
+    k_cols = {ks, tk % ks or ks}
+    return not any((n == 2 and m < 16 or n == 3 and m < 11) and 32 <= d < 24 * m for m in q_rows for n in k_cols)
+
+
+def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,
+          g: torch.Generator, scale: float | None = None) -> None:
+    q = torch.randn(B, H, tq, d, generator=g)
+    k, v = torch.randn(B, Hkv, tk, d, generator=g), torch.randn(B, Hkv, tk, d, generator=g)
+    up = torch.randn(B, H, tq, d, generator=g)
+    kw = {"is_causal": causal, "enable_gqa": H != Hkv, "scale": scale}
+    ours = grad_run(lambda *t: c_attention(*t, **kw), [x.requires_grad_(True) for x in (q, k, v)], up)
+    with torch_threads(1):
+        theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+        tally.add(name, label, a, b)
+
+
+def sweep(tally: Tally, g: torch.Generator) -> None:
+    """out, dq, dk, dv against F.scaled_dot_product_attention on one torch thread: every head dim 2..300 at
+    Tq = Tk = 37 (a q block of 32 and one of 5; causal and not, GQA), every sequence 2..300 at d 24 and 64
+    (every q split and tail, the key blocks; causal and not; MHA and GQA), long ones across the 256 and 512
+    blocks, Tq != Tk, a scale; the sizes no GEMM of which MKL runs in the order followed skipped (followed())."""
+    for d in [w for w in WIDTHS if w <= 300]:
+        if followed(37, 37, d):
+            _case(tally, f"T=37 d={d}", 1, 2, 1, 37, 37, d, d % 2 == 0, g)
+    for t in range(2, 301):
+        if followed(t, t, 24):
+            _case(tally, f"T={t} d=24 mha", 1, 2, 2, t, t, 24, t % 2 == 1, g)
+        if followed(t, t, 64):
+            _case(tally, f"T={t} d=64 gqa causal", 1, 4, 2, t, t, 64, True, g)
+    for t in (383, 384, 511, 512, 767, 768, 1031):
+        _case(tally, f"T={t} d=32", 1, 2, 1, t, t, 32, t % 2 == 0, g)
+    for tq, tk in ((40, 100), (100, 40), (64, 600)):
+        _case(tally, f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False, g)
+    _case(tally, "T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, g, scale=0.3)
+
+
+def _flash_sdpa(q, k, v, **kw):
+    """torch's flash kernel on these values: torch runs its math path instead (softmax of the whole product,
+    another order) where a last dim is not contiguous or the inputs are not 4-D (sdp_utils_cpp's checks);
+    ckparity runs the flash order on every layout, so its bits are compared with the flash kernel's."""
+    return F.scaled_dot_product_attention(*(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)), **kw)
+
+
+def _layout_cases(g):
+    """q, k, v 4-D in every layout (a (B, T, H, d) view transposed, as the twins' projections give them:
+    torch's flash bits), and 3-D (torch's math path: held to ckparity's own contiguous bits)."""
+    for label, shape, claim in (("(2, 4, 37, 16)", (2, 4, 37, 16), "attention"), ("(4, 37, 16)", (4, 37, 16), None)):
+        yield LayoutCase(f"q, k, v {label}, causal", c_attention, _flash_sdpa,
+                         lambda f, t: f(t["q"], t["k"], t["v"], is_causal=True), ("q", "k", "v"),
+                         {n: torch.randn(shape, generator=g) for n in ("q", "k", "v")}, claim=claim)
+
+
+def _probe(g: torch.Generator):
+    for B, H, Hkv, t, d in ((1, 2, 1, 37, 16), (2, 2, 2, 70, 24)):
+        q, k, v = torch.randn(B, H, t, d, generator=g), torch.randn(B, Hkv, t, d, generator=g), torch.randn(B, Hkv, t, d, generator=g)
+        dout = torch.randn(B, H, t, d, generator=g)
+
+        def run(L, fill, q=q, k=k, v=v, dout=dout):
+            o, lse = out(q, fill), out(q.shape[:3], fill)
+            attention_forward(q, k, v, 0.25, True, o, lse, library=L)
+            dq, dk, dv = out(q, fill), out(k, fill), out(v, fill)
+            attention_backward(dout, q, k, v, o, lse, 0.25, True, dq, dk, dv, library=L)
+            return o, lse, dq, dk, dv
+        yield f"attention B={B} H={H}/{Hkv} T={t} d={d}", run
+
+
+def _entry() -> CEntry:
+    def call(L, p, s):
+        B, H, T, d = s["B"], s["H"], s["T"], s["d"]
+        st = ffi.new("int64_t[3]", [H * T * d, T * d, d])  # contiguous: the strides are no buffer to fuzz
+        return L.ckp_attention_forward(p["q"], st, p["k"], st, p["v"], st, B, H, H, T, T, d, 0.5, 1, p["out"], p["lse"])
+    size = lambda s: s["B"] * s["H"] * s["T"] * s["d"]  # noqa: E731
+    return CEntry("attention_forward", (CBuffer("q", "f", size), CBuffer("k", "f", size), CBuffer("v", "f", size),
+                                        CBuffer("out", "f", size, True),
+                                        CBuffer("lse", "f", lambda s: s["B"] * s["H"] * s["T"], True)),
+                  {"B": 2, "H": 2, "T": 3, "d": 4}, call)
+
+
+def _backward_entry() -> CEntry:
+    def call(L, p, s):
+        B, H, T, d = s["B"], s["H"], s["T"], s["d"]
+        st = ffi.new("int64_t[3]", [H * T * d, T * d, d])
+        return L.ckp_attention_backward(p["dout"], p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], B, H, H, T,
+                                        T, d, 0.5, 1, p["dq"], p["dk"], p["dv"])
+    size = lambda s: s["B"] * s["H"] * s["T"] * s["d"]  # noqa: E731
+    return CEntry("attention_backward",
+                  tuple(CBuffer(n, "f", size) for n in ("dout", "q", "k", "v", "out"))
+                  + (CBuffer("lse", "f", lambda s: s["B"] * s["H"] * s["T"]),)
+                  + tuple(CBuffer(n, "f", size, True) for n in ("dq", "dk", "dv")),
+                  {"B": 2, "H": 2, "T": 3, "d": 4}, call)
+
+
+def _bench(g: torch.Generator, select):
+    for B, H, Hkv, t, d in ((8, 4, 2, 64, 64), (4, 16, 16, 1024, 64)):
+        shape = f"B={B},H={H}/{Hkv},T={t},d={d}"
+        if select("attention", shape):
+            q = torch.randn(B, H, t, d, generator=g).requires_grad_(True)
+            k, v = torch.randn(B, Hkv, t, d, generator=g), torch.randn(B, Hkv, t, d, generator=g)
+            kw = {"is_causal": True, "enable_gqa": H != Hkv}
+            ours = lambda q, k, v: c_attention(q, k, v, **kw)  # noqa: E731
+            theirs = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw)  # noqa: E731
+            # forward reads q, k, v, writes out and lse; backward reads them, dout and out, writes dq, dk, dv
+            yield Case("attention", shape, fwd_bwd(ours, q, k, v), fwd_bwd(theirs, q, k, v),
+                       4 * (3 * q.numel() + 4 * k.numel() + 4 * q.numel()), None, 2,
+                       compiled=compiled_fwd_bwd(theirs, q, k, v), once=t >= 1024)
+
 
 KERNEL = Kernel(
     name="attention",
@@ -51,16 +206,28 @@ KERNEL = Kernel(
     exercise=("llama", {"model": "llama"}),
     flag="ck_attention_backend",
     slot="attention",
-    torch_ops=("scaled_dot_product_attention",),
+    torch_ops=("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu"),
     spellings=("sdpa",),
     # the twins' slot: (q (B, heads, T, d), k, v (B, kv_heads, T, d), is_causal=, enable_gqa=) -> (B, heads, T, d)
-    backends={"torch": attention},
+    backends={"c": attention_c, "torch": attention},
     contract=_contract,
     conformance=Conformance(
         make=_make, call=_call, differentiated=("q", "k", "v"),
         widths=WIDTHS, bad=_BAD, batch_widths=(8, 64, 100, 128, 256),  # head dims: 65537 is no attention's
         options=(("scale", lambda f, t: _call(f, t, scale=0.3), ("q", "k", "v")),),
+        opinfo=("nn.functional.scaled_dot_product_attention", _opinfo_sample),
         speed=lambda g: {"q": torch.randn(4, 8, 256, 64, generator=g),  # 4 sequences of 256, 8 heads over 4
                          "k": torch.randn(4, 4, 256, 64, generator=g), "v": torch.randn(4, 4, 256, 64, generator=g)}),
-    not_claimed={"attention": "no C kernel yet: torch's backend, and a user's judged against it"},
+    claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=_mkl_followed,
+                  condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of the flash kernel off MKL's "
+                            "gemv and skinny paths (no q block of one row, no key block of one, d >= 2)"),),
+    not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
+                              "path there, ckparity the flash kernel's order), torch at 2 threads (measured: the same bits below Tq = 192; from there MKL splits "
+                              "some of the backward's GEMMs between its threads), a q block of one row or a key block "
+                              "of one (MKL's gemv), MKL's AVX2 branch, bfloat16 (torch rounds P and dP to bf16 and "
+                              "runs oneDNN's GEMMs): as accurate as torch"},
+    probe=_probe,
+    layouts=_layout_cases,
+    bench=_bench,
+    c_entries=(_entry(), _backward_entry()),
 )

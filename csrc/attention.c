@@ -1,0 +1,384 @@
+/*
+ * attention.c — F.scaled_dot_product_attention's float32 training path on CPU (no mask, no dropout), as
+ * ATen's flash kernel computes it (FlashAttentionKernel.cpp, cpu_flash_attention and
+ * cpu_flash_attention_backward in torch 2.13):
+ *
+ * [Note: ATen's CPU flash attention]
+ * Blocks: q rows in blocks of qSplit = 256 (Tq >= 768), 64 (Tq >= 192) or 32, at most Tq; keys in blocks
+ * of kvSplit = min(512, Tk). Query head h reads kv head h / (Hq / Hkv) (enable_gqa). Causal is top-left:
+ * row r sees keys <= r; only the keys below min(m + qB, Tk) are visited, in whole blocks of Tk's split
+ * (the last block's keys past a row's diagonal are masked, -inf before the softmax, 0 after).
+ * Forward, per (batch, head, q block), each on one thread: per key block n
+ *   S = Q.K^T (one thread's MKL sgemm, ckp_gemm_serial), masked;
+ *   per row: S *= scale with the running max over Vectorized lanes (a lane max then vec_reduce_all's
+ *     shuffle tree, the tail elements scalar); max = max(old max, that);
+ *     P = exp(S - max) by exp_u20 (a degree-5 polynomial, lanes) -- libm's expf for the tail and at
+ *     DEFAULT -- summed: the lanes by the tree, then the tail added in order;
+ *     e = expf(old max - max); sum = P's sum + e * sum (one FMA where the build has FMA);
+ *     dst *= e (from the second block on);
+ *   dst (+)= P.V (sgemm, beta 1 from the second block).
+ *   Then out = dst * (1 / sum) and lse = max + logf(sum) (max of a row that saw nothing as 0, sum 1).
+ * Backward, per (batch, kv head), its query heads in order, then q blocks, then key blocks:
+ *   dsum = rowsum(dO * O) (map2_reduce_all: lanes from the first vector, the middle added, the last
+ *     partial vector by FMA, then the tree; a row shorter than a vector added lane by lane);
+ *   A = exp(scale Q.K^T - lse) (SLEEF's expf_u10 every lane; libm's at DEFAULT), masked to 0;
+ *   dV += A^T.dO;  dA = dO.V^T;  dA = A * (dA - dsum);  dQ += scale dA.K;  dK += scale dA^T.Q
+ *   (sgemm with alpha: each K block's product times alpha, rounded, added to C).
+ * Lanes: 16 at AVX512, 8 at AVX2 and DEFAULT (Vectorized<float> is 32 bytes there); the tree pairs lane l
+ * with l ^ 8 (AVX512), l ^ 4, l ^ 2, l ^ 1; DEFAULT adds the lanes in order and has no FMA.
+ * Every (batch, head, q block) of the forward and every (batch, kv head) of the backward is one thread's,
+ * so the bits are the same at any thread count, torch's and this library's. The GEMMs are torch's bits
+ * where ckp_gemm_serial follows MKL (csrc/linear.c's Note: its modelled branches; one-row or one-column
+ * products take MKL's gemv paths, not followed).
+ */
+#include "ckp_internal.h"
+#include "vec.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* How torch's build at the running capability computes the kernel's vector code. */
+typedef struct {
+    int lanes; /* Vectorized<float>::size() */
+    int simd;  /* AVX2/AVX512: the shuffle tree, FMA contraction, exp_u20 and SLEEF; DEFAULT: none */
+} at_layout;
+
+static at_layout layout_now(void) {
+    switch (ckp_get_capability()) {
+    case CKP_CAPABILITY_AVX512: return (at_layout){16, 1};
+    case CKP_CAPABILITY_AVX2: return (at_layout){8, 1};
+    default: return (at_layout){8, 0};
+    }
+}
+
+static inline float bits_f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Vectorized<float>::exp_u20 (vec512_float.h, vec256_float.h: the same per lane). */
+static float exp_u20(float x) {
+    const float lo = bits_f(0xc2aeac50u), hi = bits_f(0x42b17218u), log2e = bits_f(0x3fb8aa3bu),
+                ln2 = bits_f(0x3f317218u);
+    const int below = x < lo;
+    float s = x < hi ? x : hi; /* _mm_min_ps(x, hi): hi when x is NaN */
+    s = s > lo ? s : lo;
+    const float fx = floorf(fmaf(s, log2e, 0.5f));
+    const float r = fmaf(-fx, ln2, s);
+    float p = fmaf(r, 0.00828929059f, 0.0418978221f);
+    p = fmaf(r, p, 0.166676521f);
+    p = fmaf(r, p, 0.499991506f);
+    p = fmaf(r, p, 0.999999701f);
+    p = fmaf(r, p, 1.0f);
+    const int32_t n = (int32_t)lrintf(fx - 1.0f);
+    const float two_n = below ? 0.0f : bits_f((uint32_t)(n + 127) << 23);
+    return (p * two_n) * 2.0f;
+}
+
+/* vec::maximum: NaN if either is. */
+static inline float vmax(float a, float b) { return a != a || b != b ? NAN : a > b ? a : b; }
+
+/* vec_reduce_all over the lanes: the shuffle tree, or (DEFAULT) lane 0 combined with each in turn. */
+static float reduce_lanes(float *v, at_layout L, int is_max) {
+    if (!L.simd) {
+        float acc = v[0];
+        for (int l = 1; l < L.lanes; l++) acc = is_max ? vmax(acc, v[l]) : acc + v[l];
+        return acc;
+    }
+    for (int half = L.lanes / 2; half >= 1; half /= 2) {
+        float w[16];
+        for (int l = 0; l < L.lanes; l++) w[l] = is_max ? vmax(v[l], v[l ^ half]) : v[l] + v[l ^ half];
+        memcpy(v, w, (size_t)L.lanes * sizeof *v);
+    }
+    return v[0];
+}
+
+/* _mul_reduce_max_fusion_kernel: r *= scale, returns the max. */
+static float mul_reduce_max(float *r, float scale, int64_t n, at_layout L) {
+    float lane[16];
+    for (int l = 0; l < L.lanes; l++) lane[l] = -INFINITY;
+    const int64_t full = n - n % L.lanes;
+    for (int64_t i = 0; i < full; i++) {
+        r[i] *= scale;
+        lane[i % L.lanes] = vmax(lane[i % L.lanes], r[i]);
+    }
+    float tail = -INFINITY;
+    for (int64_t i = full; i < n; i++) {
+        r[i] *= scale;
+        tail = tail < r[i] ? r[i] : tail; /* std::max */
+    }
+    const float lanes = reduce_lanes(lane, L, 1);
+    return tail < lanes ? lanes : tail;
+}
+
+/* _exp_reduce_sum_fusion_kernel: r = exp(r - max), returns the sum. */
+static float exp_reduce_sum(float *r, float max, int64_t n, at_layout L) {
+    float lane[16] = {0};
+    const int64_t full = n - n % L.lanes;
+    for (int64_t i = 0; i < full; i++) {
+        const float x = r[i] - max;
+        r[i] = L.simd ? exp_u20(x) : expf(x);
+        lane[i % L.lanes] += r[i];
+    }
+    float sum = reduce_lanes(lane, L, 0);
+    for (int64_t i = full; i < n; i++) {
+        r[i] = (float)exp((double)(r[i] - max));
+        sum += r[i];
+    }
+    return sum;
+}
+
+/* map2_reduce_all(x * y, +) over n. */
+static float dot_reduce(const float *x, const float *y, int64_t n, at_layout L) {
+    if (n < L.lanes) {
+        float acc = x[0] * y[0];
+        for (int64_t i = 1; i < n; i++) acc = acc + x[i] * y[i];
+        return acc;
+    }
+    float lane[16];
+    for (int l = 0; l < L.lanes; l++) lane[l] = x[l] * y[l];
+    int64_t i = L.lanes;
+    for (; i < n - n % L.lanes; i++) lane[i % L.lanes] = lane[i % L.lanes] + x[i] * y[i];
+    for (; i < n; i++) lane[i % L.lanes] = lane[i % L.lanes] + x[i] * y[i];
+    return reduce_lanes(lane, L, 0);
+}
+
+/* exp(r - c) in place, as Vectorized<float>::exp on every lane (SLEEF's expf_u10) or libm's at DEFAULT. */
+static void exp_shifted(float *r, float c, int64_t n, at_layout L) {
+    if (!L.simd) {
+        for (int64_t i = 0; i < n; i++) r[i] = expf(r[i] - c);
+        return;
+    }
+    for (int64_t i = 0; i < n; i += 8) {
+        float lanes[8] = {0};
+        const int64_t w = n - i < 8 ? n - i : 8;
+        for (int64_t l = 0; l < w; l++) lanes[l] = r[i + l] - c;
+        ckp_v8f e = ckp_exp_sleef8(ckp_load8(lanes));
+        for (int64_t l = 0; l < w; l++) r[i + l] = e[l];
+    }
+}
+
+typedef struct {
+    const float *q, *k, *v, *dout, *out, *lse;
+    int64_t q_s[3], k_s[3], v_s[3]; /* batch, head, position strides; the head dim is contiguous */
+    int64_t B, Hq, Hkv, Tq, Tk, d, qsplit, kvsplit;
+    float scale;
+    int causal;
+    at_layout L;
+} attn;
+
+static attn attn_for(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale, int causal) {
+    attn a = {0};
+    a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.Tq = Tq, a.Tk = Tk, a.d = d, a.scale = (float)scale, a.causal = causal;
+    const int64_t qs = Tq >= 768 ? 256 : Tq >= 192 ? 64 : 32;
+    a.qsplit = qs < Tq ? qs : Tq;
+    a.kvsplit = Tk < 512 ? Tk : 512;
+    a.L = layout_now();
+    return a;
+}
+
+static int64_t gemm_floats(const attn *a) {
+    const int64_t qb = a->qsplit, kb = a->kvsplit, d = a->d;
+    int64_t most = ckp_gemm_serial_floats(qb, d, kb), x;
+    if ((x = ckp_gemm_serial_floats(qb, kb, d)) > most) most = x;
+    if ((x = ckp_gemm_serial_floats(kb, qb, d)) > most) most = x;
+    return most;
+}
+
+/* The keys row r (of the block at n) is masked from: those past its diagonal, when causal. */
+static void mask_row(const attn *a, int64_t m, int64_t row, int64_t n, float *r, int64_t kvb, int64_t num_keys, float fill) {
+    if (!a->causal || num_keys - n > a->kvsplit) return;
+    for (int64_t c = m + row - n + 1; c < kvb; c++)
+        if (c >= 0) r[c] = fill;
+}
+
+static void forward_block(const attn *a, int64_t b, int64_t h, int64_t m, float *out, float *lse, float *buf) {
+    const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit, d = a->d, kvh = h / (a->Hq / a->Hkv);
+    float *qk = buf, *qmax = qk + a->qsplit * a->kvsplit, *qsum = qmax + a->qsplit, *dst = qsum + a->qsplit,
+          *scratch = dst + a->qsplit * d;
+    const float *qp = a->q + b * a->q_s[0] + h * a->q_s[1] + m * a->q_s[2];
+    const float *kp = a->k + b * a->k_s[0] + kvh * a->k_s[1], *vp = a->v + b * a->v_s[0] + kvh * a->v_s[1];
+    for (int64_t r = 0; r < qb; r++) qmax[r] = -INFINITY, qsum[r] = 0.0f;
+    const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
+    for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
+        const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
+        ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk, kvb, scratch);
+        for (int64_t r = 0; r < qb; r++) {
+            float *row = qk + r * kvb;
+            mask_row(a, m, r, n, row, kvb, num_keys, -INFINITY);
+            float tmax = mul_reduce_max(row, a->scale, kvb, a->L);
+            tmax = qmax[r] > tmax ? qmax[r] : tmax;
+            if (tmax == -INFINITY) {
+                memset(row, 0, (size_t)kvb * sizeof *row);
+                continue;
+            }
+            const float sum = exp_reduce_sum(row, tmax, kvb, a->L), e = expf(qmax[r] - tmax);
+            qsum[r] = a->L.simd ? fmaf(e, qsum[r], sum) : sum + e * qsum[r];
+            qmax[r] = tmax;
+            if (n > 0)
+                for (int64_t j = 0; j < d; j++) dst[r * d + j] *= e;
+        }
+        ckp_gemm_serial(qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0, dst, d, scratch);
+    }
+    for (int64_t r = 0; r < qb; r++) {
+        const float mx = qmax[r] == -INFINITY ? 0.0f : qmax[r], sum = qsum[r] == 0.0f ? 1.0f : qsum[r];
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < d; j++) out[(m + r) * d + j] = dst[r * d + j] * inv;
+        lse[m + r] = mx + logf(sum);
+    }
+}
+
+static ckp_status check_shapes(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale) {
+    if (B <= 0 || Hq <= 0 || Hkv <= 0 || Tq <= 0 || Tk <= 0 || d <= 0 || d > INT32_MAX || Tq > INT32_MAX ||
+        Tk > INT32_MAX)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "attention: B, heads, positions and head dim must be positive");
+    if ((double)B * (double)Hq * (double)(Tq > Tk ? Tq : Tk) * (double)d > 0x1p60)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "attention: B x heads x positions x head dim is too large");
+    if (Hq % Hkv != 0)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "attention: %lld query heads are not a multiple of %lld kv heads",
+                        (long long)Hq, (long long)Hkv);
+    if (!isfinite(scale)) return ckp_fail(CKP_ERR_BAD_OPTION, "attention: scale must be finite");
+    return CKP_OK;
+}
+
+static void set_strides(int64_t dst[3], const int64_t *src) { memcpy(dst, src, 3 * sizeof *dst); }
+
+/* The bytes a (B, H, T, d) operand's strides reach (its head dim contiguous); 0 for a negative stride. */
+static size_t extent(const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_t d) {
+    if (s[0] < 0 || s[1] < 0 || s[2] < 0) return 0;
+    return (size_t)((B - 1) * s[0] + (H - 1) * s[1] + (T - 1) * s[2] + d) * sizeof(float);
+}
+
+/* The inputs' spans (q, k, v), or CKP_ERR_BAD_SIZE for a negative stride. */
+static ckp_status input_spans(const attn *a, ckp_span spans[3]) {
+    const size_t q = extent(a->q_s, a->B, a->Hq, a->Tq, a->d), k = extent(a->k_s, a->B, a->Hkv, a->Tk, a->d),
+                 v = extent(a->v_s, a->B, a->Hkv, a->Tk, a->d);
+    if (q == 0 || k == 0 || v == 0) return ckp_fail(CKP_ERR_BAD_SIZE, "attention: strides must not be negative");
+    spans[0] = (ckp_span){a->q, q}, spans[1] = (ckp_span){a->k, k}, spans[2] = (ckp_span){a->v, v};
+    return CKP_OK;
+}
+
+ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
+                                 const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
+                                 int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
+                                 float *lse) {
+    if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || q_strides == NULL ||
+        k_strides == NULL || v_strides == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "attention: no pointer may be NULL");
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale);
+    if (st != CKP_OK) return st;
+    attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
+    a.q = q, a.k = k, a.v = v;
+    set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
+    ckp_span in[3];
+    if ((st = input_spans(&a, in)) != CKP_OK) return st;
+    const ckp_span o = {out, (size_t)(B * Hq * Tq * d) * sizeof(float)}, l = {lse, (size_t)(B * Hq * Tq) * sizeof(float)};
+    if (ckp_overlaps_any(o, in, 3) || ckp_overlaps_any(l, in, 3) || ckp_overlaps(out, o.bytes, lse, l.bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "attention: out and lse may overlap nothing");
+    const int64_t qslices = (Tq + a.qsplit - 1) / a.qsplit, items = B * Hq * qslices;
+    const int64_t floats = a.qsplit * a.kvsplit + 2 * a.qsplit + a.qsplit * d + gemm_floats(&a);
+    int failed = 0;
+    ckp_clear_error();
+#pragma omp parallel num_threads(ckp_threads())
+    {
+        float *buf = malloc((size_t)floats * sizeof(float));
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            if (buf == NULL) continue;
+            const int64_t bh = it / qslices, m = (it % qslices) * a.qsplit;
+            forward_block(&a, bh / Hq, bh % Hq, m, out + bh * Tq * d, lse + bh * Tq, buf);
+        }
+        free(buf);
+    }
+    if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention: no memory for the block buffers");
+    return CKP_OK;
+}
+
+/* One (batch, kv head): its query heads' gradients, and its own dK, dV, accumulated in order. */
+static void backward_group(const attn *a, int64_t b, int64_t kvh, float *dq, float *dk, float *dv, float *buf) {
+    const int64_t d = a->d, group = a->Hq / a->Hkv;
+    float *p = buf, *dp = p + a->qsplit * a->kvsplit, *dsum = dp + a->qsplit * a->kvsplit, *scratch = dsum + a->qsplit;
+    const float *kp = a->k + b * a->k_s[0] + kvh * a->k_s[1], *vp = a->v + b * a->v_s[0] + kvh * a->v_s[1];
+    float *dkp = dk + (b * a->Hkv + kvh) * a->Tk * d, *dvp = dv + (b * a->Hkv + kvh) * a->Tk * d;
+    for (int64_t g = 0; g < group; g++) {
+        const int64_t h = kvh * group + g, bh = b * a->Hq + h;
+        const float *qh = a->q + b * a->q_s[0] + h * a->q_s[1], *doh = a->dout + bh * a->Tq * d,
+                    *oh = a->out + bh * a->Tq * d, *lh = a->lse + bh * a->Tq;
+        float *dqh = dq + bh * a->Tq * d;
+        for (int64_t m = 0; m < a->Tq; m += a->qsplit) {
+            const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit;
+            const float *qp = qh + m * a->q_s[2], *dop = doh + m * d;
+            for (int64_t r = 0; r < qb; r++) dsum[r] = dot_reduce(dop + r * d, oh + (m + r) * d, d, a->L);
+            const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
+            for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
+                const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
+                ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, a->scale, 0, p, kvb,
+                                scratch);
+                for (int64_t r = 0; r < qb; r++) {
+                    exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
+                    mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
+                }
+                ckp_gemm_serial(p, 1, kvb, dop, d, 1, kvb, qb, d, 1.0f, 1, dvp + n * d, d, scratch);
+                ckp_gemm_serial(dop, d, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch);
+                for (int64_t r = 0; r < qb; r++)
+                    for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
+                ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1, dqh + m * d, d,
+                                scratch);
+                ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * d, d, scratch);
+            }
+        }
+    }
+}
+
+ckp_status ckp_attention_backward(const float *dout, const float *q, const int64_t *q_strides, const float *k,
+                                  const int64_t *k_strides, const float *v, const int64_t *v_strides,
+                                  const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
+                                  int64_t Tk, int64_t d, double scale, int is_causal, float *dq, float *dk,
+                                  float *dv) {
+    if (dout == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dq == NULL ||
+        dk == NULL || dv == NULL || q_strides == NULL || k_strides == NULL || v_strides == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "attention backward: no pointer may be NULL");
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale);
+    if (st != CKP_OK) return st;
+    attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
+    a.q = q, a.k = k, a.v = v, a.dout = dout, a.out = out, a.lse = lse;
+    set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
+    ckp_span spans[8];
+    if ((st = input_spans(&a, spans)) != CKP_OK) return st;
+    const size_t qbytes = (size_t)(B * Hq * Tq * d) * sizeof(float), kbytes = (size_t)(B * Hkv * Tk * d) * sizeof(float);
+    spans[3] = (ckp_span){dout, qbytes}, spans[4] = (ckp_span){out, qbytes};
+    spans[5] = (ckp_span){lse, (size_t)(B * Hq * Tq) * sizeof(float)};
+    const ckp_span outs[3] = {{dq, qbytes}, {dk, kbytes}, {dv, kbytes}};
+    for (int i = 0; i < 3; i++) {
+        spans[6] = outs[(i + 1) % 3], spans[7] = outs[(i + 2) % 3];
+        if (ckp_overlaps_any(outs[i], spans, 8))
+            return ckp_fail(CKP_ERR_ALIASING, "attention backward: dq, dk and dv may overlap nothing");
+    }
+    memset(dq, 0, (size_t)(B * Hq * Tq * d) * sizeof(float));
+    memset(dk, 0, (size_t)(B * Hkv * Tk * d) * sizeof(float));
+    memset(dv, 0, (size_t)(B * Hkv * Tk * d) * sizeof(float));
+    const int64_t floats = 2 * a.qsplit * a.kvsplit + a.qsplit + gemm_floats(&a), items = B * Hkv;
+    int failed = 0;
+    ckp_clear_error();
+#pragma omp parallel num_threads(ckp_threads())
+    {
+        float *buf = malloc((size_t)floats * sizeof(float));
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++)
+            if (buf != NULL) backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv, buf);
+        free(buf);
+    }
+    if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward: no memory for the block buffers");
+    return CKP_OK;
+}

@@ -1,0 +1,130 @@
+"""ckparity.attention: F.scaled_dot_product_attention without mask or dropout, on the C kernel
+(csrc/attention.c), which computes what ATen's CPU flash kernel computes: its blocks, its exps, its online
+softmax and its saved logsumexp, its GEMMs in MKL's one-thread order (kernels/attention.py says where that
+is torch's bits). Its bindings live beside the op (as ops/residual.py's)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._native import check, ffi, lib
+from .._tensors import empty, require_floating
+from ..errors import InvalidArgument
+from ._function import CFunction, first_order_only
+
+_FLOAT = ffi.typeof("float *")
+
+
+def _at(t: torch.Tensor):
+    return ffi.cast(_FLOAT, t.data_ptr())
+
+
+def _strides(t: torch.Tensor):
+    """(batch, head, position) strides of a 4-D tensor whose last dim is contiguous."""
+    return ffi.new("int64_t[3]", [t.stride(0), t.stride(1), t.stride(2)])
+
+
+def attention_forward(q, k, v, scale: float, is_causal: bool, out, lse, *, library=lib) -> None:
+    """out (B, Hq, Tq, d) and lse (B, Hq, Tq), contiguous, from q (B, Hq, Tq, d), k and v (B, Hkv, Tk, d) read
+    by their strides (the last dim contiguous)."""
+    (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
+    check(library.ckp_attention_forward(_at(q), _strides(q), _at(k), _strides(k), _at(v), _strides(v), B, Hq, Hkv,
+                                        Tq, Tk, d, scale, int(is_causal), _at(out), _at(lse)), "attention", library)
+
+
+def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, dq, dk, dv, *, library=lib) -> None:
+    """dq, dk, dv (contiguous, q's and k's shapes) from dout and out (contiguous) and the forward's lse."""
+    (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
+    check(library.ckp_attention_backward(_at(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v), _strides(v),
+                                         _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal), _at(dq),
+                                         _at(dk), _at(dv)), "attention backward", library)
+
+
+class _AttentionFunction(CFunction):
+    """q (B, Hq, Tq, d), k, v (B, Hkv, Tk, d), scale, is_causal -> (B, Hq, Tq, d). First-order only: see
+    ops/_function.py."""
+
+    @staticmethod
+    def compute(q, k, v, scale, is_causal):
+        out = empty(q.shape, torch.float32)
+        lse = empty(q.shape[:3], torch.float32)
+        attention_forward(q, k, v, scale, is_causal, out, lse)
+        return out, lse
+
+    @classmethod
+    def forward(cls, ctx, q, k, v, scale, is_causal):
+        out, lse = cls.compute(q, k, v, scale, is_causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.is_causal = scale, is_causal
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = empty(q.shape, torch.float32), empty(k.shape, torch.float32), empty(v.shape, torch.float32)
+        attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.scale, ctx.is_causal, dq, dk, dv)
+        return dq, dk, dv, None, None
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """t (..., H, T, d) as (B, H, T, d), its last dim contiguous (ATen's flash kernel reads rows)."""
+    t = t.reshape(-1, *t.shape[-3:]) if t.dim() >= 3 else t.reshape(1, 1, *t.shape)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask=None, dropout_p: float = 0.0,
+              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention: query (..., Hq, Tq, d), key and value (..., Hkv, Tk, d) -> (..., Hq, Tq, d),
+    float32 or bfloat16; is_causal (top-left: row r sees keys <= r), scale (default 1 / sqrt(d)), enable_gqa
+    (query head h reads kv head h / (Hq / Hkv)). An attn_mask and dropout are refused by name.
+    bfloat16: the float32 kernel on the widened values, the result rounded once -- torch's bf16 flash kernel
+    rounds P and dP to bf16 and runs oneDNN's bf16 GEMMs, not followed: float32 accumulation throughout, the
+    same bits at any thread count."""
+    if attn_mask is not None:
+        raise InvalidArgument("attention: attn_mask is not built in ckparity's attention (use is_causal, or "
+                              "F.scaled_dot_product_attention)")
+    if dropout_p != 0.0:
+        raise InvalidArgument(f"attention: dropout is not built in ckparity's attention, got dropout_p={dropout_p}")
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        query, key, value = (t.to(torch.bfloat16) for t in (query, key, value))
+    require_floating(query, "query")
+    require_floating(key, "key", like=query)
+    require_floating(value, "value", like=query)
+    if query.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
+        with torch.autocast("cpu", enabled=False):
+            return attention(query.float(), key.float(), value.float(), is_causal=is_causal, scale=scale,
+                             enable_gqa=enable_gqa).bfloat16()
+    _check_shapes(query, key, value, enable_gqa)
+    d = query.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)  # sdp::calculate_scale, in double
+    if not math.isfinite(scale):
+        raise InvalidArgument(f"attention: scale must be finite, got {scale}")
+    if query.numel() == 0:  # no rows, or d = 0 (every output the empty sum); gradients zero, as torch's
+        return (query.sum(-1, keepdim=True) * 0 + key.sum() * 0 + value.sum() * 0).expand(query.shape).clone()
+    out, _ = _AttentionFunction.apply(_as_4d(query), _as_4d(key), _as_4d(value), scale, bool(is_causal))
+    return out.reshape(query.shape)
+
+
+def _check_shapes(query, key, value, enable_gqa: bool) -> None:
+    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+    if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
+        raise InvalidArgument(f"attention: query, key and value must have the same number of dims (2 or more), "
+                              f"got {shapes}")
+    if key.shape != value.shape:
+        raise InvalidArgument(f"attention: key and value must have one shape (ATen's flash kernel takes one head "
+                              f"size), got {shapes}")
+    if key.shape[-1] != query.shape[-1]:
+        raise InvalidArgument(f"attention: key's head dim must be query's, got {shapes}")
+    if query.dim() >= 3:
+        if query.shape[:-3] != key.shape[:-3]:
+            raise InvalidArgument(f"attention: query's and key's batch dims differ (no broadcasting), got {shapes}")
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if hq != hkv and not (enable_gqa and hkv > 0 and hq % hkv == 0):
+            raise InvalidArgument(f"attention: {hq} query heads for {hkv} kv heads needs enable_gqa=True and a "
+                                  f"multiple, got {shapes}")
+    if key.shape[-2] == 0 and query.shape[-2] > 0 and query.numel() > 0:
+        raise InvalidArgument(f"attention: no keys for {query.shape[-2]} queries (softmax over nothing), got {shapes}")
