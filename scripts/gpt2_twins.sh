@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPT-2 twin (issue 56's small GPT-2: 4 layers, d 256, vocab 8192, seq 64) with every op in
-# ckparity's C but attention (not built in C): embedding, linear with biases, layer_norm, gelu,
-# residual, the ptref loss, and the C AdamW in its fused form against torch's fused AdamW
+# ckparity's C: embedding, linear with biases, layer_norm, gelu, attention, residual, the ptref loss,
+# and the C AdamW in its fused form against torch's fused AdamW
 # (--torch-adamw fused: the single-tensor path's MKL sqrt is another rounding, which GPT-2's key bias
 # turns into drift: kernels.record.GPT2_RUN). torch at one thread, where the C linear follows MKL's
 # order; ckparity at 1 and 2 threads; each CPU capability torch runs at here.

@@ -73,13 +73,13 @@ def test_memory_estimate_counts_gpt2s_parameters():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads):
-    """Every op the CK twin calls is ckparity's C but attention (not built in C); torch at one thread, where
-    the C linear follows MKL's order (at 2 torch threads MKL splits long K between its threads). ckparity's own
-    thread count changes no bit."""
-    # the C linear follows MKL's modelled branches only (docs/kernels.md): elsewhere torch's, the rest still C
-    linear = "c" if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES else "torch"
-    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend="torch",
-                     ck_linear_backend=linear, threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
+    """Every op the CK twin calls is ckparity's C; torch at one thread, where the C linear and attention follow
+    MKL's order (at 2 torch threads MKL splits long K between its threads). ckparity's own thread count changes
+    no bit."""
+    # the C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere torch's
+    gemm = "c" if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES else "torch"
+    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend=gemm,
+                     ck_linear_backend=gemm, threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
     assert {config.ck_embedding_backend, config.ck_layer_norm_backend, config.ck_gelu_backend,
             config.ck_residual_backend} == {"c"}
     result = train(config)

@@ -5,17 +5,21 @@ torch's loss and AdamW) the CK twin is bit-identical to the torch twin."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ckparity import cpu
 from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
 
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 LLAMA = RunConfig(model="llama", num_layers=2, heads=4, kv_heads=2, d_model=32, hidden=48, vocab=64, seq_len=8,
                   batch_size=2, grad_accum=2, total_tokens=2048, max_steps=20, no_progress=True,
                   ck_loss_backend="torch", ck_optimizer_backend="torch")
@@ -75,6 +79,41 @@ def test_llama_with_c_loss_and_adamw_stays_in_parity(tmp_path):
     result = train(replace(LLAMA, ck_loss_backend="c", ck_optimizer_backend="c", tie_embeddings=True,
                            json_out=str(tmp_path / "r.json")))
     assert result["pass_parity"] and result["divergence"]["stage"] == "loss"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
+    """Every op of the CK twin's step in ckparity's C -- embedding, linear, rms_norm, rope, attention, swiglu,
+    residual, the ptref loss, the fused C AdamW against torch's fused AdamW -- torch at one thread: not one
+    differing bit. The C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere
+    those two are torch's, the rest still C. ckparity's own thread count changes no bit."""
+    gemm = "c" if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES else "torch"
+    config = replace(LLAMA, ck_all="c", ck_loss_backend="c_ptref", ck_optimizer_backend="c_fused",
+                     torch_adamw="fused", ck_linear_backend=gemm, ck_attention_backend=gemm, tie_embeddings=True,
+                     threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
+    assert {getattr(config, f"ck_{k}_backend") for k in ("embedding", "rmsnorm", "rope", "swiglu", "residual")} == {"c"}
+    result = train(config)
+    assert result["divergence"]["first_step"] is None, result["divergence"]
+    assert result["max_param_abs_diff"] == 0.0 and result["max_grad_abs_diff"] == 0.0
+
+
+def test_the_committed_all_c_llama_runs_are_bit_identical():
+    """reports/llama/ (scripts/llama_twins.sh): the 300-step llama run (4 layers, GQA, tied embeddings) with
+    every op in C, the C AdamW's fused form against torch's fused AdamW; torch at one thread and each
+    capability, ckparity at 1 and 2 threads -- not one differing bit."""
+    runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "llama").glob("llama300_allc_*.json"))]
+    seen = set()
+    for r in runs:
+        c = r["config"]
+        assert (c["model"], c["num_layers"], c["heads"], c["kv_heads"], c["tie_embeddings"]) == ("llama", 4, 4, 2, True)
+        assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "rmsnorm", "rope", "attention", "swiglu",
+                                                 "residual", "clip")} == {"c"}
+        assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
+        assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 300
+        assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
+        assert r["env"]["capability_matched"] and r["env"]["torch_threads"] == 1
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
+    assert seen == {(cap, t) for cap in ("DEFAULT", "AVX2", "AVX512") for t in (1, 2)}
 
 
 def test_rope_backend_torch_is_bit_identical_too(tmp_path):
