@@ -60,7 +60,7 @@ static inline float bits_f(uint32_t u) {
 }
 
 /* Vectorized<float>::exp_u20 (vec512_float.h, vec256_float.h: the same per lane). */
-static float exp_u20(float x) {
+static inline __attribute__((always_inline)) float exp_u20(float x) {
     const float lo = bits_f(0xc2aeac50u), hi = bits_f(0x42b17218u), log2e = bits_f(0x3fb8aa3bu),
                 ln2 = bits_f(0x3f317218u);
     const int below = x < lo;
@@ -73,7 +73,7 @@ static float exp_u20(float x) {
     p = fmaf(r, p, 0.499991506f);
     p = fmaf(r, p, 0.999999701f);
     p = fmaf(r, p, 1.0f);
-    const int32_t n = (int32_t)lrintf(fx - 1.0f);
+    const int32_t n = (int32_t)(fx - 1.0f); /* an integer: _mm_cvtps_epi32's rounding is exact */
     const float two_n = below ? 0.0f : bits_f((uint32_t)(n + 127) << 23);
     return (p * two_n) * 2.0f;
 }
@@ -82,29 +82,35 @@ static float exp_u20(float x) {
 static inline float vmax(float a, float b) { return a != a || b != b ? NAN : a > b ? a : b; }
 
 /* vec_reduce_all over the lanes: the shuffle tree, or (DEFAULT) lane 0 combined with each in turn. */
-static float reduce_lanes(float *v, at_layout L, int is_max) {
+static inline __attribute__((always_inline)) float reduce_lanes(float *v, at_layout L, int is_max) {
     if (!L.simd) {
         float acc = v[0];
         for (int l = 1; l < L.lanes; l++) acc = is_max ? vmax(acc, v[l]) : acc + v[l];
         return acc;
     }
-    for (int half = L.lanes / 2; half >= 1; half /= 2) {
-        float w[16];
-        for (int l = 0; l < L.lanes; l++) w[l] = is_max ? vmax(v[l], v[l ^ half]) : v[l] + v[l ^ half];
-        memcpy(v, w, (size_t)L.lanes * sizeof *v);
-    }
+    for (int half = L.lanes / 2; half >= 1; half /= 2) /* lanes l and l ^ half, the lower half kept */
+        for (int l = 0; l < half; l++) v[l] = is_max ? vmax(v[l], v[l + half]) : v[l] + v[l + half];
     return v[0];
 }
 
+/* The lane loops below run W = Vectorized<float>::size() lanes a step, W a constant in each instantiation
+ * (so that the loop is the CPU's vector code); the clones give the FMA and vector instructions. */
+#define ATT_LANES(W, body)                                \
+    do {                                                  \
+        if ((W) == 16)                                    \
+            for (int64_t i = 0; i < full; i += 16)        \
+                for (int l = 0; l < 16; l++) { body }     \
+        else                                              \
+            for (int64_t i = 0; i < full; i += 8)         \
+                for (int l = 0; l < 8; l++) { body }      \
+    } while (0)
+
 /* _mul_reduce_max_fusion_kernel: r *= scale, returns the max. */
-static float mul_reduce_max(float *r, float scale, int64_t n, at_layout L) {
+CKP_CLONES static float mul_reduce_max(float *r, float scale, int64_t n, at_layout L) {
     float lane[16];
     for (int l = 0; l < L.lanes; l++) lane[l] = -INFINITY;
     const int64_t full = n - n % L.lanes;
-    for (int64_t i = 0; i < full; i++) {
-        r[i] *= scale;
-        lane[i % L.lanes] = vmax(lane[i % L.lanes], r[i]);
-    }
+    ATT_LANES(L.lanes, r[i + l] *= scale; lane[l] = vmax(lane[l], r[i + l]););
     float tail = -INFINITY;
     for (int64_t i = full; i < n; i++) {
         r[i] *= scale;
@@ -115,16 +121,15 @@ static float mul_reduce_max(float *r, float scale, int64_t n, at_layout L) {
 }
 
 /* _exp_reduce_sum_fusion_kernel: r = exp(r - max), returns the sum. */
-static float exp_reduce_sum(float *r, float max, int64_t n, at_layout L) {
+CKP_CLONES static float exp_reduce_sum(float *r, float max, int64_t n, at_layout L) {
     float lane[16] = {0};
     const int64_t full = n - n % L.lanes;
-    for (int64_t i = 0; i < full; i++) {
-        const float x = r[i] - max;
-        r[i] = L.simd ? exp_u20(x) : expf(x);
-        lane[i % L.lanes] += r[i];
-    }
+    if (L.simd)
+        ATT_LANES(L.lanes, r[i + l] = exp_u20(r[i + l] - max); lane[l] += r[i + l];);
+    else
+        ATT_LANES(L.lanes, r[i + l] = expf(r[i + l] - max); lane[l] += r[i + l];);
     float sum = reduce_lanes(lane, L, 0);
-    for (int64_t i = full; i < n; i++) {
+    for (int64_t i = full; i < n; i++) { /* the tail's exp is C's exp of a double (the kernel's exp(tmp1)) */
         r[i] = (float)exp((double)(r[i] - max));
         sum += r[i];
     }
@@ -132,7 +137,7 @@ static float exp_reduce_sum(float *r, float max, int64_t n, at_layout L) {
 }
 
 /* map2_reduce_all(x * y, +) over n. */
-static float dot_reduce(const float *x, const float *y, int64_t n, at_layout L) {
+CKP_CLONES static float dot_reduce(const float *x, const float *y, int64_t n, at_layout L) {
     if (n < L.lanes) {
         float acc = x[0] * y[0];
         for (int64_t i = 1; i < n; i++) acc = acc + x[i] * y[i];
@@ -140,14 +145,16 @@ static float dot_reduce(const float *x, const float *y, int64_t n, at_layout L) 
     }
     float lane[16];
     for (int l = 0; l < L.lanes; l++) lane[l] = x[l] * y[l];
-    int64_t i = L.lanes;
-    for (; i < n - n % L.lanes; i++) lane[i % L.lanes] = lane[i % L.lanes] + x[i] * y[i];
-    for (; i < n; i++) lane[i % L.lanes] = lane[i % L.lanes] + x[i] * y[i];
+    /* the middle vectors (ATT_LANES runs [0, full)), then the last partial one: unfused */
+    x += L.lanes, y += L.lanes;
+    const int64_t full = n - n % L.lanes - L.lanes;
+    ATT_LANES(L.lanes, lane[l] = lane[l] + x[i + l] * y[i + l];);
+    for (int64_t i = full; i < n - L.lanes; i++) lane[i - full] = lane[i - full] + x[i] * y[i];
     return reduce_lanes(lane, L, 0);
 }
 
 /* exp(r - c) in place, as Vectorized<float>::exp on every lane (SLEEF's expf_u10) or libm's at DEFAULT. */
-static void exp_shifted(float *r, float c, int64_t n, at_layout L) {
+CKP_CLONES static void exp_shifted(float *r, float c, int64_t n, at_layout L) {
     if (!L.simd) {
         for (int64_t i = 0; i < n; i++) r[i] = expf(r[i] - c);
         return;
@@ -195,7 +202,7 @@ static void mask_row(const attn *a, int64_t m, int64_t row, int64_t n, float *r,
         if (c >= 0) r[c] = fill;
 }
 
-static void forward_block(const attn *a, int64_t b, int64_t h, int64_t m, float *out, float *lse, float *buf) {
+CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_t m, float *out, float *lse, float *buf) {
     const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit, d = a->d, kvh = h / (a->Hq / a->Hkv);
     float *qk = buf, *qmax = qk + a->qsplit * a->kvsplit, *qsum = qmax + a->qsplit, *dst = qsum + a->qsplit,
           *scratch = dst + a->qsplit * d;
@@ -302,7 +309,7 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
 }
 
 /* One (batch, kv head): its query heads' gradients, and its own dK, dV, accumulated in order. */
-static void backward_group(const attn *a, int64_t b, int64_t kvh, float *dq, float *dk, float *dv, float *buf) {
+CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, float *dq, float *dk, float *dv, float *buf) {
     const int64_t d = a->d, group = a->Hq / a->Hkv;
     float *p = buf, *dp = p + a->qsplit * a->kvsplit, *dsum = dp + a->qsplit * a->kvsplit, *scratch = dsum + a->qsplit;
     const float *kp = a->k + b * a->k_s[0] + kvh * a->k_s[1], *vp = a->v + b * a->v_s[0] + kvh * a->v_s[1];

@@ -151,22 +151,38 @@ static tiling tiling_for_cpu(void) {
 /* ---- packing ----------------------------------------------------------------------------------- */
 /* Panel p of B's rows [k0, k0 + kb), columns [n0 + p*nr, ...): kb rows of nr columns, zero past the
  * block's nc columns. */
-static void pack_b_panel(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
+static inline __attribute__((always_inline)) void pack_b_panel(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
                          int64_t nr, int64_t p, float scale, float *bp) {
     bp += p * nr * kb;
+    const int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
+    const float *src = b + k0 * b_rs + (n0 + p * nr) * b_cs;
+    if (b_rs == 1 && b_cs != 1) { /* B's columns lie along k (a transposed operand): read them in order */
+        for (int64_t j = 0; j < cols; j++)
+            for (int64_t k = 0; k < kb; k++) bp[k * nr + j] = src[k + j * b_cs] * scale;
+    } else {
+        for (int64_t k = 0; k < kb; k++)
+            for (int64_t j = 0; j < cols; j++) bp[k * nr + j] = src[k * b_rs + j * b_cs] * scale;
+    }
     for (int64_t k = 0; k < kb; k++)
-        for (int64_t j = 0; j < nr; j++) {
-            int64_t col = p * nr + j;
-            *bp++ = col < nc ? b[(k0 + k) * b_rs + (n0 + col) * b_cs] * scale : 0.0f;
-        }
+        for (int64_t j = cols; j < nr; j++) bp[k * nr + j] = 0.0f;
 }
 
 /* A's rows [m0, m0 + mc), columns [k0, k0 + kb) as panels of mr rows, zero past mc. */
-static void pack_a(const float *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t k0, int64_t kb,
+static inline __attribute__((always_inline)) void pack_a(const float *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t k0, int64_t kb,
                    int64_t mr, float *ap) {
-    for (int64_t q = 0; q < mc; q += mr)
+    for (int64_t q = 0; q < mc; q += mr, ap += kb * mr) {
+        const int64_t rows = mc - q < mr ? mc - q : mr;
+        const float *src = a + (m0 + q) * a_rs + k0 * a_cs;
+        if (a_cs == 1) { /* A's rows lie along k: read each in order */
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t k = 0; k < kb; k++) ap[k * mr + i] = src[i * a_rs + k];
+        } else {
+            for (int64_t k = 0; k < kb; k++)
+                for (int64_t i = 0; i < rows; i++) ap[k * mr + i] = src[i * a_rs + k * a_cs];
+        }
         for (int64_t k = 0; k < kb; k++)
-            for (int64_t i = 0; i < mr; i++) *ap++ = q + i < mc ? a[(m0 + q + i) * a_rs + (k0 + k) * a_cs] : 0.0f;
+            for (int64_t i = rows; i < mr; i++) ap[k * mr + i] = 0.0f;
+    }
 }
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -368,7 +384,7 @@ int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N) {
  * alpha rounded, added to C in block order -- C = ((C + alpha acc0) + alpha acc1) ..., or alpha acc0 + ...
  * from beta 0 -- or with alpha in B's packing (alpha_packed_with_b). The skinny paths and K = 1 as ckp_gemm's. On the calling thread; scratch holds
  * ckp_gemm_serial_floats(M, K, N). ATen's flash attention runs its GEMMs this way (csrc/attention.c). */
-void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
+CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                      int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
                      float *scratch) {
 #define CKP_STORE(m, n, product) \
@@ -402,6 +418,10 @@ void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b,
         k_block(K, wide, blk, &k0, &kb);
         for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, 0, N, t.nr, p, b_scale, bp);
         pack_a(a, a_rs, a_cs, 0, M, k0, kb, t.mr, ap);
+        if (alpha == 1.0f) { /* the tiles store into C, or add to it, themselves */
+            row_block(&t, ap, bp, kb, 0, M, 0, N, 0, npanels, 1, c, ldc, blk == 0 && !accumulate);
+            continue;
+        }
         row_block(&t, ap, bp, kb, 0, M, 0, N, 0, npanels, 1, product, N, 1);
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {

@@ -12,7 +12,7 @@ bash scripts/setup.sh
 mkdir -p reports/llama
 for cap in avx512 avx2 default; do
   for threads in 1 2; do
-    ATEN_CPU_CAPABILITY=$cap timeout 1800 .venv/bin/ckparity train --model llama --num-layers 4 --max-steps 300 \
+    ATEN_CPU_CAPABILITY=$cap timeout 1800 .venv/bin/ckparity train --model llama --num-layers 4 --kv-heads 2 --tie-embeddings --max-steps 300 \
       --ck-all c --ck-loss-backend c_ptref --torch-adamw fused --ck-optimizer-backend c_fused --expect-bitwise \
       --torch-threads 1 --threads $threads --no-progress --json-out reports/llama/llama300_allc_${cap}_threads${threads}.json
   done

@@ -1,6 +1,6 @@
 """--model gpt2: the torch twin is GPT-2 (a forward written out by hand from its weights gives the same
 logits), its lm_head is the token embedding, the run's memory estimate counts its parameters, and with
-every op but attention in ckparity's C (embedding, linear with biases, layer_norm, gelu, residual; the
+every op in ckparity's C (embedding, linear with biases, layer_norm, gelu, attention, residual; the
 ptref loss) and torch's AdamW the CK twin is bit-identical to the torch twin at torch's one thread."""
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def test_hugging_face_gpt2_weights_give_hugging_faces_logits(tmp_path):
 
 
 def test_the_committed_gpt2_runs_are_bit_identical():
-    """reports/gpt2/ (scripts/gpt2_twins.sh): issue 56's small GPT-2 over 850 steps, every op in C but attention,
+    """reports/gpt2/ (scripts/gpt2_twins.sh): issue 56's small GPT-2 over 850 steps, every op in C (attention too),
     the C AdamW's fused form against torch's fused AdamW; torch at one thread and each capability, ckparity at
     1 and 2 threads -- not one differing bit."""
     runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "gpt2").glob("gpt2_850_*.json"))]
@@ -214,7 +214,8 @@ def test_the_committed_gpt2_runs_are_bit_identical():
     for r in runs:
         c = r["config"]
         assert (c["model"], c["num_layers"], c["d_model"], c["vocab"], c["seq_len"]) == ("gpt2", 4, 256, 8192, 64)
-        assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "layer_norm", "gelu", "residual")} == {"c"}
+        assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "layer_norm", "gelu", "attention",
+                                                 "residual")} == {"c"}
         assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
         assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 850
         assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
