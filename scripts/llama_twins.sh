@@ -4,7 +4,9 @@
 # swiglu, residual, the ptref loss, clip, and the C AdamW in its fused form against torch's fused AdamW (the
 # single-tensor pair differs in the sqrt's last bit on some CPUs: kernels.record.GPT2_RUN says why it matters)
 # -- against the torch twin, torch at one thread (the C linear and attention follow MKL's one-thread order),
-# ckparity at 1 and 2 threads, at each CPU capability torch runs at here. One report each in reports/llama/
+# ckparity at 1 and 2 threads, at each CPU capability torch runs at here; and torch at 2 threads with
+# ckparity at 2 (at these shapes MKL splits none of the step's GEMMs between its threads: measured, not
+# a rule -- GPT-2's K = 1024 projections are split). One report each in reports/llama/
 # (tests/test_llama.py reads them; docs/harness.md quotes them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,4 +18,7 @@ for cap in avx512 avx2 default; do
       --ck-all c --ck-loss-backend c_ptref --torch-adamw fused --ck-optimizer-backend c_fused --expect-bitwise \
       --torch-threads 1 --threads $threads --no-progress --json-out reports/llama/llama300_allc_${cap}_threads${threads}.json
   done
+  ATEN_CPU_CAPABILITY=$cap timeout 1800 .venv/bin/ckparity train --model llama --num-layers 4 --kv-heads 2 --tie-embeddings --max-steps 300 \
+    --ck-all c --ck-loss-backend c_ptref --torch-adamw fused --ck-optimizer-backend c_fused --expect-bitwise \
+    --torch-threads 2 --threads 2 --no-progress --json-out reports/llama/llama300_allc_${cap}_threads2_torch2.json
 done

@@ -99,9 +99,9 @@ def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
 
 def test_the_committed_all_c_llama_runs_are_bit_identical():
     """reports/llama/ (scripts/llama_twins.sh): the 300-step llama run (4 layers, GQA, tied embeddings) with
-    every op in C, the C AdamW's fused form against torch's fused AdamW; torch at one thread and each
-    capability, ckparity at 1 and 2 threads -- not one differing bit."""
-    runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "llama").glob("llama300_allc_*.json"))]
+    every op in C, the C AdamW's fused form against torch's fused AdamW; at each capability torch at one
+    thread with ckparity at 1 and 2, and torch at 2 with ckparity at 2 -- not one differing bit."""
+    runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "llama").glob("llama300_allc_*_threads*.json"))]
     seen = set()
     for r in runs:
         c = r["config"]
@@ -111,9 +111,10 @@ def test_the_committed_all_c_llama_runs_are_bit_identical():
         assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
         assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 300
         assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
-        assert r["env"]["capability_matched"] and r["env"]["torch_threads"] == 1
-        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
-    assert seen == {(cap, t) for cap in ("DEFAULT", "AVX2", "AVX512") for t in (1, 2)}
+        assert r["env"]["capability_matched"]
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], r["env"]["torch_threads"]))
+    caps = ("DEFAULT", "AVX2", "AVX512")
+    assert seen == {(cap, t, 1) for cap in caps for t in (1, 2)} | {(cap, 2, 2) for cap in caps}
 
 
 def test_rope_backend_torch_is_bit_identical_too(tmp_path):
