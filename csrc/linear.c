@@ -104,8 +104,8 @@ static void k_block(int64_t K, int wide, int64_t b, int64_t *start, int64_t *siz
                 acc[i][1] = FMA(a, b1, acc[i][1]);                                                          \
             }                                                                                               \
         }                                                                                                   \
-        if (mr == MR && nr == 2 * LANES) {                                                                  \
-            for (int i = 0; i < MR; i++)                                                                    \
+        if (nr == 2 * LANES) { /* whole columns: vector stores, the rows below mr */                       \
+            for (int i = 0; i < mr; i++)                                                                    \
                 for (int v = 0; v < 2; v++) {                                                               \
                     float *at = c + i * ldc + v * LANES;                                                    \
                     STORE(at, first ? acc[i][v] : ADD(LOAD(at), acc[i][v]));                                \
