@@ -202,7 +202,46 @@ static void mask_row(const attn *a, int64_t m, int64_t row, int64_t n, float *r,
         if (c >= 0) r[c] = fill;
 }
 
-CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_t m, float *out, float *lse, float *buf) {
+/* Packed K and V blocks kept for the next q block or head that reads them (ckp_gemm_slot): per key block,
+ * up to a bound on the memory; the blocks past it are packed at each use. */
+enum { SLOT_FLOATS_MAX = 1 << 22 };
+
+typedef struct {
+    ckp_gemm_slot *slots; /* `kinds` slots per key block, for the first `blocks` key blocks */
+    int64_t blocks, kinds;
+    float *mem;
+} slots;
+
+static int slots_init(slots *s, const attn *a, int kinds, const int64_t *K, const int64_t *N) {
+    const int64_t nblocks = (a->Tk + a->kvsplit - 1) / a->kvsplit;
+    int64_t per = 0;
+    for (int i = 0; i < kinds; i++) per += ckp_gemm_slot_floats(K[i], N[i]);
+    s->kinds = kinds;
+    s->blocks = per > 0 ? (SLOT_FLOATS_MAX / per < nblocks ? SLOT_FLOATS_MAX / per : nblocks) : 0;
+    s->slots = calloc((size_t)(s->blocks * kinds) + 1, sizeof *s->slots);
+    s->mem = malloc((size_t)(s->blocks * per + 1) * sizeof(float));
+    if (s->slots == NULL || s->mem == NULL) return 0;
+    float *at = s->mem;
+    for (int64_t blk = 0; blk < s->blocks; blk++)
+        for (int i = 0; i < kinds; i++) {
+            s->slots[blk * kinds + i].packed = at;
+            at += ckp_gemm_slot_floats(K[i], N[i]);
+        }
+    return 1;
+}
+
+static ckp_gemm_slot *slot_for(const slots *s, int64_t n, int64_t kvsplit, int kind) {
+    const int64_t blk = n / kvsplit;
+    return blk < s->blocks ? &s->slots[blk * s->kinds + kind] : NULL;
+}
+
+static void slots_free(slots *s) {
+    free(s->slots);
+    free(s->mem);
+}
+
+CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_t m, float *out, float *lse, float *buf,
+                                     const slots *kept) {
     const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit, d = a->d, kvh = h / (a->Hq / a->Hkv);
     float *qk = buf, *qmax = qk + a->qsplit * a->kvsplit, *qsum = qmax + a->qsplit, *dst = qsum + a->qsplit,
           *scratch = dst + a->qsplit * d;
@@ -212,7 +251,8 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
     const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
     for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
         const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
-        ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk, kvb, scratch);
+        ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk, kvb, scratch,
+                        slot_for(kept, n, a->kvsplit, 0));
         for (int64_t r = 0; r < qb; r++) {
             float *row = qk + r * kvb;
             mask_row(a, m, r, n, row, kvb, num_keys, -INFINITY);
@@ -228,7 +268,8 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
             if (n > 0)
                 for (int64_t j = 0; j < d; j++) dst[r * d + j] *= e;
         }
-        ckp_gemm_serial(qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0, dst, d, scratch);
+        ckp_gemm_serial(qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0, dst, d, scratch,
+                        slot_for(kept, n, a->kvsplit, 1));
     }
     for (int64_t r = 0; r < qb; r++) {
         const float mx = qmax[r] == -INFINITY ? 0.0f : qmax[r], sum = qsum[r] == 0.0f ? 1.0f : qsum[r];
@@ -292,24 +333,28 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
 #pragma omp parallel num_threads(ckp_threads())
     {
         float *buf = malloc((size_t)floats * sizeof(float));
-        if (buf == NULL) {
+        slots kept;
+        const int64_t K[2] = {d, a.kvsplit}, N[2] = {a.kvsplit, d}; /* K^T's blocks, V's */
+        if (!slots_init(&kept, &a, 2, K, N) || buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            if (buf == NULL) continue;
+            if (failed) continue;
             const int64_t bh = it / qslices, m = (it % qslices) * a.qsplit;
-            forward_block(&a, bh / Hq, bh % Hq, m, out + bh * Tq * d, lse + bh * Tq, buf);
+            forward_block(&a, bh / Hq, bh % Hq, m, out + bh * Tq * d, lse + bh * Tq, buf, &kept);
         }
         free(buf);
+        slots_free(&kept);
     }
     if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention: no memory for the block buffers");
     return CKP_OK;
 }
 
 /* One (batch, kv head): its query heads' gradients, and its own dK, dV, accumulated in order. */
-CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, float *dq, float *dk, float *dv, float *buf) {
+CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, float *dq, float *dk, float *dv, float *buf,
+                                      const slots *kept) {
     const int64_t d = a->d, group = a->Hq / a->Hkv;
     float *p = buf, *dp = p + a->qsplit * a->kvsplit, *dsum = dp + a->qsplit * a->kvsplit, *scratch = dsum + a->qsplit;
     const float *kp = a->k + b * a->k_s[0] + kvh * a->k_s[1], *vp = a->v + b * a->v_s[0] + kvh * a->v_s[1];
@@ -327,18 +372,19 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
             for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
                 const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
                 ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, a->scale, 0, p, kvb,
-                                scratch);
+                                scratch, slot_for(kept, n, a->kvsplit, 0));
                 for (int64_t r = 0; r < qb; r++) {
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
                 }
-                ckp_gemm_serial(p, 1, kvb, dop, d, 1, kvb, qb, d, 1.0f, 1, dvp + n * d, d, scratch);
-                ckp_gemm_serial(dop, d, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch);
+                ckp_gemm_serial(p, 1, kvb, dop, d, 1, kvb, qb, d, 1.0f, 1, dvp + n * d, d, scratch, NULL);
+                ckp_gemm_serial(dop, d, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
+                                slot_for(kept, n, a->kvsplit, 1));
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
                 ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1, dqh + m * d, d,
-                                scratch);
-                ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * d, d, scratch);
+                                scratch, slot_for(kept, n, a->kvsplit, 2));
+                ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * d, d, scratch, NULL);
             }
         }
     }
@@ -377,14 +423,17 @@ ckp_status ckp_attention_backward(const float *dout, const float *q, const int64
 #pragma omp parallel num_threads(ckp_threads())
     {
         float *buf = malloc((size_t)floats * sizeof(float));
-        if (buf == NULL) {
+        slots kept;
+        const int64_t K[3] = {d, d, a.kvsplit}, N[3] = {a.kvsplit, a.kvsplit, d}; /* K^T's blocks, V^T's, K's */
+        if (!slots_init(&kept, &a, 3, K, N) || buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++)
-            if (buf != NULL) backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv, buf);
+            if (!failed) backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv, buf, &kept);
         free(buf);
+        slots_free(&kept);
     }
     if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward: no memory for the block buffers");
     return CKP_OK;

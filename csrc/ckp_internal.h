@@ -120,9 +120,19 @@ float ckp_row_sum(ckp_float_map2 map, const void *ctx, int64_t n);
 /* ATen's utils::CeilLog2: 1 for x <= 2. */
 int64_t ckp_ceil_log2(int64_t x);
 
-/* One thread's float32 GEMM in MKL's order, with sgemm's alpha and beta 0/1 (linear.c). */
+/* One thread's float32 GEMM in MKL's order, with sgemm's alpha and beta 0/1 (linear.c). A slot keeps one
+ * B's packed panels (its `packed` holds ckp_gemm_slot_floats(K, N)) for calls with the same B; valid
+ * within one call of the caller's kernel only (the values behind b may change between calls). */
+typedef struct {
+    const float *b;
+    int64_t b_rs, b_cs, K, N;
+    float scale;
+    int wide;
+    float *packed;
+} ckp_gemm_slot;
 int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N);
+int64_t ckp_gemm_slot_floats(int64_t K, int64_t N);
 void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                      int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
-                     float *scratch);
+                     float *scratch, ckp_gemm_slot *slot);
 #endif /* CKP_INTERNAL_H */

@@ -379,14 +379,19 @@ int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N) {
     return kb * round_up(N, t.nr) + kb * round_up(M, t.mr) + M * N;
 }
 
+int64_t ckp_gemm_slot_floats(int64_t K, int64_t N) { return K * round_up(N, tiling_for_cpu().nr); }
+
 /* C (ldc) = alpha * A.B, or C += alpha * A.B with accumulate: cblas_sgemm's alpha and beta (0 or 1) as MKL
  * applies them on one thread (measured as the Note's order was): each K block's product rounded, times
  * alpha rounded, added to C in block order -- C = ((C + alpha acc0) + alpha acc1) ..., or alpha acc0 + ...
- * from beta 0 -- or with alpha in B's packing (alpha_packed_with_b). The skinny paths and K = 1 as ckp_gemm's. On the calling thread; scratch holds
- * ckp_gemm_serial_floats(M, K, N). ATen's flash attention runs its GEMMs this way (csrc/attention.c). */
+ * from beta 0 -- or with alpha in B's packing (alpha_packed_with_b). The skinny paths and K = 1 as
+ * ckp_gemm's. On the calling thread; scratch holds ckp_gemm_serial_floats(M, K, N). ATen's flash attention
+ * runs its GEMMs this way (csrc/attention.c).
+ * slot (or NULL): where B's packed panels are kept for the next call with the same B -- a kernel that
+ * multiplies one block of K or V by many q blocks packs it once; the packing is a copy, so it moves no bit. */
 CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
-                     int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
-                     float *scratch) {
+                                int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
+                                float *scratch, ckp_gemm_slot *slot) {
 #define CKP_STORE(m, n, product) \
     (c[(m) * ldc + (n)] = accumulate ? c[(m) * ldc + (n)] + alpha * (product) : alpha * (product))
     if (K == 1) {
@@ -409,14 +414,18 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
     }
     const tiling t = tiling_for_cpu();
     const int wide = remainder_alone(a_cs, b_rs, M, N);
-    const int64_t kmax = K < KBLOCK ? K : KBLOCK, npanels = (N + t.nr - 1) / t.nr;
+    const int64_t kmax = K < KBLOCK ? K : KBLOCK, npanels = (N + t.nr - 1) / t.nr, rn = round_up(N, t.nr);
     const float b_scale = alpha_packed_with_b(a_cs, b_rs, M, K, N) ? alpha : 1.0f;
     if (b_scale != 1.0f) alpha = 1.0f; /* B took it */
-    float *bp = scratch, *ap = bp + kmax * round_up(N, t.nr), *product = ap + kmax * round_up(M, t.mr);
+    float *ap = scratch + kmax * rn, *product = ap + kmax * round_up(M, t.mr);
+    const int kept = slot != NULL && slot->b == b && slot->b_rs == b_rs && slot->b_cs == b_cs && slot->K == K &&
+                     slot->N == N && slot->scale == b_scale && slot->wide == wide;
     for (int64_t blk = 0; blk < k_blocks(K); blk++) {
         int64_t k0, kb;
         k_block(K, wide, blk, &k0, &kb);
-        for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, 0, N, t.nr, p, b_scale, bp);
+        float *bp = slot != NULL ? slot->packed + k0 * rn : scratch; /* the slot: every block at its k0 */
+        if (!kept)
+            for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, 0, N, t.nr, p, b_scale, bp);
         pack_a(a, a_rs, a_cs, 0, M, k0, kb, t.mr, ap);
         if (alpha == 1.0f) { /* the tiles store into C, or add to it, themselves */
             row_block(&t, ap, bp, kb, 0, M, 0, N, 0, npanels, 1, c, ldc, blk == 0 && !accumulate);
@@ -429,6 +438,8 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
                 else c[m * ldc + n] += alpha * product[m * N + n];
             }
     }
+    if (slot != NULL && !kept)
+        *slot = (ckp_gemm_slot){b, b_rs, b_cs, K, N, b_scale, wide, slot->packed};
 #undef CKP_STORE
 }
 
