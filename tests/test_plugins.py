@@ -268,3 +268,43 @@ def test_plugin_helpers_for_gelu_and_layer_norm(clean_registry, monkeypatch):
     assert w.grad is not None and x.grad is not None
     with pytest.raises(ckparity.errors.InvalidArgument, match="tanh form"):
         backends["gelu"](torch.randn(4), approximate="none")
+
+
+def test_plugin_helper_for_attention_calls_a_c_attention(clean_registry, monkeypatch):
+    """ckparity.plugin's attention form around a C attention called through cffi (ckparity's own, in
+    csrc/attention.c, saving its logsumexp for the backward with saves=True): check holds it to torch's SDPA;
+    a mask is refused by name. Where MKL's order is followed the verdict is torch's bits on the slot's
+    widths but d = 1 (MKL's gemv)."""
+    from ckparity import check, cpu, plugin
+    from ckparity._native import ffi, lib
+
+    def ptr(t):
+        return ffi.cast("float *", t.data_ptr())
+
+    def strides(t):
+        return ffi.new("int64_t[3]", [t.stride(0), t.stride(1), t.stride(2)])
+
+    def forward(q, k, v, out, scale, is_causal):
+        lse = torch.empty(q.shape[:3])
+        (B, H, T, d), (Hk, Tk) = q.shape, k.shape[1:3]
+        assert lib.ckp_attention_forward(ptr(q), strides(q), ptr(k), strides(k), ptr(v), strides(v), B, H, Hk, T, Tk,
+                                         d, scale, int(is_causal), ptr(out), ptr(lse)) == lib.CKP_OK
+        return lse
+
+    def backward(dout, q, k, v, out, dq, dk, dv, scale, is_causal, lse):
+        (B, H, T, d), (Hk, Tk) = q.shape, k.shape[1:3]
+        assert lib.ckp_attention_backward(ptr(dout), ptr(q), strides(q), ptr(k), strides(k), ptr(v), strides(v),
+                                          ptr(out), ptr(lse), B, H, Hk, T, Tk, d, scale, int(is_causal), ptr(dq),
+                                          ptr(dk), ptr(dv)) == lib.CKP_OK
+
+    record = kernels.KERNELS["attention"]
+    monkeypatch.setattr(record, "conformance", dataclasses.replace(record.conformance, widths=[2, 8, 34, 300]))
+    backend = plugin.attention(forward, backward, saves=True)
+    ckparity.register_backend("attention", "helper", backend)
+    report = check.check("attention", "helper")
+    assert report["passed"], check.table(report)
+    if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES:
+        assert report["properties"][0]["verdict"] == "bitwise", check.table(report)
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ckparity.errors.InvalidArgument, match="no attn_mask"):
+        backend(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool))

@@ -25,6 +25,11 @@ a torch Optimizer keeping its state under torch's names. The forms
 - ``layer_norm(forward, backward, saves=False)``: forward(x, w, b, y, eps) with x, y (rows, D) and
   w, b (D); backward(dy, x, w, dx, dw, db, eps, *saved). A missing weight is passed as ones, a
   missing bias as zeros (their gradients dropped); normalized dims past the last are flattened into D.
+- ``attention(forward, backward, saves=False)``: forward(q, k, v, out, scale, is_causal) with q, out
+  (B, Hq, Tq, d) and k, v (B, Hkv, Tk, d) (query head h reads kv head h / (Hq / Hkv)), the scale
+  already resolved (1 / sqrt(d) by default); backward(dout, q, k, v, out, dq, dk, dv, scale, is_causal,
+  *saved) -- with saves=True the forward returns what backward needs (its logsumexp, say). A mask
+  and dropout are refused.
 - ``cross_entropy(forward, label_smoothing=True)``: forward(logits, targets,
   dlogits, label_smoothing) -> the mean loss over the rows whose target is
   not -100 (a float), writing the gradient of that mean into dlogits (N, V);
@@ -270,6 +275,37 @@ def layer_norm(forward: Callable, backward: Callable, saves: bool = False, dtype
                 params.append(_of_dtype(t, name, dtypes, like=x).reshape(D))
         return LayerNorm.apply(x, *params, float(eps), (weight is not None, bias is not None))
     return _named(layer_norm_backend, forward, "layer_norm")
+
+
+def attention(forward: Callable, backward: Callable, saves: bool = False, dtypes: tuple = FLOAT32) -> Callable:
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, scale, is_causal):
+            out = torch.empty(q.shape, dtype=q.dtype)
+            ctx.save_for_backward(q, k, v, out, *_saved(forward(q, k, v, out, scale, is_causal), "attention", saves))
+            ctx.scale, ctx.is_causal = scale, is_causal
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, *saved = ctx.saved_tensors
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            backward(dout.contiguous(), q, k, v, out, dq, dk, dv, ctx.scale, ctx.is_causal, *saved)
+            return dq, dk, dv, None, None
+
+    def attention_backend(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p:
+            raise InvalidArgument("this attention takes no attn_mask and no dropout (the slot's contract)")
+        q, k, v = _of_dtype(q, "q", dtypes), _of_dtype(k, "k", dtypes, like=q), _of_dtype(v, "v", dtypes, like=q)
+        if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+            raise InvalidArgument(f"q (B, Hq, Tq, d), k and v (B, Hkv, Tk, d) expected, got {tuple(q.shape)}, "
+                                  f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if q.shape[1] != k.shape[1] and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
+            raise InvalidArgument(f"{q.shape[1]} query heads for {k.shape[1]} kv heads needs enable_gqa=True and a "
+                                  "multiple")
+        scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+        return Attention.apply(q, k, v, scale, bool(is_causal))
+    return _named(attention_backend, forward, "attention")
 
 
 def cross_entropy(forward: Callable, label_smoothing: bool = True, dtypes: tuple = FLOAT32) -> Callable:
