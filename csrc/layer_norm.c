@@ -23,6 +23,7 @@
  * this library's own threads split rows and columns and change nothing.
  */
 #include "ckp_internal.h"
+#include "vec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -265,5 +266,220 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
     if (dx == NULL) return CKP_OK;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
     for (int64_t i = 0; i < M; i++) dx_row(dy + i * N, x + i * N, weight, N, mean[i], rstd[i], fma, dx + i * N);
+    return CKP_OK;
+}
+
+/* ---- bfloat16 ([Note: ATen's bf16 LayerNorm]) ------------------------------------------------------
+ * x, weight, bias, y bf16; mean and rstd bf16 (torch's layer_norm_kernel_mixed_type<T, T>: the params'
+ * dtype). The moments in float over 16-element bf16 vectors, each widened to two 8-lane float vectors that
+ * keep their own Welford chains within a chunk and are merged in turn (moments_utils.h's reduced-type
+ * UpdateMomentsVec), the lanes merged with 2n elements each; y = ((x * rstd + (-rstd * mean)) * w + b)
+ * in float (two FMAs where the build has them), rounded once. Backward: dweight and dbias buffers of bf16
+ * per torch thread (each row's update rounded), summed in float over the threads; ds and db by
+ * functional_bfloat16.h's reductions (two 8-lane accumulators, the halves of each 16-element vector,
+ * added at the end); dx as float's, rounded once. */
+enum { BVEC = 16 };
+
+static inline __attribute__((always_inline)) float bf(const uint16_t *p, int64_t i) { return ckp_bf16_to_f(p[i]); }
+
+static inline __attribute__((always_inline)) void row_moments_bf16(const uint16_t *x, int64_t N, int fma, float *mean,
+                                                                   float *var) {
+    const int64_t n = N / BVEC, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
+    int64_t m0s[64] = {0};
+    float m1s[64][LANES], m2s[64][LANES];
+    memset(m1s, 0, sizeof m1s);
+    memset(m2s, 0, sizeof m2s);
+    for (int64_t i = 0; i < chunks; i++) {
+        const uint16_t *xc = x + i * CHUNK * BVEC;
+        const int64_t m0 = n - i * CHUNK < CHUNK ? n - i * CHUNK : CHUNK;
+        float m1v[2][LANES] = {{0}}, m2v[2][LANES] = {{0}};
+        for (int64_t j = 0; j < m0; j++) {
+            const float c = 1.0f / (float)(j + 1);
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < LANES; l++) {
+                    const float v = bf(xc, j * BVEC + h * LANES + l), delta = v - m1v[h][l];
+                    m1v[h][l] = fm(delta, c, m1v[h][l], fma);
+                    m2v[h][l] = fm(delta, v - m1v[h][l], m2v[h][l], fma);
+                }
+        }
+        add_moments_vec(m0, m1v[0], m2v[0], &m0s[0], m1s[0], m2s[0], fma);
+        add_moments_vec(m0, m1v[1], m2v[1], &m0s[0], m1s[0], m2s[0], fma);
+        for (int64_t j = 1, mask = i + 1; j < depth && (mask & 1) == 0; ++j, mask >>= 1) {
+            add_moments_vec(m0s[j - 1], m1s[j - 1], m2s[j - 1], &m0s[j], m1s[j], m2s[j], fma);
+            m0s[j - 1] = 0;
+            memset(m1s[j - 1], 0, sizeof m1s[0]);
+            memset(m2s[j - 1], 0, sizeof m2s[0]);
+        }
+    }
+    for (int64_t j = 1; j < depth; j++) add_moments_vec(m0s[j], m1s[j], m2s[j], &m0s[0], m1s[0], m2s[0], fma);
+    int64_t m0 = 0;
+    float m1 = 0.0f, m2 = 0.0f;
+    for (int64_t i = n * BVEC; i < N; i++) {
+        const float v = bf(x, i), delta = v - m1;
+        ++m0;
+        m1 += delta / (float)m0;
+        m2 = m2 + delta * (v - m1);
+    }
+    const int64_t m0_add = 2 * n; /* each float lane holds two elements of each bf16 vector */
+    for (int l = 0; l < LANES; l++) {
+        const int64_t total = m0 + m0_add;
+        const float c = total == 0 ? 0.0f : (float)m0_add / (float)total, delta = m1s[0][l] - m1;
+        m1 = fm(c, delta, m1, fma);
+        m2 = m2 + fm(delta * delta * c, (float)m0, m2s[0][l], fma);
+        m0 = total;
+    }
+    *mean = m1;
+    *var = m2 / (float)N;
+}
+
+CKP_CLONES
+static void forward_row_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t N, float eps,
+                             int fma, uint16_t *y, uint16_t *mean, uint16_t *rstd) {
+    float mu, var;
+    row_moments_bf16(x, N, fma, &mu, &var);
+    const float r = 1.0f / sqrtf(var + eps), shift = -r * mu;
+    for (int64_t j = 0; j < N; j++) {
+        const float t = fm(bf(x, j), r, shift, fma);
+        y[j] = ckp_f_to_bf16(fm(t, weight ? bf(weight, j) : 1.0f, bias ? bf(bias, j) : 0.0f, fma));
+    }
+    *mean = ckp_f_to_bf16(mu);
+    *rstd = ckp_f_to_bf16(r);
+}
+
+ckp_status ckp_layer_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t M,
+                                       int64_t N, double eps, uint16_t *y, uint16_t *mean, uint16_t *rstd) {
+    if (x == NULL || y == NULL || mean == NULL || rstd == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "x, y, mean and rstd must not be NULL");
+    ckp_status s = check_sizes(M, N);
+    if (s != CKP_OK) return s;
+    const size_t bytes = (size_t)(M * N) * 2, pbytes = (size_t)N * 2;
+    const void *inputs[] = {x, weight, bias};
+    const size_t in_bytes[] = {bytes, pbytes, pbytes};
+    float *outputs[] = {(float *)y, (float *)mean, (float *)rstd};
+    const size_t out_bytes[] = {bytes, (size_t)M * 2, (size_t)M * 2};
+    s = refuse_overlaps(inputs, in_bytes, 3, outputs, out_bytes, 3);
+    if (s != CKP_OK) return s;
+    ckp_clear_error();
+    const int fma = with_fma();
+    const float eps_f = (float)eps;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+    for (int64_t i = 0; i < M; i++)
+        forward_row_bf16(x + i * N, weight, bias, N, eps_f, fma, y + i * N, mean + i, rstd + i);
+    return CKP_OK;
+}
+
+/* functional_bfloat16.h's reductions of the product of p, q and r (q or r NULL: fewer factors) over N:
+ * two 8-lane float accumulators over the halves of each 16-element vector, the last partial vector into
+ * the lanes it fills, then acc0 + acc1 and the AVX2 shuffle tree (in order at DEFAULT); under 16
+ * elements one vector, its upper half added into the lower, the lanes in order. The products: mul_fused
+ * says whether the accumulation contracts with the last factor. */
+static inline __attribute__((always_inline)) float reduce_all_bf16(const uint16_t *p, const uint16_t *q,
+                                                                   const uint16_t *r, int64_t N, int fma) {
+#define TERM(j) (q ? (r ? (bf(p, j) * bf(q, j)) * bf(r, j) : bf(p, j) * bf(q, j)) : bf(p, j))
+#define ACC(acc, j) (acc) = (acc) + TERM(j)
+    if (N < BVEC) {
+        float v[LANES];
+        for (int l = 0; l < LANES; l++) v[l] = l < N ? TERM(l) : 0.0f;
+        for (int l = 0; l + LANES < N; l++) v[l] = v[l] + TERM(l + LANES);
+        const int64_t lanes = N > LANES ? LANES : N;
+        float sum = v[0];
+        for (int64_t l = 1; l < lanes; l++) sum = sum + v[l];
+        return sum;
+    }
+    float a0[LANES], a1[LANES];
+    for (int l = 0; l < LANES; l++) a0[l] = TERM(l), a1[l] = TERM(LANES + l);
+    int64_t d = BVEC;
+    for (; d < N - N % BVEC; d += BVEC)
+        for (int l = 0; l < LANES; l++) ACC(a0[l], d + l), ACC(a1[l], d + LANES + l);
+    for (int64_t l = 0; d + l < N; l++) {
+        if (l < LANES) ACC(a0[l], d + l);
+        else ACC(a1[l - LANES], d + l);
+    }
+#undef ACC
+#undef TERM
+    for (int l = 0; l < LANES; l++) a0[l] = a0[l] + a1[l];
+    if (!fma) {
+        float sum = a0[0];
+        for (int l = 1; l < LANES; l++) sum = sum + a0[l];
+        return sum;
+    }
+    float v[LANES], w[LANES];
+    for (int l = 0; l < LANES; l++) v[l] = a0[l] + a0[l ^ 4];
+    for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ 2];
+    return w[0] + w[1];
+}
+
+CKP_CLONES
+static void param_grads_block_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
+                                   const uint16_t *rstd, int64_t M, int64_t N, int64_t lo, int64_t hi, int64_t chunk,
+                                   int torch_threads, int fma, float *buf, uint16_t *dweight, uint16_t *dbias) {
+    for (int64_t i = 0; i < M; i++) {
+        const int64_t tid = i / chunk;
+        float *wb = buf + tid * N, *bb = buf + (torch_threads + tid) * N;
+        const uint16_t *dyr = dy + i * N, *xr = x + i * N;
+        const float a = bf(rstd, i), b = -a * bf(mean, i);
+        for (int64_t j = lo; j < hi; j++) {
+            wb[j] = ckp_bf16_round(fm(bf(dyr, j), fm(a, bf(xr, j), b, fma), wb[j], fma));
+            bb[j] = ckp_bf16_round(bb[j] + bf(dyr, j));
+        }
+    }
+    for (int64_t j = lo; j < hi; j++) {
+        float w = 0.0f, b = 0.0f;
+        for (int t = 0; t < torch_threads; t++) {
+            w = w + buf[t * N + j];
+            b = b + buf[(torch_threads + t) * N + j];
+        }
+        if (dweight) dweight[j] = ckp_f_to_bf16(w);
+        if (dbias) dbias[j] = ckp_f_to_bf16(b);
+    }
+}
+
+CKP_CLONES
+static void dx_row_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight, int64_t N, float mu, float a,
+                        int fma, uint16_t *dx) {
+    const float scale = 1.0f / (float)N;
+    const float ds = reduce_all_bf16(dy, x, weight, N, fma), db = reduce_all_bf16(dy, weight, NULL, N, fma);
+    const float b = (fma ? fmaf(db, mu, -ds) : db * mu - ds) * a * a * a * scale;
+    const float c = fma ? fmaf(-b, mu, -(db * a * scale)) : -b * mu - db * a * scale;
+    for (int64_t j = 0; j < N; j++)
+        dx[j] = ckp_f_to_bf16(fm(b, bf(x, j), a * bf(dy, j) * (weight ? bf(weight, j) : 1.0f), fma) + c);
+}
+
+ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
+                                        const uint16_t *rstd, const uint16_t *weight, int64_t M, int64_t N,
+                                        int torch_threads, uint16_t *dx, uint16_t *dweight, uint16_t *dbias) {
+    if (dy == NULL || x == NULL || mean == NULL || rstd == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, mean and rstd must not be NULL");
+    ckp_status s = check_sizes(M, N);
+    if (s != CKP_OK) return s;
+    if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
+    const size_t bytes = (size_t)(M * N) * 2, pbytes = (size_t)N * 2;
+    const void *inputs[] = {dy, x, mean, rstd, weight};
+    const size_t in_bytes[] = {bytes, bytes, (size_t)M * 2, (size_t)M * 2, pbytes};
+    float *outputs[] = {(float *)dx, (float *)dweight, (float *)dbias};
+    const size_t out_bytes[] = {bytes, pbytes, pbytes};
+    s = refuse_overlaps(inputs, in_bytes, 5, outputs, out_bytes, 3);
+    if (s != CKP_OK) return s;
+    const int fma = with_fma();
+    const int64_t used = M < 2 ? 1 : (torch_threads < M ? torch_threads : M);
+    const int64_t chunk = M == 0 ? 1 : (M + used - 1) / used;
+    if (dweight || dbias) {
+        float *buf = calloc((size_t)torch_threads * 2, (size_t)N * sizeof(float)); /* bf16 values, as floats */
+        if (buf == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "cannot allocate %d x 2 x %lld floats",
+                                         torch_threads, (long long)N);
+        enum { COLUMNS = 256 };
+        const int64_t blocks = (N + COLUMNS - 1) / COLUMNS;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+        for (int64_t k = 0; k < blocks; k++) {
+            const int64_t lo = k * COLUMNS, hi = N - lo < COLUMNS ? N : lo + COLUMNS;
+            param_grads_block_bf16(dy, x, mean, rstd, M, N, lo, hi, chunk, torch_threads, fma, buf, dweight, dbias);
+        }
+        free(buf);
+    }
+    ckp_clear_error();
+    if (dx == NULL) return CKP_OK;
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+    for (int64_t i = 0; i < M; i++)
+        dx_row_bf16(dy + i * N, x + i * N, weight, N, bf(mean, i), bf(rstd, i), fma, dx + i * N);
     return CKP_OK;
 }

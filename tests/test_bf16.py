@@ -116,7 +116,8 @@ def test_the_records_claim_bf16_and_info_says_where_it_holds():
                        "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"),
                        "adamw.fused": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param"),
                        "cross_entropy.ptref": ("loss", "dlogits"), "embedding": ("out", "dweight"),
-                       "residual": ("out", "dx", "dy"), "gelu": ("y", "dx")}
+                       "residual": ("out", "dx", "dy"), "gelu": ("y", "dx"),
+                       "layer_norm": ("y", "dx", "dweight", "dbias")}
     if ckparity.cpu.matched():
         assert kernels.bit_identical("bfloat16") == {k: list(q) for k, q in claimed.items()}
 

@@ -69,7 +69,29 @@ def test_normalized_shapes_and_refusals():
         ckparity.layer_norm(x, (3, 5))
     with pytest.raises(InvalidArgument, match="weight of shape"):
         ckparity.layer_norm(x, (5,), torch.randn(4))
-    with pytest.raises(InvalidType, match="float32"):
-        ckparity.layer_norm(x.bfloat16(), (5,))
+    with pytest.raises(InvalidType, match="mixed-type path, not built"):  # bf16 x, float32 params
+        ckparity.layer_norm(x.bfloat16(), (4, 5), w, b)
+    with pytest.raises(InvalidType, match="float32 or bfloat16"):
+        ckparity.layer_norm(x.half(), (5,))
     with pytest.raises(InvalidArgument, match="eps must be a number"):
         ckparity.layer_norm(x, (5,), eps="small")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bfloat16_is_torchs_bits_mean_and_rstd_in_bf16(threads):
+    """x, weight and bias of bf16 (torch keeps mean and rstd in bf16 then, its per-thread dweight and dbias
+    buffers in bf16 too): forward and backward torch's bits at torch's thread count (the record's sweep covers
+    every width at every capability)."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(64, 100, generator=g) * 2 + 0.5).bfloat16()
+    w, b = torch.randn(100, generator=g).bfloat16(), torch.randn(100, generator=g).bfloat16()
+    up = torch.randn(64, 100, generator=g).bfloat16()
+    with torch_threads(threads):
+        outs = []
+        for fn in (ckparity.layer_norm, F.layer_norm):
+            xx, ww, bb = (t.clone().requires_grad_(True) for t in (x, w, b))
+            y = fn(xx, (100,), ww, bb)
+            y.backward(up)
+            outs.append((y, xx.grad, ww.grad, bb.grad))
+    for name, a, t in zip(("y", "dx", "dweight", "dbias"), *outs):
+        assert a.dtype == torch.bfloat16 and same_bits(a, t), name

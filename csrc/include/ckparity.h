@@ -315,6 +315,14 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
                                    const float *weight, int64_t M, int64_t N, int torch_threads, float *dx,
                                    float *dweight, float *dbias);
 
+/* The same in bfloat16 (x, weight, bias, y, mean, rstd, dy, dx, dweight, dbias all bf16, as torch's
+ * LayerNorm keeps them when its params are bf16): float arithmetic inside, rounded where torch rounds. */
+ckp_status ckp_layer_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t M,
+                                       int64_t N, double eps, uint16_t *y, uint16_t *mean, uint16_t *rstd);
+ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
+                                        const uint16_t *rstd, const uint16_t *weight, int64_t M, int64_t N,
+                                        int torch_threads, uint16_t *dx, uint16_t *dweight, uint16_t *dbias);
+
 /* ------------------------------------------------------------------------
  * linear (csrc/linear.c): C (M x N, row-major) = A (M x K) . B (K x N) + bias
  * (N, or NULL), float32, in the order of MKL's one-thread sgemm (K in blocks

@@ -1,4 +1,4 @@
-"""ckparity.layer_norm: F.layer_norm on the C kernel (csrc/layer_norm.c), float32.
+"""ckparity.layer_norm: F.layer_norm on the C kernel (csrc/layer_norm.c), float32 and bfloat16.
 
 Its bindings live here beside the op (as residual's do). dweight and dbias follow torch's thread count
 (torch.get_num_threads()): torch sums them as one partial sum per thread, added in thread order."""
@@ -17,16 +17,18 @@ from ._function import CFunction, first_order_only
 
 
 def layer_norm_forward(x, weight, bias, eps, y, mean, rstd, *, library=lib) -> None:
-    """x, y (M, N); weight, bias (N) or None; mean, rstd (M): contiguous float32."""
+    """x, y (M, N); weight, bias (N) or None; mean, rstd (M): contiguous, all float32 or all bfloat16."""
     M, N = x.shape
-    check(library.ckp_layer_norm_forward(pointer(x), pointer(weight), pointer(bias), M, N, eps, pointer(y),
+    entry = library.ckp_layer_norm_forward if x.dtype == torch.float32 else library.ckp_layer_norm_forward_bf16
+    check(entry(pointer(x), pointer(weight), pointer(bias), M, N, eps, pointer(y),
                                          pointer(mean), pointer(rstd)), "layer_norm", library)
 
 
 def layer_norm_backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, library=lib) -> None:
     """dy, x, dx (M, N); mean, rstd (M); weight, dweight, dbias (N); dx, dweight, dbias None: not computed."""
     M, N = x.shape
-    check(library.ckp_layer_norm_backward(pointer(dy), pointer(x), pointer(mean), pointer(rstd), pointer(weight),
+    entry = library.ckp_layer_norm_backward if x.dtype == torch.float32 else library.ckp_layer_norm_backward_bf16
+    check(entry(pointer(dy), pointer(x), pointer(mean), pointer(rstd), pointer(weight),
                                           M, N, torch.get_num_threads(), pointer(dx) if dx is not None else ffi.NULL,
                                           pointer(dweight), pointer(dbias)), "layer_norm backward", library)
 
@@ -68,8 +70,10 @@ class _LayerNormFunction(CFunction):
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    """F.layer_norm(x, normalized_shape, weight, bias, eps) of float32 tensors: bit-identical to torch's forward
-    and backward at every CPU capability and at torch's thread count (dweight, dbias)."""
+    """F.layer_norm(x, normalized_shape, weight, bias, eps) of float32 tensors, or of bfloat16 ones (x, weight and
+    bias all bf16: torch's LayerNorm with bf16 params, its mean and rstd kept in bf16): bit-identical to torch's
+    forward and backward at every CPU capability and at torch's thread count (dweight, dbias). A bf16 x with
+    float32 params (torch's mixed-type path, float mean and rstd) is refused by name: not built."""
     require_cpu(x, "x")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if not all(isinstance(d, int) for d in shape):
@@ -81,8 +85,11 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
         if t is None:
             continue
         require_cpu(t, name)
-        if t.dtype != torch.float32:
-            raise InvalidType(f"layer_norm takes float32 tensors (bfloat16 is not built), got {name} of {t.dtype}")
+        if t.dtype not in (torch.float32, torch.bfloat16):
+            raise InvalidType(f"layer_norm takes float32 or bfloat16 tensors, got {name} of {t.dtype}")
+        if t.dtype != x.dtype:
+            raise InvalidType(f"layer_norm: {name} is {t.dtype} and x {x.dtype}: x, weight and bias of one dtype "
+                              "(a bf16 x with float32 params is torch's mixed-type path, not built)")
         if t is not x and tuple(t.shape) != shape:
             raise InvalidArgument(f"layer_norm: {name} of shape {tuple(t.shape)} for normalized_shape {shape}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):  # any number, a negative one too, as torch takes it
