@@ -98,6 +98,20 @@ static inline __attribute__((always_inline)) void row_moments(const float *x, in
     *var = m2 / (float)N;
 }
 
+/* vec_reduce_all of 8 float lanes: AVX2's shuffle tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), or
+ * (DEFAULT, no FMA) the lanes in order. */
+static inline __attribute__((always_inline)) float sum_lanes(const float acc[LANES], int fma) {
+    if (!fma) {
+        float sum = acc[0];
+        for (int l = 1; l < LANES; l++) sum = sum + acc[l];
+        return sum;
+    }
+    float v[LANES], w[LANES];
+    for (int l = 0; l < LANES; l++) v[l] = acc[l] + acc[l ^ 4];
+    for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ 2];
+    return w[0] + w[1];
+}
+
 /* ATen's map_reduce_all of the product of p, q and r (q or r NULL: fewer factors) over N, 8 lanes, as
  * vec/functional_base.h reduces it in torch's build: a row under 8 long is one partial vector whose lanes are
  * added to lane 0 in turn; otherwise the lanes start at the first vector's products, the middle vectors are
@@ -122,15 +136,7 @@ static inline __attribute__((always_inline)) float reduce_all(const float *p, co
 #undef HEAD
 #undef LAST
 #undef TERM
-    if (!fma) {
-        float sum = acc[0];
-        for (int l = 1; l < LANES; l++) sum = sum + acc[l];
-        return sum;
-    }
-    float v[LANES], w[LANES];
-    for (int l = 0; l < LANES; l++) v[l] = acc[l] + acc[l ^ 4];
-    for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ 2];
-    return w[0] + w[1];
+    return sum_lanes(acc, fma);
 }
 
 /* One row of the forward: its moments, then y. Without a weight torch's loop multiplies by a constant 1,
@@ -398,15 +404,7 @@ static inline __attribute__((always_inline)) float reduce_all_bf16(const uint16_
 #undef ACC
 #undef TERM
     for (int l = 0; l < LANES; l++) a0[l] = a0[l] + a1[l];
-    if (!fma) {
-        float sum = a0[0];
-        for (int l = 1; l < LANES; l++) sum = sum + a0[l];
-        return sum;
-    }
-    float v[LANES], w[LANES];
-    for (int l = 0; l < LANES; l++) v[l] = a0[l] + a0[l ^ 4];
-    for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ 2];
-    return w[0] + w[1];
+    return sum_lanes(a0, fma);
 }
 
 CKP_CLONES
