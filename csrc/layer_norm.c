@@ -51,26 +51,34 @@ static inline __attribute__((always_inline)) void add_moments_vec(int64_t m0_add
     *m0 = n;
 }
 
-/* RowwiseMoments(X, N): the mean and the biased variance. */
-static inline __attribute__((always_inline)) void row_moments(const float *x, int64_t N, int fma, float *mean, float *var) {
-    const int64_t n = N / LANES, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
+/* RowwiseMoments(X, N): the mean and the biased variance, of float32 x, or (bf16) of bfloat16 x, whose
+ * 16-element vectors are widened to two 8-lane float halves that keep their own Welford chains within a
+ * chunk and are merged in turn (moments_utils.h's reduced-type UpdateMomentsVec); the lanes then hold
+ * 2n elements each. */
+static inline __attribute__((always_inline)) void row_moments(const void *xv, int64_t N, int bf16, int fma, float *mean,
+                                                              float *var) {
+    const float *xf = xv;
+    const uint16_t *xh = xv;
+#define X(i) (bf16 ? ckp_bf16_to_f(xh[i]) : xf[i])
+    const int halves = bf16 ? 2 : 1, vec = halves * LANES; /* Vectorized<T>::size() */
+    const int64_t n = N / vec, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
     int64_t m0s[64] = {0};
     float m1s[64][LANES], m2s[64][LANES];
     memset(m1s, 0, sizeof m1s);
     memset(m2s, 0, sizeof m2s);
     for (int64_t i = 0; i < chunks; i++) {
-        const float *xc = x + i * CHUNK * LANES;
-        const int64_t m0 = n - i * CHUNK < CHUNK ? n - i * CHUNK : CHUNK;
-        float m1v[LANES] = {0}, m2v[LANES] = {0};
+        const int64_t base = i * CHUNK * vec, m0 = n - i * CHUNK < CHUNK ? n - i * CHUNK : CHUNK;
+        float m1v[2][LANES] = {{0}}, m2v[2][LANES] = {{0}};
         for (int64_t j = 0; j < m0; j++) {
             const float c = 1.0f / (float)(j + 1);
-            for (int l = 0; l < LANES; l++) {
-                const float v = xc[j * LANES + l], delta = v - m1v[l];
-                m1v[l] = fm(c, delta, m1v[l], fma);
-                m2v[l] = fm(delta, v - m1v[l], m2v[l], fma);
-            }
+            for (int h = 0; h < halves; h++)
+                for (int l = 0; l < LANES; l++) {
+                    const float v = X(base + j * vec + h * LANES + l), delta = v - m1v[h][l];
+                    m1v[h][l] = fm(c, delta, m1v[h][l], fma);
+                    m2v[h][l] = fm(delta, v - m1v[h][l], m2v[h][l], fma);
+                }
         }
-        add_moments_vec(m0, m1v, m2v, &m0s[0], m1s[0], m2s[0], fma);
+        for (int h = 0; h < halves; h++) add_moments_vec(m0, m1v[h], m2v[h], &m0s[0], m1s[0], m2s[0], fma);
         for (int64_t j = 1, mask = i + 1; j < depth && (mask & 1) == 0; ++j, mask >>= 1) {
             add_moments_vec(m0s[j - 1], m1s[j - 1], m2s[j - 1], &m0s[j], m1s[j], m2s[j], fma);
             m0s[j - 1] = 0;
@@ -81,15 +89,17 @@ static inline __attribute__((always_inline)) void row_moments(const float *x, in
     for (int64_t j = 1; j < depth; j++) add_moments_vec(m0s[j], m1s[j], m2s[j], &m0s[0], m1s[0], m2s[0], fma);
     int64_t m0 = 0;
     float m1 = 0.0f, m2 = 0.0f;
-    for (int64_t i = n * LANES; i < N; i++) { /* the tail: not contracted in torch's build (measured) */
-        const float v = x[i], delta = v - m1;
+    for (int64_t i = n * vec; i < N; i++) { /* the tail: not contracted in torch's build (measured) */
+        const float v = X(i), delta = v - m1;
         ++m0;
         m1 += delta / (float)m0;
         m2 = m2 + delta * (v - m1);
     }
-    for (int l = 0; l < LANES; l++) { /* AddMoments of each lane, m0_add = n */
-        const int64_t total = m0 + n;
-        const float c = total == 0 ? 0.0f : (float)n / (float)total, delta = m1s[0][l] - m1;
+#undef X
+    const int64_t m0_add = n * halves;
+    for (int l = 0; l < LANES; l++) { /* AddMoments of each lane */
+        const int64_t total = m0 + m0_add;
+        const float c = total == 0 ? 0.0f : (float)m0_add / (float)total, delta = m1s[0][l] - m1;
         m1 = fm(c, delta, m1, fma);
         m2 = m2 + fm(delta * delta * c, (float)m0, m2s[0][l], fma);
         m0 = total;
@@ -146,7 +156,7 @@ CKP_CLONES
 static void forward_row(const float *x, const float *weight, const float *bias, int64_t N, float eps, int fma,
                         float *y, float *mean, float *rstd) {
     float mu, var;
-    row_moments(x, N, fma, &mu, &var);
+    row_moments(x, N, 0, fma, &mu, &var);
     const float r = 1.0f / sqrtf(var + eps);
     *mean = mu;
     *rstd = r;
@@ -284,65 +294,15 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
  * per torch thread (each row's update rounded), summed in float over the threads; ds and db by
  * functional_bfloat16.h's reductions (two 8-lane accumulators, the halves of each 16-element vector,
  * added at the end); dx as float's, rounded once. */
-enum { BVEC = 16 };
+enum { BVEC = 16 }; /* Vectorized<BFloat16>::size() where torch's layer norm is built */
 
 static inline __attribute__((always_inline)) float bf(const uint16_t *p, int64_t i) { return ckp_bf16_to_f(p[i]); }
-
-static inline __attribute__((always_inline)) void row_moments_bf16(const uint16_t *x, int64_t N, int fma, float *mean,
-                                                                   float *var) {
-    const int64_t n = N / BVEC, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
-    int64_t m0s[64] = {0};
-    float m1s[64][LANES], m2s[64][LANES];
-    memset(m1s, 0, sizeof m1s);
-    memset(m2s, 0, sizeof m2s);
-    for (int64_t i = 0; i < chunks; i++) {
-        const uint16_t *xc = x + i * CHUNK * BVEC;
-        const int64_t m0 = n - i * CHUNK < CHUNK ? n - i * CHUNK : CHUNK;
-        float m1v[2][LANES] = {{0}}, m2v[2][LANES] = {{0}};
-        for (int64_t j = 0; j < m0; j++) {
-            const float c = 1.0f / (float)(j + 1);
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < LANES; l++) {
-                    const float v = bf(xc, j * BVEC + h * LANES + l), delta = v - m1v[h][l];
-                    m1v[h][l] = fm(delta, c, m1v[h][l], fma);
-                    m2v[h][l] = fm(delta, v - m1v[h][l], m2v[h][l], fma);
-                }
-        }
-        add_moments_vec(m0, m1v[0], m2v[0], &m0s[0], m1s[0], m2s[0], fma);
-        add_moments_vec(m0, m1v[1], m2v[1], &m0s[0], m1s[0], m2s[0], fma);
-        for (int64_t j = 1, mask = i + 1; j < depth && (mask & 1) == 0; ++j, mask >>= 1) {
-            add_moments_vec(m0s[j - 1], m1s[j - 1], m2s[j - 1], &m0s[j], m1s[j], m2s[j], fma);
-            m0s[j - 1] = 0;
-            memset(m1s[j - 1], 0, sizeof m1s[0]);
-            memset(m2s[j - 1], 0, sizeof m2s[0]);
-        }
-    }
-    for (int64_t j = 1; j < depth; j++) add_moments_vec(m0s[j], m1s[j], m2s[j], &m0s[0], m1s[0], m2s[0], fma);
-    int64_t m0 = 0;
-    float m1 = 0.0f, m2 = 0.0f;
-    for (int64_t i = n * BVEC; i < N; i++) {
-        const float v = bf(x, i), delta = v - m1;
-        ++m0;
-        m1 += delta / (float)m0;
-        m2 = m2 + delta * (v - m1);
-    }
-    const int64_t m0_add = 2 * n; /* each float lane holds two elements of each bf16 vector */
-    for (int l = 0; l < LANES; l++) {
-        const int64_t total = m0 + m0_add;
-        const float c = total == 0 ? 0.0f : (float)m0_add / (float)total, delta = m1s[0][l] - m1;
-        m1 = fm(c, delta, m1, fma);
-        m2 = m2 + fm(delta * delta * c, (float)m0, m2s[0][l], fma);
-        m0 = total;
-    }
-    *mean = m1;
-    *var = m2 / (float)N;
-}
 
 CKP_CLONES
 static void forward_row_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t N, float eps,
                              int fma, uint16_t *y, uint16_t *mean, uint16_t *rstd) {
     float mu, var;
-    row_moments_bf16(x, N, fma, &mu, &var);
+    row_moments(x, N, 1, fma, &mu, &var);
     const float r = 1.0f / sqrtf(var + eps), shift = -r * mu;
     for (int64_t j = 0; j < N; j++) {
         const float t = fm(bf(x, j), r, shift, fma);
