@@ -159,30 +159,37 @@ def _probe(g: torch.Generator):
         yield f"attention B={B} H={H}/{Hkv} T={t} d={d}", run
 
 
+# The C entries' size arguments: the fuzz draws each from 1..257 (tests/test_fuzz_c_api.py, under the sanitizers
+# too), and attention's work grows as B H T^2 d: the forward's entry varies B and d (2 heads, T 3), the backward's
+# T alone (1 sequence, 2 heads of 2), so no fuzzed call is a long one.
+HEADS_FUZZ, D_FUZZ, T_FUZZ = 2, 2, 3
+
+
 def _entry() -> CEntry:
     def call(L, p, s):
-        B, H, T, d = s["B"], s["H"], s["T"], s["d"]
-        st = ffi.new("int64_t[3]", [H * T * d, T * d, d])  # contiguous: the strides are no buffer to fuzz
-        return L.ckp_attention_forward(p["q"], st, p["k"], st, p["v"], st, B, H, H, T, T, d, 0.5, 1, p["out"], p["lse"])
-    size = lambda s: s["B"] * s["H"] * s["T"] * s["d"]  # noqa: E731
+        B, d = s["B"], s["d"]
+        st = ffi.new("int64_t[3]", [HEADS_FUZZ * T_FUZZ * d, T_FUZZ * d, d])  # contiguous: no buffer to fuzz
+        return L.ckp_attention_forward(p["q"], st, p["k"], st, p["v"], st, B, HEADS_FUZZ, HEADS_FUZZ, T_FUZZ, T_FUZZ,
+                                       d, 0.5, 1, p["out"], p["lse"])
+    size = lambda s: s["B"] * HEADS_FUZZ * T_FUZZ * s["d"]  # noqa: E731
     return CEntry("attention_forward", (CBuffer("q", "f", size), CBuffer("k", "f", size), CBuffer("v", "f", size),
                                         CBuffer("out", "f", size, True),
-                                        CBuffer("lse", "f", lambda s: s["B"] * s["H"] * s["T"], True)),
-                  {"B": 2, "H": 2, "T": 3, "d": 4}, call)
+                                        CBuffer("lse", "f", lambda s: s["B"] * HEADS_FUZZ * T_FUZZ, True)),
+                  {"B": 2, "d": 4}, call)
 
 
 def _backward_entry() -> CEntry:
     def call(L, p, s):
-        B, H, T, d = s["B"], s["H"], s["T"], s["d"]
-        st = ffi.new("int64_t[3]", [H * T * d, T * d, d])
-        return L.ckp_attention_backward(p["dout"], p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], B, H, H, T,
-                                        T, d, 0.5, 1, p["dq"], p["dk"], p["dv"])
-    size = lambda s: s["B"] * s["H"] * s["T"] * s["d"]  # noqa: E731
+        T = s["T"]
+        st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
+        return L.ckp_attention_backward(p["dout"], p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], 1,
+                                        HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], p["dk"], p["dv"])
+    size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
     return CEntry("attention_backward",
                   tuple(CBuffer(n, "f", size) for n in ("dout", "q", "k", "v", "out"))
-                  + (CBuffer("lse", "f", lambda s: s["B"] * s["H"] * s["T"]),)
+                  + (CBuffer("lse", "f", lambda s: HEADS_FUZZ * s["T"]),)
                   + tuple(CBuffer(n, "f", size, True) for n in ("dq", "dk", "dv")),
-                  {"B": 2, "H": 2, "T": 3, "d": 4}, call)
+                  {"T": 3}, call)
 
 
 def _bench(g: torch.Generator, select):
