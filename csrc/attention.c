@@ -335,13 +335,14 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
         float *buf = malloc((size_t)floats * sizeof(float));
         slots kept;
         const int64_t K[2] = {d, a.kvsplit}, N[2] = {a.kvsplit, d}; /* K^T's blocks, V's */
-        if (!slots_init(&kept, &a, 2, K, N) || buf == NULL) {
+        const int ready = slots_init(&kept, &a, 2, K, N) && buf != NULL; /* this thread's buffers */
+        if (!ready) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            if (failed) continue;
+            if (!ready) continue; /* the call fails: what this thread would write is left */
             const int64_t bh = it / qslices, m = (it % qslices) * a.qsplit;
             forward_block(&a, bh / Hq, bh % Hq, m, out + bh * Tq * d, lse + bh * Tq, buf, &kept);
         }
@@ -425,13 +426,14 @@ ckp_status ckp_attention_backward(const float *dout, const float *q, const int64
         float *buf = malloc((size_t)floats * sizeof(float));
         slots kept;
         const int64_t K[3] = {d, d, a.kvsplit}, N[3] = {a.kvsplit, a.kvsplit, d}; /* K^T's blocks, V^T's, K's */
-        if (!slots_init(&kept, &a, 3, K, N) || buf == NULL) {
+        const int ready = slots_init(&kept, &a, 3, K, N) && buf != NULL;
+        if (!ready) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++)
-            if (!failed) backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv, buf, &kept);
+            if (ready) backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv, buf, &kept);
         free(buf);
         slots_free(&kept);
     }

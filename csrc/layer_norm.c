@@ -202,6 +202,12 @@ static void dx_row(const float *dy, const float *x, const float *weight, int64_t
     for (int64_t j = 0; j < N; j++) dx[j] = fm(b, x[j], a * dy[j] * (weight ? weight[j] : 1.0f), fma) + c;
 }
 
+/* The rows of each torch thread's chunk of at::parallel_for(0, M, 1): dweight's and dbias's buffers follow it. */
+static int64_t torch_chunk(int64_t M, int torch_threads) {
+    const int64_t used = M < 2 ? 1 : (torch_threads < M ? torch_threads : M);
+    return M == 0 ? 1 : (M + used - 1) / used;
+}
+
 static ckp_status check_sizes(int64_t M, int64_t N) {
     if (M < 0 || N <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "M must be >= 0 and N > 0, got M=%lld N=%lld",
                                          (long long)M, (long long)N);
@@ -262,9 +268,7 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
     s = refuse_overlaps(inputs, in_bytes, 5, outputs, out_bytes, 3);
     if (s != CKP_OK) return s;
     const int fma = with_fma();
-    /* torch's buffers: the rows of each torch thread's chunk of at::parallel_for(0, M, 1) */
-    const int64_t used = M < 2 ? 1 : (torch_threads < M ? torch_threads : M);
-    const int64_t chunk = M == 0 ? 1 : (M + used - 1) / used;
+    const int64_t chunk = torch_chunk(M, torch_threads);
     if (dweight || dbias) {
         float *buf = calloc((size_t)torch_threads * 2, pbytes); /* [dw buffers | db buffers], torch's order */
         if (buf == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "cannot allocate %d x 2 x %lld floats",
@@ -419,8 +423,7 @@ ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, c
     s = refuse_overlaps(inputs, in_bytes, 5, outputs, out_bytes, 3);
     if (s != CKP_OK) return s;
     const int fma = with_fma();
-    const int64_t used = M < 2 ? 1 : (torch_threads < M ? torch_threads : M);
-    const int64_t chunk = M == 0 ? 1 : (M + used - 1) / used;
+    const int64_t chunk = torch_chunk(M, torch_threads);
     if (dweight || dbias) {
         float *buf = calloc((size_t)torch_threads * 2, (size_t)N * sizeof(float)); /* bf16 values, as floats */
         if (buf == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "cannot allocate %d x 2 x %lld floats",
