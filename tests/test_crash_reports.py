@@ -138,6 +138,27 @@ def test_a_gate_survives_a_crashing_backend_and_names_where(tmp_path):
     assert after["passed"], after["summary"]  # the next gate ran (it calls no linear)
 
 
+def test_a_gate_whose_backend_hangs_is_killed_and_names_where(tmp_path):
+    """gate --hang-timeout: fd_gradients' own twins call the hanging linear in the gate's process, whose place
+    record then stands still; the process is killed, the gate fails saying so and where, the next gate runs."""
+    (tmp_path / "engine.py").write_text(PLUGIN)
+    done = subprocess.run([sys.executable, "-m", "ckparity", "gate", "--plugin", "engine.py", "--backend",
+                           "linear=hanging", "--hang-timeout", "8", "--only", "fd_gradients", "optimizer_parity",
+                           "--out-dir", "gates"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    fd = json.loads((tmp_path / "gates" / "fd_gradients_latest.json").read_text())
+    assert not fd["passed"] and fd["details"]["crash"]["ending"] == "hung (no slot called for 8 s) and killed"
+    assert "hung (no slot called for 8 s) and killed in the forward of linear (with linear=hanging)" in fd["summary"]
+    assert json.loads((tmp_path / "gates" / "optimizer_parity_latest.json").read_text())["passed"]
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
+def test_a_gate_hang_timeout_must_be_a_number_of_seconds(tmp_path, bad):
+    from ckparity.cli import main
+    assert main(["gate", "--only", "drift_smoke", "--hang-timeout", bad, "--out-dir", str(tmp_path / "g")]) == 2
+    assert not (tmp_path / "g" / "drift_smoke_latest.json").exists()  # refused before any gate ran
+
+
 LOAD_CRASH = textwrap.dedent('''
     import ctypes
     import torch.nn.functional as F

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -241,7 +242,7 @@ def _backend_choices(specs: list[str]) -> dict[str, str]:
 
 
 def _gate(argv: list[str]) -> int:
-    from .gates import DTYPE_GATES, GATE_NAMES, junit_cases, markdown_summary, run_gates, settings_for
+    from .gates import DTYPE_GATES, GATE_NAMES, HANG_TIMEOUT, junit_cases, markdown_summary, run_gates, settings_for
     from .harness.basics import junit
     from .harness.basics.config import UsageError
     from .harness.basics.report import check_writable, check_writable_dir, write_text
@@ -260,6 +261,9 @@ def _gate(argv: list[str]) -> int:
                              "--plugin); kernel_parity runs `ckparity check` on it, optimizer_parity holds an adamw "
                              "or clip_grad_norm one to torch")
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first gate that fails")
+    parser.add_argument("--hang-timeout", type=float, default=HANG_TIMEOUT, metavar="SECONDS",
+                        help=f"with --backend: a gate's process or run that calls no slot for this long is killed "
+                             f"as hung, the gate failing (default {HANG_TIMEOUT:g}; 0 waits forever)")
     parser.add_argument("--junit", default=None, help="JUnit XML: a test case per gate, failing where it fails")
     parser.add_argument("--html", **HTML_FLAG)
     args = parser.parse_args(argv)
@@ -268,6 +272,8 @@ def _gate(argv: list[str]) -> int:
         ck_backends = _backend_choices(args.backend)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if not (args.hang_timeout >= 0 and math.isfinite(args.hang_timeout)):
+        raise UsageError(f"--hang-timeout must be finite and >= 0 (0: wait forever), got {args.hang_timeout}")
     names = args.only or (GATE_NAMES if args.dtype == "float32" else DTYPE_GATES)
     if args.dtype != "float32" and set(names) - set(DTYPE_GATES):
         raise UsageError(f"--dtype {args.dtype}: {', '.join(sorted(set(names) - set(DTYPE_GATES)))} run in float32 "
@@ -278,7 +284,8 @@ def _gate(argv: list[str]) -> int:
         if path:
             check_writable(path, flag)
     tier = args.tier + ("" if args.dtype == "float32" else f", {args.dtype}")
-    results = run_gates(names, settings, Path(out_dir), tier, ck_backends=ck_backends, fail_fast=args.fail_fast)
+    results = run_gates(names, settings, Path(out_dir), tier, ck_backends=ck_backends, fail_fast=args.fail_fast,
+                        hang_timeout=args.hang_timeout)
     if args.junit:  # an interrupted run's too: the gates that ran, the stopped one failing
         write_text(args.junit, junit.xml("ckparity gate", junit_cases(results)))
     if args.html:

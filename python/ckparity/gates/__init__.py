@@ -30,6 +30,7 @@ import ckparity
 from .. import kernels
 from .._tensors import DTYPES
 from ..harness.basics import progress
+from ..harness.basics.config import RunConfig
 from ..harness.basics.interrupts import Interrupted, stop_on_signals
 from ..harness.basics.junit import TestCase
 from ..harness.basics.report import write_json, write_text
@@ -37,6 +38,8 @@ from . import (accuracy_parity, common, depth_sweep, distributed_parity, drift_s
                long_horizon, noise_envelope, optimizer_parity, replay_determinism)
 from .common import gate_runs
 from .record import Gate
+
+HANG_TIMEOUT = RunConfig.hang_timeout  # train's --hang-timeout default, for gate's
 
 # the gates in the order the suite runs them
 GATE_RECORDS: list[Gate] = [m.GATE for m in (kernel_parity, optimizer_parity, fd_gradients, replay_determinism,
@@ -111,14 +114,16 @@ def settings_with_backends(settings: dict, ck_backends: dict[str, str]) -> dict:
 
 def run_gates(names: list[str], settings: dict[str, dict], out_dir: Path, tier: str,
               echo: Callable[[str], None] = print, ck_backends: dict[str, str] | None = None,
-              fail_fast: bool = False) -> list[dict]:
+              fail_fast: bool = False, hang_timeout: float = HANG_TIMEOUT) -> list[dict]:
     """Runs the gates ``names`` in that order; ``ck_backends`` (slot -> backend
     name, from ``gate --backend``) puts a registered backend in every gate's
-    CK side; ``fail_fast`` stops after the first gate that fails."""
+    CK side, a process running them killed as hung when it calls no slot for
+    ``hang_timeout`` seconds (0: waits); ``fail_fast`` stops after the first
+    gate that fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         if ck_backends:
-            settings[name] = settings_with_backends(settings[name], ck_backends)
+            settings[name] = dict(settings_with_backends(settings[name], ck_backends), hang_timeout=hang_timeout)
     results = []
     with stop_on_signals() as stop:
         _run_each(names, settings, out_dir, tier, echo, results, fail_fast)
@@ -143,7 +148,7 @@ def _run_isolated(name: str, settings: dict, out_dir: Path, carry: dict) -> dict
     """run_one in a process of its own (``python -m ckparity.gates``) that loads ``carry``: a user's
     backend that segfaults or aborts -- in a gate's own twins (fd_gradients, depth_sweep) or in a check --
     fails this gate, not the gates after it. A signal here is passed on to the child and waited for."""
-    from ..harness.loop.child import ending, place
+    from ..harness.loop.child import ending, killed_if_hung, place
 
     with tempfile.TemporaryDirectory(prefix="ckparity-gate-") as scratch:
         answer, where_file = Path(scratch) / "result.json", str(Path(scratch) / "where")
@@ -151,20 +156,21 @@ def _run_isolated(name: str, settings: dict, out_dir: Path, carry: dict) -> dict
         env = dict(kernels.child_env(carry), **{progress.ENV: where_file})
         proc = subprocess.Popen([sys.executable, "-m", "ckparity.gates", name, json.dumps(settings), str(out_dir),
                                  str(answer), json.dumps(carry)], env=env)
+        timeout = settings.get("hang_timeout", HANG_TIMEOUT)
         try:
-            proc.wait()
+            hung = killed_if_hung(proc, where_file, timeout)
         except BaseException:
             proc.send_signal(signal.SIGTERM)
             proc.wait()
             raise
-        if answer.exists():
+        if answer.exists() and not hung:
             return json.loads(answer.read_text())
         where = progress.read(where_file) or {}
+    how = f"hung (no slot called for {timeout:g} s) and killed" if hung else ending(proc.returncode)
     backends = ", ".join(f"{kernel}={backend}" for kernel, backend in settings["ck_backends"].items())
-    return common.result(False, f"crashed: the gate's process was {ending(proc.returncode)} in {place(where)} "
-                                f"(with {backends})",
-                         crash={"ending": ending(proc.returncode), "stage": where.get("stage"),
-                                "kernel": where.get("kernel"), "backends": settings["ck_backends"]})
+    return common.result(False, f"crashed: the gate's process was {how} in {place(where)} (with {backends})",
+                         crash={"ending": how, "stage": where.get("stage"), "kernel": where.get("kernel"),
+                                "backends": settings["ck_backends"]})
 
 
 def _run_each(names, settings, out_dir, tier, echo, results, fail_fast) -> None:

@@ -28,11 +28,13 @@ def series_without_timing(report: dict) -> dict:
 def with_backends(config: RunConfig, settings: dict) -> RunConfig:
     """config with those of ``gate --backend SLOT=NAME``'s backends
     (settings["ck_backends"]) that its CK twin calls (kernels_used): a
-    backend of a kernel the run does not call is not forced on it."""
+    backend of a kernel the run does not call is not forced on it; and
+    gate --hang-timeout's seconds (settings["hang_timeout"]) for its child."""
     flags = {kernel: flag for flag, kernel in kernels.FLAGS.items()}
     used = kernels_used(config)
-    return replace(config, **{flags[kernel]: name for kernel, name in settings.get("ck_backends", {}).items()
-                              if kernel in used})
+    return replace(config, hang_timeout=settings.get("hang_timeout", config.hang_timeout),
+                   **{flags[kernel]: name for kernel, name in settings.get("ck_backends", {}).items()
+                      if kernel in used})
 
 
 

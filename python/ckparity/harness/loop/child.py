@@ -59,7 +59,7 @@ def carry_for(config: RunConfig) -> dict | None:
     return kernels.carried_together((kernel, getattr(config, flag)) for flag, kernel in kernels.FLAGS.items())
 
 
-def _hung(proc: subprocess.Popen, where_file: str | None, timeout: float) -> bool:
+def killed_if_hung(proc: subprocess.Popen, where_file: str | None, timeout: float) -> bool:
     """Waits for the child; True when its place record (basics/progress.py: every slot call changes it)
     stood still for ``timeout`` seconds, the child then killed -- a kernel stuck in C never returns to
     the interpreter that would handle a gentler signal. ``where_file`` None or timeout 0: waits."""
@@ -90,7 +90,7 @@ def train_in_child(config: RunConfig, carry: dict, where_file: str | None = None
     Path(config.json_out).unlink(missing_ok=True)  # an earlier run's report must not pass for this one's
     proc = subprocess.Popen(command(config, carry), stdout=subprocess.DEVNULL, env=kernels.child_env(carry))
     try:
-        hung = _hung(proc, where_file, config.hang_timeout)
+        hung = killed_if_hung(proc, where_file, config.hang_timeout)
     except BaseException:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
