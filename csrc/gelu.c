@@ -4,8 +4,7 @@
  *   inner = beta * (x + kappa * x^3),  beta = float(sqrt(2) * 2/sqrt(pi) * 0.5),  kappa = 0.044715f
  *   y  = (0.5 * x) * (1 + tanh(inner))
  *   dx = dy * (0.5 * (1 + t) + ((0.5 * x) * (1 - t * t)) * (beta * (1 + 3 kappa x^2))),  t = tanh(inner)
- * (x^3 is (x * x) * x.) F.gelu's default form, erf, is not here: torch hands a float32 tensor of more
- * than one element to oneDNN's eltwise gelu_erf, whose JIT code has its own erf (not modelled).
+ * (x^3 is (x * x) * x.) F.gelu's default form, erf, is gelu_erf.c (oneDNN's, where torch hands it).
  *
  * Every element repeats torch's float operations in torch's order, at the CPU capability torch runs at
  * (ckp_get_capability), and where torch's loop puts it:

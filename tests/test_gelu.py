@@ -1,17 +1,23 @@
-"""ckparity.gelu (csrc/gelu.c): F.gelu(x, approximate="tanh") bit for bit in float32 and bfloat16 -- forward
-and backward, at torch's
-thread count (torch splits a large tensor between its threads and computes each piece's last elements with
-libm's tanhf: the C follows the split it is told), at any thread count of its own -- and the erf form and
-other dtypes refused by name. (The width sweep at each capability: the record's claim, tests/test_capability.py;
+"""ckparity.gelu (csrc/gelu.c, csrc/gelu_erf.c): F.gelu(x, approximate="tanh") bit for bit in float32 and
+bfloat16 -- forward and backward, at torch's thread count (torch splits a large tensor between its threads and
+computes each piece's last elements with libm's tanhf: the C follows the split it is told), at any thread count
+of its own -- and the erf form as oneDNN computes it at the ISA oneDNN runs; other dtypes refused by name. (The width sweep at each capability: the record's claim, tests/test_capability.py;
 check's properties: tests/test_slots.py; its C API: tests/test_fuzz_c_api.py and tests/test_overlaps.py.)"""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ckparity
+from ckparity._bindings import pointer
+from ckparity._native import ffi, lib
 from ckparity.errors import InvalidArgument, InvalidType
 from ckparity.kernels.sweeping import same_bits, torch_threads
 
@@ -62,10 +68,8 @@ def test_any_shape_and_layout_is_its_contiguous_copys():
     assert y.shape == (0, 5) and empty.grad.shape == (0, 5)
 
 
-def test_the_erf_form_and_other_dtypes_are_refused_by_name():
+def test_other_forms_and_dtypes_are_refused_by_name():
     x = torch.randn(4)
-    with pytest.raises(InvalidArgument, match="oneDNN's eltwise gelu_erf"):
-        ckparity.gelu(x)  # F.gelu's default form
     with pytest.raises(InvalidArgument, match="approximate must be 'none' or 'tanh'"):
         ckparity.gelu(x, approximate="sigmoid")
     with pytest.raises(InvalidType, match="float32 or bfloat16"):
@@ -77,3 +81,73 @@ def test_a_second_derivative_is_refused_not_silently_wrong():
     (g,) = torch.autograd.grad(ckparity.gelu(x, approximate="tanh").sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiable once"):
         g.sum().backward()
+
+
+# --- the erf form (F.gelu's default): oneDNN's gelu_erf ------------------------------------------------------
+
+ERF_PROBE = """
+import json, torch, torch.nn.functional as F, ckparity
+from ckparity import cpu
+from ckparity.kernels.sweeping import same_bits
+g = torch.Generator().manual_seed(5)
+x = torch.cat([torch.randn(4097, generator=g) * 3, torch.linspace(-12, 12, 2001), torch.logspace(-40, -36, 40)])
+out = {"isa": cpu.onednn_isa()}
+for dtype in (torch.float32, torch.bfloat16):
+    xs = x.to(dtype).requires_grad_(True)
+    dy = torch.randn(xs.shape, generator=g).to(dtype)
+    ours = [ckparity.gelu(xs)]; ours += torch.autograd.grad(ours[0], xs, dy)
+    theirs = [F.gelu(xs)]; theirs += torch.autograd.grad(theirs[0], xs, dy)
+    out[str(dtype)] = [same_bits(a, b) for a, b in zip(ours, theirs)]
+    # the other oneDNN ISA's formula: torch's bits only by chance
+    form = ckparity.ops.gelu.erf_form(xs) ^ 1
+    y = torch.empty_like(xs)
+    ckparity._native.lib.__getattribute__("ckp_gelu_erf_forward" + ("_bf16" if dtype == torch.bfloat16 else ""))(
+        ckparity._bindings.pointer(xs.detach()), xs.numel(), form, ckparity._bindings.pointer(y))
+    out[str(dtype) + " other form"] = same_bits(y, theirs[0])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("pin", [None, "AVX512_CORE", "AVX2"])
+def test_the_erf_form_is_onednns_at_the_isa_onednn_runs(pin):
+    """torch hands F.gelu(x) (erf) to oneDNN, whose formula is its ISA's: the minimax erf at avx512 ISAs (and,
+    where the CPU converts to bf16 in hardware, denormal results flushed), Abramowitz and Stegun's below. Pinned
+    with ONEDNN_MAX_CPU_ISA in a fresh process, y and dx are torch's bits in float32 and bfloat16 (bf16 below
+    avx512: torch runs ATen's own erf, claimed at DEFAULT only), and the other ISA's formula is not."""
+    flags = ckparity.cpu._cpu_flags()
+    if pin == "AVX512_CORE" and not ckparity.cpu.AVX512_CORE_FLAGS <= flags:
+        pytest.skip("this CPU has no avx512_core: oneDNN cannot run it")
+    env = dict(os.environ, **({"ONEDNN_MAX_CPU_ISA": pin} if pin else {}))
+    done = subprocess.run([sys.executable, "-c", ERF_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["torch.float32"] == [True, True] and not out["torch.float32 other form"]
+    if out["isa"].startswith("AVX512"):
+        assert out["torch.bfloat16"] == [True, True] and not out["torch.bfloat16 other form"]
+
+
+def test_the_erf_form_of_one_element_is_atens_scalar_code():
+    """A tensor of one element never reaches oneDNN (use_mkldnn wants two): ATen's scalar formula, with libm's
+    erff and expf, is torch's bits at every value, where oneDNN's polynomial is not."""
+    g = torch.Generator().manual_seed(6)
+    for v in (torch.randn(300, generator=g) * 4).tolist() + [0.0, -0.0, 5.6, -30.0]:
+        x, dy = torch.tensor([v]), torch.tensor([0.37])
+        assert all(same_bits(a, b) for a, b in zip(_both(ckparity.gelu, x, dy), _both(F.gelu, x, dy))), v
+    x = torch.randn(300, generator=g) * 4
+    y = torch.empty_like(x)
+    lib.ckp_gelu_erf_forward(pointer(x), 300, lib.CKP_GELU_ERF_ATEN, pointer(y))
+    assert not same_bits(y, F.gelu(x)), "ATen's scalar formula reproduced oneDNN's: the case shows nothing"
+
+
+def test_the_erf_form_of_a_strided_x_is_its_contiguous_copys():
+    """torch runs ATen's vectorized erf on a strided x (not followed): ckparity computes its contiguous copy."""
+    x = torch.randn(40, 64).t()
+    assert same_bits(ckparity.gelu(x), F.gelu(x.contiguous()))
+
+
+def test_a_form_outside_the_enum_is_refused_by_the_c():
+    x = torch.randn(8)
+    y = torch.empty_like(x)
+    assert lib.ckp_gelu_erf_forward(pointer(x), 8, 3, pointer(y)) == lib.CKP_ERR_BAD_OPTION
+    assert lib.ckp_gelu_erf_forward(pointer(x), 8, lib.CKP_GELU_ERF_BF16_FLUSH, pointer(y)) == lib.CKP_ERR_BAD_OPTION
+    assert "form must be" in ffi.string(lib.ckp_last_error()).decode()

@@ -64,12 +64,13 @@ def follow_torch() -> None:
 MODELLED_MKL_BRANCHES = ("AVX512",)
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return set()
+        return frozenset()
 
 
 def mkl_branch() -> str:
@@ -100,3 +101,32 @@ def mkl_version() -> str:
         return buffer.value.decode(errors="replace").strip()
     except (OSError, AttributeError):
         return ""
+
+
+# [Note: oneDNN's ISA]
+# torch hands some ops to oneDNN's JIT kernels (F.gelu's erf form: csrc/gelu_erf.c), whose bits depend on
+# the instruction set oneDNN generates code for: the CPU's best, lowered by ONEDNN_MAX_CPU_ISA (or its older
+# name DNNL_MAX_CPU_ISA) -- not torch's capability. oneDNN reports it through no symbol the wheel exports, so
+# it is read as oneDNN reads it: the variable and the CPU's flags.
+AVX512_CORE_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+def onednn_isa() -> str:
+    """The ISA family oneDNN's JIT code runs at in this process: "AVX512_CORE_BF16" (an avx512 one with the
+    bf16 instructions), "AVX512_CORE" (without), "AVX2" (avx2 with FMA), or "AVX"/"SSE41" below; "none"
+    without oneDNN or off x86."""
+    if not (_X86 and torch.backends.mkldnn.is_available()):
+        return "none"
+    import os
+
+    flags = _cpu_flags()
+    order = ("SSE41", "AVX", "AVX2", "AVX512_CORE", "AVX512_CORE_BF16")
+    best = ("AVX512_CORE_BF16" if "avx512_bf16" in flags else "AVX512_CORE") if AVX512_CORE_FLAGS <= flags else \
+        "AVX2" if {"avx2", "fma"} <= flags else "AVX" if "avx" in flags else "SSE41"
+    pinned = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if not pinned or pinned in ("ALL", "DEFAULT"):
+        return best
+    family = ("AVX512_CORE" if pinned in ("AVX512_CORE", "AVX512_CORE_VNNI") else
+              "AVX512_CORE_BF16" if pinned.startswith(("AVX512", "AVX10")) else
+              "AVX2" if pinned.startswith("AVX2") else "AVX" if pinned == "AVX" else "SSE41")
+    return order[min(order.index(best), order.index(family))]

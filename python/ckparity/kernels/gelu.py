@@ -1,8 +1,8 @@
-"""gelu: F.gelu(x, approximate="tanh") -- GPT-2's GELU. Its C kernel (csrc/gelu.c) is torch's bit for bit in
-float32 and bfloat16 at every capability and at torch's thread count (torch splits a large tensor between its threads and
-computes each piece's last elements with libm's tanhf, the rest with SLEEF's). The GPT-2 twin's MLP (--model
-gpt2) calls it. F.gelu's default form (erf) is oneDNN's in
-torch and is refused by name."""
+"""gelu: F.gelu(x, approximate="tanh") -- GPT-2's GELU -- and F.gelu's default erf form. The tanh form's C kernel
+(csrc/gelu.c) is torch's bit for bit in float32 and bfloat16 at every capability and at torch's thread count (torch
+splits a large tensor between its threads and computes each piece's last elements with libm's tanhf, the rest with
+SLEEF's); the GPT-2 twin's MLP (--model gpt2) calls it, as the slot does. The erf form's (csrc/gelu_erf.c) is
+oneDNN's gelu_erf, which torch runs for it, at the ISA oneDNN runs (claim gelu.erf)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..ops.gelu import gelu, gelu_backward, gelu_forward
+from .. import cpu
+from ..ops.gelu import gelu, gelu_backward, gelu_erf_backward, gelu_erf_forward, gelu_forward, torch_runs_onednn
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
@@ -80,6 +81,47 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
     case("x from -1e13 to 1e13", torch.cat([-torch.logspace(13, -8, 250), torch.logspace(-8, 13, 250)]))
 
 
+def _erf_form(x):
+    return gelu(x, approximate="none")
+
+
+def sweep_erf(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """y and dx of the erf form against F.gelu(x) on ``dtype`` tensors: every width in 1, 3 and 17 rows, sizes
+    past oneDNN's and torch's thread splits at 1 and 2 threads, one element (ATen's scalar code), rows of NaN,
+    infs and signed zeros, and x from -1e13 to 1e13 (every one of oneDNN's 25 intervals, its exp's underflow)."""
+    def case(label, x, threads=1):
+        x = x.to(dtype).requires_grad_(True)
+        up = torch.randn(x.shape, generator=g).to(dtype)
+        with torch_threads(threads):
+            ours, theirs = grad_run(_erf_form, [x], up), grad_run(F.gelu, [x], up)
+        for q, a, b in zip(("y", "dx"), ours, theirs):
+            tally.add(q, label, a, b)
+
+    for N in (1, 3, 17):
+        for W in WIDTHS:
+            case(f"N={N} W={W}", torch.randn(N, W, generator=g) * 3)
+    for n in SPLIT_SIZES:
+        for threads in (1, 2):
+            case(f"n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
+    for W in SPECIAL_WIDTHS:
+        case(f"special rows W={W}", special_rows(g, W, dtype))
+    case("x from -1e13 to 1e13", torch.cat([-torch.logspace(13, -40, 500), torch.logspace(-40, 13, 500)]))
+    case("x from -12 to 12", torch.linspace(-12, 12, 100003))
+    for v in (0.0, -0.0, 5.5, 5.6, -9.0, 1e-30, float("inf"), float("nan")):
+        case(f"one element {v}", torch.tensor([v]))
+
+
+def _erf_followed(dtype: torch.dtype) -> str | None:
+    """None where ckparity's erf GELU is the code torch runs on a contiguous ``dtype`` tensor, else why not."""
+    if torch_runs_onednn(dtype):
+        isa = cpu.onednn_isa()
+        return None if isa.startswith("AVX512") or isa == "AVX2" else f"oneDNN runs {isa} code here (no FMA): not followed"
+    if cpu.torch_capability() == "DEFAULT":
+        return None  # ATen's erf GELU at DEFAULT is its scalar formula, lane by lane
+    return (f"torch runs ATen's own vectorized erf for {dtype} here (oneDNN disabled, or bfloat16 below "
+            f"avx512_core) at {cpu.torch_capability()}: not followed")
+
+
 def _layout_cases(g):
     """x 1-D, 2-D and 3-D, and empty."""
     for shape in ((37,), (4, 18), (2, 3, 18), (0, 18)):
@@ -99,10 +141,18 @@ def _probe(g: torch.Generator):
                 return y, dx
             yield f"gelu n={n} {dtype}", run
 
+            def run_erf(L, fill, x=x, dy=dy):
+                y, dx = out(x, fill), out(x, fill)
+                gelu_erf_forward(x, y, library=L)
+                gelu_erf_backward(dy, x, dx, library=L)
+                return y, dx
+            yield f"gelu erf n={n} {dtype}", run_erf
 
-def _entries(suffix: str, kind: str) -> tuple[CEntry, ...]:
+
+def _entries(name: str, suffix: str, kind: str) -> tuple[CEntry, ...]:
+    """The forward and backward entries of ``name`` (gelu: the last int is torch's threads; gelu_erf: the form)."""
     n = lambda s: s["n"]  # noqa: E731 - every buffer holds n elements
-    forward, backward = "gelu_forward" + suffix, "gelu_backward" + suffix
+    forward, backward = f"{name}_forward{suffix}", f"{name}_backward{suffix}"
     return (CEntry(forward, (CBuffer("x", kind, n), CBuffer("y", kind, n, output=True)), {"n": 5},
                    lambda L, p, s: getattr(L, "ckp_" + forward)(p["x"], s["n"], 1, p["y"])),
             CEntry(backward, (CBuffer("dy", kind, n), CBuffer("x", kind, n), CBuffer("dx", kind, n, output=True)),
@@ -121,6 +171,15 @@ def _bench(g: torch.Generator, select):
         # forward reads x, writes y; backward reads dy and x, writes dx
         yield Case("gelu", "N=2048,D=3072", fwd_bwd(gelu, x, "tanh"), fwd_bwd(gelu_tanh, x, "tanh"),
                    5 * x.numel() * 4, c_calls, compiled=compiled_fwd_bwd(gelu_tanh, x, "tanh"))
+    if select("gelu", "erf N=2048,D=3072"):  # the same in F.gelu's default form (oneDNN's in torch)
+        x = (torch.randn(2048, 3072, generator=g) * 3).requires_grad_(True)
+        y, dx, ones = torch.empty_like(x), torch.empty_like(x), torch.ones_like(x)
+
+        def c_erf_calls():
+            gelu_erf_forward(x.detach(), y)
+            gelu_erf_backward(ones, x.detach(), dx)
+        yield Case("gelu", "erf N=2048,D=3072", fwd_bwd(gelu, x, "none"), fwd_bwd(gelu_tanh, x, "none"),
+                   5 * x.numel() * 4, c_erf_calls, compiled=compiled_fwd_bwd(gelu_tanh, x, "none"))
 
 
 KERNEL = Kernel(
@@ -137,11 +196,18 @@ KERNEL = Kernel(
                             widths=WIDTHS, bad=_BAD, opinfo=("nn.functional.gelu", _opinfo_sample)),
     amp_bf16=True,
     claims=(Claim("gelu", ("y", "dx"), sweep),
-            Claim("gelu", ("y", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16")),
-    not_claimed={"gelu": "approximate='none' (erf): torch runs oneDNN's gelu_erf on float32 tensors of 2+ elements "
-                         "(refused by name); float16 (not built)"},
+            Claim("gelu", ("y", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
+            Claim("gelu.erf", ("y", "dx"), sweep_erf, holds=functools.partial(_erf_followed, torch.float32),
+                  condition="contiguous x; oneDNN at an avx512 or avx2 ISA, or torch at DEFAULT"),
+            Claim("gelu.erf", ("y", "dx"), functools.partial(sweep_erf, dtype=torch.bfloat16), dtype="bfloat16",
+                  holds=functools.partial(_erf_followed, torch.bfloat16),
+                  condition="contiguous x; oneDNN at an avx512 ISA, or torch at DEFAULT")),
+    not_claimed={"gelu": "float16 (not built)",
+                 "gelu.erf": "a strided x (torch runs ATen's vectorized erf on it; ckparity computes its contiguous "
+                             "copy), oneDNN disabled or bfloat16 below avx512_core at AVX2/AVX512 (ATen's vectorized "
+                             "erf), oneDNN below avx2 (no FMA); float16 (not built)"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=_entries("", "f") + _entries("_bf16", "h"),
+    c_entries=tuple(entry for name in ("gelu", "gelu_erf") for entry in _entries(name, "", "f") + _entries(name, "_bf16", "h")),
 )
