@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ckparity
 from ckparity import cpu, gates, kernels
 from ckparity.zoo import bugs
 from ckparity.harness.basics.config import RunConfig, UsageError
@@ -71,14 +72,17 @@ def test_memory_estimate_counts_gpt2s_parameters():
     assert parameter_count(GPT2) == sum(p.numel() for p in ref.model.parameters())
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads):
+@pytest.mark.parametrize("threads, gelu", [(1, "tanh"), (2, "tanh"), (1, "erf")])
+def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads, gelu):
     """Every op the CK twin calls is ckparity's C; torch at one thread, where the C linear and attention follow
     MKL's order (at 2 torch threads MKL splits long K between its threads). ckparity's own thread count changes
-    no bit."""
+    no bit; GELU's erf form (--gelu erf: oneDNN's in torch) is bitwise where its claim holds."""
+    from ckparity.kernels.gelu import _erf_followed
+    if gelu == "erf" and _erf_followed(torch.float32):
+        pytest.skip(_erf_followed(torch.float32))
     # the C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere torch's
     gemm = "c" if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES else "torch"
-    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend=gemm,
+    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend=gemm, gelu=gelu,
                      ck_linear_backend=gemm, threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
     assert {config.ck_embedding_backend, config.ck_layer_norm_backend, config.ck_gelu_backend,
             config.ck_residual_backend} == {"c"}
@@ -100,10 +104,27 @@ def test_gpt2_runs_call_layer_norm_and_gelu_not_rms_norm_or_swiglu():
     ({"kv_heads": 2}, "--kv-heads takes no effect with --model gpt2"),
     ({"rope_theta": 500.0}, "--rope-theta takes no effect"),
     ({"tie_embeddings": True}, "--tie-embeddings takes no effect"),
+    ({"model": "llama", "gelu": "erf"}, "--gelu takes no effect with --model llama"),
 ])
 def test_bad_gpt2_configs(overrides, message):
     with pytest.raises(UsageError, match=message):
         replace(GPT2, **overrides)
+
+
+def test_the_erf_gelu_runs_the_erf_form_and_a_tanh_only_backend_is_refused(clean_registry):
+    """--gelu erf: the torch twin's MLP is F.gelu's default form (the slot called with approximate="none"); a
+    backend that declares the erf form unsupported (plugin.gelu's helper: a C GELU of the tanh form) is refused
+    before the run, by name."""
+    from ckparity import plugin
+    _, ref = build_twins(replace(GPT2, gelu="erf"))
+    assert all(block.approximate == "none" for block in ref.model.blocks)
+    assert all(block.approximate == "tanh" for block in build_twins(GPT2)[1].model.blocks)
+    tanh_only = plugin.gelu(lambda x, y: y.copy_(torch.nn.functional.gelu(x, approximate="tanh")),
+                            lambda dy, x, dx: dx.copy_(dy))
+    ckparity.register_backend("gelu", "tanh_only", tanh_only, check=False)
+    replace(GPT2, ck_gelu_backend="tanh_only")  # its own form: taken
+    with pytest.raises(UsageError, match="--gelu erf: the gelu backend 'tanh_only' declares it unsupported"):
+        replace(GPT2, ck_gelu_backend="tanh_only", gelu="erf")
 
 
 def test_tensor_parallel_gpt2_is_refused():

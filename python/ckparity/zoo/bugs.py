@@ -443,6 +443,11 @@ def gelu_erf_where_tanh_asked(x, approximate="none"):
     return F.gelu(x)
 
 
+def gelu_tanh_where_erf_asked(x, approximate="none"):
+    """GELU's tanh form whatever form is asked: F.gelu's default (erf) quietly replaced by the approximation."""
+    return F.gelu(x, approximate="tanh")
+
+
 # --- clip_grad_norm ------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -479,7 +484,7 @@ BUGS = {
                         attention_backward_without_lse),
     "embedding": _named(embedding_backward_drops_repeats, embedding_position_grad_dropped),
     "layer_norm": _named(layer_norm_unbiased_variance, layer_norm_dbeta_wrong_axis),
-    "gelu": _named(gelu_erf_where_tanh_asked),
+    "gelu": _named(gelu_erf_where_tanh_asked, gelu_tanh_where_erf_asked),
 }
 
 

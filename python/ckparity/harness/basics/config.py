@@ -32,6 +32,8 @@ class RunConfig:
     kv_heads: int = _flag(0, "llama: key/value heads for grouped-query attention (0: as many as --heads)")
     rope_theta: float = _flag(10000.0, "llama: the rotary embedding's base")
     tie_embeddings: bool = _flag(False, "llama: lm_head shares the embedding matrix")
+    gelu: str = _flag("tanh", "gpt2: its MLP's GELU (tanh: GPT-2's and llm.c's; erf: F.gelu's default, as BERT-style "
+                              "models use)", choices=["tanh", "erf"])
     batch_size: int = _flag(1, "windows per micro-step (B)")
     epochs: int = _flag(1, "passes over the token stream")
     seq_len: int = _flag(8, "tokens per micro-batch")
@@ -226,6 +228,8 @@ def _validate(config: RunConfig) -> None:
                    if getattr(config, n) != defaults[n].default and not (n == "heads" and config.model == "gpt2")]
     if config.model == "gpt2" and config.hidden != defaults["hidden"].default:
         unused.append("hidden")
+    if config.model != "gpt2" and config.gelu != defaults["gelu"].default:
+        unused.append("gelu")
     used = kernels_used(config)
     unused += [flag for flag, kernel in kernels.FLAGS.items()
                if kernel not in used and getattr(config, flag) != defaults[flag].default]
@@ -253,6 +257,9 @@ def _validate(config: RunConfig) -> None:
     loss = kernels.KERNELS["cross_entropy"].registrations.get(config.ck_loss_backend)
     if config.label_smoothing and loss is not None and "label_smoothing" in loss.unsupported:
         raise UsageError(f"--label-smoothing: the loss backend {config.ck_loss_backend!r} declares it unsupported")
+    gelu = kernels.KERNELS["gelu"].registrations.get(config.ck_gelu_backend)
+    if config.model == "gpt2" and config.gelu == "erf" and gelu is not None and "erf" in gelu.unsupported:
+        raise UsageError(f"--gelu erf: the gelu backend {config.ck_gelu_backend!r} declares it unsupported")
     _validate_precision(config, used)
 
 

@@ -278,11 +278,12 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    """h = x + attn(ln_1(x)); h + c_proj(gelu_tanh(c_fc(ln_2(h)))): GPT-2's pre-LN block, its MLP 4 x D wide."""
+    """h = x + attn(ln_1(x)); h + c_proj(gelu(c_fc(ln_2(h)))): GPT-2's pre-LN block, its MLP 4 x D wide, its
+    GELU of the form ``approximate`` ("tanh": GPT-2's; "none": F.gelu's erf form)."""
 
-    def __init__(self, d_model: int, heads: int, eps: float, ops: Ops) -> None:
+    def __init__(self, d_model: int, heads: int, eps: float, ops: Ops, approximate: str = "tanh") -> None:
         super().__init__()
-        self.ops = ops
+        self.ops, self.approximate = ops, approximate
         self.ln_1 = LayerNormLayer(d_model, eps, ops)
         self.attn = GPT2Attention(d_model, heads, ops)
         self.ln_2 = LayerNormLayer(d_model, eps, ops)
@@ -294,7 +295,7 @@ class GPT2Block(nn.Module):
         acts[f"{prefix}.attn_out"] = x = self.ops.residual(x, self.attn(h, acts, prefix))
         acts[f"{prefix}.ln_2"] = h = self.ln_2(x)
         acts[f"{prefix}.c_fc"] = h = self.c_fc(h)
-        acts[f"{prefix}.gelu"] = h = self.ops.gelu(h, approximate="tanh")
+        acts[f"{prefix}.gelu"] = h = self.ops.gelu(h, approximate=self.approximate)
         acts[f"{prefix}.c_proj"] = h = self.c_proj(h)
         acts[f"{prefix}.out"] = out = self.ops.residual(x, h)
         return out
@@ -312,7 +313,9 @@ class GPT2Model(nn.Module):
         D = config.d_model
         self.embedding = Embedding(config.vocab, D, ops)
         self.position = Embedding(config.seq_len, D, ops)
-        self.blocks = nn.ModuleList(GPT2Block(D, config.heads, config.eps, ops) for _ in range(config.num_layers))
+        approximate = {"tanh": "tanh", "erf": "none"}[config.gelu]
+        self.blocks = nn.ModuleList(GPT2Block(D, config.heads, config.eps, ops, approximate)
+                                    for _ in range(config.num_layers))
         self.norm = LayerNormLayer(D, config.eps, ops)
         self.lm_head = LMHead(D, config.vocab, ops)
         self.lm_head.weight = self.embedding.weight
