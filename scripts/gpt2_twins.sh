@@ -4,7 +4,8 @@
 # and the C AdamW in its fused form against torch's fused AdamW
 # (--torch-adamw fused: the single-tensor path's MKL sqrt is another rounding, which GPT-2's key bias
 # turns into drift: kernels.record.GPT2_RUN). torch at one thread, where the C linear follows MKL's
-# order; ckparity at 1 and 2 threads; each CPU capability torch runs at here.
+# order; ckparity at 1 and 2 threads; each CPU capability torch runs at here. And with --gelu erf (F.gelu's
+# default form, which torch hands to oneDNN: csrc/gelu_erf.c), ckparity at 1 thread.
 # One report each in reports/gpt2/ (tests/test_gpt2.py reads them; docs/harness.md quotes them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,4 +18,10 @@ for cap in avx512 avx2 default; do
       --torch-threads 1 --threads $threads --max-steps 850 --no-progress \
       --json-out reports/gpt2/gpt2_850_${cap}_threads${threads}.json
   done
+done
+for cap in avx512 avx2 default; do
+  ATEN_CPU_CAPABILITY=$cap timeout 1800 .venv/bin/ckparity train --model gpt2 --num-layers 4 --d-model 256 \
+    --vocab 8192 --seq-len 64 --gelu erf --ck-all c --ck-loss-backend c_ptref --torch-adamw fused --ck-optimizer-backend c_fused \
+    --expect-bitwise --torch-threads 1 --threads 1 --max-steps 850 --no-progress \
+    --json-out reports/gpt2/gpt2_850_erf_${cap}_threads1.json
 done

@@ -229,7 +229,8 @@ def test_hugging_face_gpt2_weights_give_hugging_faces_logits(tmp_path):
 def test_the_committed_gpt2_runs_are_bit_identical():
     """reports/gpt2/ (scripts/gpt2_twins.sh): issue 56's small GPT-2 over 850 steps, every op in C (attention too),
     the C AdamW's fused form against torch's fused AdamW; torch at one thread and each capability, ckparity at
-    1 and 2 threads -- not one differing bit."""
+    1 and 2 threads -- not one differing bit; and with --gelu erf (F.gelu's default form, oneDNN's in torch) at
+    each capability, ckparity at 1 thread."""
     runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "gpt2").glob("gpt2_850_*.json"))]
     seen = set()
     for r in runs:
@@ -241,8 +242,9 @@ def test_the_committed_gpt2_runs_are_bit_identical():
         assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 850
         assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
         assert r["env"]["capability_matched"] and r["env"]["torch_threads"] == 1
-        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
-    assert seen == {(cap, t) for cap in ("DEFAULT", "AVX2", "AVX512") for t in (1, 2)}
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], c.get("gelu", "tanh")))
+    assert seen == {(cap, t, "tanh") for cap in ("DEFAULT", "AVX2", "AVX512") for t in (1, 2)} | {
+        (cap, 1, "erf") for cap in ("DEFAULT", "AVX2", "AVX512")}
 
 
 def test_a_position_table_never_trained_fails_the_run_and_the_envelope_measures_it(tmp_path, monkeypatch):
