@@ -297,36 +297,53 @@ ckp_status ckp_layer_norm_backward(const float *dy, const float *x, const float 
  * in float (two FMAs where the build has them), rounded once. Backward: dweight and dbias buffers of bf16
  * per torch thread (each row's update rounded), summed in float over the threads; ds and db by
  * functional_bfloat16.h's reductions (two 8-lane accumulators, the halves of each 16-element vector,
- * added at the end); dx as float's, rounded once. */
+ * added at the end); dx as float's, rounded once.
+ * Mixed (`mixed`: a bf16 x with float32 weight and bias, torch's layer_norm_kernel_mixed_type<T, float>): the
+ * same code with the params read as floats, mean and rstd kept as floats (not rounded), dweight and dbias the
+ * float sums of the same bf16 buffers (not rounded); and, with a weight, ds and db by the mixed frame's own
+ * loop (layer_norm_backward_frame<T, float>): db's terms dy * w rounded, ds's x * (dy * w) -- contracted into
+ * the accumulator where the build has FMA --, two 8-lane accumulators over each 16-element vector's halves, a
+ * last partial vector into the lanes it fills; a row under 16 one vector: under 9 its lanes added in order,
+ * else the upper half's products added into the lower's first N - 8 lanes and all 8 lanes reduced by the tree. */
 enum { BVEC = 16 }; /* Vectorized<BFloat16>::size() where torch's layer norm is built */
 
 static inline __attribute__((always_inline)) float bf(const uint16_t *p, int64_t i) { return ckp_bf16_to_f(p[i]); }
 
+/* A parameter or statistic of the bf16 path: a float (mixed) or a bf16 value, as a float. */
+static inline __attribute__((always_inline)) float pv(const void *p, int64_t i, int mixed) {
+    return mixed ? ((const float *)p)[i] : bf((const uint16_t *)p, i);
+}
+
+static inline __attribute__((always_inline)) void put(void *p, int64_t i, float v, int mixed) {
+    if (mixed) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = ckp_f_to_bf16(v);
+}
+
 CKP_CLONES
-static void forward_row_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t N, float eps,
-                             int fma, uint16_t *y, uint16_t *mean, uint16_t *rstd) {
+static void forward_row_bf16(const uint16_t *x, const void *weight, const void *bias, int64_t N, float eps,
+                             int fma, int mixed, uint16_t *y, void *mean, void *rstd, int64_t i) {
     float mu, var;
     row_moments(x, N, 1, fma, &mu, &var);
     const float r = 1.0f / sqrtf(var + eps), shift = -r * mu;
     for (int64_t j = 0; j < N; j++) {
         const float t = fm(bf(x, j), r, shift, fma);
-        y[j] = ckp_f_to_bf16(fm(t, weight ? bf(weight, j) : 1.0f, bias ? bf(bias, j) : 0.0f, fma));
+        y[j] = ckp_f_to_bf16(fm(t, weight ? pv(weight, j, mixed) : 1.0f, bias ? pv(bias, j, mixed) : 0.0f, fma));
     }
-    *mean = ckp_f_to_bf16(mu);
-    *rstd = ckp_f_to_bf16(r);
+    put(mean, i, mu, mixed);
+    put(rstd, i, r, mixed);
 }
 
-ckp_status ckp_layer_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t M,
-                                       int64_t N, double eps, uint16_t *y, uint16_t *mean, uint16_t *rstd) {
+static ckp_status forward_bf16(const uint16_t *x, const void *weight, const void *bias, int64_t M, int64_t N,
+                               double eps, int mixed, uint16_t *y, void *mean, void *rstd) {
     if (x == NULL || y == NULL || mean == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "x, y, mean and rstd must not be NULL");
     ckp_status s = check_sizes(M, N);
     if (s != CKP_OK) return s;
-    const size_t bytes = (size_t)(M * N) * 2, pbytes = (size_t)N * 2;
+    const size_t p = mixed ? sizeof(float) : 2, bytes = (size_t)(M * N) * 2, pbytes = (size_t)N * p;
     const void *inputs[] = {x, weight, bias};
     const size_t in_bytes[] = {bytes, pbytes, pbytes};
     float *outputs[] = {(float *)y, (float *)mean, (float *)rstd};
-    const size_t out_bytes[] = {bytes, (size_t)M * 2, (size_t)M * 2};
+    const size_t out_bytes[] = {bytes, (size_t)M * p, (size_t)M * p};
     s = refuse_overlaps(inputs, in_bytes, 3, outputs, out_bytes, 3);
     if (s != CKP_OK) return s;
     ckp_clear_error();
@@ -334,8 +351,18 @@ ckp_status ckp_layer_norm_forward_bf16(const uint16_t *x, const uint16_t *weight
     const float eps_f = (float)eps;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
     for (int64_t i = 0; i < M; i++)
-        forward_row_bf16(x + i * N, weight, bias, N, eps_f, fma, y + i * N, mean + i, rstd + i);
+        forward_row_bf16(x + i * N, weight, bias, N, eps_f, fma, mixed, y + i * N, mean, rstd, i);
     return CKP_OK;
+}
+
+ckp_status ckp_layer_norm_forward_bf16(const uint16_t *x, const uint16_t *weight, const uint16_t *bias, int64_t M,
+                                       int64_t N, double eps, uint16_t *y, uint16_t *mean, uint16_t *rstd) {
+    return forward_bf16(x, weight, bias, M, N, eps, 0, y, mean, rstd);
+}
+
+ckp_status ckp_layer_norm_forward_bf16_mixed(const uint16_t *x, const float *weight, const float *bias, int64_t M,
+                                             int64_t N, double eps, uint16_t *y, float *mean, float *rstd) {
+    return forward_bf16(x, weight, bias, M, N, eps, 1, y, mean, rstd);
 }
 
 /* functional_bfloat16.h's reductions of the product of p, q and r (q or r NULL: fewer factors) over N:
@@ -371,15 +398,60 @@ static inline __attribute__((always_inline)) float reduce_all_bf16(const uint16_
     return sum_lanes(a0, fma);
 }
 
+/* The mixed frame's ds = sum x * (dy * w) and db = sum dy * w (the Note above), w float. */
+static inline __attribute__((always_inline)) void reduce_mixed(const uint16_t *dy, const uint16_t *x, const float *w,
+                                                               int64_t N, int fma, float *ds, float *db) {
+#define DB(j) (bf(dy, j) * w[j])
+    float s0[LANES], b0[LANES], s1[LANES], b1[LANES];
+    if (N < BVEC) {
+        for (int l = 0; l < LANES; l++) {
+            b0[l] = l < N ? DB(l) : 0.0f;
+            s0[l] = (l < N ? bf(x, l) : 0.0f) * b0[l];
+        }
+        if (N <= LANES) {
+            float s = s0[0], b = b0[0];
+            for (int64_t l = 1; l < N; l++) s = s + s0[l], b = b + b0[l];
+            *ds = s, *db = b;
+            return;
+        }
+        for (int64_t l = 0; l + LANES < N; l++) {
+            const float t = DB(l + LANES);
+            s0[l] = fm(bf(x, l + LANES), t, s0[l], fma);
+            b0[l] = b0[l] + t;
+        }
+        *ds = sum_lanes(s0, fma), *db = sum_lanes(b0, fma);
+        return;
+    }
+    for (int l = 0; l < LANES; l++) {
+        b0[l] = DB(l), b1[l] = DB(LANES + l);
+        s0[l] = bf(x, l) * b0[l], s1[l] = bf(x, LANES + l) * b1[l];
+    }
+    int64_t d = BVEC;
+    for (; d < N - N % BVEC; d += BVEC)
+        for (int l = 0; l < LANES; l++) {
+            const float t0 = DB(d + l), t1 = DB(d + LANES + l);
+            s0[l] = fm(bf(x, d + l), t0, s0[l], fma), b0[l] = b0[l] + t0;
+            s1[l] = fm(bf(x, d + LANES + l), t1, s1[l], fma), b1[l] = b1[l] + t1;
+        }
+    for (int64_t l = 0; d + l < N; l++) {
+        const float t = DB(d + l);
+        float *s = l < LANES ? s0 : s1, *b = l < LANES ? b0 : b1;
+        s[l % LANES] = fm(bf(x, d + l), t, s[l % LANES], fma), b[l % LANES] = b[l % LANES] + t;
+    }
+#undef DB
+    for (int l = 0; l < LANES; l++) s0[l] = s0[l] + s1[l], b0[l] = b0[l] + b1[l];
+    *ds = sum_lanes(s0, fma), *db = sum_lanes(b0, fma);
+}
+
 CKP_CLONES
-static void param_grads_block_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
-                                   const uint16_t *rstd, int64_t M, int64_t N, int64_t lo, int64_t hi, int64_t chunk,
-                                   int torch_threads, int fma, float *buf, uint16_t *dweight, uint16_t *dbias) {
+static void param_grads_block_bf16(const uint16_t *dy, const uint16_t *x, const void *mean, const void *rstd,
+                                   int64_t M, int64_t N, int64_t lo, int64_t hi, int64_t chunk, int torch_threads,
+                                   int fma, int mixed, float *buf, void *dweight, void *dbias) {
     for (int64_t i = 0; i < M; i++) {
         const int64_t tid = i / chunk;
         float *wb = buf + tid * N, *bb = buf + (torch_threads + tid) * N;
         const uint16_t *dyr = dy + i * N, *xr = x + i * N;
-        const float a = bf(rstd, i), b = -a * bf(mean, i);
+        const float a = pv(rstd, i, mixed), b = -a * pv(mean, i, mixed);
         for (int64_t j = lo; j < hi; j++) {
             wb[j] = ckp_bf16_round(fm(bf(dyr, j), fm(a, bf(xr, j), b, fma), wb[j], fma));
             bb[j] = ckp_bf16_round(bb[j] + bf(dyr, j));
@@ -391,33 +463,38 @@ static void param_grads_block_bf16(const uint16_t *dy, const uint16_t *x, const 
             w = w + buf[t * N + j];
             b = b + buf[(torch_threads + t) * N + j];
         }
-        if (dweight) dweight[j] = ckp_f_to_bf16(w);
-        if (dbias) dbias[j] = ckp_f_to_bf16(b);
+        if (dweight) put(dweight, j, w, mixed);
+        if (dbias) put(dbias, j, b, mixed);
     }
 }
 
 CKP_CLONES
-static void dx_row_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *weight, int64_t N, float mu, float a,
-                        int fma, uint16_t *dx) {
+static void dx_row_bf16(const uint16_t *dy, const uint16_t *x, const void *weight, int64_t N, float mu, float a,
+                        int fma, int mixed, uint16_t *dx) {
     const float scale = 1.0f / (float)N;
-    const float ds = reduce_all_bf16(dy, x, weight, N, fma), db = reduce_all_bf16(dy, weight, NULL, N, fma);
+    float ds, db;
+    if (mixed && weight) {
+        reduce_mixed(dy, x, weight, N, fma, &ds, &db);
+    } else {
+        ds = reduce_all_bf16(dy, x, weight, N, fma), db = reduce_all_bf16(dy, weight, NULL, N, fma);
+    }
     const float b = (fma ? fmaf(db, mu, -ds) : db * mu - ds) * a * a * a * scale;
     const float c = fma ? fmaf(-b, mu, -(db * a * scale)) : -b * mu - db * a * scale;
     for (int64_t j = 0; j < N; j++)
-        dx[j] = ckp_f_to_bf16(fm(b, bf(x, j), a * bf(dy, j) * (weight ? bf(weight, j) : 1.0f), fma) + c);
+        dx[j] = ckp_f_to_bf16(fm(b, bf(x, j), a * bf(dy, j) * (weight ? pv(weight, j, mixed) : 1.0f), fma) + c);
 }
 
-ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
-                                        const uint16_t *rstd, const uint16_t *weight, int64_t M, int64_t N,
-                                        int torch_threads, uint16_t *dx, uint16_t *dweight, uint16_t *dbias) {
+static ckp_status backward_bf16(const uint16_t *dy, const uint16_t *x, const void *mean, const void *rstd,
+                                const void *weight, int64_t M, int64_t N, int torch_threads, int mixed, uint16_t *dx,
+                                void *dweight, void *dbias) {
     if (dy == NULL || x == NULL || mean == NULL || rstd == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "dy, x, mean and rstd must not be NULL");
     ckp_status s = check_sizes(M, N);
     if (s != CKP_OK) return s;
     if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
-    const size_t bytes = (size_t)(M * N) * 2, pbytes = (size_t)N * 2;
+    const size_t p = mixed ? sizeof(float) : 2, bytes = (size_t)(M * N) * 2, pbytes = (size_t)N * p;
     const void *inputs[] = {dy, x, mean, rstd, weight};
-    const size_t in_bytes[] = {bytes, bytes, (size_t)M * 2, (size_t)M * 2, pbytes};
+    const size_t in_bytes[] = {bytes, bytes, (size_t)M * p, (size_t)M * p, pbytes};
     float *outputs[] = {(float *)dx, (float *)dweight, (float *)dbias};
     const size_t out_bytes[] = {bytes, pbytes, pbytes};
     s = refuse_overlaps(inputs, in_bytes, 5, outputs, out_bytes, 3);
@@ -433,7 +510,8 @@ ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, c
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
         for (int64_t k = 0; k < blocks; k++) {
             const int64_t lo = k * COLUMNS, hi = N - lo < COLUMNS ? N : lo + COLUMNS;
-            param_grads_block_bf16(dy, x, mean, rstd, M, N, lo, hi, chunk, torch_threads, fma, buf, dweight, dbias);
+            param_grads_block_bf16(dy, x, mean, rstd, M, N, lo, hi, chunk, torch_threads, fma, mixed, buf, dweight,
+                                   dbias);
         }
         free(buf);
     }
@@ -441,6 +519,18 @@ ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, c
     if (dx == NULL) return CKP_OK;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
     for (int64_t i = 0; i < M; i++)
-        dx_row_bf16(dy + i * N, x + i * N, weight, N, bf(mean, i), bf(rstd, i), fma, dx + i * N);
+        dx_row_bf16(dy + i * N, x + i * N, weight, N, pv(mean, i, mixed), pv(rstd, i, mixed), fma, mixed, dx + i * N);
     return CKP_OK;
+}
+
+ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
+                                        const uint16_t *rstd, const uint16_t *weight, int64_t M, int64_t N,
+                                        int torch_threads, uint16_t *dx, uint16_t *dweight, uint16_t *dbias) {
+    return backward_bf16(dy, x, mean, rstd, weight, M, N, torch_threads, 0, dx, dweight, dbias);
+}
+
+ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t *x, const float *mean,
+                                              const float *rstd, const float *weight, int64_t M, int64_t N,
+                                              int torch_threads, uint16_t *dx, float *dweight, float *dbias) {
+    return backward_bf16(dy, x, mean, rstd, weight, M, N, torch_threads, 1, dx, dweight, dbias);
 }

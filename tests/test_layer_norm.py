@@ -69,8 +69,10 @@ def test_normalized_shapes_and_refusals():
         ckparity.layer_norm(x, (3, 5))
     with pytest.raises(InvalidArgument, match="weight of shape"):
         ckparity.layer_norm(x, (5,), torch.randn(4))
-    with pytest.raises(InvalidType, match="mixed-type path, not built"):  # bf16 x, float32 params
-        ckparity.layer_norm(x.bfloat16(), (4, 5), w, b)
+    with pytest.raises(InvalidType, match="a bfloat16 x with float32 weight and bias"):  # float32 x, bf16 params
+        ckparity.layer_norm(x, (4, 5), w.bfloat16(), b.bfloat16())
+    with pytest.raises(InvalidType, match="the params of one dtype"):
+        ckparity.layer_norm(x.bfloat16(), (4, 5), w, b.bfloat16())
     with pytest.raises(InvalidType, match="float32 or bfloat16"):
         ckparity.layer_norm(x.half(), (5,))
     with pytest.raises(InvalidArgument, match="eps must be a number"):
@@ -95,3 +97,40 @@ def test_bfloat16_is_torchs_bits_mean_and_rstd_in_bf16(threads):
             outs.append((y, xx.grad, ww.grad, bb.grad))
     for name, a, t in zip(("y", "dx", "dweight", "dbias"), *outs):
         assert a.dtype == torch.bfloat16 and same_bits(a, t), name
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_bf16_x_with_float32_params_is_torchs_mixed_type_layer_norm(threads):
+    """torch's mixed types (a bf16 x, float32 weight and bias): mean and rstd float32, dweight and dbias float32
+    sums of per-thread bf16 buffers, ds and db by the mixed frame's own loop -- bit for bit, rows under and over a
+    vector of 16 and the 8 < N < 16 rows whose upper half is added into the lower, at 1 and 2 torch threads."""
+    g = torch.Generator().manual_seed(7)
+    for M, N in ((1, 5), (3, 9), (3, 15), (5, 16), (4, 37), (64, 257), (33, 768)):
+        x = (torch.randn(M, N, generator=g) * 2 + 0.5).bfloat16().requires_grad_(True)
+        w, b = torch.randn(N, generator=g).requires_grad_(True), torch.randn(N, generator=g).requires_grad_(True)
+        dy = torch.randn(M, N, generator=g).bfloat16()
+        with torch_threads(threads):
+            ours = _grads(ckparity.layer_norm, x, w, b, dy)
+            theirs = _grads(F.layer_norm, x, w, b, dy)
+        assert [t.dtype for t in ours] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
+        assert all(same_bits(a, c) for a, c in zip(ours, theirs)), (M, N)
+    stats = torch.ops.aten.native_layer_norm(x.detach(), (N,), w.detach(), b.detach(), 1e-5)
+    assert stats[1].dtype == torch.float32  # torch keeps mean and rstd as floats here: so does ckparity
+
+
+def test_a_float32_bias_alone_on_a_bf16_x_has_gradients_where_torchs_backward_raises():
+    """A bf16 x with a float32 bias and no weight: torch's forward takes it, its backward raises (it reads the
+    float mean as bf16); ckparity's forward is torch's bits and its backward computes the mixed gradients."""
+    x = torch.randn(3, 8).bfloat16().requires_grad_(True)
+    b = torch.randn(8, requires_grad=True)
+    y = ckparity.layer_norm(x, (8,), None, b)
+    assert same_bits(y, F.layer_norm(x, (8,), None, b))
+    dx, db = torch.autograd.grad(y, (x, b), torch.ones(3, 8).bfloat16())
+    assert torch.equal(db, torch.full((8,), 3.0)) and dx.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="expected scalar type BFloat16 but found Float"):
+        F.layer_norm(x, (8,), None, b).sum().backward()
+
+
+def _grads(fn, x, w, b, dy):
+    y = fn(x, (x.shape[-1],), w, b)
+    return [y.detach(), *torch.autograd.grad(y, (x, w, b), dy)]

@@ -340,6 +340,14 @@ ckp_status ckp_layer_norm_forward_bf16(const uint16_t *x, const uint16_t *weight
 ckp_status ckp_layer_norm_backward_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *mean,
                                         const uint16_t *rstd, const uint16_t *weight, int64_t M, int64_t N,
                                         int torch_threads, uint16_t *dx, uint16_t *dweight, uint16_t *dbias);
+/* Mixed types (torch's layer_norm_kernel_mixed_type<BFloat16, float>): a bf16 x, dy, y and dx with float32
+ * weight and bias; mean and rstd float32 (not rounded), dweight and dbias float32 -- the float sums of the
+ * per-thread bf16 buffers. */
+ckp_status ckp_layer_norm_forward_bf16_mixed(const uint16_t *x, const float *weight, const float *bias, int64_t M,
+                                             int64_t N, double eps, uint16_t *y, float *mean, float *rstd);
+ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t *x, const float *mean,
+                                              const float *rstd, const float *weight, int64_t M, int64_t N,
+                                              int torch_threads, uint16_t *dx, float *dweight, float *dbias);
 
 /* ------------------------------------------------------------------------
  * linear (csrc/linear.c): C (M x N, row-major) = A (M x K) . B (K x N) + bias

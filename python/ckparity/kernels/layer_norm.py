@@ -51,8 +51,8 @@ def _opinfo_sample(s):
     bias = s.args[2] if len(s.args) > 2 else s.kwargs.get("bias")
     if s.input.dtype not in (torch.float32, torch.bfloat16) or not len(shape) or any(d == 0 for d in s.input.shape):
         return None
-    if any(t is not None and t.dtype != s.input.dtype for t in (weight, bias)):  # mixed dtypes: not built
-        return None
+    if any(t is not None and t.dtype != s.input.dtype for t in (weight, bias)) and weight is None:
+        return None  # a bf16 x with a float32 bias alone: torch's own backward raises (it reads mean as bf16)
     eps = s.kwargs.get("eps", 1e-5) if len(s.args) < 4 else s.args[3]
     tensors = {"x": s.input.detach(), **({"weight": weight.detach()} if weight is not None else {}),
                **({"bias": bias.detach()} if bias is not None else {})}
@@ -60,13 +60,16 @@ def _opinfo_sample(s):
             tuple(tensors))
 
 
-def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32, mixed: bool = False) -> None:
     """y, dx, dweight and dbias against F.layer_norm: every width at 1, 5 and 33 rows, with weight and bias,
     without either, and with one of them; 64 rows at 2 torch threads (dweight's and dbias's per-thread sums);
-    a 2-D normalized shape; rows of NaN, infs and zeros; and rows of one value (variance 0)."""
+    a 2-D normalized shape; rows of NaN, infs and zeros; and rows of one value (variance 0). ``mixed``: float32
+    weight and bias for the (bfloat16) x, torch's mixed types -- with a weight (a bias alone: torch's backward
+    raises)."""
     def case(label, x, params=(True, True), shape=None, threads=1):
         shape = shape or (x.shape[-1],)
-        w, b = (torch.randn(shape, generator=g).to(dtype).requires_grad_(True) if on else None for on in params)
+        w, b = (torch.randn(shape, generator=g).to(torch.float32 if mixed else dtype).requires_grad_(True) if on
+                else None for on in params)
         x = x.to(dtype).requires_grad_(True)
         up = torch.randn(x.shape, generator=g).to(dtype)
         inputs = [t for t in (x, w, b) if t is not None]
@@ -83,7 +86,7 @@ def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) 
         for q, a, bb in zip(names, ours, theirs):
             tally.add(q, label, a, bb)
 
-    for params in ((True, True), (False, False), (True, False), (False, True)):
+    for params in ((True, True), (True, False)) if mixed else ((True, True), (False, False), (True, False), (False, True)):
         for M in (1, 5, 33):
             for W in WIDTHS:
                 case(f"M={M} W={W} weight,bias={params}", torch.randn(M, W, generator=g) * 2 + 0.5, params)
@@ -106,33 +109,35 @@ def _layout_cases(g):
 
 def _probe(g: torch.Generator):
     for M, N in ((1, 1), (3, 7), (2, 8), (5, 17), (4, 100), (33, 257), (64, 1023)):
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype, params in ((torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.bfloat16, torch.float32)):
             x, dy = (torch.randn(M, N, generator=g) * 2).to(dtype), torch.randn(M, N, generator=g).to(dtype)
-            w, b = torch.randn(N, generator=g).to(dtype), torch.randn(N, generator=g).to(dtype)
+            w, b = torch.randn(N, generator=g).to(params), torch.randn(N, generator=g).to(params)
 
             def run(L, fill, x=x, dy=dy, w=w, b=b):
-                y, mean, rstd = out(x, fill), out(x[:, 0], fill), out(x[:, 0], fill)
+                y, mean, rstd = out(x, fill), out((x.shape[0],), fill, w.dtype), out((x.shape[0],), fill, w.dtype)
                 layer_norm_forward(x, w, b, 1e-5, y, mean, rstd, library=L)
                 dx, dw, db = out(x, fill), out(w, fill), out(b, fill)
                 layer_norm_backward(dy, x, mean, rstd, w, dx, dw, db, library=L)
                 return y, mean, rstd, dx, dw, db
-            yield f"layer_norm M={M} N={N} {dtype}", run
+            yield f"layer_norm M={M} N={N} {dtype} params {params}", run
 
 
-def _entries(suffix: str, kind: str) -> tuple[CEntry, ...]:
-    """The float32 entry points (suffix "", kind "f") or the bf16 ones ("_bf16", "h")."""
+def _entries(suffix: str, kind: str, pkind: str | None = None) -> tuple[CEntry, ...]:
+    """The float32 entry points (suffix "", kind "f"), the bf16 ones ("_bf16", "h"), or the mixed ones
+    ("_bf16_mixed", "h", with ``pkind`` "f": the params, mean, rstd and their gradients float32)."""
+    pk = pkind or kind
     mn, m, n = (lambda s: s["M"] * s["N"]), (lambda s: s["M"]), (lambda s: s["N"])
     forward, backward = f"ckp_layer_norm_forward{suffix}", f"ckp_layer_norm_backward{suffix}"
     return (CEntry(f"layer_norm_forward{suffix}",
-                   (CBuffer("x", kind, mn), CBuffer("weight", kind, n), CBuffer("bias", kind, n),
-                    CBuffer("y", kind, mn, output=True), CBuffer("mean", kind, m, output=True),
-                    CBuffer("rstd", kind, m, output=True)), {"M": 3, "N": 5},
+                   (CBuffer("x", kind, mn), CBuffer("weight", pk, n), CBuffer("bias", pk, n),
+                    CBuffer("y", kind, mn, output=True), CBuffer("mean", pk, m, output=True),
+                    CBuffer("rstd", pk, m, output=True)), {"M": 3, "N": 5},
                    lambda L, p, s: getattr(L, forward)(p["x"], p["weight"], p["bias"], s["M"], s["N"], 1e-5, p["y"],
                                                        p["mean"], p["rstd"])),
             CEntry(f"layer_norm_backward{suffix}",
-                   (CBuffer("dy", kind, mn), CBuffer("x", kind, mn), CBuffer("mean", kind, m),
-                    CBuffer("rstd", kind, m), CBuffer("weight", kind, n), CBuffer("dx", kind, mn, output=True),
-                    CBuffer("dweight", kind, n, output=True), CBuffer("dbias", kind, n, output=True)),
+                   (CBuffer("dy", kind, mn), CBuffer("x", kind, mn), CBuffer("mean", pk, m),
+                    CBuffer("rstd", pk, m), CBuffer("weight", pk, n), CBuffer("dx", kind, mn, output=True),
+                    CBuffer("dweight", pk, n, output=True), CBuffer("dbias", pk, n, output=True)),
                    {"M": 3, "N": 5},
                    lambda L, p, s: getattr(L, backward)(p["dy"], p["x"], p["mean"], p["rstd"], p["weight"], s["M"],
                                                         s["N"], 1, p["dx"], p["dweight"], p["dbias"])))
@@ -165,11 +170,14 @@ KERNEL = Kernel(
         opinfo=("nn.functional.layer_norm", _opinfo_sample)),
     claims=(Claim("layer_norm", ("y", "dx", "dweight", "dbias"), sweep),
             Claim("layer_norm", ("y", "dx", "dweight", "dbias"), functools.partial(sweep, dtype=torch.bfloat16),
-                  dtype="bfloat16")),
-    not_claimed={"layer_norm": "a bfloat16 x with float32 weight and bias (torch's mixed-type path, float mean and "
-                               "rstd; under autocast too): refused by name, not built; float16 (not built)"},
+                  dtype="bfloat16"),
+            Claim("layer_norm.mixed", ("y", "dx", "dweight", "dbias"),
+                  functools.partial(sweep, dtype=torch.bfloat16, mixed=True), dtype="bfloat16",
+                  condition="a bfloat16 x with float32 weight (and bias)")),
+    not_claimed={"layer_norm": "float16 (not built); a bfloat16 x with a float32 bias and no weight: ckparity computes "
+                               "its gradients, torch's backward raises"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=_entries("", "f") + _entries("_bf16", "h"),
+    c_entries=_entries("", "f") + _entries("_bf16", "h") + _entries("_bf16_mixed", "h", "f"),
 )

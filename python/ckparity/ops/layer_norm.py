@@ -16,21 +16,33 @@ from ..errors import InvalidArgument, InvalidType
 from ._function import CFunction, first_order_only
 
 
+def _suffix(x: torch.Tensor, stats: torch.Tensor) -> str:
+    """The C entry's suffix: "" (float32), "_bf16" (all bf16), "_bf16_mixed" (a bf16 x, float32 mean and params)."""
+    return "" if x.dtype == torch.float32 else "_bf16" if stats.dtype == torch.bfloat16 else "_bf16_mixed"
+
+
 def layer_norm_forward(x, weight, bias, eps, y, mean, rstd, *, library=lib) -> None:
-    """x, y (M, N); weight, bias (N) or None; mean, rstd (M): contiguous, all float32 or all bfloat16."""
+    """x, y (M, N); weight, bias (N) or None; mean, rstd (M): contiguous, all float32 or all bfloat16, or (torch's
+    mixed types) x and y bfloat16 with float32 weight, bias, mean and rstd."""
     M, N = x.shape
-    entry = library.ckp_layer_norm_forward if x.dtype == torch.float32 else library.ckp_layer_norm_forward_bf16
+    entry = getattr(library, "ckp_layer_norm_forward" + _suffix(x, mean))
     check(entry(pointer(x), pointer(weight), pointer(bias), M, N, eps, pointer(y),
                                          pointer(mean), pointer(rstd)), "layer_norm", library)
 
 
 def layer_norm_backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, library=lib) -> None:
-    """dy, x, dx (M, N); mean, rstd (M); weight, dweight, dbias (N); dx, dweight, dbias None: not computed."""
+    """dy, x, dx (M, N); mean, rstd (M); weight, dweight, dbias (N); dx, dweight, dbias None: not computed. The
+    dtypes as layer_norm_forward's (mixed: dweight and dbias float32, as the params)."""
     M, N = x.shape
-    entry = library.ckp_layer_norm_backward if x.dtype == torch.float32 else library.ckp_layer_norm_backward_bf16
+    entry = getattr(library, "ckp_layer_norm_backward" + _suffix(x, mean))
     check(entry(pointer(dy), pointer(x), pointer(mean), pointer(rstd), pointer(weight),
                                           M, N, torch.get_num_threads(), pointer(dx) if dx is not None else ffi.NULL,
                                           pointer(dweight), pointer(dbias)), "layer_norm backward", library)
+
+
+def _params_dtype(x, weight, bias) -> torch.dtype:
+    """The dtype of the params (and of mean and rstd): float32 for a bf16 x with float32 params (mixed)."""
+    return next((t.dtype for t in (weight, bias) if t is not None), x.dtype)
 
 
 class _LayerNormFunction(CFunction):
@@ -39,7 +51,8 @@ class _LayerNormFunction(CFunction):
     @staticmethod
     def compute(x, weight, bias, eps):
         M, N = x.shape
-        y, mean, rstd = empty_like(x), empty((M,), x.dtype), empty((M,), x.dtype)
+        stats = _params_dtype(x, weight, bias)  # mean and rstd in the params' dtype, as torch keeps them
+        y, mean, rstd = empty_like(x), empty((M,), stats), empty((M,), stats)
         if x.numel():
             layer_norm_forward(x, weight, bias, eps, y, mean, rstd)
         return y, mean, rstd
@@ -58,8 +71,8 @@ class _LayerNormFunction(CFunction):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         N = x.shape[1]
         dx = empty_like(x) if need_x else None
-        dweight = empty((N,), x.dtype) if need_w and weight is not None else None
-        dbias = empty((N,), x.dtype) if need_b and ctx.has_bias else None
+        dweight = empty((N,), mean.dtype) if need_w and weight is not None else None
+        dbias = empty((N,), mean.dtype) if need_b and ctx.has_bias else None
         if x.numel():
             layer_norm_backward(dy.contiguous(), x, mean, rstd, weight, dx, dweight, dbias)
         else:  # no rows: the parameters' gradients are sums over nothing
@@ -70,10 +83,10 @@ class _LayerNormFunction(CFunction):
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    """F.layer_norm(x, normalized_shape, weight, bias, eps) of float32 tensors, or of bfloat16 ones (x, weight and
-    bias all bf16: torch's LayerNorm with bf16 params, its mean and rstd kept in bf16): bit-identical to torch's
-    forward and backward at every CPU capability and at torch's thread count (dweight, dbias). A bf16 x with
-    float32 params (torch's mixed-type path, float mean and rstd) is refused by name: not built."""
+    """F.layer_norm(x, normalized_shape, weight, bias, eps) of float32 tensors, of bfloat16 ones (x, weight and
+    bias all bf16: torch's LayerNorm with bf16 params, its mean and rstd kept in bf16), or of a bfloat16 x with
+    float32 weight and bias (torch's mixed types: float mean and rstd, float dweight and dbias): bit-identical to
+    torch's forward and backward at every CPU capability and at torch's thread count (dweight, dbias)."""
     require_cpu(x, "x")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if not all(isinstance(d, int) for d in shape):
@@ -87,11 +100,14 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
         require_cpu(t, name)
         if t.dtype not in (torch.float32, torch.bfloat16):
             raise InvalidType(f"layer_norm takes float32 or bfloat16 tensors, got {name} of {t.dtype}")
-        if t.dtype != x.dtype:
-            raise InvalidType(f"layer_norm: {name} is {t.dtype} and x {x.dtype}: x, weight and bias of one dtype "
-                              "(a bf16 x with float32 params is torch's mixed-type path, not built)")
+        if t.dtype != x.dtype and not (x.dtype == torch.bfloat16 and t.dtype == torch.float32):
+            raise InvalidType(f"layer_norm: {name} is {t.dtype} and x {x.dtype}: x, weight and bias of one dtype, "
+                              "or a bfloat16 x with float32 weight and bias")
         if t is not x and tuple(t.shape) != shape:
             raise InvalidArgument(f"layer_norm: {name} of shape {tuple(t.shape)} for normalized_shape {shape}")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise InvalidType(f"layer_norm: weight is {weight.dtype} and bias {bias.dtype}: the params of one dtype, "
+                          "as torch's mixed-type LayerNorm takes them")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):  # any number, a negative one too, as torch takes it
         raise InvalidArgument(f"eps must be a number, got {eps!r}")
     N = math.prod(shape)
