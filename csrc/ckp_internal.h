@@ -59,6 +59,12 @@ ckp_status ckp_fail(ckp_status status, const char *fmt, ...)
 /* Clears the detail at the start of a successful call path. */
 void ckp_clear_error(void);
 
+/* ATen's own erf GELU (gelu.c), for gelu_erf.c's ATEN form: n elements of float32 or bf16 (elem 4 or 2), torch's
+ * pieces at torch_threads. */
+ckp_status ckp_gelu_aten_erf_forward(const void *x, int64_t n, int torch_threads, void *y, size_t elem);
+ckp_status ckp_gelu_aten_erf_backward(const void *dy, const void *x, int64_t n, int torch_threads, void *dx,
+                                      size_t elem);
+
 /* Number of threads a parallel region should use. */
 int ckp_threads(void);
 

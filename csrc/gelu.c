@@ -152,31 +152,79 @@ static inline __attribute__((always_inline)) ckp_v8f backward8(ckp_v8f x, ckp_v8
     return dy * ckp_fma8(ckp_splat8(0.5f), right, left * tanh_slope * inner_slope);
 }
 
+/* ---- the erf form as ATen computes it (Gelu.h's vectorized_gelu and scalar_gelu, GeluBackwardKernelImpl's) --
+ * torch runs it where it does not hand the erf form to oneDNN (gelu_erf.c's Note): one element, oneDNN
+ * disabled, bf16 below avx512_core. Vector code: Vectorized<float>::erf -- A&S 7.1.26 with SLEEF's expf_u10,
+ * its FMAs as written --, y = (x * 0.5) * (1 + erf(x * float(1/sqrt 2))), dx = dy * fma(x, pdf, cdf) with
+ * cdf = 0.5 * (1 + erf(.)), pdf = kBeta * exp((x * x) * -0.5); scalar code the same with libm's erff and expf
+ * and cdf + x * pdf not contracted (both measured, at every capability). */
+#define KALPHA_ERF ((float)0.70710678118654752440)                                  /* float(M_SQRT1_2) */
+#define KBETA_ERF ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5)) /* M_2_SQRTPI * M_SQRT1_2 / 2 */
+
+static inline __attribute__((always_inline)) ckp_v8f erf_aten8(ckp_v8f v) {
+    const ckp_v8u sign = (ckp_v8u)v & 0x80000000u;
+    const ckp_v8f one = ckp_splat8(1.0f), t = one / ckp_fma8(ckp_splat8(0.3275911f), (ckp_v8f)((ckp_v8u)v ^ sign), one);
+    ckp_v8f r = ckp_fma8(ckp_splat8(1.061405429f), t, ckp_splat8(-1.453152027f));
+    r = ckp_fma8(r, t, ckp_splat8(1.421413741f));
+    r = ckp_fma8(r, t, ckp_splat8(-0.284496736f));
+    r = ckp_fma8(r, t, ckp_splat8(0.254829592f));
+    const ckp_v8f e = ckp_exp_sleef8((ckp_v8f)((ckp_v8u)(v * v) ^ 0x80000000u));
+    return (ckp_v8f)((ckp_v8u)ckp_fma8((ckp_v8f)((ckp_v8u)e ^ 0x80000000u) * t, r, one) ^ sign);
+}
+
+static inline __attribute__((always_inline)) ckp_v8f forward_erf8(ckp_v8f x) {
+    return x * 0.5f * (1.0f + erf_aten8(x * KALPHA_ERF));
+}
+
+static inline __attribute__((always_inline)) ckp_v8f backward_erf8(ckp_v8f x, ckp_v8f dy) {
+    const ckp_v8f cdf = 0.5f * (1.0f + erf_aten8(x * KALPHA_ERF));
+    const ckp_v8f pdf = KBETA_ERF * ckp_exp_sleef8(x * x * -0.5f);
+    return dy * ckp_fma8(x, pdf, cdf);
+}
+
+static inline __attribute__((always_inline)) float forward_erf1(float x) { return x * 0.5f * (1.0f + erff(x * KALPHA_ERF)); }
+
+static inline __attribute__((always_inline)) float backward_erf1(float x, float dy) {
+    const float cdf = 0.5f * (1.0f + erff(x * KALPHA_ERF)), pdf = KBETA_ERF * expf(x * x * -0.5f);
+    return dy * (cdf + x * pdf);
+}
+
 /* A span of a piece: its first vec_count elements (a multiple of 8) in ATen's vector code, the rest in
  * its scalar code; x and dy (NULL for the forward) are the span's, out its output. float32 and bfloat16
  * (torch's BFloat16 GELU: the same float formula on the widened values, rounded to bf16 once, as it stores). */
-CKP_CLONES
-static void span_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at, void *out_) {
-    const float *x = x_, *dy = dy_;
-    float *out = out_;
-    int64_t j = 0;
-    for (; j < vec_count; j += CKP_VLANES)
-        ckp_store8(out + j, dy == NULL ? forward8(ckp_load8(x + j)) : backward8(ckp_load8(x + j), ckp_load8(dy + j)));
-    for (; j < count; j++) out[j] = dy == NULL ? forward1(x[j], at.fma) : backward1(x[j], dy[j], at.fma);
-}
+/* The spans of both forms: FORM_SUFFIX names the form's forward8/backward8 and forward1/backward1 (tanh's take the
+ * build's contraction flag, erf's none). */
+#define GELU_DEFINE_SPANS(NAME, F8, B8, F1, B1)                                                                     \
+    CKP_CLONES                                                                                                      \
+    static void NAME##_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at,  \
+                           void *out_) {                                                                            \
+        const float *x = x_, *dy = dy_;                                                                             \
+        float *out = out_;                                                                                          \
+        int64_t j = 0;                                                                                              \
+        (void)at;                                                                                                   \
+        for (; j < vec_count; j += CKP_VLANES)                                                                      \
+            ckp_store8(out + j, dy == NULL ? F8(ckp_load8(x + j)) : B8(ckp_load8(x + j), ckp_load8(dy + j)));      \
+        for (; j < count; j++) out[j] = dy == NULL ? F1(x[j]) : B1(x[j], dy[j]);                                    \
+    }                                                                                                               \
+    CKP_CLONES                                                                                                      \
+    static void NAME##_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at, \
+                            void *out_) {                                                                           \
+        const uint16_t *x = x_, *dy = dy_;                                                                          \
+        uint16_t *out = out_;                                                                                       \
+        int64_t j = 0;                                                                                              \
+        (void)at;                                                                                                   \
+        for (; j < vec_count; j += CKP_VLANES)                                                                      \
+            ckp_bf16_store8(out + j, dy == NULL ? F8(ckp_bf16_load8(x + j))                                        \
+                                                : B8(ckp_bf16_load8(x + j), ckp_bf16_load8(dy + j)));              \
+        for (; j < count; j++)                                                                                      \
+            out[j] = ckp_f_to_bf16(dy == NULL ? F1(ckp_bf16_to_f(x[j]))                                            \
+                                              : B1(ckp_bf16_to_f(x[j]), ckp_bf16_to_f(dy[j])));                    \
+    }
 
-CKP_CLONES
-static void span_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at, void *out_) {
-    const uint16_t *x = x_, *dy = dy_;
-    uint16_t *out = out_;
-    int64_t j = 0;
-    for (; j < vec_count; j += CKP_VLANES)
-        ckp_bf16_store8(out + j, dy == NULL ? forward8(ckp_bf16_load8(x + j))
-                                            : backward8(ckp_bf16_load8(x + j), ckp_bf16_load8(dy + j)));
-    for (; j < count; j++)
-        out[j] = ckp_f_to_bf16(dy == NULL ? forward1(ckp_bf16_to_f(x[j]), at.fma)
-                                          : backward1(ckp_bf16_to_f(x[j]), ckp_bf16_to_f(dy[j]), at.fma));
-}
+#define TANH_F1(x) forward1(x, at.fma)
+#define TANH_B1(x, dy) backward1(x, dy, at.fma)
+GELU_DEFINE_SPANS(span_tanh, forward8, backward8, TANH_F1, TANH_B1)
+GELU_DEFINE_SPANS(span_erf, forward_erf8, backward_erf8, forward_erf1, backward_erf1)
 
 typedef void (*span_fn)(const void *, const void *, int64_t, int64_t, ckp_aten_layout, void *);
 
@@ -212,18 +260,20 @@ static ckp_status check_args(const void *a, const void *b, int64_t n, int torch_
     return CKP_OK;
 }
 
-static ckp_status forward(const void *x, int64_t n, int torch_threads, void *y, size_t elem) {
+/* The tanh form (erf 0) or ATen's erf form (erf 1): GeluKernelImpl's grain serves both. */
+static ckp_status forward(const void *x, int64_t n, int torch_threads, void *y, size_t elem, int erf) {
     ckp_status s = check_args(x, y, n, torch_threads);
     if (s != CKP_OK) return s;
     if (ckp_overlaps(y, (size_t)n * elem, x, (size_t)n * elem)) return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
     ckp_clear_error();
     const int64_t grain = n > FORWARD_MIN_ELEMENTS_FOR_THREADS ? n / torch_threads : ATEN_GRAIN_SIZE;
-    run_pieces(elem == sizeof(float) ? span_f32 : span_bf16, x, NULL, n, piece_length(n, torch_threads, grain),
-               elem, y);
+    const span_fn fn = elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
+    run_pieces(fn, x, NULL, n, piece_length(n, torch_threads, grain), elem, y);
     return CKP_OK;
 }
 
-static ckp_status backward(const void *dy, const void *x, int64_t n, int torch_threads, void *dx, size_t elem) {
+static ckp_status backward(const void *dy, const void *x, int64_t n, int torch_threads, void *dx, size_t elem,
+                           int erf) {
     ckp_status s = check_args(dy, x, n, torch_threads);
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
@@ -231,24 +281,33 @@ static ckp_status backward(const void *dy, const void *x, int64_t n, int torch_t
     if (ckp_overlaps(dx, bytes, x, bytes) || ckp_overlaps(dx, bytes, dy, bytes))
         return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy");
     ckp_clear_error();
-    run_pieces(elem == sizeof(float) ? span_f32 : span_bf16, x, dy, n,
-               piece_length(n, torch_threads, ATEN_GRAIN_SIZE), elem, dx);
+    const span_fn fn = elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
+    run_pieces(fn, x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), elem, dx);
     return CKP_OK;
 }
 
+ckp_status ckp_gelu_aten_erf_forward(const void *x, int64_t n, int torch_threads, void *y, size_t elem) {
+    return forward(x, n, torch_threads, y, elem, 1);
+}
+
+ckp_status ckp_gelu_aten_erf_backward(const void *dy, const void *x, int64_t n, int torch_threads, void *dx,
+                                      size_t elem) {
+    return backward(dy, x, n, torch_threads, dx, elem, 1);
+}
+
 ckp_status ckp_gelu_forward(const float *x, int64_t n, int torch_threads, float *y) {
-    return forward(x, n, torch_threads, y, sizeof(float));
+    return forward(x, n, torch_threads, y, sizeof(float), 0);
 }
 
 ckp_status ckp_gelu_backward(const float *dy, const float *x, int64_t n, int torch_threads, float *dx) {
-    return backward(dy, x, n, torch_threads, dx, sizeof(float));
+    return backward(dy, x, n, torch_threads, dx, sizeof(float), 0);
 }
 
 ckp_status ckp_gelu_forward_bf16(const uint16_t *x, int64_t n, int torch_threads, uint16_t *y) {
-    return forward(x, n, torch_threads, y, sizeof(uint16_t));
+    return forward(x, n, torch_threads, y, sizeof(uint16_t), 0);
 }
 
 ckp_status ckp_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int torch_threads,
                                   uint16_t *dx) {
-    return backward(dy, x, n, torch_threads, dx, sizeof(uint16_t));
+    return backward(dy, x, n, torch_threads, dx, sizeof(uint16_t), 0);
 }

@@ -18,9 +18,8 @@
  *     0.5), erf as above (A&S), and dx = dgelu * dy.
  *   - oneDNN's exp: n = floor(x log2 e + 0.5), r = x - n ln 2 (one FMA), 2^(n-1) from the exponent bits
  *     (0 below ln FLT_MIN), a degree-5 polynomial in r, times 2^(n-1), times 2.
- *   - ATEN: ATen's scalar code for one element (what torch runs for a tensor of one): y = (x * 0.5) *
- *     (1 + erff(x * float(1/sqrt 2))), dx = dy * (0.5 * (1 + erff(.)) + x * (kBeta * expf((x * x) * -0.5))),
- *     no FMA at any capability (measured).
+ *   - ATEN: ATen's own code (one element, oneDNN disabled, bf16 below avx512_core): gelu.c's, where ATen's
+ *     GELU kernel lives.
  * Measured on torch 2.13 (oneDNN 3.12), an Intel Xeon at avx512_core and, with ONEDNN_MAX_CPU_ISA=AVX2, at
  * avx2: every element of the sweeps bit-identical (ckparity.kernels.gelu). bf16 is oneDNN's f32 formula on
  * the widened values, rounded once to bf16 (dx: the product with dy, then rounded) -- by vcvtneps2bf16 at
@@ -130,21 +129,8 @@ static inline float backward_onednn(float x, float dy) {
     return fmaf(as_erf(r, -q), 0.5f, density + 0.5f) * dy;
 }
 
-#define KALPHA ((float)0.70710678118654752440)                              /* float(M_SQRT1_2) */
-#define KBETA_ERF ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5)) /* M_2_SQRTPI * M_SQRT1_2 * 0.5 */
-
-static inline float forward_aten(float x) { return x * 0.5f * (1.0f + erff(x * KALPHA)); }
-
-static inline float backward_aten(float x, float dy) {
-    const float cdf = 0.5f * (1.0f + erff(x * KALPHA));
-    const float pdf = KBETA_ERF * expf(x * x * -0.5f);
-    return dy * (cdf + x * pdf);
-}
-
 static inline float forward_one(float x, int form) {
-    return form == CKP_GELU_ERF_MINIMAX ? forward_minimax(x)
-           : form == CKP_GELU_ERF_ABRAMOWITZ_STEGUN ? forward_abramowitz_stegun(x)
-                                                    : forward_aten(x);
+    return form == CKP_GELU_ERF_MINIMAX ? forward_minimax(x) : forward_abramowitz_stegun(x);
 }
 
 /* A result as oneDNN stores it: a bf16 one through vcvtneps2bf16 with `flush` (a float denormal becomes a
@@ -220,9 +206,7 @@ enum { BLOCK = 16 };
 static void run_span(const void *x, const void *dy, int64_t lo, int64_t hi, int form, int flush, size_t elem,
                      void *out) {
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    const int vector = form == CKP_GELU_ERF_MINIMAX && dy == NULL ? __builtin_cpu_supports("avx512f") && avx2
-                       : form == CKP_GELU_ERF_ATEN                ? 0
-                                                                  : avx2;
+    const int vector = form == CKP_GELU_ERF_MINIMAX && dy == NULL ? __builtin_cpu_supports("avx512f") && avx2 : avx2;
     int64_t i = lo;
     if (vector) {
         float xb[BLOCK], db[BLOCK], ob[BLOCK];
@@ -245,9 +229,7 @@ static void run_span(const void *x, const void *dy, int64_t lo, int64_t hi, int 
     }
     for (; i < hi; i++) {
         const float xi = ckp_elem_load(x, i, elem);
-        const float v = dy == NULL                 ? forward_one(xi, form)
-                        : form == CKP_GELU_ERF_ATEN ? backward_aten(xi, ckp_elem_load(dy, i, elem))
-                                                    : backward_onednn(xi, ckp_elem_load(dy, i, elem));
+        const float v = dy == NULL ? forward_one(xi, form) : backward_onednn(xi, ckp_elem_load(dy, i, elem));
         store(out, i, v, elem, flush);
     }
 }
@@ -267,7 +249,7 @@ static ckp_status check_args(const void *a, const void *b, int64_t n, int form, 
     if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
     if (n > INT64_MAX / (int64_t)sizeof(float)) return ckp_fail(CKP_ERR_BAD_SIZE, "n is too large: %lld", (long long)n);
     const int flush = elem == sizeof(uint16_t) ? CKP_GELU_ERF_BF16_FLUSH : 0, base = form & ~flush;
-    if (base < CKP_GELU_ERF_MINIMAX || base > CKP_GELU_ERF_ATEN)
+    if (base != CKP_GELU_ERF_MINIMAX && base != CKP_GELU_ERF_ABRAMOWITZ_STEGUN) /* ATEN went to gelu.c */
         return ckp_fail(CKP_ERR_BAD_OPTION,
                         "form must be CKP_GELU_ERF_MINIMAX, _ABRAMOWITZ_STEGUN or _ATEN%s, got %d",
                         flush ? " (with CKP_GELU_ERF_BF16_FLUSH)" : "", form);
@@ -275,7 +257,8 @@ static ckp_status check_args(const void *a, const void *b, int64_t n, int form, 
 }
 
 
-static ckp_status forward(const void *x, int64_t n, int form, void *y, size_t elem) {
+static ckp_status forward(const void *x, int64_t n, int form, int torch_threads, void *y, size_t elem) {
+    if (form == CKP_GELU_ERF_ATEN) return ckp_gelu_aten_erf_forward(x, n, torch_threads, y, elem);
     ckp_status s = check_args(x, y, n, form, elem);
     if (s != CKP_OK) return s;
     if (ckp_overlaps(y, (size_t)n * elem, x, (size_t)n * elem)) return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
@@ -284,7 +267,9 @@ static ckp_status forward(const void *x, int64_t n, int form, void *y, size_t el
     return CKP_OK;
 }
 
-static ckp_status backward(const void *dy, const void *x, int64_t n, int form, void *dx, size_t elem) {
+static ckp_status backward(const void *dy, const void *x, int64_t n, int form, int torch_threads, void *dx,
+                           size_t elem) {
+    if (form == CKP_GELU_ERF_ATEN) return ckp_gelu_aten_erf_backward(dy, x, n, torch_threads, dx, elem);
     ckp_status s = check_args(dy, x, n, form, elem);
     if (s != CKP_OK) return s;
     if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
@@ -296,18 +281,19 @@ static ckp_status backward(const void *dy, const void *x, int64_t n, int form, v
     return CKP_OK;
 }
 
-ckp_status ckp_gelu_erf_forward(const float *x, int64_t n, int form, float *y) {
-    return forward(x, n, form, y, sizeof(float));
+ckp_status ckp_gelu_erf_forward(const float *x, int64_t n, int form, int torch_threads, float *y) {
+    return forward(x, n, form, torch_threads, y, sizeof(float));
 }
 
-ckp_status ckp_gelu_erf_backward(const float *dy, const float *x, int64_t n, int form, float *dx) {
-    return backward(dy, x, n, form, dx, sizeof(float));
+ckp_status ckp_gelu_erf_backward(const float *dy, const float *x, int64_t n, int form, int torch_threads, float *dx) {
+    return backward(dy, x, n, form, torch_threads, dx, sizeof(float));
 }
 
-ckp_status ckp_gelu_erf_forward_bf16(const uint16_t *x, int64_t n, int form, uint16_t *y) {
-    return forward(x, n, form, y, sizeof(uint16_t));
+ckp_status ckp_gelu_erf_forward_bf16(const uint16_t *x, int64_t n, int form, int torch_threads, uint16_t *y) {
+    return forward(x, n, form, torch_threads, y, sizeof(uint16_t));
 }
 
-ckp_status ckp_gelu_erf_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int form, uint16_t *dx) {
-    return backward(dy, x, n, form, dx, sizeof(uint16_t));
+ckp_status ckp_gelu_erf_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int form, int torch_threads,
+                                      uint16_t *dx) {
+    return backward(dy, x, n, form, torch_threads, dx, sizeof(uint16_t));
 }

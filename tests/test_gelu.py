@@ -102,7 +102,7 @@ for dtype in (torch.float32, torch.bfloat16):
     form = ckparity.ops.gelu.erf_form(xs) ^ 1
     y = torch.empty_like(xs)
     ckparity._native.lib.__getattribute__("ckp_gelu_erf_forward" + ("_bf16" if dtype == torch.bfloat16 else ""))(
-        ckparity._bindings.pointer(xs.detach()), xs.numel(), form, ckparity._bindings.pointer(y))
+        ckparity._bindings.pointer(xs.detach()), xs.numel(), form, 1, ckparity._bindings.pointer(y))
     out[str(dtype) + " other form"] = same_bits(y, theirs[0])
 print(json.dumps(out))
 """
@@ -113,7 +113,7 @@ def test_the_erf_form_is_onednns_at_the_isa_onednn_runs(pin):
     """torch hands F.gelu(x) (erf) to oneDNN, whose formula is its ISA's: the minimax erf at avx512 ISAs (and,
     where the CPU converts to bf16 in hardware, denormal results flushed), Abramowitz and Stegun's below. Pinned
     with ONEDNN_MAX_CPU_ISA in a fresh process, y and dx are torch's bits in float32 and bfloat16 (bf16 below
-    avx512: torch runs ATen's own erf, claimed at DEFAULT only), and the other ISA's formula is not."""
+    avx512: torch runs ATen's own erf, and so does ckparity), and the other ISA's formula is not."""
     flags = ckparity.cpu._cpu_flags()
     if pin == "AVX512_CORE" and not ckparity.cpu.AVX512_CORE_FLAGS <= flags:
         pytest.skip("this CPU has no avx512_core: oneDNN cannot run it")
@@ -122,21 +122,36 @@ def test_the_erf_form_is_onednns_at_the_isa_onednn_runs(pin):
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert out["torch.float32"] == [True, True] and not out["torch.float32 other form"]
+    assert out["torch.bfloat16"] == [True, True]
     if out["isa"].startswith("AVX512"):
-        assert out["torch.bfloat16"] == [True, True] and not out["torch.bfloat16 other form"]
+        assert not out["torch.bfloat16 other form"]
 
 
 def test_the_erf_form_of_one_element_is_atens_scalar_code():
     """A tensor of one element never reaches oneDNN (use_mkldnn wants two): ATen's scalar formula, with libm's
-    erff and expf, is torch's bits at every value, where oneDNN's polynomial is not."""
+    erff and expf, is torch's bits at every value; ATen's erf GELU on 300 elements is not oneDNN's."""
     g = torch.Generator().manual_seed(6)
     for v in (torch.randn(300, generator=g) * 4).tolist() + [0.0, -0.0, 5.6, -30.0]:
         x, dy = torch.tensor([v]), torch.tensor([0.37])
         assert all(same_bits(a, b) for a, b in zip(_both(ckparity.gelu, x, dy), _both(F.gelu, x, dy))), v
     x = torch.randn(300, generator=g) * 4
     y = torch.empty_like(x)
-    lib.ckp_gelu_erf_forward(pointer(x), 300, lib.CKP_GELU_ERF_ATEN, pointer(y))
+    lib.ckp_gelu_erf_forward(pointer(x), 300, lib.CKP_GELU_ERF_ATEN, 1, pointer(y))
     assert not same_bits(y, F.gelu(x)), "ATen's scalar formula reproduced oneDNN's: the case shows nothing"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_with_onednn_disabled_the_erf_form_is_atens_own(threads):
+    """torch.backends.mkldnn.enabled = False: torch runs ATen's erf GELU -- Vectorized<float>::erf on whole
+    vector pairs (A&S with SLEEF's exp, the backward's last sum an FMA), libm's erff on each piece's tail, the
+    pieces its threads' --, and so does ckparity, float32 and bf16, past the grains."""
+    from ckparity.kernels.gelu import _onednn_disabled
+    g = torch.Generator().manual_seed(8)
+    with _onednn_disabled(), torch_threads(threads):
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in (7, 37, 65, 300, *SIZES[:3]):
+                x, dy = (torch.randn(n, generator=g) * 3).to(dtype), torch.randn(n, generator=g).to(dtype)
+                assert all(same_bits(a, b) for a, b in zip(_both(ckparity.gelu, x, dy), _both(F.gelu, x, dy))), (n, dtype)
 
 
 def test_the_erf_form_of_a_strided_x_is_its_contiguous_copys():
@@ -148,6 +163,6 @@ def test_the_erf_form_of_a_strided_x_is_its_contiguous_copys():
 def test_a_form_outside_the_enum_is_refused_by_the_c():
     x = torch.randn(8)
     y = torch.empty_like(x)
-    assert lib.ckp_gelu_erf_forward(pointer(x), 8, 3, pointer(y)) == lib.CKP_ERR_BAD_OPTION
-    assert lib.ckp_gelu_erf_forward(pointer(x), 8, lib.CKP_GELU_ERF_BF16_FLUSH, pointer(y)) == lib.CKP_ERR_BAD_OPTION
+    assert lib.ckp_gelu_erf_forward(pointer(x), 8, 3, 1, pointer(y)) == lib.CKP_ERR_BAD_OPTION
+    assert lib.ckp_gelu_erf_forward(pointer(x), 8, lib.CKP_GELU_ERF_BF16_FLUSH, 1, pointer(y)) == lib.CKP_ERR_BAD_OPTION
     assert "form must be" in ffi.string(lib.ckp_last_error()).decode()

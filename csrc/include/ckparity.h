@@ -297,19 +297,22 @@ ckp_status ckp_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t
  * gelu_erf (csrc/gelu_erf.c): y = F.gelu(x) in its erf form (approximate="none") over n contiguous values,
  * and its backward dx = dy * gelu'(x), in the form torch runs ([Note: torch's erf GELU is oneDNN's]):
  * oneDNN's eltwise gelu_erf at an avx512 ISA (MINIMAX) or below it (ABRAMOWITZ_STEGUN; the backward is
- * the same at both), or ATen's scalar code (ATEN: a tensor of one element). Every element is its own:
- * any thread count gives the same bits. No output may overlap an input (CKP_ERR_ALIASING); another form
- * is CKP_ERR_BAD_OPTION.
+ * the same at both) -- every element its own, so any thread count gives the same bits --, or ATen's own
+ * code (ATEN: one element, oneDNN disabled, bf16 below avx512_core: its vectorized erf at the capability
+ * torch runs, split into torch's pieces at torch_threads >= 1, as gelu's tanh form is; the oneDNN forms
+ * ignore torch_threads). No output may overlap an input (CKP_ERR_ALIASING); another form is
+ * CKP_ERR_BAD_OPTION.
  * ---------------------------------------------------------------------- */
 enum { CKP_GELU_ERF_MINIMAX = 0, CKP_GELU_ERF_ABRAMOWITZ_STEGUN = 1, CKP_GELU_ERF_ATEN = 2 };
 /* OR'ed into a bf16 entry's form: a result that is a float denormal is stored as a signed zero, as oneDNN's
  * vcvtneps2bf16 stores it (oneDNN at avx512_core_bf16 and above; below, its emulated rounding keeps them). */
 enum { CKP_GELU_ERF_BF16_FLUSH = 8 };
-ckp_status ckp_gelu_erf_forward(const float *x, int64_t n, int form, float *y);
-ckp_status ckp_gelu_erf_backward(const float *dy, const float *x, int64_t n, int form, float *dx);
+ckp_status ckp_gelu_erf_forward(const float *x, int64_t n, int form, int torch_threads, float *y);
+ckp_status ckp_gelu_erf_backward(const float *dy, const float *x, int64_t n, int form, int torch_threads, float *dx);
 /* The same in bfloat16: the float formula on the widened values, rounded to bf16 once. */
-ckp_status ckp_gelu_erf_forward_bf16(const uint16_t *x, int64_t n, int form, uint16_t *y);
-ckp_status ckp_gelu_erf_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int form, uint16_t *dx);
+ckp_status ckp_gelu_erf_forward_bf16(const uint16_t *x, int64_t n, int form, int torch_threads, uint16_t *y);
+ckp_status ckp_gelu_erf_backward_bf16(const uint16_t *dy, const uint16_t *x, int64_t n, int form, int torch_threads,
+                                      uint16_t *dx);
 
 /* ------------------------------------------------------------------------
  * layer_norm (csrc/layer_norm.c): F.layer_norm over the last N elements of

@@ -6,6 +6,7 @@ oneDNN's gelu_erf, which torch runs for it, at the ISA oneDNN runs (claim gelu.e
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -88,7 +89,8 @@ def _erf_form(x):
 def sweep_erf(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
     """y and dx of the erf form against F.gelu(x) on ``dtype`` tensors: every width in 1, 3 and 17 rows, sizes
     past oneDNN's and torch's thread splits at 1 and 2 threads, one element (ATen's scalar code), rows of NaN,
-    infs and signed zeros, and x from -1e13 to 1e13 (every one of oneDNN's 25 intervals, its exp's underflow)."""
+    infs and signed zeros, and x from -1e13 to 1e13 (every one of oneDNN's 25 intervals, its exp's underflow);
+    and with oneDNN disabled (ATen's own erf GELU) every width in 3 rows, the split sizes and the special rows."""
     def case(label, x, threads=1):
         x = x.to(dtype).requires_grad_(True)
         up = torch.randn(x.shape, generator=g).to(dtype)
@@ -109,17 +111,36 @@ def sweep_erf(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float
     case("x from -12 to 12", torch.linspace(-12, 12, 100003))
     for v in (0.0, -0.0, 5.5, 5.6, -9.0, 1e-30, float("inf"), float("nan")):
         case(f"one element {v}", torch.tensor([v]))
+    # ATen's own erf GELU, which torch runs with oneDNN disabled (and for bf16 below avx512_core): its vector
+    # pairs, scalar tails and thread pieces
+    with _onednn_disabled():
+        for W in WIDTHS:
+            case(f"oneDNN disabled N=3 W={W}", torch.randn(3, W, generator=g) * 3)
+        for n in SPLIT_SIZES:
+            for threads in (1, 2):
+                case(f"oneDNN disabled n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
+        for W in SPECIAL_WIDTHS:
+            case(f"oneDNN disabled special rows W={W}", special_rows(g, W, dtype))
+
+
+@contextlib.contextmanager
+def _onednn_disabled():
+    """torch.backends.mkldnn disabled for the block (its own flags() also sets TF32 and warns about it)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def _erf_followed(dtype: torch.dtype) -> str | None:
-    """None where ckparity's erf GELU is the code torch runs on a contiguous ``dtype`` tensor, else why not."""
-    if torch_runs_onednn(dtype):
-        isa = cpu.onednn_isa()
-        return None if isa.startswith("AVX512") or isa == "AVX2" else f"oneDNN runs {isa} code here (no FMA): not followed"
-    if cpu.torch_capability() == "DEFAULT":
-        return None  # ATen's erf GELU at DEFAULT is its scalar formula, lane by lane
-    return (f"torch runs ATen's own vectorized erf for {dtype} here (oneDNN disabled, or bfloat16 below "
-            f"avx512_core) at {cpu.torch_capability()}: not followed")
+    """None where ckparity's erf GELU is the code torch runs on a contiguous ``dtype`` tensor, else why not (ATen's
+    own, where torch does not hand it to oneDNN, is followed at every capability)."""
+    isa = cpu.onednn_isa()
+    if not torch_runs_onednn(dtype) or isa.startswith("AVX512") or isa == "AVX2":
+        return None
+    return f"oneDNN runs {isa} code here (no FMA): not followed"
 
 
 def _layout_cases(g):
@@ -150,13 +171,14 @@ def _probe(g: torch.Generator):
 
 
 def _entries(name: str, suffix: str, kind: str) -> tuple[CEntry, ...]:
-    """The forward and backward entries of ``name`` (gelu: the last int is torch's threads; gelu_erf: the form)."""
+    """The forward and backward entries of ``name`` (gelu: torch's threads; gelu_erf: the form, then torch's threads)."""
     n = lambda s: s["n"]  # noqa: E731 - every buffer holds n elements
+    extra = (1,) if name == "gelu" else (0, 1)
     forward, backward = f"{name}_forward{suffix}", f"{name}_backward{suffix}"
     return (CEntry(forward, (CBuffer("x", kind, n), CBuffer("y", kind, n, output=True)), {"n": 5},
-                   lambda L, p, s: getattr(L, "ckp_" + forward)(p["x"], s["n"], 1, p["y"])),
+                   lambda L, p, s: getattr(L, "ckp_" + forward)(p["x"], s["n"], *extra, p["y"])),
             CEntry(backward, (CBuffer("dy", kind, n), CBuffer("x", kind, n), CBuffer("dx", kind, n, output=True)),
-                   {"n": 5}, lambda L, p, s: getattr(L, "ckp_" + backward)(p["dy"], p["x"], s["n"], 1, p["dx"])))
+                   {"n": 5}, lambda L, p, s: getattr(L, "ckp_" + backward)(p["dy"], p["x"], s["n"], *extra, p["dx"])))
 
 
 def _bench(g: torch.Generator, select):
@@ -201,14 +223,13 @@ KERNEL = Kernel(
     claims=(Claim("gelu", ("y", "dx"), sweep),
             Claim("gelu", ("y", "dx"), functools.partial(sweep, dtype=torch.bfloat16), dtype="bfloat16"),
             Claim("gelu.erf", ("y", "dx"), sweep_erf, holds=functools.partial(_erf_followed, torch.float32),
-                  condition="contiguous x; oneDNN at an avx512 or avx2 ISA, or torch at DEFAULT"),
+                  condition="contiguous x; oneDNN at an avx512 or avx2 ISA, or disabled"),
             Claim("gelu.erf", ("y", "dx"), functools.partial(sweep_erf, dtype=torch.bfloat16), dtype="bfloat16",
                   holds=functools.partial(_erf_followed, torch.bfloat16),
-                  condition="contiguous x; oneDNN at an avx512 ISA, or torch at DEFAULT")),
+                  condition="contiguous x; oneDNN at an avx512 ISA, or ATen's erf below it")),
     not_claimed={"gelu": "float16 (not built)",
-                 "gelu.erf": "a strided x (torch runs ATen's vectorized erf on it; ckparity computes its contiguous "
-                             "copy), oneDNN disabled or bfloat16 below avx512_core at AVX2/AVX512 (ATen's vectorized "
-                             "erf), oneDNN below avx2 (no FMA); float16 (not built)"},
+                 "gelu.erf": "a strided x (torch runs ATen's vectorized erf on it in memory order; ckparity computes "
+                             "its contiguous copy), oneDNN below avx2 (no FMA); float16 (not built)"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,

@@ -43,8 +43,8 @@ def torch_runs_onednn(dtype: torch.dtype) -> bool:
 def erf_form(x: torch.Tensor) -> int:
     """The code torch's F.gelu(x) runs for a contiguous x ([Note: torch's erf GELU is oneDNN's]): oneDNN's
     gelu_erf at this process's oneDNN ISA (its minimax erf at an avx512 one, Abramowitz and Stegun's below),
-    or ATen's code -- for one element, and wherever torch_runs_onednn is false (ATen's scalar formula is
-    torch's bits there at the DEFAULT capability only: its vectorized erf is not followed)."""
+    or ATen's own (its vectorized erf at torch's capability, split as torch splits it at its thread count) --
+    for one element, and wherever torch_runs_onednn is false."""
     if x.numel() == 1 or not torch_runs_onednn(x.dtype):
         return lib.CKP_GELU_ERF_ATEN
     isa = cpu.onednn_isa()
@@ -58,13 +58,14 @@ def erf_form(x: torch.Tensor) -> int:
 def gelu_erf_forward(x, y, *, library=lib) -> None:
     """y = gelu_erf(x) over two contiguous tensors of one size and dtype (float32 or bfloat16)."""
     entry = getattr(library, "ckp_gelu_erf_forward" + _SUFFIX[x.dtype])
-    check(entry(pointer(x), x.numel(), erf_form(x), pointer(y)), "gelu", library)
+    check(entry(pointer(x), x.numel(), erf_form(x), torch.get_num_threads(), pointer(y)), "gelu", library)
 
 
 def gelu_erf_backward(dy, x, dx, *, library=lib) -> None:
     """dx = dy * gelu_erf'(x) over three contiguous tensors of one size and dtype (float32 or bfloat16)."""
     entry = getattr(library, "ckp_gelu_erf_backward" + _SUFFIX[x.dtype])
-    check(entry(pointer(dy), pointer(x), x.numel(), erf_form(x), pointer(dx)), "gelu backward", library)
+    check(entry(pointer(dy), pointer(x), x.numel(), erf_form(x), torch.get_num_threads(), pointer(dx)), "gelu backward",
+          library)
 
 
 _KERNELS = {"tanh": (gelu_forward, gelu_backward), "none": (gelu_erf_forward, gelu_erf_backward)}
