@@ -16,6 +16,7 @@ from ..errors import InvalidArgument
 from ._function import CFunction, first_order_only
 
 _FLOAT = ffi.typeof("float *")
+_cast = ffi.cast
 
 
 def _at(t: torch.Tensor | None):
@@ -27,20 +28,24 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor
          bias_after: bool = False, *, library=lib) -> None:
     """out (M, N), contiguous = a (M, K) . b (K, N) + bias (N, contiguous; C's start, as addmm's, or added to
     the product with ``bias_after``, as matmul's then add_), a and b of any strides."""
-    a, b = _blas_operand(a), _blas_operand(b)
-    (M, K), N = a.shape, b.shape[1]
-    check(library.ckp_gemm(_at(a), a.stride(0), a.stride(1), _at(b), b.stride(0), b.stride(1), M, K, N, _at(bias),
-                           int(bias_after), _at(out)), "linear", library)
+    (M, K), (a_rs, a_cs), a = _blas_operand(a)
+    (_, N), (b_rs, b_cs), b = _blas_operand(b)
+    # called for every GEMM of a step (75 in the llama preset's): each stride and pointer read once
+    check(library.ckp_gemm(_cast(_FLOAT, a.data_ptr()), a_rs, a_cs, _cast(_FLOAT, b.data_ptr()), b_rs, b_cs, M, K, N,
+                           _at(bias), int(bias_after), _cast(_FLOAT, out.data_ptr())), "linear", library)
 
 
-def _blas_operand(t: torch.Tensor) -> torch.Tensor:
-    """t as ATen's addmm hands it to MKL: read where it lies if one stride is 1 and the other spans a row or
-    column (a BLAS leading dimension), else a contiguous copy (Blas.cpp's addmm_impl_cpu_). The copy changes
-    no value, but MKL's path, and so the order, follows the strides it is given."""
-    rows, cols = t.shape
-    if (t.stride(1) == 1 and t.stride(0) >= max(1, cols)) or (t.stride(0) == 1 and t.stride(1) >= max(1, rows)):
-        return t
-    return t.contiguous()
+def _blas_operand(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], torch.Tensor]:
+    """(shape, strides, t) of t as ATen's addmm hands it to MKL: read where it lies if one stride is 1 and the
+    other spans a row or column (a BLAS leading dimension), else a contiguous copy (Blas.cpp's
+    addmm_impl_cpu_). The copy changes no value, but MKL's path, and so the order, follows the strides it is
+    given."""
+    shape, strides = t.shape, t.stride()
+    (rows, cols), (s0, s1) = shape, strides
+    if (s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)):
+        return shape, strides, t
+    t = t.contiguous()
+    return shape, t.stride(), t
 
 
 def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:

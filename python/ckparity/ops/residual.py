@@ -24,8 +24,11 @@ def residual_add(x, y, out, *, library=lib) -> None:
 class _ResidualFunction(CFunction):
     @staticmethod
     def compute(x, y):
-        dtype, shape = torch.result_type(x, y), torch.broadcast_shapes(x.shape, y.shape)
-        a, b = (t.to(dtype).expand(shape).contiguous() for t in (x, y))  # float32 + bf16: the bf16 side widened, exact
+        if x.shape == y.shape and x.dtype == y.dtype:  # the residual stream's add: no broadcast, no promotion
+            dtype, shape, a, b = x.dtype, x.shape, x.contiguous(), y.contiguous()
+        else:  # torch.broadcast_shapes costs more than a small add: only where the shapes differ
+            dtype, shape = torch.result_type(x, y), torch.broadcast_shapes(x.shape, y.shape)
+            a, b = (t.to(dtype).expand(shape).contiguous() for t in (x, y))  # float32 + bf16: the bf16 side widened, exact
         out = empty(shape, dtype)
         if out.numel():
             residual_add(a, b, out)
@@ -51,7 +54,8 @@ def residual(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if t.dtype not in FLOATING:
             raise InvalidType(f"residual takes float32 or bfloat16 tensors, got {name} of {t.dtype}")
     try:
-        torch.broadcast_shapes(x.shape, y.shape)
+        if x.shape != y.shape:
+            torch.broadcast_shapes(x.shape, y.shape)
     except RuntimeError:
         raise InvalidArgument(f"residual: x {tuple(x.shape)} and y {tuple(y.shape)} do not broadcast to one shape") from None
     return _ResidualFunction.apply(x, y)
