@@ -77,6 +77,10 @@ void ckp_block_range(int64_t n, int64_t nblocks, int64_t b, int64_t *lo, int64_t
 /* True if [a, a+na) and [b, b+nb) (in bytes) overlap. */
 int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb);
 
+/* An elementwise entry's buffers of n elements of elem bytes (gelu's): x, dy (with has_dy: a backward) and out
+ * not NULL, n positive and not too large, out overlapping no input. */
+ckp_status ckp_check_elementwise(const void *x, const void *dy, int has_dy, const void *out, int64_t n, size_t elem);
+
 /* A buffer of a call: its address (NULL: absent) and size in bytes. */
 typedef struct {
     const void *p;

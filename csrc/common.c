@@ -150,6 +150,17 @@ int ckp_overlaps(const void *a, size_t na, const void *b, size_t nb) {
     return a0 < b0 + nb && b0 < a0 + na;
 }
 
+ckp_status ckp_check_elementwise(const void *x, const void *dy, int has_dy, const void *out, int64_t n, size_t elem) {
+    if (x == NULL || out == NULL || (has_dy && dy == NULL))
+        return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
+    if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
+    if (n > INT64_MAX / (int64_t)sizeof(float)) return ckp_fail(CKP_ERR_BAD_SIZE, "n is too large: %lld", (long long)n);
+    const size_t bytes = (size_t)n * elem;
+    if (ckp_overlaps(out, bytes, x, bytes) || (has_dy && ckp_overlaps(out, bytes, dy, bytes)))
+        return ckp_fail(CKP_ERR_ALIASING, has_dy ? "dx overlaps x or dy" : "y overlaps x");
+    return CKP_OK;
+}
+
 int ckp_overlaps_any(ckp_span out, const ckp_span *others, int n) {
     if (out.p == NULL) return 0;
     for (int k = 0; k < n; k++)

@@ -252,19 +252,18 @@ static void run_pieces(span_fn fn, const void *x, const void *dy, int64_t n, int
     }
 }
 
-static ckp_status check_args(const void *a, const void *b, int64_t n, int torch_threads) {
-    if (a == NULL || b == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
-    if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
-    if (n > INT64_MAX / (int64_t)sizeof(float)) return ckp_fail(CKP_ERR_BAD_SIZE, "n is too large: %lld", (long long)n);
-    if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
-    return CKP_OK;
+static ckp_status check_args(const void *x, const void *dy, int has_dy, const void *out, int64_t n,
+                             int torch_threads, size_t elem) {
+    ckp_status s = ckp_check_elementwise(x, dy, has_dy, out, n, elem);
+    if (s == CKP_OK && torch_threads < 1)
+        return ckp_fail(CKP_ERR_BAD_SIZE, "torch_threads must be >= 1, got %d", torch_threads);
+    return s;
 }
 
 /* The tanh form (erf 0) or ATen's erf form (erf 1): GeluKernelImpl's grain serves both. */
 static ckp_status forward(const void *x, int64_t n, int torch_threads, void *y, size_t elem, int erf) {
-    ckp_status s = check_args(x, y, n, torch_threads);
+    ckp_status s = check_args(x, NULL, 0, y, n, torch_threads, elem);
     if (s != CKP_OK) return s;
-    if (ckp_overlaps(y, (size_t)n * elem, x, (size_t)n * elem)) return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
     ckp_clear_error();
     const int64_t grain = n > FORWARD_MIN_ELEMENTS_FOR_THREADS ? n / torch_threads : ATEN_GRAIN_SIZE;
     const span_fn fn = elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
@@ -274,12 +273,8 @@ static ckp_status forward(const void *x, int64_t n, int torch_threads, void *y, 
 
 static ckp_status backward(const void *dy, const void *x, int64_t n, int torch_threads, void *dx, size_t elem,
                            int erf) {
-    ckp_status s = check_args(dy, x, n, torch_threads);
+    ckp_status s = check_args(x, dy, 1, dx, n, torch_threads, elem);
     if (s != CKP_OK) return s;
-    if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    const size_t bytes = (size_t)n * elem;
-    if (ckp_overlaps(dx, bytes, x, bytes) || ckp_overlaps(dx, bytes, dy, bytes))
-        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy");
     ckp_clear_error();
     const span_fn fn = elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
     run_pieces(fn, x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), elem, dx);

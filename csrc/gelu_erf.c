@@ -244,10 +244,10 @@ static void run(const void *x, const void *dy, int64_t n, int form, size_t elem,
     for (int64_t k = 0; k < spans; k++) run_span(x, dy, k * SPAN, n - k * SPAN < SPAN ? n : (k + 1) * SPAN, form, flush, elem, out);
 }
 
-static ckp_status check_args(const void *a, const void *b, int64_t n, int form, size_t elem) {
-    if (a == NULL || b == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a tensor argument is NULL");
-    if (n <= 0) return ckp_fail(CKP_ERR_BAD_SIZE, "n must be positive, got %lld", (long long)n);
-    if (n > INT64_MAX / (int64_t)sizeof(float)) return ckp_fail(CKP_ERR_BAD_SIZE, "n is too large: %lld", (long long)n);
+static ckp_status check_args(const void *x, const void *dy, int has_dy, const void *out, int64_t n, int form,
+                             size_t elem) {
+    ckp_status s = ckp_check_elementwise(x, dy, has_dy, out, n, elem);
+    if (s != CKP_OK) return s;
     const int flush = elem == sizeof(uint16_t) ? CKP_GELU_ERF_BF16_FLUSH : 0, base = form & ~flush;
     if (base != CKP_GELU_ERF_MINIMAX && base != CKP_GELU_ERF_ABRAMOWITZ_STEGUN) /* ATEN went to gelu.c */
         return ckp_fail(CKP_ERR_BAD_OPTION,
@@ -259,9 +259,8 @@ static ckp_status check_args(const void *a, const void *b, int64_t n, int form, 
 
 static ckp_status forward(const void *x, int64_t n, int form, int torch_threads, void *y, size_t elem) {
     if (form == CKP_GELU_ERF_ATEN) return ckp_gelu_aten_erf_forward(x, n, torch_threads, y, elem);
-    ckp_status s = check_args(x, y, n, form, elem);
+    ckp_status s = check_args(x, NULL, 0, y, n, form, elem);
     if (s != CKP_OK) return s;
-    if (ckp_overlaps(y, (size_t)n * elem, x, (size_t)n * elem)) return ckp_fail(CKP_ERR_ALIASING, "y overlaps x");
     ckp_clear_error();
     run(x, NULL, n, form, elem, y);
     return CKP_OK;
@@ -270,12 +269,8 @@ static ckp_status forward(const void *x, int64_t n, int form, int torch_threads,
 static ckp_status backward(const void *dy, const void *x, int64_t n, int form, int torch_threads, void *dx,
                            size_t elem) {
     if (form == CKP_GELU_ERF_ATEN) return ckp_gelu_aten_erf_backward(dy, x, n, torch_threads, dx, elem);
-    ckp_status s = check_args(dy, x, n, form, elem);
+    ckp_status s = check_args(x, dy, 1, dx, n, form, elem);
     if (s != CKP_OK) return s;
-    if (dx == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dx is NULL");
-    const size_t bytes = (size_t)n * elem;
-    if (ckp_overlaps(dx, bytes, x, bytes) || ckp_overlaps(dx, bytes, dy, bytes))
-        return ckp_fail(CKP_ERR_ALIASING, "dx overlaps x or dy");
     ckp_clear_error();
     run(x, dy, n, form, elem, dx);
     return CKP_OK;

@@ -58,27 +58,36 @@ def _opinfo_sample(s):
     return (lambda f, t: f(t["x"], approximate="tanh")), {"x": s.input.detach()}, ("x",)
 
 
-def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """y and dx against F.gelu(x, approximate="tanh") on ``dtype`` tensors: every width in 1, 3 and 17 rows at
-    torch's one thread;
-    the sizes torch splits (SPLIT_SIZES) at 1 and 2 threads; rows of NaN, infs and signed zeros; and x
-    sweeping past tanh's cut-off (|inner| 8.66) and x^3's overflow."""
+def _case(tally: Tally, g: torch.Generator, dtype: torch.dtype, ours, theirs):
+    """case(label, x, threads=1): y and dx of ``ours`` against ``theirs`` on x in ``dtype``, at torch's threads."""
     def case(label, x, threads=1):
         x = x.to(dtype).requires_grad_(True)
         up = torch.randn(x.shape, generator=g).to(dtype)
         with torch_threads(threads):
-            ours, theirs = grad_run(_tanh_form, [x], up), grad_run(gelu_tanh, [x], up)
-        for q, a, b in zip(("y", "dx"), ours, theirs):
+            mine, torchs = grad_run(ours, [x], up), grad_run(theirs, [x], up)
+        for q, a, b in zip(("y", "dx"), mine, torchs):
             tally.add(q, label, a, b)
+    return case
 
-    for N in (1, 3, 17):
+
+def _shared_cases(case, g: torch.Generator, dtype: torch.dtype, rows=(1, 3, 17), label: str = "") -> None:
+    """What both forms' sweeps take: every width in ``rows`` rows; the sizes torch splits (SPLIT_SIZES) at 1 and 2
+    threads; rows of NaN, infs and signed zeros."""
+    for N in rows:
         for W in WIDTHS:
-            case(f"N={N} W={W}", torch.randn(N, W, generator=g) * 3)
+            case(f"{label}N={N} W={W}", torch.randn(N, W, generator=g) * 3)
     for n in SPLIT_SIZES:
         for threads in (1, 2):
-            case(f"n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
+            case(f"{label}n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
     for W in SPECIAL_WIDTHS:
-        case(f"special rows W={W}", special_rows(g, W, dtype))
+        case(f"{label}special rows W={W}", special_rows(g, W, dtype))
+
+
+def sweep(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
+    """y and dx against F.gelu(x, approximate="tanh") on ``dtype`` tensors: _shared_cases, at torch's one thread
+    but the split sizes; and x sweeping past tanh's cut-off (|inner| 8.66) and x^3's overflow."""
+    case = _case(tally, g, dtype, _tanh_form, gelu_tanh)
+    _shared_cases(case, g, dtype)
     case("x from -1e13 to 1e13", torch.cat([-torch.logspace(13, -8, 250), torch.logspace(-8, 13, 250)]))
 
 
@@ -87,40 +96,18 @@ def _erf_form(x):
 
 
 def sweep_erf(tally: Tally, g: torch.Generator, dtype: torch.dtype = torch.float32) -> None:
-    """y and dx of the erf form against F.gelu(x) on ``dtype`` tensors: every width in 1, 3 and 17 rows, sizes
-    past oneDNN's and torch's thread splits at 1 and 2 threads, one element (ATen's scalar code), rows of NaN,
-    infs and signed zeros, and x from -1e13 to 1e13 (every one of oneDNN's 25 intervals, its exp's underflow);
-    and with oneDNN disabled (ATen's own erf GELU) every width in 3 rows, the split sizes and the special rows."""
-    def case(label, x, threads=1):
-        x = x.to(dtype).requires_grad_(True)
-        up = torch.randn(x.shape, generator=g).to(dtype)
-        with torch_threads(threads):
-            ours, theirs = grad_run(_erf_form, [x], up), grad_run(F.gelu, [x], up)
-        for q, a, b in zip(("y", "dx"), ours, theirs):
-            tally.add(q, label, a, b)
-
-    for N in (1, 3, 17):
-        for W in WIDTHS:
-            case(f"N={N} W={W}", torch.randn(N, W, generator=g) * 3)
-    for n in SPLIT_SIZES:
-        for threads in (1, 2):
-            case(f"n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
-    for W in SPECIAL_WIDTHS:
-        case(f"special rows W={W}", special_rows(g, W, dtype))
+    """y and dx of the erf form against F.gelu(x) on ``dtype`` tensors: _shared_cases (oneDNN's code), one element
+    (ATen's scalar code), x from -1e13 to 1e13 (every one of oneDNN's 25 intervals, its exp's underflow) and from
+    -12 to 12; and with oneDNN disabled (ATen's own erf GELU: its vector pairs, scalar tails and thread pieces,
+    which torch runs for bf16 below avx512_core too) _shared_cases in 3 rows."""
+    case = _case(tally, g, dtype, _erf_form, F.gelu)
+    _shared_cases(case, g, dtype)
     case("x from -1e13 to 1e13", torch.cat([-torch.logspace(13, -40, 500), torch.logspace(-40, 13, 500)]))
     case("x from -12 to 12", torch.linspace(-12, 12, 100003))
     for v in (0.0, -0.0, 5.5, 5.6, -9.0, 1e-30, float("inf"), float("nan")):
         case(f"one element {v}", torch.tensor([v]))
-    # ATen's own erf GELU, which torch runs with oneDNN disabled (and for bf16 below avx512_core): its vector
-    # pairs, scalar tails and thread pieces
     with _onednn_disabled():
-        for W in WIDTHS:
-            case(f"oneDNN disabled N=3 W={W}", torch.randn(3, W, generator=g) * 3)
-        for n in SPLIT_SIZES:
-            for threads in (1, 2):
-                case(f"oneDNN disabled n={n} threads={threads}", torch.randn(n, generator=g) * 3, threads)
-        for W in SPECIAL_WIDTHS:
-            case(f"oneDNN disabled special rows W={W}", special_rows(g, W, dtype))
+        _shared_cases(case, g, dtype, rows=(3,), label="oneDNN disabled ")
 
 
 @contextlib.contextmanager
