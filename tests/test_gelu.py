@@ -121,6 +121,7 @@ def test_the_erf_form_is_onednns_at_the_isa_onednn_runs(pin):
     done = subprocess.run([sys.executable, "-c", ERF_PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
+    assert pin is None or out["isa"] == pin  # cpu.onednn_isa reads the pin as oneDNN does (reports' env too)
     assert out["torch.float32"] == [True, True] and not out["torch.float32 other form"]
     assert out["torch.bfloat16"] == [True, True]
     if out["isa"].startswith("AVX512"):

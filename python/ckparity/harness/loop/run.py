@@ -54,6 +54,7 @@ def environment() -> dict:
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "library_cpu_capability": ckparity.cpu.library_capability(), "capability_matched": ckparity.cpu.matched(),
         "mkl_branch": ckparity.cpu.mkl_branch(), "mkl": ckparity.cpu.mkl_version(),
+        "onednn_isa": ckparity.cpu.onednn_isa(),
         "compiler_flags": ckparity.build_info(), "library_isa": ckparity._native.isa(),
         "output_pool_mb": ckparity._tensors.POOL.budget >> 20 if ckparity._tensors.POOL else 0,
         "huge_pages": ckparity._tensors._MADVISE is not None, "library": str(ckparity._native.LIBRARY_PATH),
