@@ -53,15 +53,51 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 enum { KBLOCK = 384, MC = 240, NC = 2048 };
+
+/* [Note: MKL's strict order]
+ * MKL_CBWR=AUTO,STRICT (Conditional Numerical Reproducibility, strict mode) makes MKL's sgemm give the same bits
+ * at every thread count -- and changes its order (measured, torch 2.13, MKL 2024.2, AVX-512 branch, 1 and 2
+ * threads, every M, N, K swept by ckparity.kernels.linear): no skinny paths, no thread's share of K, and the
+ * remainder alone for every shape -- K in blocks of 384, K <= 768 as two sharing it (the larger first), a longer
+ * K's remainder its own last block: what the wide rule below gives, now at every M and N. A process reads
+ * MKL_CBWR once (MKL does too, when it starts); ckp_set_gemm_order overrides it. */
+static int gemm_order = -1;
+
+static int order_from_env(void) {
+    const char *value = getenv("MKL_CBWR");
+    if (value == NULL) return CKP_GEMM_ORDER_MKL;
+    for (const char *at = value; *at != '\0';) { /* a comma-separated list: AUTO,STRICT */
+        const size_t len = strcspn(at, ",");
+        if (len == 6 && strncasecmp(at, "STRICT", 6) == 0) return CKP_GEMM_ORDER_STRICT;
+        at += len + (at[len] == ',');
+    }
+    return CKP_GEMM_ORDER_MKL;
+}
+
+int ckp_get_gemm_order(void) {
+    if (gemm_order < 0) gemm_order = order_from_env();
+    return gemm_order;
+}
+
+ckp_status ckp_set_gemm_order(int order) {
+    if (order != CKP_GEMM_ORDER_MKL && order != CKP_GEMM_ORDER_STRICT)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "gemm order must be 0 (MKL's) or 1 (MKL's strict CNR order), got %d", order);
+    gemm_order = order;
+    ckp_clear_error();
+    return CKP_OK;
+}
+
+static int strict_order(void) { return ckp_get_gemm_order() == CKP_GEMM_ORDER_STRICT; }
 
 /* The K blocks: block b of nb is [start, start + size) (see the Note); `wide`: the remainder alone. */
 enum { WIDE = 192 };
 
 /* From 192 columns of C, with A's rows and B's columns along K (F.linear's y) or 192 rows as well. */
 static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
-    return N >= WIDE && ((a_cs == 1 && b_rs == 1) || M >= WIDE);
+    return strict_order() || (N >= WIDE && ((a_cs == 1 && b_rs == 1) || M >= WIDE));
 }
 
 static int64_t k_blocks(int64_t K) { return K <= KBLOCK ? 1 : (K + KBLOCK - 1) / KBLOCK; }
@@ -192,7 +228,7 @@ enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
 typedef enum { BLOCKED, QUARTERS, HALVING } gemm_path;
 
 static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
-    if (a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS || N < 2) return BLOCKED;
+    if (strict_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS || N < 2) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
     if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
     return BLOCKED;
@@ -288,12 +324,13 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or the bias");
     const int team_max = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
     ckp_clear_error();
-    if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias */
+    const int strict = strict_order();
+    if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias (the strict order: added) */
 #pragma omp parallel for schedule(static) num_threads(team_max)
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
                 const float x = a[m * a_rs], y = b[n * b_cs];
-                c[m * N + n] = bias == NULL ? x * y : bias_after ? x * y + bias[n] : fmaf(x, y, bias[n]);
+                c[m * N + n] = bias == NULL ? x * y : bias_after || strict ? x * y + bias[n] : fmaf(x, y, bias[n]);
             }
         return CKP_OK;
     }
@@ -366,10 +403,11 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
 /* Where MKL applies sgemm's alpha to B as it packs it (each B[k, n] times alpha, rounded, then the chains)
  * rather than to the product: with A's rows and B's columns along K (q.k^T in attention), on the blocked
  * path, when C has 192 columns or more, or more columns than rows and at least max(12, min(K, 192))
- * (measured: K 2..200 against M 2..512, N 1..512; alpha 1 is exact either way). */
+ * (measured: K 2..200 against M 2..512, N 1..512; alpha 1 is exact either way); in MKL's strict order at every
+ * shape and stride (measured as [Note: MKL's strict order]). */
 static int alpha_packed_with_b(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
     const int64_t least = K < 12 ? 12 : K > 192 ? 192 : K;
-    return a_cs == 1 && b_rs == 1 && (N >= 192 || (N > M && N >= least));
+    return strict_order() || (a_cs == 1 && b_rs == 1 && (N >= 192 || (N > M && N >= least)));
 }
 
 /* Scratch floats ckp_gemm_serial needs for (M, K, N): B's packed block, A's packed rows, one block's product. */
@@ -395,8 +433,10 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
 #define CKP_STORE(m, n, product) \
     (c[(m) * ldc + (n)] = accumulate ? c[(m) * ldc + (n)] + alpha * (product) : alpha * (product))
     if (K == 1) {
+        const float b_scale = strict_order() ? alpha : 1.0f; /* the strict order packs alpha with B here too */
+        if (b_scale != 1.0f) alpha = 1.0f;
         for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, a[m * a_rs] * b[n * b_cs]);
+            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, a[m * a_rs] * (b[n * b_cs] * b_scale));
         return;
     }
     const gemm_path path = path_for(a_cs, b_rs, M, K, N);

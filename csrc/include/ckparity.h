@@ -363,6 +363,17 @@ ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                     int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c);
+/* The order the GEMMs follow (linear's and attention's): MKL's own (CKP_GEMM_ORDER_MKL: the order above, with
+ * its skinny paths, on one thread) or MKL's strict Conditional Numerical Reproducibility order
+ * (CKP_GEMM_ORDER_STRICT, what MKL_CBWR=...,STRICT makes MKL run at any thread count: K in blocks of 384, two
+ * sharing K <= 768, else the remainder last; no skinny paths). Read from MKL_CBWR once, as MKL reads it;
+ * ckp_set_gemm_order overrides it. */
+enum {
+    CKP_GEMM_ORDER_MKL = 0,
+    CKP_GEMM_ORDER_STRICT = 1
+};
+ckp_status ckp_set_gemm_order(int order);
+int ckp_get_gemm_order(void);
 /* dbias (N) = dy (M x N, contiguous) summed over its rows in torch.sum's order (autograd's bias
  * gradient of F.linear), on torch_threads as torch splits a one-column sum. */
 ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads);
