@@ -134,6 +134,62 @@ def test_on_mkls_avx2_branch_the_claim_is_dropped_and_would_be_false():
     assert result["sweep"]["kernels"]["linear"]["y"]["differing"] > 0
 
 
+STRICT_PROBE = """
+import json, torch, torch.nn.functional as F
+import ckparity.sweep as s
+from ckparity._native import lib
+from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
+from ckparity.ops.attention import attention
+from ckparity.ops.linear import linear
+g = torch.Generator().manual_seed(3)
+# (M, K, N): MKL's own order at 2 threads splits K into halves (16x2048x16), at 768 (256x1000x128), at 1792
+# (16x2048x384); its gemv (one row), a skinny path (4 rows), K = 1
+cases = [(16, 2048, 16), (256, 1000, 128), (16, 2048, 384), (1, 1000, 200), (4, 1000, 128), (64, 1, 33)]
+def run(threads):
+    out = []
+    for M, K, N in cases:
+        x, w, b = (torch.randn(*shape, generator=g).requires_grad_(True) for shape in ((M, K), (N, K), (N,)))
+        up = torch.randn(M, N, generator=g)
+        ours = grad_run(linear, [x, w, b], up)
+        with torch_threads(threads):
+            out += [same_bits(a, t) for a, t in zip(ours, grad_run(F.linear, [x, w, b], up))]
+    q, k, v = (torch.randn(1, h, 300, 32, generator=g).requires_grad_(True) for h in (2, 1, 1))
+    up = torch.randn(1, 2, 300, 32, generator=g)
+    kw = dict(is_causal=True, enable_gqa=True)
+    ours = grad_run(lambda *t: attention(*t, **kw), [q, k, v], up)
+    with torch_threads(threads):
+        out += [same_bits(a, t) for a, t in zip(ours, grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up))]
+    return out
+strict = {t: run(t) for t in (1, 2)}
+sweep = s.run(["linear", "attention"])
+lib.ckp_set_gemm_order(lib.CKP_GEMM_ORDER_MKL)
+print(json.dumps({"order": lib.CKP_GEMM_ORDER_STRICT, "strict": strict, "own_order": run(2), "sweep": sweep}))
+"""
+
+
+@needs_modelled_mkl
+def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads():
+    """MKL_CBWR=AUTO,STRICT: torch's GEMMs give one order at any thread count, which ckparity follows -- the
+    shapes MKL's own order splits between 2 threads, its gemv and skinny paths, attention's backward past Tq 192
+    -- and MKL's own order (the default) is not torch's bits there, so the strict order is what makes them
+    agree. The claim's sweep covers 1 and 2 torch threads there, 0 differing."""
+    result = _in_process(STRICT_PROBE, MKL_CBWR="AUTO,STRICT")
+    assert all(result["strict"]["1"]) and all(result["strict"]["2"])
+    assert not all(result["own_order"])
+    sweep = result["sweep"]
+    assert sweep["mkl_strict"] is True and sweep["not_claimed_here"] == {}
+    for kernel in ("linear", "attention"):
+        for quantity, tally in sweep["kernels"][kernel].items():
+            assert tally["differing"] == 0, (kernel, quantity, tally["examples"])
+    assert sweep["kernels"]["linear"]["y"]["swept"] > 3000  # both thread counts and the gemv cases
+
+
+def test_a_gemm_order_that_is_none_is_refused():
+    from ckparity._native import lib
+
+    assert lib.ckp_set_gemm_order(7) != 0 and lib.ckp_get_gemm_order() in (0, 1)
+
+
 @needs_modelled_mkl
 def test_check_says_bitwise_where_followed_and_which_cases_are_not():
     """check's 3-row cases (MKL's skinny paths from K = 72) and 17-row ones are torch's bits but width 1, whose

@@ -88,6 +88,21 @@ def mkl_branch() -> str:
     return "AVX512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= flags else "SSE"
 
 
+def mkl_not_followed() -> str | None:
+    """None where torch's sgemm runs in an order ckparity's GEMMs follow (MKL's AVX-512 branch), else why not."""
+    branch = mkl_branch()
+    if branch in MODELLED_MKL_BRANCHES:
+        return None
+    return f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only {MODELLED_MKL_BRANCHES})"
+
+
+def mkl_strict() -> bool:
+    """Whether MKL runs its strict Conditional Numerical Reproducibility order (MKL_CBWR=AUTO,STRICT): one
+    order at every thread count, which ckparity's GEMMs then follow ([Note: MKL's strict order] in
+    csrc/linear.c) -- read from MKL_CBWR once, as MKL and the C library read it."""
+    return lib.ckp_get_gemm_order() == lib.CKP_GEMM_ORDER_STRICT
+
+
 @functools.lru_cache(maxsize=1)
 def mkl_version() -> str:
     """MKL's version string as the library in torch's process reports it ("" if none is found)."""

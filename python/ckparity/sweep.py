@@ -56,7 +56,7 @@ def run(keys=None, seed: int = 0, dtype: str = "float32") -> dict:
         if reason:  # swept and reported all the same: the figures say how far off the claim is here
             not_here[key] = reason
     report = {"schema": "ckparity.sweep/1", "capability": cpu.capability(), "torch": torch.__version__,
-              "mkl_branch": cpu.mkl_branch(), "onednn_isa": cpu.onednn_isa(), "dtype": dtype, "kernels": results, "not_claimed_here": not_here}
+              "mkl_branch": cpu.mkl_branch(), "mkl_strict": cpu.mkl_strict(), "onednn_isa": cpu.onednn_isa(), "dtype": dtype, "kernels": results, "not_claimed_here": not_here}
     if keys is None:
         report["layouts"] = layouts(dtype, seed)
     return report

@@ -21,7 +21,7 @@ from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
 from .probing import out
 from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
-from .sweeping import Tally, grad_run, torch_threads
+from .sweeping import Tally, grad_run, sgemm_thread_counts, torch_threads
 
 HEADS, KV_HEADS, T = 4, 2, 5  # the conformance cases: GQA (two query heads a kv head), 5 positions
 
@@ -72,14 +72,6 @@ def _opinfo_sample(s):
     return (lambda f, t: f(t["q"], t["k"], t["v"], is_causal=causal, enable_gqa=gqa, scale=scale)), tensors, ("q", "k", "v")
 
 
-def _mkl_followed() -> str | None:
-    """None where torch's sgemm is the order csrc/linear.c follows (MKL's AVX-512 branch), else why not."""
-    branch = cpu.mkl_branch()
-    if branch in cpu.MODELLED_MKL_BRANCHES:
-        return None
-    return f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only {cpu.MODELLED_MKL_BRANCHES})"
-
-
 def _split(tq: int) -> int:
     return min(256 if tq >= 768 else 64 if tq >= 192 else 32, tq)
 
@@ -87,7 +79,9 @@ def _split(tq: int) -> int:
 def followed(tq: int, tk: int, d: int) -> bool:
     """Whether every GEMM of ATen's flash kernel at these sizes takes the order csrc/linear.c follows (the
     module's docstring): no one-row q block or one-key block (MKL's gemv), no head dim of 1, not MKL's skinny
-    region (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows)."""
+    region (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). MKL's strict order has neither: every size."""
+    if cpu.mkl_strict():
+        return True
     qs, ks = _split(tq), min(512, tk)
     if d == 1 or tq % qs == 1 or tk % ks == 1:
         return False
@@ -103,14 +97,15 @@ def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, 
     up = torch.randn(B, H, tq, d, generator=g)
     kw = {"is_causal": causal, "enable_gqa": H != Hkv, "scale": scale}
     ours = grad_run(lambda *t: c_attention(*t, **kw), [x.requires_grad_(True) for x in (q, k, v)], up)
-    with torch_threads(1):
-        theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
-        tally.add(name, label, a, b)
+    for threads in sgemm_thread_counts():
+        with torch_threads(threads):
+            theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+            tally.add(name, f"{label} torch threads {threads}", a, b)
 
 
 def sweep(tally: Tally, g: torch.Generator) -> None:
-    """out, dq, dk, dv against F.scaled_dot_product_attention on one torch thread: every head dim 2..300 at
+    """out, dq, dk, dv against F.scaled_dot_product_attention at sgemm_thread_counts(): every head dim 2..300 at
     Tq = Tk = 37 (a q block of 32 and one of 5; causal and not, GQA), every sequence 2..300 at d 24 and 64
     (every q split and tail, the key blocks; causal and not; MHA and GQA), long ones across the 256 and 512
     blocks, Tq != Tk, a scale; the sizes no GEMM of which MKL runs in the order followed skipped (followed())."""
@@ -230,13 +225,14 @@ KERNEL = Kernel(
         opinfo=("nn.functional.scaled_dot_product_attention", _opinfo_sample),
         speed=lambda g: {"q": torch.randn(4, 8, 256, 64, generator=g),  # 4 sequences of 256, 8 heads over 4
                          "k": torch.randn(4, 4, 256, 64, generator=g), "v": torch.randn(4, 4, 256, 64, generator=g)}),
-    claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=_mkl_followed,
-                  condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of the flash kernel off MKL's "
-                            "gemv and skinny paths (no q block of one row, no key block of one, d >= 2)"),),
+    claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
+                  condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
+                            "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); under "
+                            "MKL_CBWR=AUTO,STRICT every size at 1 and 2 torch threads"),),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
-                              "path there, ckparity the flash kernel's order), torch at 2 threads (measured: the same bits below Tq = 192; from there MKL splits "
-                              "some of the backward's GEMMs between its threads), a q block of one row or a key block "
-                              "of one (MKL's gemv), MKL's AVX2 branch, bfloat16 (torch rounds P and dP to bf16 and "
+                              "path there, ckparity the flash kernel's order), torch at 2 threads without MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; "
+                              "from there MKL splits some of the backward's GEMMs between its threads), a q block of "
+                              "one row or a key block of one there (MKL's gemv), MKL's AVX2 branch, bfloat16 (torch rounds P and dP to bf16 and "
                               "runs oneDNN's GEMMs): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,

@@ -19,7 +19,7 @@ from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
 from .probing import out
 from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
-from .sweeping import Tally, grad_run, torch_threads
+from .sweeping import Tally, grad_run, sgemm_thread_counts, torch_threads
 
 OUT = 19  # the conformance output width: odd (no vector multiple), dW of 16+ rows (followed), not a batch size
 
@@ -53,14 +53,6 @@ def _opinfo_sample(s):
 
 
 
-def _mkl_followed() -> str | None:
-    """None where torch's sgemm is the order csrc/linear.c follows (MKL's AVX-512 branch), else why not."""
-    branch = cpu.mkl_branch()
-    if branch in cpu.MODELLED_MKL_BRANCHES:
-        return None
-    return f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only {cpu.MODELLED_MKL_BRANCHES})"
-
-
 # every K block rule's edges (384 and its multiples, the shared remainder, odd tails) and the twins' shapes
 LARGE_K = (383, 384, 385, 511, 767, 768, 769, 1000, 1151, 1152, 1153, 1537, 2047, 4097)
 TWIN_SHAPES = ((512, 64, 256), (512, 128, 64), (256, 32, 96), (256, 48, 32), (256, 32, 64), (1024, 256, 1024))
@@ -76,16 +68,18 @@ def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, 
     inputs = [x, w] + ([torch.randn(N, generator=g).requires_grad_(True)] if bias else [])
     up = torch.randn(M, N, generator=g)
     ours = grad_run(linear, inputs, up)
-    with torch_threads(1):
-        theirs = grad_run(F.linear, inputs, up)
-    for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
-        if q in quantities:
-            tally.add(q, label, a, b)
+    for threads in sgemm_thread_counts():
+        with torch_threads(threads):
+            theirs = grad_run(F.linear, inputs, up)
+        for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+            if q in quantities:
+                tally.add(q, f"{label} torch threads {threads}", a, b)
 
 
 def _skinny_not_followed(M: int, K: int, N: int) -> bool:
-    """F.linear's y in MKL's one skinny region csrc/linear.c does not follow ([Note: MKL's skinny sgemm])."""
-    return (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M
+    """F.linear's y in MKL's one skinny region csrc/linear.c does not follow ([Note: MKL's skinny sgemm]; MKL's
+    strict order has no skinny paths)."""
+    return not cpu.mkl_strict() and (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M
 
 
 def _skinny_sweep(tally: Tally, g: torch.Generator) -> None:
@@ -109,7 +103,7 @@ def _skinny_sweep(tally: Tally, g: torch.Generator) -> None:
 
 
 def sweep(tally: Tally, g: torch.Generator) -> None:
-    """y, dx, dweight and dbias against F.linear on one torch thread: K over every width from 2 (K = 1 makes
+    """y, dx, dweight and dbias against F.linear at sgemm_thread_counts(): K over every width from 2 (K = 1 makes
     dX one column: MKL's gemv) and the large ones and block edges, below and from 192 columns, M over
     2..300, N over 16..300, the twins' shapes, a bias, non-finite rows."""
     _skinny_sweep(tally, g)
@@ -127,6 +121,11 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
         _case(tally, f"twins M={M} K={K} N={N}", M, K, N, g, bias=True)
     for K in (7, 384, 1000):
         _case(tally, f"non-finite rows M=24 K={K} N=40", 24, K, 40, g, special=True)
+    if cpu.mkl_strict():  # its one order covers MKL's gemv too: one row, one column, K = 1's dX and dW
+        for M, K, N in ((1, 300, 19), (1, 1000, 200), (1, 7, 1), (19, 300, 1), (300, 1000, 1), (1, 1, 33), (33, 1, 1)):
+            _case(tally, f"gemv M={M} K={K} N={N}", M, K, N, g, bias=True)
+        for K in range(2, 301):
+            _case(tally, f"gemv M=1 K={K} N=3", 1, K, 3, g, bias=K % 2 == 0)
 
 
 def _layout_cases(g):
@@ -200,12 +199,14 @@ KERNEL = Kernel(
         opinfo=("nn.functional.linear", _opinfo_sample),
         speed=lambda g: {"x": torch.randn(512, 1024, generator=g),  # a projection of 512 tokens, d 1024
                          "weight": torch.randn(1024, 1024, generator=g) / 32, "bias": torch.randn(1024, generator=g)}),
-    claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=_mkl_followed,
-                  condition="on MKL's AVX-512 branch, torch at 1 thread, every GEMM of 2+ rows and 2+ columns, "
-                            "but y of 2-3 columns with 32 <= K < 24 rows"),),
-    not_claimed={"linear": "torch at 2 threads (MKL splits K between them for some shapes: K 769..1536 of small "
-                           "M x N as two halves, larger ones otherwise), MKL's gemv path (one row or one column: x of "
-                           "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's AVX2 branch (K in blocks of 192), bfloat16 (oneDNN): as accurate as torch"},
+    claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
+                  condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
+                            "of 2-3 columns with 32 <= K < 24 rows; under MKL_CBWR=AUTO,STRICT every GEMM at 1 and 2 "
+                            "torch threads"),),
+    not_claimed={"linear": "torch at 2 threads without MKL_CBWR=AUTO,STRICT (MKL splits K between them for some "
+                           "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
+                           "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
+                           "AVX2 branch (K in blocks of 192), bfloat16 (oneDNN): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,

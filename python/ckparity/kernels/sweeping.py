@@ -20,6 +20,15 @@ def torch_threads(n: int):
         torch.set_num_threads(threads)
 
 
+def sgemm_thread_counts() -> tuple[int, ...]:
+    """The torch thread counts a claim over torch's sgemm is swept at: one in MKL's own order (at 2 threads MKL
+    splits some GEMMs' K between them), 1 and 2 in its strict order (MKL_CBWR=AUTO,STRICT: the same bits at
+    every thread count, so 2 stands for any)."""
+    from .. import cpu
+
+    return (1, 2) if cpu.mkl_strict() else (1,)
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit: -0.0 is not +0.0; a NaN matches any NaN (torch's NaN bits are not a result)."""
     if not a.is_floating_point():
