@@ -62,19 +62,27 @@ enum { KBLOCK = 384, MC = 240, NC = 2048 };
  * at every thread count -- and changes its order (measured, torch 2.13, MKL 2024.2, AVX-512 branch, 1 and 2
  * threads, every M, N, K swept by ckparity.kernels.linear): no skinny paths, no thread's share of K, and the
  * remainder alone for every shape -- K in blocks of 384, K <= 768 as two sharing it (the larger first), a longer
- * K's remainder its own last block: what the wide rule below gives, now at every M and N. A process reads
- * MKL_CBWR once (MKL does too, when it starts); ckp_set_gemm_order overrides it. */
+ * K's remainder its own last block: what the wide rule below gives, now at every M and N. MKL's AVX2 branch in
+ * strict mode (MKL_CBWR=AVX2,STRICT, or AUTO,STRICT on a CPU without AVX-512; the same bits on any CPU with AVX2:
+ * that is what CNR's branches promise) is as simple: a K up to 256 one chain, up to 384 two sharing it, a
+ * longer one in blocks of 192 with its remainder last (measured as above, at every M, N and K swept). A process
+ * reads MKL_CBWR once (MKL does too, when it starts); ckp_set_gemm_order overrides it. */
 static int gemm_order = -1;
 
 static int order_from_env(void) {
     const char *value = getenv("MKL_CBWR");
     if (value == NULL) return CKP_GEMM_ORDER_MKL;
-    for (const char *at = value; *at != '\0';) { /* a comma-separated list: AUTO,STRICT */
+    int strict = 0, avx2 = 0, other = 0; /* a comma-separated list: a branch, then STRICT (AUTO,STRICT) */
+    for (const char *at = value; *at != '\0';) {
         const size_t len = strcspn(at, ",");
-        if (len == 6 && strncasecmp(at, "STRICT", 6) == 0) return CKP_GEMM_ORDER_STRICT;
+        if (len == 6 && strncasecmp(at, "STRICT", 6) == 0) strict = 1;
+        else if (len == 4 && strncasecmp(at, "AVX2", 4) == 0) avx2 = 1;
+        else if (len > 0 && strncasecmp(at, "AUTO", 4) != 0 && strncasecmp(at, "AVX512", 6) != 0) other = 1;
         at += len + (at[len] == ',');
     }
-    return CKP_GEMM_ORDER_MKL;
+    if (!strict || other) return CKP_GEMM_ORDER_MKL; /* COMPATIBLE, SSE4_2, AVX: branches not followed */
+    if (avx2 || !__builtin_cpu_supports("avx512f")) return CKP_GEMM_ORDER_STRICT_AVX2;
+    return CKP_GEMM_ORDER_STRICT;
 }
 
 int ckp_get_gemm_order(void) {
@@ -83,14 +91,15 @@ int ckp_get_gemm_order(void) {
 }
 
 ckp_status ckp_set_gemm_order(int order) {
-    if (order != CKP_GEMM_ORDER_MKL && order != CKP_GEMM_ORDER_STRICT)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "gemm order must be 0 (MKL's) or 1 (MKL's strict CNR order), got %d", order);
+    if (order != CKP_GEMM_ORDER_MKL && order != CKP_GEMM_ORDER_STRICT && order != CKP_GEMM_ORDER_STRICT_AVX2)
+        return ckp_fail(CKP_ERR_BAD_OPTION,
+                        "gemm order must be 0 (MKL's), 1 (MKL's strict CNR order) or 2 (its AVX2 branch's), got %d", order);
     gemm_order = order;
     ckp_clear_error();
     return CKP_OK;
 }
 
-static int strict_order(void) { return ckp_get_gemm_order() == CKP_GEMM_ORDER_STRICT; }
+static int strict_order(void) { return ckp_get_gemm_order() != CKP_GEMM_ORDER_MKL; }
 
 /* The K blocks: block b of nb is [start, start + size) (see the Note); `wide`: the remainder alone. */
 enum { WIDE = 192 };
@@ -100,24 +109,33 @@ static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
     return strict_order() || (N >= WIDE && ((a_cs == 1 && b_rs == 1) || M >= WIDE));
 }
 
-static int64_t k_blocks(int64_t K) { return K <= KBLOCK ? 1 : (K + KBLOCK - 1) / KBLOCK; }
+/* A block's depth: 384 (MKL's AVX-512 code), or in its AVX2 branch's strict order 256 up to K 384, else 192. */
+static int64_t k_depth(int64_t K) {
+    if (ckp_get_gemm_order() != CKP_GEMM_ORDER_STRICT_AVX2) return KBLOCK;
+    return K <= 384 ? 256 : 192;
+}
+
+static int64_t k_blocks(int64_t K) {
+    const int64_t depth = k_depth(K);
+    return K <= depth ? 1 : (K + depth - 1) / depth;
+}
 
 static void k_block(int64_t K, int wide, int64_t b, int64_t *start, int64_t *size) {
-    int64_t nb = k_blocks(K), r = K % KBLOCK;
+    const int64_t depth = k_depth(K), nb = k_blocks(K), r = K % depth;
     if (nb == 1) {
         *start = 0, *size = K;
         return;
     }
     if (r == 0 || b < nb - 2 || (wide && nb > 2 && b == nb - 2)) {
-        *start = b * KBLOCK, *size = KBLOCK;
+        *start = b * depth, *size = depth;
         return;
     }
     if (wide && nb > 2) { /* the remainder alone */
-        *start = (nb - 1) * KBLOCK, *size = r;
+        *start = (nb - 1) * depth, *size = r;
         return;
     }
-    int64_t shared = KBLOCK + r, first = (shared + 1) / 2; /* the larger half first */
-    *start = (nb - 2) * KBLOCK + (b == nb - 2 ? 0 : first);
+    int64_t shared = depth + r, first = (shared + 1) / 2; /* the larger half first */
+    *start = (nb - 2) * depth + (b == nb - 2 ? 0 : first);
     *size = b == nb - 2 ? first : shared - first;
 }
 

@@ -24,7 +24,7 @@ from ckparity.harness.loop.run import train
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
 from ckparity.ops.linear import gemm, linear
 
-MODELLED = cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES
+MODELLED = cpu.mkl_not_followed() is None
 needs_modelled_mkl = pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: not followed")
 
 
@@ -163,17 +163,19 @@ def run(threads):
 strict = {t: run(t) for t in (1, 2)}
 sweep = s.run(["linear", "attention"])
 lib.ckp_set_gemm_order(lib.CKP_GEMM_ORDER_MKL)
-print(json.dumps({"order": lib.CKP_GEMM_ORDER_STRICT, "strict": strict, "own_order": run(2), "sweep": sweep}))
+print(json.dumps({"strict": strict, "own_order": run(2), "sweep": sweep}))
 """
 
 
-@needs_modelled_mkl
-def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads():
-    """MKL_CBWR=AUTO,STRICT: torch's GEMMs give one order at any thread count, which ckparity follows -- the
-    shapes MKL's own order splits between 2 threads, its gemv and skinny paths, attention's backward past Tq 192
-    -- and MKL's own order (the default) is not torch's bits there, so the strict order is what makes them
-    agree. The claim's sweep covers 1 and 2 torch threads there, 0 differing."""
-    result = _in_process(STRICT_PROBE, MKL_CBWR="AUTO,STRICT")
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu._cpu_flags(), reason="MKL's strict branches here need AVX2")
+@pytest.mark.parametrize("cbwr", ["AUTO,STRICT", "AVX2,STRICT"])
+def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
+    """MKL_CBWR=AUTO,STRICT (the CPU's branch: AVX-512 or AVX2) and AVX2,STRICT: torch's GEMMs give one order at any
+    thread count, which ckparity follows -- the shapes MKL's own order splits between 2 threads, its gemv and
+    skinny paths, attention's backward past Tq 192 -- and MKL's own order (the default) is not torch's bits
+    there, so the strict order is what makes them agree. The claim's sweep covers 1 and 2 torch threads there,
+    0 differing. Strict branches promise the same bits on every CPU that has them: it runs on any CPU here."""
+    result = _in_process(STRICT_PROBE, MKL_CBWR=cbwr)
     assert all(result["strict"]["1"]) and all(result["strict"]["2"])
     assert not all(result["own_order"])
     sweep = result["sweep"]

@@ -87,7 +87,7 @@ def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
     residual, the ptref loss, the fused C AdamW against torch's fused AdamW -- torch at one thread: not one
     differing bit. The C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere
     those two are torch's, the rest still C. ckparity's own thread count changes no bit."""
-    gemm = "c" if cpu.mkl_branch() in cpu.MODELLED_MKL_BRANCHES else "torch"
+    gemm = "c" if cpu.mkl_not_followed() is None else "torch"
     config = replace(LLAMA, ck_all="c", ck_loss_backend="c_ptref", ck_optimizer_backend="c_fused",
                      torch_adamw="fused", ck_linear_backend=gemm, ck_attention_backend=gemm, tie_embeddings=True,
                      threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))

@@ -366,11 +366,13 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
 /* The order the GEMMs follow (linear's and attention's): MKL's own (CKP_GEMM_ORDER_MKL: the order above, with
  * its skinny paths, on one thread) or MKL's strict Conditional Numerical Reproducibility order
  * (CKP_GEMM_ORDER_STRICT, what MKL_CBWR=...,STRICT makes MKL run at any thread count: K in blocks of 384, two
- * sharing K <= 768, else the remainder last; no skinny paths). Read from MKL_CBWR once, as MKL reads it;
+ * sharing K <= 768, else the remainder last; no skinny paths), or its AVX2 branch's strict order
+ * (CKP_GEMM_ORDER_STRICT_AVX2: MKL_CBWR=AVX2,STRICT; blocks of 192). Read from MKL_CBWR once, as MKL reads it;
  * ckp_set_gemm_order overrides it. */
 enum {
     CKP_GEMM_ORDER_MKL = 0,
-    CKP_GEMM_ORDER_STRICT = 1
+    CKP_GEMM_ORDER_STRICT = 1,
+    CKP_GEMM_ORDER_STRICT_AVX2 = 2
 };
 ckp_status ckp_set_gemm_order(int order);
 int ckp_get_gemm_order(void);

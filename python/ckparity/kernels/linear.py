@@ -53,8 +53,8 @@ def _opinfo_sample(s):
 
 
 
-# every K block rule's edges (384 and its multiples, the shared remainder, odd tails) and the twins' shapes
-LARGE_K = (383, 384, 385, 511, 767, 768, 769, 1000, 1151, 1152, 1153, 1537, 2047, 4097)
+# every K block rule's edges (384 and its multiples, 192's (MKL's AVX2 strict order), the shared remainder, odd tails) and the twins' shapes
+LARGE_K = (383, 384, 385, 511, 575, 576, 577, 767, 768, 769, 1000, 1151, 1152, 1153, 1537, 2047, 4097)
 TWIN_SHAPES = ((512, 64, 256), (512, 128, 64), (256, 32, 96), (256, 48, 32), (256, 32, 64), (1024, 256, 1024))
 
 
