@@ -60,7 +60,9 @@ def follow_torch() -> None:
 # branch it was measured on: MKL's AVX-512 code. MKL picks its branch from the CPU, not from torch's
 # capability (ATEN_CPU_CAPABILITY does not move it); MKL_CBWR (Conditional Numerical Reproducibility)
 # and MKL_ENABLE_INSTRUCTIONS pin a lower one (MKL_CBWR=AVX2 takes the AVX2 code, which blocks K
-# otherwise). The branch is read from those variables and the CPU's flags, as MKL reads them.
+# otherwise). The branch is read from those variables and the CPU's flags, as MKL reads them. With STRICT in
+# MKL_CBWR (AUTO,STRICT; AVX2,STRICT) MKL runs one order at every thread count, which the C library follows
+# on the AVX-512 branch and on the AVX2 one ([Note: MKL's strict order] in csrc/linear.c): mkl_strict().
 MODELLED_MKL_BRANCHES = ("AVX512",)
 
 

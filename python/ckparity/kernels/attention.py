@@ -228,11 +228,11 @@ KERNEL = Kernel(
     claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
                             "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); under "
-                            "MKL_CBWR=AUTO,STRICT every size at 1 and 2 torch threads"),),
+                            "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads without MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; "
                               "from there MKL splits some of the backward's GEMMs between its threads), a q block of "
-                              "one row or a key block of one there (MKL's gemv), MKL's AVX2 branch, bfloat16 (torch rounds P and dP to bf16 and "
+                              "one row or a key block of one there (MKL's gemv), MKL's AVX2 branch without STRICT, bfloat16 (torch rounds P and dP to bf16 and "
                               "runs oneDNN's GEMMs): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,

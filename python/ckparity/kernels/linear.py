@@ -201,12 +201,12 @@ KERNEL = Kernel(
                          "weight": torch.randn(1024, 1024, generator=g) / 32, "bias": torch.randn(1024, generator=g)}),
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
-                            "of 2-3 columns with 32 <= K < 24 rows; under MKL_CBWR=AUTO,STRICT every GEMM at 1 and 2 "
-                            "torch threads"),),
+                            "of 2-3 columns with 32 <= K < 24 rows; under MKL_CBWR=AUTO,STRICT (and on MKL's AVX2 branch "
+                            "under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),),
     not_claimed={"linear": "torch at 2 threads without MKL_CBWR=AUTO,STRICT (MKL splits K between them for some "
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
-                           "AVX2 branch (K in blocks of 192), bfloat16 (oneDNN): as accurate as torch"},
+                           "AVX2 branch without STRICT (K in blocks of 192, or 256, by M and N), bfloat16 (oneDNN): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
