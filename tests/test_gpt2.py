@@ -272,3 +272,24 @@ def test_depth_sweep_brings_gpt2_for_its_kernels(tmp_path):
     assert [row["model"] for row in result["details"]["rows"]] == ["stacked", "gpt2"]
     assert result["details"]["exercised"] == ["gelu", "layer_norm"]
     assert json.loads((tmp_path / "depth_gpt2_L1_backends.json").read_text())["config"]["ck_loss_backend"] == "c_ptref"
+
+
+@pytest.mark.skipif(cpu.mkl_not_followed() is not None or cpu.mkl_strict(),
+                    reason="MKL's own order on a followed branch: the one the hint is about")
+def test_at_two_torch_threads_a_bitwise_failure_names_mkls_split_and_the_strict_mode(tmp_path, capsys):
+    """GPT-2's c_proj (K = 1024) at 2 torch threads: MKL splits K between its threads, so --expect-bitwise fails at
+    step 1, and train says why and what gives one order at every thread count (MKL_CBWR=AUTO,STRICT); at one
+    torch thread the same run passes and says nothing of it."""
+    from ckparity.cli import main
+
+    common = ["train", "--model", "gpt2", "--num-layers", "1", "--d-model", "256", "--vocab", "512", "--seq-len", "64",
+              "--ck-all", "c", "--ck-loss-backend", "c_ptref", "--ck-optimizer-backend", "c_fused", "--torch-adamw",
+              "fused", "--threads", "2", "--max-steps", "1", "--expect-bitwise", "--no-progress"]
+    code = main(common + ["--torch-threads", "2", "--json-out", str(tmp_path / "two.json")])
+    said = capsys.readouterr().out
+    if code == 0:
+        pytest.skip("MKL split none of this run's GEMMs on this CPU")
+    assert json.loads((tmp_path / "two.json").read_text())["divergence"]["first_step"] == 1
+    assert "MKL_CBWR=AUTO,STRICT" in said and "torch ran at 2 threads" in said
+    assert main(common + ["--torch-threads", "1", "--json-out", str(tmp_path / "one.json")]) == 0
+    assert "MKL_CBWR" not in capsys.readouterr().out

@@ -79,12 +79,28 @@ def _train(argv: list[str]) -> int:
         where = result["divergence"] or {}
         print(f"ckparity train: not bit-identical (--expect-bitwise): first differing bits at step "
               f"{where.get('first_step')}, stage {where.get('stage')}, tensor {where.get('tensor')}", file=out)
+        hint = _threads_hint(result)
+        if hint:
+            print(f"ckparity train: {hint}", file=out)
     if result["error"]:
         print(f"ckparity train: stopped by {result['error']}", file=sys.stderr)
     mismatch = (result["ranks"] or {}).get("first_rank_mismatch_step")
     if mismatch is not None:
         print(f"ckparity train: stopped at step {mismatch}: the ranks' replicated parameters differ", file=sys.stderr)
     return exit_code(result)
+
+
+def _threads_hint(result: dict) -> str | None:
+    """Why a C linear or attention may differ with torch at several threads, and what fixes it: MKL splits some
+    GEMMs' K between its threads, an order not followed, unless MKL_CBWR=AUTO,STRICT gives one order at every
+    thread count (csrc/linear.c's [Note: MKL's strict order])."""
+    env, config = result.get("env") or {}, result["config"]
+    if env.get("torch_threads", 1) < 2 or env.get("mkl_strict") or "c" not in (
+            config.get("ck_linear_backend"), config.get("ck_attention_backend")):
+        return None
+    return (f"torch ran at {env['torch_threads']} threads, where MKL splits some GEMMs' K between them (an order "
+            "not followed); start the run with MKL_CBWR=AUTO,STRICT for one order at every thread count, or use "
+            "--torch-threads 1")
 
 
 HTML_FLAG = {"default": None, "metavar": "FILE",
