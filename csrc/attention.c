@@ -34,6 +34,7 @@
 #include "ckp_internal.h"
 #include "vec.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -105,12 +106,42 @@ static inline __attribute__((always_inline)) float reduce_lanes(float *v, at_lay
                 for (int l = 0; l < 8; l++) { body }      \
     } while (0)
 
+/* The lanes' r *= scale and max over [0, full) in vector instructions (the compiler leaves vmax's NaN test
+ * scalar): max_ps(a, b) is a > b ? a : b, and a NaN in either made NaN, as vmax -- the same lanes. */
+__attribute__((target("avx512f"))) static void mul_max16(float *r, float scale, int64_t full, float lane[16]) {
+    const __m512 s = _mm512_set1_ps(scale), nan = _mm512_set1_ps(NAN);
+    __m512 m = _mm512_loadu_ps(lane);
+    for (int64_t i = 0; i < full; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(r + i), s);
+        _mm512_storeu_ps(r + i, v);
+        const __mmask16 unordered = _mm512_cmp_ps_mask(m, v, _CMP_UNORD_Q);
+        m = _mm512_mask_mov_ps(_mm512_max_ps(m, v), unordered, nan);
+    }
+    _mm512_storeu_ps(lane, m);
+}
+
+__attribute__((target("avx2"))) static void mul_max8(float *r, float scale, int64_t full, float lane[8]) {
+    const __m256 s = _mm256_set1_ps(scale), nan = _mm256_set1_ps(NAN);
+    __m256 m = _mm256_loadu_ps(lane);
+    for (int64_t i = 0; i < full; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(r + i), s);
+        _mm256_storeu_ps(r + i, v);
+        m = _mm256_blendv_ps(_mm256_max_ps(m, v), nan, _mm256_cmp_ps(m, v, _CMP_UNORD_Q));
+    }
+    _mm256_storeu_ps(lane, m);
+}
+
 /* _mul_reduce_max_fusion_kernel: r *= scale, returns the max. */
 CKP_CLONES static float mul_reduce_max(float *r, float scale, int64_t n, at_layout L) {
     float lane[16];
     for (int l = 0; l < L.lanes; l++) lane[l] = -INFINITY;
     const int64_t full = n - n % L.lanes;
-    ATT_LANES(L.lanes, r[i + l] *= scale; lane[l] = vmax(lane[l], r[i + l]););
+    if (L.lanes == 16 && __builtin_cpu_supports("avx512f"))
+        mul_max16(r, scale, full, lane);
+    else if (L.lanes == 8 && __builtin_cpu_supports("avx2"))
+        mul_max8(r, scale, full, lane);
+    else
+        ATT_LANES(L.lanes, r[i + l] *= scale; lane[l] = vmax(lane[l], r[i + l]););
     float tail = -INFINITY;
     for (int64_t i = full; i < n; i++) {
         r[i] *= scale;
