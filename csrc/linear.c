@@ -140,37 +140,46 @@ static void k_block(int64_t K, int wide, int64_t b, int64_t *start, int64_t *siz
 }
 
 /* ---- the register tiles ------------------------------------------------------------------------ */
-/* A tile of MR rows x NR columns (two vectors): acc from 0 over the kb steps of packed A (kb x MR) and
- * packed B (kb x NR), one FMA per (row, vector) a step -- each lane's chain in k order -- then stored
- * into C (first) or added to it, rows < mr and columns < nr only. The lanes and the tile size change
- * no bit (every element is its own chain); they are the CPU's: 16 lanes x 12 rows with AVX-512 (24
- * accumulators of its 32 registers), 8 x 6 with AVX2 (12 of 16). */
-#define LINEAR_DEFINE_TILE(NAME, TARGET, VEC, LANES, MR, SET1, LOAD, STORE, ADD, FMA, ZERO)                 \
-    __attribute__((target(TARGET))) static void NAME(int64_t kb, const float *ap, const float *bp, float *c, \
-                                                   int64_t ldc, int64_t mr, int64_t nr, int first) {        \
-        VEC acc[MR][2];                                                                                     \
-        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = ZERO();                                        \
-        for (int64_t k = 0; k < kb; k++, ap += MR, bp += 2 * LANES) {                                       \
-            VEC b0 = LOAD(bp), b1 = LOAD(bp + LANES);                                                       \
-            for (int i = 0; i < MR; i++) {                                                                  \
-                VEC a = SET1(ap[i]);                                                                        \
-                acc[i][0] = FMA(a, b0, acc[i][0]);                                                          \
-                acc[i][1] = FMA(a, b1, acc[i][1]);                                                          \
-            }                                                                                               \
-        }                                                                                                   \
-        if (nr == 2 * LANES) { /* whole columns: vector stores, the rows below mr */                       \
-            for (int i = 0; i < mr; i++)                                                                    \
-                for (int v = 0; v < 2; v++) {                                                               \
-                    float *at = c + i * ldc + v * LANES;                                                    \
-                    STORE(at, first ? acc[i][v] : ADD(LOAD(at), acc[i][v]));                                \
-                }                                                                                           \
-            return;                                                                                         \
-        }                                                                                                   \
-        float out[MR][2 * LANES];                                                                           \
-        for (int i = 0; i < MR; i++)                                                                        \
-            for (int v = 0; v < 2; v++) STORE(&out[i][v * LANES], acc[i][v]);                               \
-        for (int64_t i = 0; i < mr; i++)                                                                    \
-            for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = first ? out[i][j] : c[i * ldc + j] + out[i][j]; \
+/* A tile of MR rows x NR columns (two vectors): acc from 0 over kb steps of A (A[i, k] at a[i*a_rs + k*a_cs]:
+ * a packed panel, a_rs 1 and a_cs MR, or A where it lies -- a broadcast needs no contiguity) and B (B[k, j] at
+ * b[k*ldb + j]: a packed panel, ldb NR, or B's rows where its columns are contiguous), one FMA per (row,
+ * vector) a step -- each lane's chain in k order -- then stored into C (first) or added to it, rows < mr and
+ * columns < nr only (rows past mr read row mr - 1, their sums discarded; B has nr whole vectors readable). The
+ * rows are reached from one base pointer per three (base + index * scale addressing: few registers, so the
+ * accumulators stay in theirs). The lanes and the tile size change no bit (every element is its own chain);
+ * they are the CPU's: 16 lanes x 12 rows with AVX-512 (24 accumulators of its 32 registers), 8 x 6 with AVX2
+ * (12 of 16). */
+#define LINEAR_DEFINE_TILE(NAME, TARGET, VEC, LANES, MR, SET1, LOAD, STORE, ADD, FMA, ZERO)                     \
+    __attribute__((target(TARGET))) static void NAME(int64_t kb, const float *a, int64_t a_rs, int64_t a_cs,     \
+                                                   const float *b, int64_t ldb, float *c, int64_t ldc,         \
+                                                   int64_t mr, int64_t nr, int first) {                        \
+        VEC acc[MR][2];                                                                                         \
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = ZERO();                                            \
+        const float *base[MR / 3];                                                                              \
+        for (int g = 0; g < MR / 3; g++) base[g] = a + (3 * g < mr ? 3 * g : mr - 1) * a_rs;                   \
+        const int64_t step[3] = {0, a_rs, 2 * a_rs};                                                            \
+        for (int64_t k = 0; k < kb; k++, b += ldb) {                                                            \
+            VEC b0 = LOAD(b), b1 = LOAD(b + LANES);                                                             \
+            for (int i = 0; i < MR; i++) {                                                                      \
+                VEC x = SET1(base[i / 3][i < mr ? step[i % 3] : 0]);                                            \
+                acc[i][0] = FMA(x, b0, acc[i][0]);                                                              \
+                acc[i][1] = FMA(x, b1, acc[i][1]);                                                              \
+            }                                                                                                   \
+            for (int g = 0; g < MR / 3; g++) base[g] += a_cs;                                                   \
+        }                                                                                                       \
+        if (nr == 2 * LANES) { /* whole columns: vector stores, the rows below mr */                           \
+            for (int i = 0; i < mr; i++)                                                                        \
+                for (int v = 0; v < 2; v++) {                                                                   \
+                    float *at = c + i * ldc + v * LANES;                                                        \
+                    STORE(at, first ? acc[i][v] : ADD(LOAD(at), acc[i][v]));                                    \
+                }                                                                                               \
+            return;                                                                                             \
+        }                                                                                                       \
+        float out[MR][2 * LANES];                                                                               \
+        for (int i = 0; i < MR; i++)                                                                            \
+            for (int v = 0; v < 2; v++) STORE(&out[i][v * LANES], acc[i][v]);                                   \
+        for (int64_t i = 0; i < mr; i++)                                                                        \
+            for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = first ? out[i][j] : c[i * ldc + j] + out[i][j];     \
     }
 
 LINEAR_DEFINE_TILE(tile16, "avx512f,fma", __m512, 16, 12, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
@@ -179,17 +188,18 @@ LINEAR_DEFINE_TILE(tile8, "avx2,fma", __m256, 8, 6, _mm256_set1_ps, _mm256_loadu
                    _mm256_add_ps, _mm256_fmadd_ps, _mm256_setzero_ps)
 
 /* Any other x86-64 (no FMA instruction): the same chains, fmaf in software. */
-static void tile_scalar(int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t mr,
-                        int64_t nr, int first) {
+static void tile_scalar(int64_t kb, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t ldb,
+                        float *c, int64_t ldc, int64_t mr, int64_t nr, int first) {
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++) {
             float acc = 0.0f;
-            for (int64_t k = 0; k < kb; k++) acc = fmaf(ap[k * 4 + i], bp[k * 8 + j], acc);
+            for (int64_t k = 0; k < kb; k++) acc = fmaf(a[i * a_rs + k * a_cs], b[k * ldb + j], acc);
             c[i * ldc + j] = first ? acc : c[i * ldc + j] + acc;
         }
 }
 
-typedef void (*tile_fn)(int64_t, const float *, const float *, float *, int64_t, int64_t, int64_t, int);
+typedef void (*tile_fn)(int64_t, const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t, int64_t,
+                        int64_t, int);
 
 typedef struct {
     tile_fn tile;
@@ -317,7 +327,7 @@ static void row_block(const tiling *t, const float *ap, const float *bp, int64_t
     for (int64_t p = p0; p < p1; p += dp) {
         const int64_t nr = nc - p * t->nr < t->nr ? nc - p * t->nr : t->nr;
         for (int64_t q = 0; q < mc; q += t->mr)
-            t->tile(kb, ap + q * kb, bp + p * t->nr * kb, c + (m0 + q) * N + n0 + p * t->nr, N,
+            t->tile(kb, ap + q * kb, 1, t->mr, bp + p * t->nr * kb, t->nr, c + (m0 + q) * N + n0 + p * t->nr, N,
                     mc - q < t->mr ? mc - q : t->mr, nr, first);
     }
 }
@@ -428,11 +438,10 @@ static int alpha_packed_with_b(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K,
     return strict_order() || (a_cs == 1 && b_rs == 1 && (N >= 192 || (N > M && N >= least)));
 }
 
-/* Scratch floats ckp_gemm_serial needs for (M, K, N): B's packed block, A's packed rows, one block's product. */
+/* Scratch floats ckp_gemm_serial needs for (M, K, N): B's packed block, one block's product. */
 int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N) {
-    const tiling t = tiling_for_cpu();
     const int64_t kb = K < KBLOCK ? K : KBLOCK;
-    return kb * round_up(N, t.nr) + kb * round_up(M, t.mr) + M * N;
+    return kb * round_up(N, tiling_for_cpu().nr) + M * N;
 }
 
 int64_t ckp_gemm_slot_floats(int64_t K, int64_t N) { return K * round_up(N, tiling_for_cpu().nr); }
@@ -475,21 +484,29 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
     const int64_t kmax = K < KBLOCK ? K : KBLOCK, npanels = (N + t.nr - 1) / t.nr, rn = round_up(N, t.nr);
     const float b_scale = alpha_packed_with_b(a_cs, b_rs, M, K, N) ? alpha : 1.0f;
     if (b_scale != 1.0f) alpha = 1.0f; /* B took it */
-    float *ap = scratch + kmax * rn, *product = ap + kmax * round_up(M, t.mr);
+    float *product = scratch + kmax * rn;
     const int kept = slot != NULL && slot->b == b && slot->b_rs == b_rs && slot->b_cs == b_cs && slot->K == K &&
                      slot->N == N && slot->scale == b_scale && slot->wide == wide;
+    /* A is read where it lies, and so are B's whole panels where its columns are contiguous and nothing scales
+     * it: a kernel's GEMMs are small, and packing them cost more than it saved. The rest of B is packed. */
+    const int64_t direct = b_cs == 1 && b_scale == 1.0f ? N / t.nr : 0;
     for (int64_t blk = 0; blk < k_blocks(K); blk++) {
         int64_t k0, kb;
         k_block(K, wide, blk, &k0, &kb);
         float *bp = slot != NULL ? slot->packed + k0 * rn : scratch; /* the slot: every block at its k0 */
         if (!kept)
-            for (int64_t p = 0; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, 0, N, t.nr, p, b_scale, bp);
-        pack_a(a, a_rs, a_cs, 0, M, k0, kb, t.mr, ap);
-        if (alpha == 1.0f) { /* the tiles store into C, or add to it, themselves */
-            row_block(&t, ap, bp, kb, 0, M, 0, N, 0, npanels, 1, c, ldc, blk == 0 && !accumulate);
-            continue;
+            for (int64_t p = direct; p < npanels; p++) pack_b_panel(b, b_rs, b_cs, k0, kb, 0, N, t.nr, p, b_scale, bp);
+        float *out = alpha == 1.0f ? c : product; /* alpha 1: the tiles store into C, or add to it, themselves */
+        const int64_t ldo = alpha == 1.0f ? ldc : N;
+        const int first = alpha == 1.0f ? blk == 0 && !accumulate : 1;
+        for (int64_t p = 0; p < npanels; p++) {
+            const int64_t nr = N - p * t.nr < t.nr ? N - p * t.nr : t.nr;
+            const float *bq = p < direct ? b + k0 * b_rs + p * t.nr : bp + p * t.nr * kb;
+            for (int64_t q = 0; q < M; q += t.mr)
+                t.tile(kb, a + q * a_rs + k0 * a_cs, a_rs, a_cs, bq, p < direct ? b_rs : t.nr, out + q * ldo + p * t.nr,
+                       ldo, M - q < t.mr ? M - q : t.mr, nr, first);
         }
-        row_block(&t, ap, bp, kb, 0, M, 0, N, 0, npanels, 1, product, N, 1);
+        if (alpha == 1.0f) continue;
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
                 if (blk == 0) CKP_STORE(m, n, product[m * N + n]);
