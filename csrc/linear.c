@@ -55,7 +55,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum { KBLOCK = 384, MC = 240, NC = 2048, PACK_A_FLOATS = 1 << 17 };
+enum { KBLOCK = 384, MC = 240, NC = 512, PACK_A_FLOATS = 1 << 17 };
 
 /* [Note: MKL's strict order]
  * MKL_CBWR=AUTO,STRICT (Conditional Numerical Reproducibility, strict mode) makes MKL's sgemm give the same bits
@@ -322,13 +322,16 @@ static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const floa
 }
 
 /* Row block mb's tiles against every column panel in [p0, p1) (step dp) of one K block: A's rows packed in
- * panels (ap), or, with ap NULL, read where they lie (a: the block's first row at its K block's first k). */
+ * panels (ap), or, with ap NULL, read where they lie (a: the block's first row at its K block's first k).
+ * Each row panel (MR x the block's k: 18 KB at 384) against all the column panels in turn, so it stays in L1
+ * while B's packed block (384 x NC: 768 KB) streams from L2 -- BLIS's order for AVX-512 with our operands'
+ * roles swapped (measured against the column panel outside: 0.70 -> 0.85x MKL at 2048 x 4096 x 4096). */
 static void row_block(const tiling *t, const float *ap, const float *a, int64_t a_rs, int64_t a_cs,
                       const float *bp, int64_t kb, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int64_t p0,
                       int64_t p1, int64_t dp, float *c, int64_t N, int first) {
-    for (int64_t p = p0; p < p1; p += dp) {
-        const int64_t nr = nc - p * t->nr < t->nr ? nc - p * t->nr : t->nr;
-        for (int64_t q = 0; q < mc; q += t->mr) {
+    for (int64_t q = 0; q < mc; q += t->mr)
+        for (int64_t p = p0; p < p1; p += dp) {
+            const int64_t nr = nc - p * t->nr < t->nr ? nc - p * t->nr : t->nr;
             const int64_t mr = mc - q < t->mr ? mc - q : t->mr;
             float *at = c + (m0 + q) * N + n0 + p * t->nr;
             if (ap != NULL)
@@ -336,7 +339,6 @@ static void row_block(const tiling *t, const float *ap, const float *a, int64_t 
             else
                 t->tile(kb, a + q * a_rs, a_rs, a_cs, bp + p * t->nr * kb, t->nr, at, N, mr, nr, first);
         }
-    }
 }
 
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
