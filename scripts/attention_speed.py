@@ -1,0 +1,63 @@
+"""The C attention's speed against torch's SDPA (ATen's flash kernel): causal forward+backward at the llama
+preset's shape and at (4, 16, 1024, 64), 1 and 2 threads, the sides timed in turn (best of 5 after a
+warm-up: the first calls pay for fresh pages), as a ratio (timings on a shared machine move 2-3x within an
+hour; the ratio of the same run is what is compared). `ckparity bench` times a shape this large once; this
+script repeats it. Writes reports/bench/attention_speed.json.
+
+    .venv/bin/python scripts/attention_speed.py [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+import ckparity
+from ckparity import cpu
+from ckparity.ops.attention import attention
+
+SHAPES = ((8, 4, 2, 64, 64), (4, 16, 16, 1024, 64))  # (batch, query heads, kv heads, T, head dim)
+
+
+def best(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="reports/bench/attention_speed.json")
+    args = parser.parse_args()
+    rows = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        ckparity.set_num_threads(threads)
+        for B, H, Hkv, T, d in SHAPES:
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(B, H, T, d, generator=g).requires_grad_(True)
+            k, v = (torch.randn(B, Hkv, T, d, generator=g).requires_grad_(True) for _ in range(2))
+
+            def fwd_bwd(fn):
+                return lambda: fn(q, k, v, is_causal=True, enable_gqa=H != Hkv).sum().backward()
+            ours, theirs = best(fwd_bwd(attention)), best(fwd_bwd(F.scaled_dot_product_attention))
+            rows.append({"threads": threads, "B": B, "Hq": H, "Hkv": Hkv, "T": T, "d": d,
+                         "ckparity_ms": round(ours * 1e3, 3), "torch_ms": round(theirs * 1e3, 3),
+                         "ratio": round(theirs / ours, 3)})
+            print(rows[-1], flush=True)
+    report = {"schema": "ckparity.attention_speed/1", "mkl_branch": cpu.mkl_branch(),
+              "torch_capability": torch.backends.cpu.get_cpu_capability(), "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
