@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
@@ -19,18 +18,9 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import cpu
 from ckparity.ops.attention import attention
+from gemm_speed import best  # scripts/ is this script's first import path: the same timing as the GEMM's
 
 SHAPES = ((8, 4, 2, 64, 64), (4, 16, 16, 1024, 64))  # (batch, query heads, kv heads, T, head dim)
-
-
-def best(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
