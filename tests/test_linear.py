@@ -162,8 +162,10 @@ def run(threads):
     return out
 strict = {t: run(t) for t in (1, 2)}
 sweep = s.run(["linear", "attention"])
+from ckparity.check import suite
+check = {p["property"]: p["verdict"] for p in suite.check("linear", "c")["properties"]}
 lib.ckp_set_gemm_order(lib.CKP_GEMM_ORDER_MKL)
-print(json.dumps({"strict": strict, "own_order": run(2), "sweep": sweep}))
+print(json.dumps({"strict": strict, "own_order": run(2), "sweep": sweep, "check": check}))
 """
 
 
@@ -174,7 +176,7 @@ def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
     thread count, which ckparity follows -- the shapes MKL's own order splits between 2 threads, its gemv and
     skinny paths, attention's backward past Tq 192 -- and MKL's own order (the default) is not torch's bits
     there, so the strict order is what makes them agree. The claim's sweep covers 1 and 2 torch threads there,
-    0 differing. Strict branches promise the same bits on every CPU that has them: it runs on any CPU here."""
+    0 differing, and check finds every property bitwise (batch invariance too: no gemv path to leave). Strict branches promise the same bits on every CPU that has them: it runs on any CPU here."""
     result = _in_process(STRICT_PROBE, MKL_CBWR=cbwr)
     assert all(result["strict"]["1"]) and all(result["strict"]["2"])
     assert not all(result["own_order"])
@@ -184,6 +186,8 @@ def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
         for quantity, tally in sweep["kernels"][kernel].items():
             assert tally["differing"] == 0, (kernel, quantity, tally["examples"])
     assert sweep["kernels"]["linear"]["y"]["swept"] > 3000  # both thread counts and the gemv cases
+    # check: every property bitwise, the one-row batches and width 1's one-column GEMMs (MKL's gemv) too
+    assert set(result["check"].values()) == {"bitwise"}, result["check"]
 
 
 def test_a_gemm_order_that_is_none_is_refused():
