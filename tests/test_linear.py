@@ -135,7 +135,7 @@ def test_on_mkls_avx2_branch_the_claim_is_dropped_and_would_be_false():
 
 
 STRICT_PROBE = """
-import json, torch, torch.nn.functional as F
+import json, os, torch, torch.nn.functional as F
 import ckparity.sweep as s
 from ckparity._native import lib
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
@@ -161,9 +161,10 @@ def run(threads):
         out += [same_bits(a, t) for a, t in zip(ours, grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up))]
     return out
 strict = {t: run(t) for t in (1, 2)}
-sweep = s.run(["linear", "attention"])
+full = os.environ["MKL_CBWR"].startswith("AUTO")  # the AVX2 branch: linear's sweep (attention's GEMMs: above)
+sweep = s.run(["linear", "attention"] if full else ["linear"])
 from ckparity.check import suite
-check = {p["property"]: p["verdict"] for p in suite.check("linear", "c")["properties"]}
+check = {p["property"]: p["verdict"] for p in suite.check("linear", "c")["properties"]} if full else {}
 lib.ckp_set_gemm_order(lib.CKP_GEMM_ORDER_MKL)
 print(json.dumps({"strict": strict, "own_order": run(2), "sweep": sweep, "check": check}))
 """
@@ -182,12 +183,12 @@ def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
     assert not all(result["own_order"])
     sweep = result["sweep"]
     assert sweep["mkl_strict"] is True and sweep["not_claimed_here"] == {}
-    for kernel in ("linear", "attention"):
+    for kernel in sweep["kernels"]:
         for quantity, tally in sweep["kernels"][kernel].items():
             assert tally["differing"] == 0, (kernel, quantity, tally["examples"])
     assert sweep["kernels"]["linear"]["y"]["swept"] > 3000  # both thread counts and the gemv cases
     # check: every property bitwise, the one-row batches and width 1's one-column GEMMs (MKL's gemv) too
-    assert set(result["check"].values()) == {"bitwise"}, result["check"]
+    assert cbwr != "AUTO,STRICT" or set(result["check"].values()) == {"bitwise"}, result["check"]
 
 
 def test_a_gemm_order_that_is_none_is_refused():
