@@ -20,11 +20,13 @@
  *     added to the product (bias_after): ATen's linear (Linear.cpp).
  * That is what a Goto-style GEMM computes with a K panel of the block's depth and k innermost in its
  * micro-kernel, so following it costs no speed: B's block packed into panels of NR columns, A's rows
- * into panels of MR, a register tile of MR x NR accumulators per (row panel, column panel) from 0
- * over the block's k, stored (first block) or added (the others) into C.
+ * read by MR (packed into panels only where A is transposed and large), a register tile of MR x NR
+ * accumulators per (row panel, column panel) from 0 over the block's k, stored (first block) or added
+ * (the others) into C.
  * Every element's chain is its own: the tile sizes, the vector width and the thread split (over row
- * blocks and column panels, never over K) change no bit.
- * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads), M = 1 or N = 1
+ * blocks, column blocks and column panels, never over K) change no bit.
+ * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads; under MKL_CBWR=AUTO,STRICT
+ * it does not: [Note: MKL's strict order]), M = 1 or N = 1
  * (MKL's gemv paths), MKL's AVX2 branch (other blocks). ckparity.kernels.linear says which.
  *
  * [Note: MKL's skinny sgemm]
