@@ -215,16 +215,92 @@ static tiling tiling_for_cpu(void) {
 }
 
 /* ---- packing ----------------------------------------------------------------------------------- */
+/* 16 rows of 16 floats transposed in registers (r[i][j] -> r[j][i]): pairs within 128-bit lanes, then quads,
+ * then the lanes themselves. */
+__attribute__((target("avx512f"))) static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + c], lane L: element 4L + c of rows 4i..4i+3 */
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        const __m512 u2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 u3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+        t[4 + c] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* 8 rows of 8 floats transposed (AVX2): pairs, quads, then the 128-bit halves. */
+__attribute__((target("avx2"))) static inline void transpose8(__m256 r[8]) {
+    __m256 t[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm256_permute2f128_ps(r[c], r[4 + c], 0x20);
+        t[4 + c] = _mm256_permute2f128_ps(r[c], r[4 + c], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+
+/* A transposed B's panel (its columns along k: src[k + j * b_cs]) into bp[k * nr + j], each value times
+ * scale: the whole squares of L x L (j, k) through a register transpose, the rest one by one. The same
+ * product per value either way: only the copy's speed differs (scalar, this was most of a small GEMM). */
+#define LINEAR_DEFINE_PACK_COLUMNS(NAME, TARGET, VEC, L, SET1, LOAD, STORE, MUL, TRANSPOSE)                     \
+    __attribute__((target(TARGET))) static void NAME(const float *src, int64_t b_cs, int64_t kb, int64_t cols,   \
+                                                   int64_t nr, float scale, float *bp) {                       \
+        const int64_t cj = cols / L * L, ck = kb / L * L;                                                       \
+        const VEC s = SET1(scale);                                                                              \
+        for (int64_t j0 = 0; j0 < cj; j0 += L)                                                                  \
+            for (int64_t k0 = 0; k0 < ck; k0 += L) {                                                            \
+                VEC r[L];                                                                                       \
+                for (int i = 0; i < L; i++) r[i] = MUL(LOAD(src + (j0 + i) * b_cs + k0), s);                   \
+                TRANSPOSE(r);                                                                                   \
+                for (int i = 0; i < L; i++) STORE(bp + (k0 + i) * nr + j0, r[i]);                               \
+            }                                                                                                   \
+        for (int64_t j = 0; j < cols; j++)                                                                      \
+            for (int64_t k = j < cj ? ck : 0; k < kb; k++) bp[k * nr + j] = src[k + j * b_cs] * scale;          \
+    }
+
+LINEAR_DEFINE_PACK_COLUMNS(pack_columns16, "avx512f", __m512, 16, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                           _mm512_mul_ps, transpose16)
+LINEAR_DEFINE_PACK_COLUMNS(pack_columns8, "avx2", __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                           _mm256_mul_ps, transpose8)
+
 /* Panel p of B's rows [k0, k0 + kb), columns [n0 + p*nr, ...): kb rows of nr columns, zero past the
- * block's nc columns. */
+ * block's nc columns. The tiling's nr says which vector transposes it has (32: AVX-512's, 16: AVX2's). */
 static inline __attribute__((always_inline)) void pack_b_panel(const float *b, int64_t b_rs, int64_t b_cs, int64_t k0, int64_t kb, int64_t n0, int64_t nc,
                          int64_t nr, int64_t p, float scale, float *bp) {
     bp += p * nr * kb;
     const int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
     const float *src = b + k0 * b_rs + (n0 + p * nr) * b_cs;
     if (b_rs == 1 && b_cs != 1) { /* B's columns lie along k (a transposed operand): read them in order */
-        for (int64_t j = 0; j < cols; j++)
-            for (int64_t k = 0; k < kb; k++) bp[k * nr + j] = src[k + j * b_cs] * scale;
+        if (nr == 32) pack_columns16(src, b_cs, kb, cols, nr, scale, bp);
+        else if (nr == 16) pack_columns8(src, b_cs, kb, cols, nr, scale, bp);
+        else
+            for (int64_t j = 0; j < cols; j++)
+                for (int64_t k = 0; k < kb; k++) bp[k * nr + j] = src[k + j * b_cs] * scale;
+    } else if (b_cs == 1) { /* B's rows contiguous: a vector copy per k */
+        for (int64_t k = 0; k < kb; k++)
+            for (int64_t j = 0; j < cols; j++) bp[k * nr + j] = src[k * b_rs + j] * scale;
     } else {
         for (int64_t k = 0; k < kb; k++)
             for (int64_t j = 0; j < cols; j++) bp[k * nr + j] = src[k * b_rs + j * b_cs] * scale;
@@ -376,6 +452,20 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     const gemm_path path = path_for(a_cs, b_rs, M, K, N);
     if (path != BLOCKED) {
         skinny_gemm(path, a, a_rs, b, b_cs, M, K, N, bias, c, team_max);
+        return CKP_OK;
+    }
+    if (team_max == 1 && (double)M * (double)N * (double)K < 1 << 18) {
+        /* A product too small to share: one thread's GEMM (no team to start, B's contiguous panels read where
+         * they lie) -- the same tiles and K blocks, so the same bits; at a twin's 8 x 64 x 64, 1.7 -> 1.0 us */
+        float *scratch = malloc((size_t)ckp_gemm_serial_floats(M, K, N) * sizeof(float));
+        if (scratch == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm: no memory for the packed panels");
+        if (bias != NULL && !bias_after)
+            for (int64_t m = 0; m < M; m++) memcpy(c + m * N, bias, (size_t)N * sizeof(float));
+        ckp_gemm_serial(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, 1.0f, bias != NULL && !bias_after, c, N, scratch, NULL);
+        free(scratch);
+        if (bias != NULL && bias_after)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) c[m * N + n] += bias[n];
         return CKP_OK;
     }
     const tiling t = tiling_for_cpu();

@@ -28,24 +28,44 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor
          bias_after: bool = False, *, library=lib) -> None:
     """out (M, N), contiguous = a (M, K) . b (K, N) + bias (N, contiguous; C's start, as addmm's, or added to
     the product with ``bias_after``, as matmul's then add_), a and b of any strides."""
-    (M, K), (a_rs, a_cs), a = _blas_operand(a)
-    (_, N), (b_rs, b_cs), b = _blas_operand(b)
-    # called for every GEMM of a step (75 in the llama preset's): each stride and pointer read once
+    M, K = a.shape
+    _product(*_operand(a), *_operand(b), M, K, b.shape[1], out, bias, bias_after, library)
+
+
+def _product(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, out, bias=None, bias_after=False, library=lib) -> None:
+    """ckp_gemm on operands by their strides: called for every GEMM of a step (75 in the llama preset's), so
+    each pointer is read once and no view is made to say a transpose."""
     check(library.ckp_gemm(_cast(_FLOAT, a.data_ptr()), a_rs, a_cs, _cast(_FLOAT, b.data_ptr()), b_rs, b_cs, M, K, N,
                            _at(bias), int(bias_after), _cast(_FLOAT, out.data_ptr())), "linear", library)
 
 
-def _blas_operand(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], torch.Tensor]:
-    """(shape, strides, t) of t as ATen's addmm hands it to MKL: read where it lies if one stride is 1 and the
-    other spans a row or column (a BLAS leading dimension), else a contiguous copy (Blas.cpp's
-    addmm_impl_cpu_). The copy changes no value, but MKL's path, and so the order, follows the strides it is
-    given."""
-    shape, strides = t.shape, t.stride()
-    (rows, cols), (s0, s1) = shape, strides
+def _operand(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(t, row stride, column stride) of a 2-D t as ATen's addmm hands it to MKL: read where it lies if one
+    stride is 1 and the other spans a row or column (a BLAS leading dimension), else a contiguous copy
+    (Blas.cpp's addmm_impl_cpu_). The copy changes no value, but MKL's path, and so the order, follows the
+    strides it is given."""
+    (rows, cols), (s0, s1) = t.shape, t.stride()
     if (s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)):
-        return shape, strides, t
-    t = t.contiguous()
-    return shape, t.stride(), t
+        return t, s0, s1
+    return t.contiguous(), cols, 1
+
+
+def _transposed(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """_operand(t.t()) without making the view where t is read where it lies (the weight, every call)."""
+    (rows, cols), (s0, s1) = t.shape, t.stride()
+    if (s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)):
+        return t, s1, s0
+    return _operand(t.t())
+
+
+def _rows(x: torch.Tensor) -> tuple[int, torch.Tensor, int, int]:
+    """x (..., K) as the (M, K) operand ATen's linear multiplies: its leading dims collapsed, a view where
+    they collapse, else a copy."""
+    K = x.shape[-1]
+    if x.is_contiguous():
+        return x.numel() // K, x, K, 1
+    rows = x.reshape(-1, K)
+    return (rows.shape[0], *_operand(rows))
 
 
 def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
@@ -55,13 +75,15 @@ def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
 
 
 class _LinearFunction(CFunction):
-    """x (M, K), weight (N, K), bias (N) or None, bias_after -> (M, N). First-order only: see
-    ops/_function.py."""
+    """x (..., K), weight (N, K), bias (N) or None, bias_after -> (..., N). The leading dims are collapsed here,
+    inside the Function, rather than by a reshape before it and after it: those would be two more autograd nodes
+    per call (a third of a twin's small linear's overhead). First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(x, weight, bias, bias_after):
-        y = empty((x.shape[0], weight.shape[0]), torch.float32)
-        gemm(x, weight.t(), y, bias, bias_after)
+        (N, K), (M, *a) = weight.shape, _rows(x)
+        y = empty((*x.shape[:-1], N), torch.float32)
+        _product(*a, *_transposed(weight), M, K, N, y, bias, bias_after)
         return y
 
     @staticmethod
@@ -73,17 +95,18 @@ class _LinearFunction(CFunction):
     @first_order_only
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        dy = dy.contiguous()
+        (N, K), dy = weight.shape, dy.contiguous()
+        M = dy.numel() // N
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = empty(x.shape, torch.float32)
-            gemm(dy, weight, dx)           # dX = dY . W
+            _product(dy, N, 1, *_operand(weight), M, N, K, dx)          # dX = dY . W
         if ctx.needs_input_grad[1]:
             dw = empty(weight.shape, torch.float32)
-            gemm(dy.t(), x, dw)            # dW = dYᵀ . X
+            _product(dy, 1, N, *_rows(x)[1:], N, M, K, dw)              # dW = dYᵀ . X, dYᵀ by its strides
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = empty((weight.shape[0],), torch.float32)
-            dbias(dy, db)
+            db = empty((N,), torch.float32)
+            dbias(dy.view(M, N), db)
         return dx, dw, db, None
 
 
@@ -111,9 +134,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise InvalidArgument(f"linear: bias {tuple(bias.shape)} for a weight of {N} outputs (bias ({N},))")
     if x.numel() == 0:  # no rows, or K = 0: nothing to multiply
         return _empty_product(x, weight, bias)
-    rows = x.reshape(-1, K)  # a view where x's leading dims collapse; else a copy
     bias_in = bias.contiguous() if bias is not None else None
-    return _LinearFunction.apply(rows, weight, bias_in, not _addmm(x)).reshape(*x.shape[:-1], N)
+    return _LinearFunction.apply(x, weight, bias_in, not _addmm(x))
 
 
 def _addmm(x: torch.Tensor) -> bool:
