@@ -199,15 +199,17 @@ def rms_norm_backward_16(dy, x, weight, rstd, dx, dweight, *, torch_threads: int
 # ---- swiglu -----------------------------------------------------------------
 
 def swiglu_forward(x, out, *, library=lib) -> None:
-    """x (N, 2H), out (N, H): float32, bfloat16 or float16 alike."""
-    N, H = out.shape
+    """x (..., 2H), out (..., H), contiguous: float32, bfloat16 or float16 alike."""
+    H = out.shape[-1]
+    N = out.numel() // H
     check(getattr(library, "ckp_swiglu_forward" + _FORMATS[x.dtype])(pointer(x), N, H, pointer(out)), "swiglu",
           library)
 
 
 def swiglu_backward(dout, x, dx, *, library=lib) -> None:
-    """dout (N, H); x, dx (N, 2H): float32, bfloat16 or float16 alike."""
-    N, H = dout.shape
+    """dout (..., H); x, dx (..., 2H), contiguous: float32, bfloat16 or float16 alike."""
+    H = dout.shape[-1]
+    N = dout.numel() // H
     check(getattr(library, "ckp_swiglu_backward" + _FORMATS[x.dtype])(pointer(dout), pointer(x), N, H, pointer(dx)),
           "swiglu backward", library)
 
@@ -253,15 +255,17 @@ ROPE_LAYOUTS = {"half": lib.CKP_ROPE_HALF, "interleaved": lib.CKP_ROPE_INTERLEAV
 
 
 def rope_forward(x, cos, sin, layout: str, out, *, library=lib) -> None:
-    """x, out (N, T, d); cos, sin (T, d/2): float32, bfloat16 or float16 alike."""
-    N, T, d = x.shape
+    """x, out (..., T, d), contiguous; cos, sin (T, d/2): float32, bfloat16 or float16 alike."""
+    T, d = x.shape[-2:]
+    N = x.numel() // (T * d)
     check(getattr(library, "ckp_rope_forward" + _FORMATS[x.dtype])(pointer(x), pointer(cos), pointer(sin), N, T, d,
                                                                   ROPE_LAYOUTS[layout], pointer(out)), "rope", library)
 
 
 def rope_backward(dout, cos, sin, layout: str, dx, *, library=lib) -> None:
-    """dout, dx (N, T, d); cos, sin (T, d/2): float32, bfloat16 or float16 alike."""
-    N, T, d = dout.shape
+    """dout, dx (..., T, d), contiguous; cos, sin (T, d/2): float32, bfloat16 or float16 alike."""
+    T, d = dout.shape[-2:]
+    N = dout.numel() // (T * d)
     check(getattr(library, "ckp_rope_backward" + _FORMATS[dout.dtype])(pointer(dout), pointer(cos), pointer(sin), N,
                                                                       T, d, ROPE_LAYOUTS[layout], pointer(dx)),
           "rope backward", library)

@@ -26,12 +26,12 @@ def embedding_backward(dout, idx, padding_idx: int, dweight, *, library=lib) -> 
 
 
 class _EmbeddingFunction(torch.autograd.Function):
-    """idx (n,) int64, weight (V, D), padding_idx -> (n, D). The backward is a sum per row in index
+    """idx (n,) int64, weight (V, D), padding_idx, shape (the lookup's (..., D)) -> shape. The backward is a sum per row in index
     order; the gradient of a gradient is not built (first order, as ckparity's other ops)."""
 
     @staticmethod
-    def forward(ctx, idx, weight, padding_idx):
-        out = empty((idx.shape[0], weight.shape[1]), weight.dtype)
+    def forward(ctx, idx, weight, padding_idx, shape):
+        out = empty(shape, weight.dtype)  # (..., D) here: a reshape after the Function would be another node
         embedding_forward(idx, weight, out)
         ctx.save_for_backward(idx)
         ctx.shape, ctx.padding_idx = weight.shape, padding_idx
@@ -43,7 +43,7 @@ class _EmbeddingFunction(torch.autograd.Function):
         (idx,) = ctx.saved_tensors
         dweight = empty(ctx.shape, dout.dtype)
         embedding_backward(dout.contiguous(), idx, ctx.padding_idx, dweight)
-        return None, dweight, None
+        return None, dweight, None, None
 
 
 def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, max_norm=None,
@@ -72,5 +72,5 @@ def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None
     idx = input.reshape(-1).to(torch.int64).contiguous()
     if idx.numel() == 0 or D == 0:
         return (weight.sum() * 0).expand(*input.shape, D) if D else weight.new_zeros(*input.shape, 0)
-    out = _EmbeddingFunction.apply(idx, weight.contiguous(), -1 if padding_idx is None else padding_idx)
-    return out.reshape(*input.shape, D)
+    return _EmbeddingFunction.apply(idx, weight.contiguous(), -1 if padding_idx is None else padding_idx,
+                                    (*input.shape, D))

@@ -146,7 +146,8 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     # the last len(shape) dimensions flattened to D (a view when it can be; the
     # function's gradients come back in this shape, then through the view)
     x = input if len(shape) == 1 else input.flatten(-len(shape))
-    w = weight.reshape(D) if weight is not None else None
+    # (a 1-D weight as it is: a reshape to its own shape is still an autograd node, a backward step more)
+    w = weight if weight is None or weight.dim() == 1 else weight.reshape(D)
     if x.dtype != torch.float32:
         y, _ = _RMSNorm16Function.apply(x, w, eps)
     else:

@@ -16,7 +16,8 @@ class _RoPEFunction(CFunction):
 
     @staticmethod
     def compute(x, cos, sin, layout):
-        out = empty_like(x)  # x is contiguous (the op made it so)
+        x = x.contiguous()  # here, not before the Function: a copy there is an autograd node or two more
+        out = empty_like(x)
         _bindings.rope_forward(x, cos, sin, layout, out)
         return out
 
@@ -58,5 +59,4 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str =
         raise NotImplementedError("ckparity.rope differentiates with respect to x, not cos or sin")
     if x.numel() == 0:
         return x * 1.0
-    rows = x.reshape(-1, T, d).contiguous()
-    return _RoPEFunction.apply(rows, cos.contiguous(), sin.contiguous(), layout).reshape(x.shape)
+    return _RoPEFunction.apply(x, cos.contiguous(), sin.contiguous(), layout)

@@ -11,11 +11,12 @@ from ._function import CFunction, first_order_only
 
 
 class _SwiGLUFunction(CFunction):
-    """First-order only: see ops/_function.py."""
+    """x (..., 2H), contiguous -> (..., H): the leading dims taken as they are (a reshape around the Function
+    would be two more autograd nodes per call). First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(x):
-        out = empty((x.shape[0], x.shape[1] // 2), x.dtype)
+        out = empty((*x.shape[:-1], x.shape[-1] // 2), x.dtype)
         _bindings.swiglu_forward(x, out)
         return out
 
@@ -35,14 +36,12 @@ class _SwiGLUFunction(CFunction):
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """[..., 2H] -> [..., H]: F.silu(x[..., :H]) * x[..., H:], in x's dtype
     (float32, or bfloat16 or float16 with torch's rounding in that dtype: out = bf16(bf16(silu) * up))."""
-    if plain(x, 2, WITH_FLOAT16) and x.shape[1] % 2 == 0 and x.shape[0] and x.shape[1]:
-        return _SwiGLUFunction.apply(x)  # the common case, without the views
+    if isinstance(x, torch.Tensor) and plain(x, x.dim(), WITH_FLOAT16) and x.dim() and x.shape[-1] % 2 == 0 \
+            and x.numel():
+        return _SwiGLUFunction.apply(x)  # the common case, without the checks' errors to build
     require_floating(x, "x", dtypes=WITH_FLOAT16)
     if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
         raise InvalidArgument(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
-    H2 = x.shape[-1]
-    flat = x.reshape(-1, H2).contiguous()
-    out_shape = x.shape[:-1] + (H2 // 2,)
-    if flat.shape[0] == 0:
-        return x[..., : H2 // 2] * 0.0
-    return _SwiGLUFunction.apply(flat).reshape(out_shape)
+    if x.numel() == 0:
+        return x[..., : x.shape[-1] // 2] * 0.0
+    return _SwiGLUFunction.apply(x.contiguous())
