@@ -19,7 +19,9 @@
  *     F.linear takes addmm for a 2-D x and a contiguous 3-D one; any other x is matmul, then the bias
  *     added to the product (bias_after): ATen's linear (Linear.cpp).
  * That is what a Goto-style GEMM computes with a K panel of the block's depth and k innermost in its
- * micro-kernel, so following it costs no speed: B's block packed into panels of NR columns, A's rows
+ * micro-kernel, so following it costs no speed: B's block packed into panels of NR columns (a transposed
+ * B through register transposes; a product too small to share -- under 2^18 multiply-adds -- runs as one
+ * thread's GEMM that reads B's contiguous whole panels in place), A's rows
  * read by MR (packed into panels only where A is transposed and large), a register tile of MR x NR
  * accumulators per (row panel, column panel) from 0 over the block's k, stored (first block) or added
  * (the others) into C.
@@ -437,7 +439,8 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     if (ckp_overlaps(c, c_bytes, a, a_bytes) || ckp_overlaps(c, c_bytes, b, b_bytes) ||
         (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(float))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or the bias");
-    const int team_max = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+    const int shared = (double)M * (double)N * (double)K >= 1 << 18; /* worth a team: below it, one thread */
+    const int team_max = shared ? ckp_threads() : 1;
     ckp_clear_error();
     const int strict = strict_order();
     if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias (the strict order: added) */
@@ -454,7 +457,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         skinny_gemm(path, a, a_rs, b, b_cs, M, K, N, bias, c, team_max);
         return CKP_OK;
     }
-    if (team_max == 1 && (double)M * (double)N * (double)K < 1 << 18) {
+    if (!shared) {
         /* A product too small to share: one thread's GEMM (no team to start, B's contiguous panels read where
          * they lie) -- the same tiles and K blocks, so the same bits; at a twin's 8 x 64 x 64, 1.7 -> 1.0 us */
         float *scratch = malloc((size_t)ckp_gemm_serial_floats(M, K, N) * sizeof(float));

@@ -8,6 +8,12 @@ import torch
 
 import ckparity
 from ckparity.errors import TargetOutOfRange
+from ckparity.ops.attention import attention
+from ckparity.ops.embedding import embedding
+from ckparity.ops.linear import linear
+from ckparity.ops.rms_norm import rms_norm
+from ckparity.ops.rope import rope
+from ckparity.ops.swiglu import swiglu
 
 
 def _same_bits(a, b):
@@ -63,3 +69,44 @@ def test_swiglu_fast_path_same_bits_as_the_full_path(N, H, dtype):
     full = _grad(lambda v: ckparity.swiglu(v.unsqueeze(0)).squeeze(0), x)
     _same_bits(fast[0], full[0])
     _same_bits(fast[1], full[1])
+
+
+def _nodes_between(out: torch.Tensor, leaf: torch.Tensor) -> int | None:
+    """How many autograd nodes lie between out's own node and leaf's AccumulateGrad (0: leaf is a direct
+    input of out's node); None if leaf is not reached."""
+    seen, frontier, depth = set(), [out.grad_fn], 0
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for child, _ in node.next_functions:
+                if child is None or child in seen:
+                    continue
+                if getattr(child, "variable", None) is leaf:
+                    return depth
+                seen.add(child)
+                nxt.append(child)
+        frontier, depth = nxt, depth + 1
+    return None
+
+
+def test_a_twins_ops_make_one_autograd_node_each():
+    """The twins' ops on their own layouts (3-D and 4-D activations, a 1-D norm weight) add their Function's node
+    and nothing else: a reshape around a Function to its own shape was an autograd node and a backward step more
+    per call, a third of a small linear's overhead over torch's (docs/harness.md)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 8, 64, generator=g, requires_grad=True)
+    w = torch.randn(32, 64, generator=g, requires_grad=True)
+    norm_w = torch.randn(64, generator=g, requires_grad=True)
+    h = torch.randn(1, 8, 256, generator=g, requires_grad=True)
+    q = torch.randn(1, 4, 8, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 2, 8, 16, generator=g, requires_grad=True) for _ in range(2))
+    cos, sin = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)
+    emb = torch.randn(50, 64, generator=g, requires_grad=True)
+    cases = [(linear(x, w), (x, w)),
+             (rms_norm(x, (64,), norm_w), (x, norm_w)),
+             (swiglu(h), (h,)),
+             (rope(q, cos, sin), (q,)),
+             (attention(q, k, v, is_causal=True, enable_gqa=True), (q, k, v)),
+             (embedding(torch.tensor([[1, 2, 3]]), emb), (emb,))]
+    for out, leaves in cases:
+        assert all(_nodes_between(out, leaf) == 0 for leaf in leaves), out.grad_fn
