@@ -22,6 +22,7 @@ from ckparity.errors import InvalidArgument, InvalidType
 from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
+from ckparity.ops import _onednn
 from ckparity.ops.linear import gemm, linear
 
 MODELLED = cpu.mkl_not_followed() is None
@@ -279,25 +280,53 @@ def test_train_catches_a_planted_gemm_at_step_1(fault):
         assert report["status"] == "fail" and report["first_loss_fail_step"] == 1
 
 
-def test_bf16_accumulates_in_float32_at_any_thread_count_and_is_as_accurate_as_torch():
-    """bfloat16 is not torch's bits (oneDNN's order is not followed); it is the float32 GEMM rounded once:
-    the same bits at 1 and 2 threads, and against float64 of the same bf16 values no less accurate than
-    torch's bf16 (the worst element's error at most torch's worst, plus one bf16 rounding of the output)."""
+def test_bf16_with_a_bias_accumulates_in_float32_at_any_thread_count_and_is_as_accurate_as_torch():
+    """bfloat16 with a bias is not torch's bits (how oneDNN adds it is not measured); it is the float32 GEMM
+    rounded once: the same bits at 1 and 2 threads, and against float64 of the same bf16 values no less
+    accurate than torch's bf16 (the worst element's error at most torch's worst, plus one bf16 rounding of the
+    output)."""
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(64, 1000, generator=g).bfloat16(), torch.randn(96, 1000, generator=g).bfloat16()
+    b = torch.randn(96, generator=g).bfloat16()
     before = ckparity.get_num_threads()
     try:
         outs = []
         for n in (1, 2):
             ckparity.set_num_threads(n)
-            outs.append(linear(x, w))
+            outs.append(linear(x, w, b))
     finally:
         ckparity.set_num_threads(before)
     assert outs[0].dtype == torch.bfloat16 and torch.equal(outs[0], outs[1])
-    exact = x.double() @ w.double().t()
-    ours, theirs = (outs[0].double() - exact).abs(), (F.linear(x, w).double() - exact).abs()
+    exact = x.double() @ w.double().t() + b.double()
+    ours, theirs = (outs[0].double() - exact).abs(), (F.linear(x, w, b).double() - exact).abs()
     ulp = exact.abs() * 2.0 ** -8  # a bf16 ulp at the value: both sides round their result once
     assert (ours <= theirs + ulp).all() and ours.max() <= theirs.max() * 1.01
+
+
+@pytest.mark.skipif(_onednn.order(64, 256, 64, False, True) is None,
+                    reason="oneDNN's bf16 matmul here is not the AMX brgemm order ckparity measures")
+def test_bf16_without_a_bias_is_onednns_bits_and_a_wrong_order_is_refused():
+    """Where ops/_onednn.py measures oneDNN's order (AMX), y, dX and dW are torch's bits -- a 3-D x, K chunked
+    (3 chunks at 64 x 1000 x 1000 on this Xeon), an odd K -- at 1 and 2 ckparity threads; and the check a
+    measured order must pass refuses a wrong one (another tile width, another chunking), so a CPU whose
+    oneDNN sums otherwise gets the float32 GEMM rounded once, not false bits."""
+    g = torch.Generator().manual_seed(9)
+    for lead, K, N in (((2, 8), 64, 128), ((64,), 1000, 1000), ((40,), 301, 72)):
+        x = torch.randn(*lead, K, generator=g).bfloat16()
+        w = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16()
+        up = torch.randn(*lead, N, generator=g).bfloat16()
+        theirs = grad_run(F.linear, [x.requires_grad_(True), w.requires_grad_(True)], up)
+        before = ckparity.get_num_threads()
+        try:
+            for n in (1, 2):
+                ckparity.set_num_threads(n)
+                ours = grad_run(linear, [x, w], up)
+                assert all(same_bits(a, b) for a, b in zip(ours, theirs)), (lead, K, N, n)
+        finally:
+            ckparity.set_num_threads(before)
+    measured = _onednn.order(64, 1000, 1000, False, True)
+    for wrong in (_onednn.Order(16, measured.starts), _onednn.Order(measured.width, ())):
+        assert wrong != measured and not _onednn._confirmed(wrong, 64, 1000, 1000, False, True)
 
 
 def test_under_autocast_the_inputs_are_cast_to_bf16_as_torchs_linear_is():

@@ -363,6 +363,15 @@ ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                     int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c);
+/* C (M x N, bf16, row-major) = A (M x K) . B (K x N), bf16 operands by their strides, in the order oneDNN's
+ * AMX brgemm matmul sums it (csrc/linear_bf16.c): K in chunks starting at chunk_starts[0..chunks) (rising,
+ * within (0, K)), each summed from 0 and added in order; a chunk in tiles of `width` terms (even), a tile's
+ * even- and odd-placed terms two float32 chains from 0 whose sum joins the chunk's; denormals flushed;
+ * rounded to bf16 once. The chunks and the width are oneDNN's choice for the shape: ckparity measures them
+ * (ckparity/ops/_onednn.py). The same bits at any thread count. */
+ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
+                               int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
+                               const int64_t *chunk_starts, int64_t chunks, uint16_t *c);
 /* The order the GEMMs follow (linear's and attention's): MKL's own (CKP_GEMM_ORDER_MKL: the order above, with
  * its skinny paths, on one thread) or MKL's strict Conditional Numerical Reproducibility order
  * (CKP_GEMM_ORDER_STRICT, what MKL_CBWR=...,STRICT makes MKL run at any thread count: K in blocks of 384, two

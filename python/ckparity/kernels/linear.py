@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import cpu
+from .._native import ffi
+from ..ops import _onednn
 from ..ops.linear import gemm, linear
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
@@ -128,6 +130,45 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
             _case(tally, f"gemv M=1 K={K} N=3", 1, K, 3, g, bias=K % 2 == 0)
 
 
+def _onednn_not_followed() -> str | None:
+    """Why bf16 linear is not oneDNN's bits in this process, or None: the order ops/_onednn.py measures is
+    oneDNN's AMX brgemm's; elsewhere (no AMX, another oneDNN) no order is confirmed and the op runs the
+    float32 GEMM rounded once."""
+    if _onednn.order(64, 256, 64, False, True) is None:
+        return "oneDNN's bf16 matmul here is not the AMX brgemm order ckparity measures (as accurate as torch)"
+    return None
+
+
+def _case_bf16(tally: Tally, label: str, lead: tuple[int, ...], K: int, N: int, g: torch.Generator,
+               threads: tuple[int, ...] = (1,)) -> None:
+    x = torch.randn(*lead, K, generator=g).bfloat16().requires_grad_(True)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16().requires_grad_(True)
+    up = torch.randn(*lead, N, generator=g).bfloat16()
+    for n in threads:
+        with torch_threads(n):  # oneDNN's order is its choice at torch's thread count: measured at each
+            ours, theirs = grad_run(linear, [x, w], up), grad_run(F.linear, [x, w], up)
+        for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+            tally.add(q, f"{label} torch threads {n}", a, b)
+
+
+def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
+    """bf16 y, dx and dweight without a bias against F.linear (oneDNN): K over every width from 4 and the
+    large ones, M over 2..300, N over 3..300, K's block edges, the twins' shapes (at 1 and 2 torch threads), a
+    3-D x. Smaller products (K < 4, or N or M of 1-2 at a few K: M·N·K under ~4096) run another oneDNN path
+    whose order is not measured: the op rounds the float32 GEMM there, and they are not swept."""
+    for K in [k for k in WIDTHS if k >= 4]:
+        _case_bf16(tally, f"M=24 K={K} N=48", (24,), K, 48, g)
+    for M in range(2, 301):
+        _case_bf16(tally, f"M={M} K=97 N=33", (M,), 97, 33, g)
+    for N in range(3, 301):
+        _case_bf16(tally, f"M=20 K=97 N={N}", (20,), 97, N, g)
+    for K in LARGE_K:
+        _case_bf16(tally, f"M=16 K={K} N=200", (16,), K, 200, g, threads=(1, 2))
+    for M, K, N in TWIN_SHAPES:
+        _case_bf16(tally, f"twins M={M} K={K} N={N}", (M,), K, N, g, threads=(1, 2))
+    _case_bf16(tally, "x (2, 9, 37) N=17", (2, 9), 37, 17, g, threads=(1, 2))
+
+
 def _layout_cases(g):
     """x 2-D and 3-D (transposed: taken by its strides), the weight, the bias; 0 rows."""
     for label, shape in (("(20, 37)", (20, 37)), ("(2, 9, 37)", (2, 9, 37)), ("(0, 37)", (0, 37))):
@@ -157,6 +198,20 @@ def _entry() -> CEntry:
         return L.ckp_gemm(p["a"], s["K"], 1, p["b"], 1, s["K"], s["M"], s["K"], s["N"], p["bias"], 0, p["c"])
     return CEntry("gemm", (CBuffer("a", "f", lambda s: s["M"] * s["K"]), CBuffer("b", "f", lambda s: s["N"] * s["K"]),
                            CBuffer("bias", "f", lambda s: s["N"]), CBuffer("c", "f", lambda s: s["M"] * s["N"], True)),
+                  {"M": 3, "K": 4, "N": 5}, call)
+
+
+def _bf16_entry() -> CEntry:
+    """ckp_gemm_bf16_tiles at (3 x 4) . (4 x 5), tiles of 2, one chunk start where ``starts`` holds one in (0, K)
+    (the fuzz's random values rarely are: then no chunks, so that its calls are not all refused)."""
+    def call(L, p, s):
+        start = p["starts"] != ffi.NULL and 0 < p["starts"][0] < s["K"]
+        return L.ckp_gemm_bf16_tiles(p["a"], s["K"], 1, p["b"], s["N"], 1, s["M"], s["K"], s["N"], 2,
+                                     p["starts"] if start else ffi.NULL, int(start), p["c"])
+    return CEntry("gemm_bf16_tiles", (CBuffer("a", "h", lambda s: s["M"] * s["K"]),
+                                      CBuffer("b", "h", lambda s: s["K"] * s["N"]),
+                                      CBuffer("starts", "i", lambda s: 1),
+                                      CBuffer("c", "h", lambda s: s["M"] * s["N"], True)),
                   {"M": 3, "K": 4, "N": 5}, call)
 
 
@@ -202,13 +257,17 @@ KERNEL = Kernel(
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
                             "of 2-3 columns with 32 <= K < 24 rows; under MKL_CBWR=AUTO,STRICT (and on MKL's AVX2 branch "
-                            "under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),),
+                            "under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
+            Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
+                  condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
+                            "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K >= 4, at 1 and 2 torch threads")),
     not_claimed={"linear": "torch at 2 threads without MKL_CBWR=AUTO,STRICT (MKL splits K between them for some "
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
-                           "AVX2 branch without STRICT (K in blocks of 192, or 256, by M and N), bfloat16 (oneDNN): as accurate as torch"},
+                           "AVX2 branch without STRICT (K in blocks of 192, or 256, by M and N), bfloat16 with a bias, or on another "
+                           "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=(_entry(), _dbias_entry()),
+    c_entries=(_entry(), _dbias_entry(), _bf16_entry()),
 )

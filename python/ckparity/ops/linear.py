@@ -13,6 +13,7 @@ import torch
 from .._native import check, ffi, lib
 from .._tensors import empty, require_floating
 from ..errors import InvalidArgument
+from . import _onednn
 from ._function import CFunction, first_order_only
 
 _FLOAT = ffi.typeof("float *")
@@ -110,19 +111,64 @@ class _LinearFunction(CFunction):
         return dx, dw, db, None
 
 
+class _LinearBF16Function(CFunction):
+    """x (..., K) and weight (N, K) contiguous bf16, no bias -> (..., N) bf16: each GEMM in the order oneDNN
+    sums it for that GEMM's shape and layouts (ops/_onednn.py measures it), or where none is measured the
+    float32 GEMM rounded once. First-order only: see ops/_function.py."""
+
+    @staticmethod
+    def compute(x, weight, order):
+        (N, K), lead = weight.shape, x.shape[:-1]
+        return _onednn.product(x.reshape(-1, K), weight.t(), order).reshape(*lead, N)
+
+    @staticmethod
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1])
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        (N, K) = weight.shape
+        rows, dy = x.reshape(-1, K), dy.to(torch.bfloat16).reshape(-1, N).contiguous()
+        M = rows.shape[0]
+        dx = dw = None
+        if ctx.needs_input_grad[0]:  # torch: dY.mm(W)
+            dx = _bf16_product(dy, weight, _onednn.order(M, N, K, False, False)).reshape(x.shape)
+        if ctx.needs_input_grad[1]:  # torch: dYᵀ.mm(X) (mm's backward for a column-major mat2, Wᵀ)
+            dw = _bf16_product(dy.t(), rows, _onednn.order(N, M, K, True, False))
+        return dx, dw, None
+
+
+def _bf16_product(a: torch.Tensor, b: torch.Tensor, order: _onednn.Order | None) -> torch.Tensor:
+    """a . b in bf16: in oneDNN's measured order, else the float32 GEMM of the widened values rounded once."""
+    if order is not None:
+        return _onednn.product(a, b, order)
+    out = empty((a.shape[0], b.shape[1]), torch.float32)
+    gemm(a.float(), b.float(), out)
+    return out.bfloat16()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N) or None -> (..., N), in float32 or
     bfloat16 (all three of one dtype; under CPU autocast to bfloat16 they are cast to it first, as autocast
     casts F.linear's). Transposed and strided x and weight are read by their strides (no copy where ATen's
     addmm makes none).
-    bfloat16: the float32 GEMM on the widened values, the result rounded once -- torch's bf16 matmul is
-    oneDNN's, whose order is not followed: float32 accumulation, the same bits at any thread count."""
+    bfloat16: torch's bf16 matmul is oneDNN's. Without a bias, for contiguous x and weight, each GEMM (y, dX,
+    dW) runs in the order oneDNN sums it, measured for its shape (ops/_onednn.py; an AMX CPU's brgemm); where
+    no order is measured (another oneDNN path), and with a bias, the float32 GEMM on the widened values,
+    rounded once. Either way float32 sums, the same bits at any ckparity thread count."""
     if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
         x, weight, bias = (t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                            for t in (x, weight, bias))
     for t, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
         if t is not None:
             require_floating(t, name, like=x)
+    if x.dtype == torch.bfloat16 and bias is None and x.is_contiguous() and weight.is_contiguous() \
+            and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.numel():
+        order = _onednn.order(x.numel() // x.shape[-1], x.shape[-1], weight.shape[0], False, True)
+        if order is not None:
+            return _LinearBF16Function.apply(x, weight, order)
     if x.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
         with torch.autocast("cpu", enabled=False):
             return linear(x.float(), weight.float(), None if bias is None else bias.float()).bfloat16()
