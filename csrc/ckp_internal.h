@@ -130,6 +130,17 @@ float ckp_row_sum(ckp_float_map2 map, const void *ctx, int64_t n);
 /* ATen's utils::CeilLog2: 1 for x <= 2. */
 int64_t ckp_ceil_log2(int64_t x);
 
+/* The float32 GEMM's register tile (linear.c), the CPU's: C[i, j] (ldc) for i < mr, j < nr = (first ? 0 : C) +
+ * the FMA chain from 0 over kb k of A[i, k] (a[i*a_rs + k*a_cs]) times B's packed panel b[k*ldb + j], which
+ * must hold `nr` (the tiling's) readable columns; rows past mr are computed and not stored. */
+typedef void (*ckp_tile_fn)(int64_t kb, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t ldb,
+                            float *c, int64_t ldc, int64_t mr, int64_t nr, int first);
+typedef struct {
+    ckp_tile_fn tile;
+    int64_t mr, nr; /* the most rows and columns one call computes */
+} ckp_tiling;
+ckp_tiling ckp_tiling_for_cpu(void);
+
 /* One thread's float32 GEMM in MKL's order, with sgemm's alpha and beta 0/1 (linear.c). A slot keeps one
  * B's packed panels (its `packed` holds ckp_gemm_slot_floats(K, N)) for calls with the same B; valid
  * within one call of the caller's kernel only (the values behind b may change between calls). */

@@ -202,18 +202,10 @@ static void tile_scalar(int64_t kb, const float *a, int64_t a_rs, int64_t a_cs, 
         }
 }
 
-typedef void (*tile_fn)(int64_t, const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t, int64_t,
-                        int64_t, int);
-
-typedef struct {
-    tile_fn tile;
-    int64_t mr, nr;
-} tiling;
-
-static tiling tiling_for_cpu(void) {
-    if (__builtin_cpu_supports("avx512f")) return (tiling){tile16, 12, 32};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (tiling){tile8, 6, 16};
-    return (tiling){tile_scalar, 4, 8};
+ckp_tiling ckp_tiling_for_cpu(void) {
+    if (__builtin_cpu_supports("avx512f")) return (ckp_tiling){tile16, 12, 32};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (ckp_tiling){tile8, 6, 16};
+    return (ckp_tiling){tile_scalar, 4, 8};
 }
 
 /* ---- packing ----------------------------------------------------------------------------------- */
@@ -406,7 +398,7 @@ static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const floa
  * Each row panel (MR x the block's k: 18 KB at 384) against all the column panels in turn, so it stays in L1
  * while B's packed block (384 x NC: 768 KB) streams from L2 -- BLIS's order for AVX-512 with our operands'
  * roles swapped (measured against the column panel outside: 0.70 -> 0.85x MKL at 2048 x 4096 x 4096). */
-static void row_block(const tiling *t, const float *ap, const float *a, int64_t a_rs, int64_t a_cs,
+static void row_block(const ckp_tiling *t, const float *ap, const float *a, int64_t a_rs, int64_t a_cs,
                       const float *bp, int64_t kb, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int64_t p0,
                       int64_t p1, int64_t dp, float *c, int64_t N, int first) {
     for (int64_t q = 0; q < mc; q += t->mr)
@@ -471,7 +463,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
                 for (int64_t n = 0; n < N; n++) c[m * N + n] += bias[n];
         return CKP_OK;
     }
-    const tiling t = tiling_for_cpu();
+    const ckp_tiling t = ckp_tiling_for_cpu();
     const int wide = remainder_alone(a_cs, b_rs, M, N);
     /* A's rows are read where they lie (the tiles broadcast them: no contiguity needed), unless A is transposed
      * and large: then each k is another cache line and page, and packing its panels pays (measured: direct
@@ -578,10 +570,10 @@ static int alpha_packed_with_b(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K,
 /* Scratch floats ckp_gemm_serial needs for (M, K, N): B's packed block, one block's product. */
 int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N) {
     const int64_t kb = K < KBLOCK ? K : KBLOCK;
-    return kb * round_up(N, tiling_for_cpu().nr) + M * N;
+    return kb * round_up(N, ckp_tiling_for_cpu().nr) + M * N;
 }
 
-int64_t ckp_gemm_slot_floats(int64_t K, int64_t N) { return K * round_up(N, tiling_for_cpu().nr); }
+int64_t ckp_gemm_slot_floats(int64_t K, int64_t N) { return K * round_up(N, ckp_tiling_for_cpu().nr); }
 
 /* C (ldc) = alpha * A.B, or C += alpha * A.B with accumulate: cblas_sgemm's alpha and beta (0 or 1) as MKL
  * applies them on one thread (measured as the Note's order was): each K block's product rounded, times
@@ -616,7 +608,7 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
             }
         return;
     }
-    const tiling t = tiling_for_cpu();
+    const ckp_tiling t = ckp_tiling_for_cpu();
     const int wide = remainder_alone(a_cs, b_rs, M, N);
     const int64_t kmax = K < KBLOCK ? K : KBLOCK, npanels = (N + t.nr - 1) / t.nr, rn = round_up(N, t.nr);
     const float b_scale = alpha_packed_with_b(a_cs, b_rs, M, K, N) ? alpha : 1.0f;

@@ -13,44 +13,53 @@
  *   - every product of two bf16 values is exact in float32, so each chain step is one rounding (an FMA
  *     here); TDPBF16PS flushes denormal inputs and results (DAZ, FTZ), so do these steps;
  *   - the result is rounded to bf16 once (to nearest even).
- * A[m,k] is a[m*a_rs + k*a_cs], B[k,n] is b[k*b_rs + n*b_cs]. One row of C at a time, its columns in
- * blocks: every element is its own sum, so the blocking and the threads change no bit.
+ * A[m,k] is a[m*a_rs + k*a_cs], B[k,n] is b[k*b_rs + n*b_cs]. Both are widened to float32 once; each panel
+ * of C takes every tile's two chains from the float32 GEMM's register tile (linear.c) reading every other k,
+ * under the thread's FTZ and DAZ for the call. Every element is its own sum, so the panels and the threads
+ * change no bit.
  */
 #include "ckp_internal.h"
 #include "vec.h"
 
-#include <float.h>
-#include <math.h>
+#include <immintrin.h>
+#include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
-enum { COLS = 64 };
+enum { MR_MAX = 12, NR_MAX = 32, MXCSR_FTZ_DAZ = 0x8040 };
 
-/* DAZ/FTZ: a denormal is read, and written, as a zero of its sign. */
-static inline float flushed(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+/* sum += (even + odd) over a tile's rows x nr: the chunk's running sum takes the tile's two chains. */
+CKP_CLONES static void add_tile(float *restrict sum, const float *restrict even, const float *restrict odd, int64_t n) {
+    for (int64_t i = 0; i < n; i++) sum[i] += even[i] + odd[i];
+}
 
-static inline float widened(uint16_t h) { return flushed(ckp_bf16_to_f(h)); }
+/* total += chunk: the chunks' sums added in order. */
+CKP_CLONES static void add_chunk(float *restrict total, const float *restrict chunk, int64_t n) {
+    for (int64_t i = 0; i < n; i++) total[i] += chunk[i];
+}
 
-/* Row m's columns [n0, n0 + nc) into out; bw: B widened, (K x N) row-major. */
-static void row_block(const uint16_t *a, int64_t a_cs, const float *bw, int64_t K, int64_t N, int64_t n0,
-                      int64_t nc, int64_t width, const int64_t *starts, int64_t chunks, uint16_t *out) {
-    float total[COLS], chunk[COLS], chain[2][COLS];
-    for (int64_t c = 0; c <= chunks; c++) {
-        const int64_t c0 = c == 0 ? 0 : starts[c - 1], c1 = c == chunks ? K : starts[c];
-        for (int64_t j = 0; j < nc; j++) chunk[j] = 0.0f;
+/* One panel of C (rows x cols at m0, n0): every chunk's tiles, each tile's even and odd chains by the float32
+ * GEMM's register tile (every other k: A's column stride 2, B's row stride twice its own), under FTZ/DAZ. */
+static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t ldb, int64_t K, int64_t N,
+                  int64_t m0, int64_t rows, int64_t n0, int64_t cols, int64_t width, const int64_t *starts,
+                  int64_t chunks, uint16_t *c) {
+    float even[MR_MAX * NR_MAX], odd[MR_MAX * NR_MAX], chunk[MR_MAX * NR_MAX], total[MR_MAX * NR_MAX];
+    const int64_t n = t->mr * t->nr;
+    for (int64_t ch = 0; ch <= chunks; ch++) {
+        const int64_t c0 = ch == 0 ? 0 : starts[ch - 1], c1 = ch == chunks ? K : starts[ch];
+        memset(chunk, 0, sizeof chunk);
         for (int64_t t0 = c0; t0 < c1; t0 += width) {
-            for (int64_t j = 0; j < nc; j++) chain[0][j] = chain[1][j] = 0.0f;
-            const int64_t t1 = t0 + width < c1 ? t0 + width : c1;
-            for (int64_t k = t0; k < t1; k++) {
-                const float x = widened(a[k * a_cs]);
-                const float *brow = bw + k * N + n0;
-                float *acc = chain[(k - t0) & 1];
-                for (int64_t j = 0; j < nc; j++) acc[j] = flushed(fmaf(x, brow[j], acc[j]));
-            }
-            for (int64_t j = 0; j < nc; j++) chunk[j] = flushed(chunk[j] + flushed(chain[0][j] + chain[1][j]));
+            const int64_t len = (t0 + width < c1 ? t0 + width : c1) - t0;
+            const float *a = aw + m0 * K + t0, *b = bw + t0 * ldb + n0;
+            t->tile((len + 1) / 2, a, K, 2, b, 2 * ldb, even, t->nr, rows, t->nr, 1);
+            t->tile(len / 2, a + 1, K, 2, b + ldb, 2 * ldb, odd, t->nr, rows, t->nr, 1);
+            add_tile(chunk, even, odd, n);
         }
-        for (int64_t j = 0; j < nc; j++) total[j] = c == 0 ? chunk[j] : flushed(total[j] + chunk[j]);
+        if (ch == 0) memcpy(total, chunk, sizeof total);
+        else add_chunk(total, chunk, n);
     }
-    for (int64_t j = 0; j < nc; j++) out[j] = ckp_f_to_bf16(total[j]);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(total[i * t->nr + j]);
 }
 
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
@@ -58,7 +67,7 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
                                const int64_t *chunk_starts, int64_t chunks, uint16_t *c) {
     if (a == NULL || b == NULL || c == NULL || (chunks > 0 && chunk_starts == NULL))
         return ckp_fail(CKP_ERR_NULL_POINTER, "a, b, c (and chunk_starts, with chunks) must not be NULL");
-    if (M <= 0 || K <= 0 || N <= 0 || M > INT64_MAX / N || K > INT64_MAX / N)
+    if (M <= 0 || K <= 0 || N <= 0 || M > INT32_MAX || K > INT32_MAX || N > INT32_MAX)
         return ckp_fail(CKP_ERR_BAD_SIZE, "M, K and N must be positive, got M=%lld K=%lld N=%lld", (long long)M,
                         (long long)K, (long long)N);
     if (a_rs < 0 || a_cs < 0 || b_rs < 0 || b_cs < 0)
@@ -75,18 +84,37 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
     if (ckp_overlaps(c, c_bytes, a, a_bytes) || ckp_overlaps(c, c_bytes, b, b_bytes) ||
         (chunks > 0 && ckp_overlaps(c, c_bytes, chunk_starts, (size_t)chunks * sizeof(int64_t))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or chunk_starts");
-    float *bw = malloc((size_t)(K * N) * sizeof(float));
-    if (bw == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_tiles: no memory for B widened");
+    const ckp_tiling t = ckp_tiling_for_cpu();
+    const int64_t ldb = (N + t.nr - 1) / t.nr * t.nr; /* B widened, its last panel padded with zeros */
+    float *aw = malloc((size_t)(M * K) * sizeof(float)), *bw = calloc((size_t)(K * ldb), sizeof(float));
+    if (aw == NULL || bw == NULL) {
+        free(aw);
+        free(bw);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_tiles: no memory for the widened operands");
+    }
     ckp_clear_error();
     const int team = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
-#pragma omp parallel for schedule(static) num_threads(team)
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t n = 0; n < N; n++) bw[k * N + n] = widened(b[k * b_rs + n * b_cs]);
-#pragma omp parallel for schedule(static) num_threads(team)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n0 = 0; n0 < N; n0 += COLS)
-            row_block(a + m * a_rs, a_cs, bw, K, N, n0, N - n0 < COLS ? N - n0 : COLS, width, chunk_starts, chunks,
-                      c + m * N + n0);
+    const int64_t row_panels = (M + t.mr - 1) / t.mr, col_panels = ldb / t.nr;
+#pragma omp parallel num_threads(team)
+    {
+        const unsigned csr = _mm_getcsr(); /* TDPBF16PS's DAZ and FTZ, in this thread for this call */
+        _mm_setcsr(csr | MXCSR_FTZ_DAZ);
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) aw[m * K + k] = ckp_bf16_to_f(a[m * a_rs + k * a_cs]);
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = 0; n < N; n++) bw[k * ldb + n] = ckp_bf16_to_f(b[k * b_rs + n * b_cs]);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < row_panels * col_panels; p++) {
+            /* a column panel of B (K x nr: 128 KB at K 1024) stays in cache for every row panel in turn */
+            const int64_t m0 = p % row_panels * t.mr, n0 = p / row_panels * t.nr;
+            panel(&t, aw, bw, ldb, K, N, m0, M - m0 < t.mr ? M - m0 : t.mr, n0, N - n0 < t.nr ? N - n0 : t.nr, width,
+                  chunk_starts, chunks, c);
+        }
+        _mm_setcsr(csr);
+    }
+    free(aw);
     free(bw);
     return CKP_OK;
 }

@@ -260,12 +260,14 @@ KERNEL = Kernel(
                             "under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
-                            "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K >= 4, at 1 and 2 torch threads")),
+                            "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, "
+                            "at 1 and 2 torch threads")),
     not_claimed={"linear": "torch at 2 threads without MKL_CBWR=AUTO,STRICT (MKL splits K between them for some "
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT (K in blocks of 192, or 256, by M and N), bfloat16 with a bias, or on another "
-                           "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds): as accurate as torch"},
+                           "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
+                           "(more tiles than the probe counts): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,

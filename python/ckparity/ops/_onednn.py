@@ -21,6 +21,7 @@ import torch
 from .._native import check, ffi, lib
 
 _BIG = 2.0 ** 30
+MAX_TILES = 256  # the most tiles a chunk probe counts: bf16 holds the integers to 256 exactly
 _U16 = ffi.typeof("uint16_t *")
 
 
@@ -48,24 +49,27 @@ def _operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
 
 
 class _Probe:
-    """torch.mm of (M, K) and (K, N) bf16 with the given layouts, its A's rows holding planted terms."""
+    """torch.mm of (M, K) and (K, N) bf16 with the given layouts, planted terms in A and ones and zeros in B."""
 
     def __init__(self, M: int, K: int, N: int, a_t: bool, b_t: bool) -> None:
-        self.M, self.K, self.N, self.a_t = M, K, N, a_t
-        self.b = _operand(K, N, b_t)
-        self.b.fill_(1.0)
+        self.M, self.K, self.N, self.a_t, self.b_t = M, K, N, a_t, b_t
 
     def survivors(self, plus: int, minus: int, ones: list[int]) -> list[int]:
-        """Of the places ``ones``, those whose 1 survives beside +2^30 at ``plus`` and -2^30 at ``minus``."""
-        alive = []
-        for s in range(0, len(ones), self.M):
-            part = ones[s:s + self.M]
-            a = _operand(self.M, self.K, self.a_t)
+        """Of the places ``ones``, those whose 1 survives beside +2^30 at ``plus`` and -2^30 at ``minus``. Up to
+        M x N places a product: place i's 1 in row i % M of A, and B's column i // M % N the only column
+        whose weight there is 1 (0 elsewhere: a product of 0 adds nothing, so each output sums the pair and
+        one place; the values in B do not change oneDNN's blocking, its shape and layout do)."""
+        alive, per = [], self.M * self.N
+        for s in range(0, len(ones), per):
+            part = ones[s:s + per]
+            a, b = _operand(self.M, self.K, self.a_t), _operand(self.K, self.N, self.b_t)
             a[:, plus], a[:, minus] = _BIG, -_BIG
-            for r, j in enumerate(part):
-                a[r, j] = 1.0
-            first = torch.mm(a, self.b)[:, 0].tolist()
-            alive += [j for r, j in enumerate(part) if first[r] == 1.0]
+            b[plus, :], b[minus, :] = 1.0, 1.0
+            for i, j in enumerate(part):
+                a[i % self.M, j] = 1.0
+                b[j, i // self.M] = 1.0
+            y = torch.mm(a, b).tolist()
+            alive += [j for i, j in enumerate(part) if y[i % self.M][i // self.M] == 1.0]
         return alive
 
     def width(self) -> int:
@@ -75,33 +79,40 @@ class _Probe:
         return min(alive) if alive else self.K + self.K % 2  # one tile: an odd K's last pair padded with a zero
 
     def starts(self, width: int) -> tuple[int, ...]:
-        """Where the chunks after the first start: with +2^30 first and -2^30 in tile t, a 1 in the tile after
-        t survives while t is in the first chunk (the running sum is 0 again there); past it, the first
-        survivor opens the chunk after t's (t's chunk holds -2^30 until the chunks are added)."""
-        tiles = list(range(width, self.K, width))
-
-        def first_alive(t: int) -> int | None:
-            alive = self.survivors(0, t, [u for u in range(width, self.K, width) if u != t])  # each tile's first
-            return min(alive) if alive else None
-
-        def in_first_chunk(t: int) -> bool:  # the last tile has no tile after it to ask: the check below decides
-            return t == tiles[-1] or first_alive(t) == t + width
-
-        lo, hi = 0, len(tiles)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if in_first_chunk(tiles[mid]) else (lo, mid)
-        if lo == len(tiles):
+        """Where the chunks after the first start. Row r holds +2^30 first, -2^30 at tile t_r's first term and a
+        1 at every later tile's first: its sum counts the 1s that survive, and they are the tiles from one on
+        (a suffix): from t_r's next tile while t_r is in the first chunk (the running sum is 0 again there),
+        else from the chunk after t_r's (t_r's chunk holds -2^30 until the chunks are added). So one product
+        gives every tile's first survivor (exact: at most MAX_TILES ones, bf16 counts to 256)."""
+        if width >= self.K:  # one tile
             return ()
-        found = [tiles[lo]]
-        while (nxt := first_alive(found[-1])) is not None:
+        tiles = torch.arange(width, self.K, width)
+        last = (self.K - 1) // width * width  # the last tile's first term
+        first_alive = {}
+        for s in range(0, len(tiles), self.M):
+            part = tiles[s:s + self.M]
+            a, b = _operand(self.M, self.K, self.a_t), _operand(self.K, self.N, self.b_t)
+            b.fill_(1.0)
+            rows = torch.arange(len(part))
+            later = part[:, None] < tiles[None, :]  # (row, tile): the tiles after row r's t
+            a[rows[:, None].expand_as(later)[later], tiles[None, :].expand_as(later)[later]] = 1.0
+            a[rows, 0], a[rows, part] = _BIG, -_BIG
+            counts = torch.mm(a, b)[:len(part), 0].tolist()
+            for t, c in zip(part.tolist(), counts):
+                first_alive[t] = last - (int(c) - 1) * width if c else None
+        # the first tile past the first chunk (the last tile has no later tile to ask: the check decides there)
+        opening = next((t for t in first_alive if t != last and first_alive[t] != t + width), None)
+        found = [] if opening is None else [opening]
+        while found and (nxt := first_alive[found[-1]]) is not None:
             found.append(nxt)
         return tuple(found)
 
 
 @functools.lru_cache(maxsize=None)
 def _measured(M: int, K: int, N: int, a_t: bool, b_t: bool, threads: int) -> Order | None:
-    if K < 2:
+    if K < 2 or M < 2 or N < 2:  # oneDNN's paths for one row or one column: other orders, not measured here
+        return None
+    if K > MAX_TILES * 32:  # more tiles than a bf16 sum counts exactly: not measured (the float32 GEMM rounded)
         return None
     probe = _Probe(M, K, N, a_t, b_t)
     width = probe.width()
@@ -113,14 +124,14 @@ def _measured(M: int, K: int, N: int, a_t: bool, b_t: bool, threads: int) -> Ord
 
 def _confirmed(order: Order, M: int, K: int, N: int, a_t: bool, b_t: bool) -> bool:
     """Whether ckparity's C in ``order`` gives torch's bits on products that would show another order: rows
-    of +2^30, -2^30 and a 1 at random places (at least 256 of them: which partial sums each place shares is
-    the whole order), B's columns scaled by powers of two (a column summed otherwise would show), and one
-    product of normal values. Random values alone would not do: rounded to bf16, another grouping of a
-    small product changes no output as often as not (measured: a wrong width passed at 8 x 64 x 16)."""
+    of +2^30, -2^30 and a 1 at random places (256 rows, in 2 to 16 products: which partial sums each place
+    shares is the whole order), B's columns scaled by powers of two (a column summed otherwise would show),
+    and one product of normal values. Random values alone would not do: rounded to bf16, another grouping
+    of a small product changes no output as often as not (measured: a wrong width passed at 8 x 64 x 16)."""
     g = torch.Generator().manual_seed(K)
     a, b = _operand(M, K, a_t), _operand(K, N, b_t)
     b.copy_(torch.exp2(torch.arange(N) % 7.0).expand(K, N))
-    for _ in range(min(64, max(2, -(-256 // M)))):
+    for _ in range(min(16, max(2, -(-256 // M)))):
         places = torch.stack([torch.randperm(K, generator=g)[:3] for _ in range(M)]) if K >= 3 else None
         if places is None:
             break
