@@ -3,13 +3,14 @@
 
 Why measured rather than modelled: both are oneDNN's heuristics by M, N, K, the operands' layouts and its
 threads (3 chunks of 352 at 64 x 1000 x 1000, one at 256 x 1000 x 256; tiles of 32, or 30 at K = 300), not
-published, and another oneDNN or CPU picks others. torch itself says what they are: a row of A holding
-+2^30, -2^30 and a single 1, B all ones, gives the row's sum in oneDNN's order, and the 1 survives only where
-it is in another partial sum than the pair, or meets it after it cancels (2^30 + 1 is 2^30 in float32).
+published, and another oneDNN or CPU picks others. torch itself says what they are: an output summing
++2^30, -2^30 and a single 1 comes out 1 only where the 1 is in another partial sum than the pair, or meets
+it after it cancels (2^30 + 1 is 2^30 in float32); B's ones and zeros choose which places an output sums.
 
-A measured order is then checked: one random product of the shape and layouts, ckparity's C against torch,
-every output equal -- or the shape is not followed (None), and the op says so. Each (shape, layouts, torch
-threads) is measured once per process: a few GEMMs of the shape (2-3 at a twin's, ~15 at K = 4096)."""
+A measured order is then checked (_confirmed) on products that would show another order, and a shape
+whose check fails is not followed (None): the op then runs the float32 GEMM rounded once. Each (shape,
+layouts, torch threads) is measured once per process: a few products of the shape (4 ms at 24 x 97 x 48,
+33 ms at 64 x 1000 x 1000 here)."""
 
 from __future__ import annotations
 
