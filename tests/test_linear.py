@@ -5,6 +5,7 @@ bit-identical with the C linear, and planted GEMM bugs caught."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -24,6 +25,8 @@ from ckparity.harness.loop.run import train
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
 from ckparity.ops import _onednn
 from ckparity.ops.linear import gemm, linear
+
+ONEDNN_NOT_FOLLOWED = importlib.import_module("ckparity.kernels.linear")._onednn_not_followed()
 
 MODELLED = cpu.mkl_not_followed() is None
 needs_modelled_mkl = pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: not followed")
@@ -303,8 +306,7 @@ def test_bf16_with_a_bias_accumulates_in_float32_at_any_thread_count_and_is_as_a
     assert (ours <= theirs + ulp).all() and ours.max() <= theirs.max() * 1.01
 
 
-@pytest.mark.skipif(_onednn.order(64, 256, 64, False, True) is None,
-                    reason="oneDNN's bf16 matmul here is not the AMX brgemm order ckparity measures")
+@pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
 def test_bf16_without_a_bias_is_onednns_bits_and_a_wrong_order_is_refused():
     """Where ops/_onednn.py measures oneDNN's order (AMX), y, dX and dW are torch's bits -- a 3-D x, K chunked
     (3 chunks at 64 x 1000 x 1000 on this Xeon), an odd K -- at 1 and 2 ckparity threads; and the check a
@@ -329,13 +331,10 @@ def test_bf16_without_a_bias_is_onednns_bits_and_a_wrong_order_is_refused():
         assert wrong != measured and not _onednn._confirmed(wrong, 64, 1000, 1000, False, True)
 
 
-@pytest.mark.skipif(_onednn.order(64, 256, 64, False, True) is None,
-                    reason="oneDNN's bf16 matmul here is not the AMX brgemm order ckparity measures")
+@pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
 def test_the_bf16_sweep_sees_an_order_that_is_not_onednns(monkeypatch):
     """The linear.onednn sweep can fail: with tiles of half oneDNN's width (the chains regrouped, every value the
     same), its cases differ from torch's in y, dx and dweight."""
-    import importlib
-
     record = importlib.import_module("ckparity.kernels.linear")
     measured = _onednn.order
 
