@@ -75,18 +75,21 @@ static int gemm_order = -1;
 
 static int order_from_env(void) {
     const char *value = getenv("MKL_CBWR");
-    if (value == NULL) return CKP_GEMM_ORDER_MKL;
     int strict = 0, avx2 = 0, other = 0; /* a comma-separated list: a branch, then STRICT (AUTO,STRICT) */
-    for (const char *at = value; *at != '\0';) {
+    for (const char *at = value == NULL ? "" : value; *at != '\0';) {
         const size_t len = strcspn(at, ",");
         if (len == 6 && strncasecmp(at, "STRICT", 6) == 0) strict = 1;
         else if (len == 4 && strncasecmp(at, "AVX2", 4) == 0) avx2 = 1;
         else if (len > 0 && strncasecmp(at, "AUTO", 4) != 0 && strncasecmp(at, "AVX512", 6) != 0) other = 1;
         at += len + (at[len] == ',');
     }
-    if (!strict || other) return CKP_GEMM_ORDER_MKL; /* COMPATIBLE, SSE4_2, AVX: branches not followed */
-    if (avx2 || !__builtin_cpu_supports("avx512f")) return CKP_GEMM_ORDER_STRICT_AVX2;
-    return CKP_GEMM_ORDER_STRICT;
+    if (other) return CKP_GEMM_ORDER_MKL; /* COMPATIBLE, SSE4_2, AVX: branches not followed */
+    const int avx512 = __builtin_cpu_supports("avx512f");
+    if (strict) return avx2 || !avx512 ? CKP_GEMM_ORDER_STRICT_AVX2 : CKP_GEMM_ORDER_STRICT;
+    /* MKL's own AVX2 order where the CPU has no AVX-512 (where it has, MKL_CBWR=AVX2 is not followed: its
+     * order there was measured only in part, and not as this one) */
+    if (!avx512 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CKP_GEMM_ORDER_AVX2;
+    return CKP_GEMM_ORDER_MKL;
 }
 
 int ckp_get_gemm_order(void) {
@@ -95,18 +98,25 @@ int ckp_get_gemm_order(void) {
 }
 
 ckp_status ckp_set_gemm_order(int order) {
-    if (order != CKP_GEMM_ORDER_MKL && order != CKP_GEMM_ORDER_STRICT && order != CKP_GEMM_ORDER_STRICT_AVX2)
+    if (order != CKP_GEMM_ORDER_MKL && order != CKP_GEMM_ORDER_STRICT && order != CKP_GEMM_ORDER_STRICT_AVX2 &&
+        order != CKP_GEMM_ORDER_AVX2)
         return ckp_fail(CKP_ERR_BAD_OPTION,
-                        "gemm order must be 0 (MKL's), 1 (MKL's strict CNR order) or 2 (its AVX2 branch's), got %d", order);
+                        "gemm order must be 0 (MKL's), 1 (MKL's strict CNR order), 2 (its AVX2 branch's strict "
+                        "order) or 3 (its AVX2 branch's own), got %d", order);
     gemm_order = order;
     ckp_clear_error();
     return CKP_OK;
 }
 
-static int strict_order(void) { return ckp_get_gemm_order() != CKP_GEMM_ORDER_MKL; }
+static int strict_order(void) {
+    const int order = ckp_get_gemm_order();
+    return order == CKP_GEMM_ORDER_STRICT || order == CKP_GEMM_ORDER_STRICT_AVX2;
+}
+
+static int avx2_order(void) { return ckp_get_gemm_order() == CKP_GEMM_ORDER_AVX2; }
 
 /* The K blocks: block b of nb is [start, start + size) (see the Note); `wide`: the remainder alone. */
-enum { WIDE = 192 };
+enum { WIDE = 192, AVX2_DEPTH = 192 };
 
 /* From 192 columns of C, with A's rows and B's columns along K (F.linear's y) or 192 rows as well. */
 static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
@@ -119,12 +129,26 @@ static int64_t k_depth(int64_t K) {
     return K <= 384 ? 256 : 192;
 }
 
+/* [Note: MKL's AVX2 order]
+ * MKL's AVX2 branch on one thread (measured: torch 2.13, MKL 2024.2, an AMD EPYC without AVX-512, by planting
+ * +-2^30 pairs among ones: scripts/mkl_avx2_order.py) cuts K into blocks of a depth d -- K itself up to 192,
+ * half of K (rounded down) up to 384, else 192 -- and a remainder alone, last (K = 193: 96 + 96 + 1; 385:
+ * 192 + 192 + 1; 1000: 5 x 192 + 40). Each block a chain from 0, the blocks added in order onto C (a bias is C's
+ * start); K = 1 the product rounded, then added to the bias. */
+static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
+
 static int64_t k_blocks(int64_t K) {
+    if (avx2_order()) return (K + avx2_depth(K) - 1) / avx2_depth(K);
     const int64_t depth = k_depth(K);
     return K <= depth ? 1 : (K + depth - 1) / depth;
 }
 
 static void k_block(int64_t K, int wide, int64_t b, int64_t *start, int64_t *size) {
+    if (avx2_order()) {
+        const int64_t depth = avx2_depth(K);
+        *start = b * depth, *size = K - *start < depth ? K - *start : depth;
+        return;
+    }
     const int64_t depth = k_depth(K), nb = k_blocks(K), r = K % depth;
     if (nb == 1) {
         *start = 0, *size = K;
@@ -328,7 +352,7 @@ enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
 typedef enum { BLOCKED, QUARTERS, HALVING } gemm_path;
 
 static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
-    if (strict_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS || N < 2) return BLOCKED;
+    if (strict_order() || avx2_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS || N < 2) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
     if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
     return BLOCKED;
@@ -434,13 +458,13 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     const int shared = (double)M * (double)N * (double)K >= 1 << 18; /* worth a team: below it, one thread */
     const int team_max = shared ? ckp_threads() : 1;
     ckp_clear_error();
-    const int strict = strict_order();
-    if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias (the strict order: added) */
+    const int added = strict_order() || avx2_order();
+    if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias (strict and AVX2: added) */
 #pragma omp parallel for schedule(static) num_threads(team_max)
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
                 const float x = a[m * a_rs], y = b[n * b_cs];
-                c[m * N + n] = bias == NULL ? x * y : bias_after || strict ? x * y + bias[n] : fmaf(x, y, bias[n]);
+                c[m * N + n] = bias == NULL ? x * y : bias_after || added ? x * y + bias[n] : fmaf(x, y, bias[n]);
             }
         return CKP_OK;
     }

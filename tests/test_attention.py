@@ -13,11 +13,11 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import cpu
 from ckparity.errors import InvalidArgument
-from ckparity.kernels.attention import followed
+from ckparity.kernels.attention import followed, not_followed
 from ckparity.kernels.sweeping import same_bits, torch_threads
 from ckparity.ops.attention import attention
 
-MODELLED = cpu.mkl_not_followed() is None
+MODELLED = not_followed() is None
 SHAPES = [  # B, Hq, Hkv, Tq, Tk, d, causal
     (2, 4, 2, 64, 64, 32, True),     # the llama twin's GQA
     (1, 2, 2, 37, 37, 24, False),    # a q block of 32 and a tail of 5, a head dim off the vector width

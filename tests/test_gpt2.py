@@ -15,6 +15,7 @@ import torch
 
 import ckparity
 from ckparity import cpu, gates, kernels
+from ckparity.kernels.attention import not_followed as attention_not_followed
 from ckparity.zoo import bugs
 from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.resources import parameter_count
@@ -82,7 +83,8 @@ def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads, gelu):
         pytest.skip(_erf_followed(torch.float32))
     # the C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere torch's
     gemm = "c" if cpu.mkl_not_followed() is None else "torch"
-    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend=gemm, gelu=gelu,
+    flash = "c" if attention_not_followed() is None else "torch"
+    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend=flash, gelu=gelu,
                      ck_linear_backend=gemm, threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
     assert {config.ck_embedding_backend, config.ck_layer_norm_backend, config.ck_gelu_backend,
             config.ck_residual_backend} == {"c"}
@@ -274,7 +276,7 @@ def test_depth_sweep_brings_gpt2_for_its_kernels(tmp_path):
     assert json.loads((tmp_path / "depth_gpt2_L1_backends.json").read_text())["config"]["ck_loss_backend"] == "c_ptref"
 
 
-@pytest.mark.skipif(cpu.mkl_not_followed() is not None or cpu.mkl_strict(),
+@pytest.mark.skipif(cpu.mkl_not_followed() is not None or attention_not_followed() is not None or cpu.mkl_strict(),
                     reason="MKL's own order on a followed branch: the one the hint is about")
 def test_at_two_torch_threads_a_bitwise_failure_names_mkls_split_and_the_strict_mode(tmp_path, capsys):
     """GPT-2's c_proj (K = 1024) at 2 torch threads: MKL splits K between its threads, so --expect-bitwise fails at

@@ -127,7 +127,47 @@ def _in_process(code: str, **env) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not {"avx2", "fma"} <= cpu._cpu_flags(), reason="MKL's AVX2 branch needs AVX2")
+AVX2_OWN_PROBE = """
+import json, torch, torch.nn.functional as F
+import ckparity.sweep as s
+from ckparity._native import lib
+from ckparity.kernels.sweeping import grad_run, same_bits
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(5)
+def differ(M, K, N):
+    x, w, b = (torch.randn(*shape, generator=g).requires_grad_(True) for shape in ((M, K), (N, K), (N,)))
+    up = torch.randn(M, N, generator=g)
+    ours, theirs = grad_run(ckparity_linear, [x, w, b], up), grad_run(F.linear, [x, w, b], up)
+    return [not same_bits(a, t) for a, t in zip(ours, theirs)]
+from ckparity.ops.linear import linear as ckparity_linear
+sweep = s.run(["linear"])
+# the GEMMs the order leaves out (fewer than 4 rows or 12 columns: y of 2 rows and of 8 columns, dX and dW of 8)
+small = [differ(*shape) for shape in ((2, 97, 33), (16, 97, 8), (16, 8, 33))]
+lib.ckp_set_gemm_order(lib.CKP_GEMM_ORDER_MKL)  # the AVX-512 branch's blocks
+avx512 = [differ(*shape) for shape in ((32, 1000, 64), (32, 300, 64), (64, 1153, 48))]
+print(json.dumps({"sweep": sweep, "small": small, "avx512": avx512}))
+"""
+
+
+@pytest.mark.skipif(not cpu.mkl_avx2_own() or cpu._cpu_vendor() != "AuthenticAMD",
+                    reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
+def test_on_mkls_own_avx2_branch_every_gemm_of_4_rows_and_12_columns_is_torchs():
+    """On a CPU without AVX-512 MKL runs its AVX2 code ([Note: MKL's AVX2 order]): the claim's sweep over it finds
+    0 differing at one torch thread; the GEMMs it leaves out (under 4 rows or 12 columns: MKL's small-matrix paths)
+    do differ, and the AVX-512 branch's blocks (what ckparity ran here before) differ too -- both conditions can
+    fail."""
+    result = _in_process(AVX2_OWN_PROBE)
+    sweep = result["sweep"]
+    assert sweep["not_claimed_here"].get("linear") is None, sweep["not_claimed_here"]
+    for quantity, tally in sweep["kernels"]["linear"].items():
+        assert tally["differing"] == 0, (quantity, tally["examples"])
+    assert sweep["kernels"]["linear"]["y"]["swept"] > 1000
+    assert all(any(d) for d in result["small"]), result["small"]
+    assert all(d[0] for d in result["avx512"]), result["avx512"]
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "avx512f"} <= cpu._cpu_flags(),
+                    reason="MKL_CBWR=AVX2 pins a lower branch than the CPU's only where it has AVX-512")
 def test_on_mkls_avx2_branch_the_claim_is_dropped_and_would_be_false():
     """MKL_CBWR=AVX2 pins MKL's AVX2 code (other K blocks): linear leaves what is bit-identical here, the sweep
     says why, and its figures show the claim would not hold (a condition that cannot fail proves nothing)."""

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ckparity import cpu
+from ckparity.kernels.attention import not_followed as attention_not_followed
 from ckparity.harness.basics.config import RunConfig, UsageError
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
@@ -88,8 +89,9 @@ def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
     differing bit. The C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere
     those two are torch's, the rest still C. ckparity's own thread count changes no bit."""
     gemm = "c" if cpu.mkl_not_followed() is None else "torch"
+    flash = "c" if attention_not_followed() is None else "torch"
     config = replace(LLAMA, ck_all="c", ck_loss_backend="c_ptref", ck_optimizer_backend="c_fused",
-                     torch_adamw="fused", ck_linear_backend=gemm, ck_attention_backend=gemm, tie_embeddings=True,
+                     torch_adamw="fused", ck_linear_backend=gemm, ck_attention_backend=flash, tie_embeddings=True,
                      threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
     assert {getattr(config, f"ck_{k}_backend") for k in ("embedding", "rmsnorm", "rope", "swiglu", "residual")} == {"c"}
     result = train(config)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import kernels
+from ckparity.kernels.attention import not_followed as attention_not_followed
 
 PLUGIN = textwrap.dedent('''
     import torch.nn.functional as F
@@ -275,7 +276,7 @@ def test_plugin_helper_for_attention_calls_a_c_attention(clean_registry, monkeyp
     csrc/attention.c, saving its logsumexp for the backward with saves=True): check holds it to torch's SDPA;
     a mask is refused by name. Where MKL's order is followed the verdict is torch's bits on the slot's
     widths but d = 1 (MKL's gemv)."""
-    from ckparity import check, cpu, plugin
+    from ckparity import check, plugin
     from ckparity._native import ffi, lib
 
     def ptr(t):
@@ -303,7 +304,7 @@ def test_plugin_helper_for_attention_calls_a_c_attention(clean_registry, monkeyp
     ckparity.register_backend("attention", "helper", backend)
     report = check.check("attention", "helper")
     assert report["passed"], check.table(report)
-    if cpu.mkl_not_followed() is None:
+    if attention_not_followed() is None:
         assert report["properties"][0]["verdict"] == "bitwise", check.table(report)
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ckparity.errors.InvalidArgument, match="no attn_mask"):

@@ -62,7 +62,8 @@ def follow_torch() -> None:
 # and MKL_ENABLE_INSTRUCTIONS pin a lower one (MKL_CBWR=AVX2 takes the AVX2 code, which blocks K
 # otherwise). The branch is read from those variables and the CPU's flags, as MKL reads them. With STRICT in
 # MKL_CBWR (AUTO,STRICT; AVX2,STRICT) MKL runs one order at every thread count, which the C library follows
-# on the AVX-512 branch and on the AVX2 one ([Note: MKL's strict order] in csrc/linear.c): mkl_strict().
+# on the AVX-512 branch and on the AVX2 one ([Note: MKL's strict order] in csrc/linear.c): mkl_strict(). On a
+# CPU without AVX-512 its AVX2 branch's own order at one thread is followed too ([Note: MKL's AVX2 order]): mkl_avx2_own().
 MODELLED_MKL_BRANCHES = ("AVX512",)
 
 
@@ -101,22 +102,34 @@ def _cpu_vendor() -> str:
 
 def mkl_not_followed() -> str | None:
     """None where torch's sgemm runs in an order ckparity's GEMMs follow (MKL's AVX-512 branch; its AVX2 branch
-    in strict mode), else why not. The strict orders were measured on an Intel CPU only (MKL picks code by
-    vendor): elsewhere they are not claimed."""
-    if mkl_strict() and _cpu_vendor() != "GenuineIntel":
-        return f"MKL's strict order was measured on Intel CPUs only, not on this {_cpu_vendor() or 'unknown'} one"
+    in strict mode, and on a CPU without AVX-512 its own order at one thread), else why not. The strict orders
+    were measured on an Intel CPU only, the AVX2 branch's own on an AMD one (MKL picks code by vendor):
+    elsewhere they are not claimed."""
+    vendor = _cpu_vendor() or "unknown"
+    if mkl_strict() and vendor != "GenuineIntel":
+        return f"MKL's strict order was measured on Intel CPUs only, not on this {vendor} one"
     branch = mkl_branch()
     if branch in MODELLED_MKL_BRANCHES or (branch == "AVX2" and mkl_strict()):
         return None
+    if branch == "AVX2" and lib.ckp_get_gemm_order() == lib.CKP_GEMM_ORDER_AVX2:
+        if vendor != "AuthenticAMD":
+            return f"MKL's AVX2 branch's own order was measured on an AMD CPU only, not on this {vendor} one"
+        return None
     return (f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only "
-            f"{MODELLED_MKL_BRANCHES}, and AVX2 under MKL_CBWR=AVX2,STRICT)")
+            f"{MODELLED_MKL_BRANCHES}, AVX2 under MKL_CBWR=AVX2,STRICT, and AVX2's own on a CPU without AVX-512)")
+
+
+def mkl_avx2_own() -> bool:
+    """Whether torch's sgemm runs MKL's AVX2 branch in its own (not strict) order, which ckparity's GEMMs follow
+    for GEMMs of 4+ rows and 12+ columns ([Note: MKL's AVX2 order] in csrc/linear.c)."""
+    return lib.ckp_get_gemm_order() == lib.CKP_GEMM_ORDER_AVX2
 
 
 def mkl_strict() -> bool:
     """Whether MKL runs its strict Conditional Numerical Reproducibility order (MKL_CBWR=AUTO,STRICT): one
     order at every thread count, which ckparity's GEMMs then follow on MKL's AVX-512 and AVX2 branches ([Note:
     MKL's strict order] in csrc/linear.c) -- read from MKL_CBWR once, as MKL and the C library read it."""
-    return lib.ckp_get_gemm_order() != lib.CKP_GEMM_ORDER_MKL
+    return lib.ckp_get_gemm_order() in (lib.CKP_GEMM_ORDER_STRICT, lib.CKP_GEMM_ORDER_STRICT_AVX2)
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,7 +4,9 @@ one-thread sgemm on MKL's AVX-512 branch ([Note: MKL's sgemm order], [Note:
 MKL's skinny sgemm]): bit for bit with torch's F.linear, its dX and dW, and its
 dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
 more (one row or one column is MKL's gemv, another order), outside the one
-skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows).
+skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows); on
+a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order]) for x of 4
+rows or more with K and N of 12 or more.
 A user's GEMM is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ TWIN_SHAPES = ((512, 64, 256), (512, 128, 64), (256, 32, 96), (256, 48, 32), (25
 
 def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, bias: bool = False,
           special: bool = False, quantities=("y", "dx", "dweight", "dbias")) -> None:
+    if _not_followed(M, K, N):
+        return
     x = torch.randn(M, K, generator=g).requires_grad_(True)
     w = (torch.randn(N, K, generator=g) / K ** 0.5).requires_grad_(True)
     if special:  # NaN, inf and -inf in rows of x, and a zero row: the chains carry them as torch's do
@@ -78,20 +82,25 @@ def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, 
                 tally.add(q, f"{label} torch threads {threads}", a, b)
 
 
-def _skinny_not_followed(M: int, K: int, N: int) -> bool:
-    """F.linear's y in MKL's one skinny region csrc/linear.c does not follow ([Note: MKL's skinny sgemm]; MKL's
-    strict order has no skinny paths)."""
-    return not cpu.mkl_strict() and (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M
+def _not_followed(M: int, K: int, N: int) -> bool:
+    """x (M, K), weight (N, K) where a GEMM of F.linear takes a path csrc/linear.c does not follow: on MKL's
+    AVX-512 branch y's one skinny region ([Note: MKL's skinny sgemm]), on its AVX2 branch's own order any GEMM of
+    fewer than 4 rows or 12 columns (MKL's small-matrix paths there: [Note: MKL's AVX2 order]); MKL's strict
+    order has no such paths."""
+    if cpu.mkl_strict():
+        return False
+    if cpu.mkl_avx2_own():
+        return M < 4 or K < 12 or N < 12
+    return (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M
 
 
 def _skinny_sweep(tally: Tally, g: torch.Generator) -> None:
     """Few rows: the quarters path's edge (K = 24 M) and long K, the halving path (K <= N <= 11, and 2 or 3
-    columns to K 31), K = 1's rank-1 update with and without a bias, the region not followed skipped."""
+    columns to K 31), K = 1's rank-1 update with and without a bias (the regions not followed: skipped by _case)."""
     for M in range(2, 16):
         for K in (24 * M - 1, 24 * M, 24 * M + 1, 24 * M + 17, 385, 1000):
             for N in (2, 4, 19, 200):
-                if not _skinny_not_followed(M, K, N):
-                    _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=K % 2 == 0)
+                _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=K % 2 == 0)
     for N in range(4, 12):
         for M in (2, N - 1):
             for K in range(2, N + 1):
@@ -121,6 +130,8 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
         _case(tally, f"M=16 K=1000 N={N}", 16, 1000, N, g)
     for M, K, N in TWIN_SHAPES:
         _case(tally, f"twins M={M} K={K} N={N}", M, K, N, g, bias=True)
+    for M, K, N in ((4, 12, 12), (4, 13, 15), (5, 12, 13), (15, 12, 12)):  # the AVX2 order's smallest GEMMs
+        _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=True)
     for K in (7, 384, 1000):
         _case(tally, f"non-finite rows M=24 K={K} N=40", 24, K, 40, g, special=True)
     if cpu.mkl_strict():  # its one order covers MKL's gemv too: one row, one column, K = 1's dX and dW
@@ -261,8 +272,9 @@ KERNEL = Kernel(
                          "weight": torch.randn(1024, 1024, generator=g) / 32, "bias": torch.randn(1024, generator=g)}),
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
-                            "of 2-3 columns with 32 <= K < 24 rows; under MKL_CBWR=AUTO,STRICT (and on MKL's AVX2 branch "
-                            "under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
+                            "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
+                            "AVX-512): torch at 1 thread, x of 4+ rows with K and N of 12+; under MKL_CBWR=AUTO,STRICT "
+                            "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
                             "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, "
@@ -270,7 +282,8 @@ KERNEL = Kernel(
     not_claimed={"linear": "torch at 2 threads without MKL_CBWR=AUTO,STRICT (MKL splits K between them for some "
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
-                           "AVX2 branch without STRICT (K in blocks of 192, or 256, by M and N), bfloat16 with a bias, or on another "
+                           "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
+                           "on AMD only), and its small-matrix paths (x of 2-3 rows, K or N under 12), bfloat16 with a bias, or on another "
                            "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
                            "(more tiles than the probe counts): as accurate as torch"},
     probe=_probe,
