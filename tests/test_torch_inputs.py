@@ -247,7 +247,8 @@ def test_opinfo_silu_through_swiglu(dtype, form):
         counts[outcome(lambda: _forward_backward(_swiglu_as_silu, (s.input,), {}),
                        lambda: _forward_backward(F.silu, (s.input,), {}), f"silu sample {k}: {s}")] += 1
     record(_source("opinfo.silu", dtype, form), counts)
-    assert counts["bitwise"] >= 2 and "close" not in counts
+    # a strided last dim: torch's scalar loop (libm's expf), which swiglu does not follow (its not_claimed): close
+    assert counts["bitwise"] >= (2 if form == "as given" else 1) and counts["close"] <= (form != "as given")
 
 
 def _module_inputs(cls, dtype):

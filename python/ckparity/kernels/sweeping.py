@@ -21,12 +21,12 @@ def torch_threads(n: int):
 
 
 def sgemm_thread_counts() -> tuple[int, ...]:
-    """The torch thread counts a claim over torch's sgemm is swept at: one in MKL's own order on its AVX-512
-    branch (at 2 threads MKL splits some GEMMs' K between them), 1 and 2 in its strict order (MKL_CBWR=AUTO,STRICT:
-    the same bits at every thread count, so 2 stands for any) and in its AVX2 branch's own order."""
+    """The torch thread counts a claim over torch's sgemm is swept at: one in MKL's own order (at 2 threads MKL
+    splits some GEMMs' K between them), 1 and 2 in its strict order (MKL_CBWR=AUTO,STRICT: the same bits at
+    every thread count, so 2 stands for any)."""
     from .. import cpu
 
-    return (1, 2) if cpu.mkl_strict() or cpu.mkl_avx2_own() else (1,)
+    return (1, 2) if cpu.mkl_strict() else (1,)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
