@@ -84,8 +84,10 @@ def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads, gelu):
     # the C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere torch's
     gemm = "c" if cpu.mkl_not_followed() is None else "torch"
     flash = "c" if attention_not_followed() is None else "torch"
-    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", ck_attention_backend=flash, gelu=gelu,
-                     ck_linear_backend=gemm, threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
+    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", gelu=gelu, threads=threads, torch_threads=1,
+                     json_out=str(tmp_path / "r.json"))
+    # after --ck-all: "torch" is those flags' default, which --ck-all would take for "not given"
+    config = replace(config, ck_linear_backend=gemm, ck_attention_backend=flash)
     assert {config.ck_embedding_backend, config.ck_layer_norm_backend, config.ck_gelu_backend,
             config.ck_residual_backend} == {"c"}
     result = train(config)

@@ -91,8 +91,10 @@ def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
     gemm = "c" if cpu.mkl_not_followed() is None else "torch"
     flash = "c" if attention_not_followed() is None else "torch"
     config = replace(LLAMA, ck_all="c", ck_loss_backend="c_ptref", ck_optimizer_backend="c_fused",
-                     torch_adamw="fused", ck_linear_backend=gemm, ck_attention_backend=flash, tie_embeddings=True,
-                     threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
+                     torch_adamw="fused", tie_embeddings=True, threads=threads, torch_threads=1,
+                     json_out=str(tmp_path / "r.json"))
+    # after --ck-all: "torch" is those flags' default, which --ck-all would take for "not given"
+    config = replace(config, ck_linear_backend=gemm, ck_attention_backend=flash)
     assert {getattr(config, f"ck_{k}_backend") for k in ("embedding", "rmsnorm", "rope", "swiglu", "residual")} == {"c"}
     result = train(config)
     assert result["divergence"]["first_step"] is None, result["divergence"]
