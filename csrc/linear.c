@@ -120,13 +120,7 @@ enum { WIDE = 192, AVX2_DEPTH = 192 };
 
 /* From 192 columns of C, with A's rows and B's columns along K (F.linear's y) or 192 rows as well. */
 static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
-    return strict_order() || (N >= WIDE && ((a_cs == 1 && b_rs == 1) || M >= WIDE));
-}
-
-/* A block's depth: 384 (MKL's AVX-512 code), or in its AVX2 branch's strict order 256 up to K 384, else 192. */
-static int64_t k_depth(int64_t K) {
-    if (ckp_get_gemm_order() != CKP_GEMM_ORDER_STRICT_AVX2) return KBLOCK;
-    return K <= 384 ? 256 : 192;
+    return strict_order() || avx2_order() || (N >= WIDE && ((a_cs == 1 && b_rs == 1) || M >= WIDE));
 }
 
 /* [Note: MKL's AVX2 order]
@@ -140,18 +134,20 @@ static int64_t k_depth(int64_t K) {
  * rows of a small GEMM (M = 5..15: half of those shapes differ). */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
+/* A block's depth: 384 (MKL's AVX-512 code), in its AVX2 branch's strict order 256 up to K 384, else 192, in its
+ * own order avx2_depth (its remainder alone: remainder_alone). */
+static int64_t k_depth(int64_t K) {
+    if (avx2_order()) return avx2_depth(K);
+    if (ckp_get_gemm_order() != CKP_GEMM_ORDER_STRICT_AVX2) return KBLOCK;
+    return K <= 384 ? 256 : 192;
+}
+
 static int64_t k_blocks(int64_t K) {
-    if (avx2_order()) return (K + avx2_depth(K) - 1) / avx2_depth(K);
     const int64_t depth = k_depth(K);
     return K <= depth ? 1 : (K + depth - 1) / depth;
 }
 
 static void k_block(int64_t K, int wide, int64_t b, int64_t *start, int64_t *size) {
-    if (avx2_order()) {
-        const int64_t depth = avx2_depth(K);
-        *start = b * depth, *size = K - *start < depth ? K - *start : depth;
-        return;
-    }
     const int64_t depth = k_depth(K), nb = k_blocks(K), r = K % depth;
     if (nb == 1) {
         *start = 0, *size = K;
