@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ckparity import kernels
 from ckparity.check import suite
-from ckparity.harness.basics.config import RunConfig, UsageError
+from ckparity.harness.basics.config import RunConfig, UsageError, parse_train_args
 from ckparity.harness.loop.run import train
 from ckparity.harness.studies.attribute import attribute
 
@@ -67,6 +67,16 @@ def test_the_llama_twin_calls_every_slot_and_each_call_is_counted(tmp_path):
     layers = LLAMA.num_layers
     assert dict(CALLS) == {"embedding": 1, "linear": 6 * layers + 1, "attention": layers, "residual": 2 * layers}
     assert report["config"]["ck_linear_backend"] == "counting"  # the report says which ran what
+
+
+def test_ck_all_leaves_a_slot_whose_flag_is_typed_even_as_its_default():
+    """--ck-all takes the slots left alone: a backend flag typed on the command line is the user's
+    choice, also when it names the default (it once ran the C attention anyway)."""
+    all_c = parse_train_args(["--model", "llama", "--ck-all", "c"])
+    assert all_c.ck_attention_backend == all_c.ck_linear_backend == "c"
+    config = parse_train_args(["--model", "llama", "--ck-all", "c", "--ck-attention-backend", "torch"])
+    assert config.ck_attention_backend == "torch"
+    assert config.ck_linear_backend == config.ck_embedding_backend == "c"  # the rest still taken
 
 
 def test_ck_all_refuses_a_name_no_slot_has():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 from ... import kernels
 
@@ -123,9 +123,10 @@ class RunConfig:
     ck_residual_backend: str = _flag("torch", "the CK twin's residual add (stacked, llama)")
     ck_gelu_backend: str = _flag("c", "the CK twin's gelu (gpt2)")
     ck_layer_norm_backend: str = _flag("c", "the CK twin's layer_norm (gpt2)")
-    ck_all: str = _flag("", "every slot the CK twin calls whose flag is left at its default and that has a backend "
-                            "of this name runs it (the report's config names each slot's backend; ck_all itself is "
-                            "spent on them)")
+    ck_all: str = _flag("", "every slot the CK twin calls that has a backend of this name runs it, but for a slot "
+                            "whose flag is given (on the command line: typed, even as its default; in RunConfig: "
+                            "set to other than its default); the report's config names each slot's backend, ck_all "
+                            "itself is spent on them")
 
     def __post_init__(self) -> None:
         _apply_ck_all(self)
@@ -399,4 +400,10 @@ def parse_train_args(argv: list[str], prog: str = "ckparity train",
     values.pop("plugin")
     own = {name: values.pop(name) for name in list(values) if name not in {f.name for f in fields(RunConfig)}}
     config = RunConfig(**values)
+    # --ck-all takes the slots whose flag is at its default: a backend flag typed on the command line keeps its
+    # value even when that value is the default (--ck-all c --ck-attention-backend torch runs torch's attention)
+    given = given_fields(argv, extra) if values["ck_all"] else frozenset()
+    typed = {flag: values[flag] for flag in kernels.FLAGS if flag in given and getattr(config, flag) != values[flag]}
+    if typed:
+        config = replace(config, **typed)
     return (config, own) if extra else config
