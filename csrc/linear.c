@@ -352,9 +352,11 @@ typedef enum { BLOCKED, QUARTERS, HALVING } gemm_path;
 
 static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
     if (strict_order() || a_cs != 1 || b_rs != 1 || M < 2 || N < 2) return BLOCKED;
-    /* MKL's AVX2 branch blocks every GEMM of 4+ rows; its dot products for 2-3 rows are not followed, but they
-     * are more accurate than a chain (check: 3 rows of K 53 failed blocked), as the 16 lanes here are */
-    if (avx2_order()) return M < 4 ? QUARTERS : BLOCKED;
+    /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns; its small-matrix paths for 2-3 rows or
+     * 2..11 columns are not followed, but they are more accurate than a chain (check: 3 rows of K 53 failed
+     * blocked; attention's Q.K^T of 5 keys, its head dims 2..300 "less accurate" on 123 of 612), as the 16
+     * lanes here are */
+    if (avx2_order()) return M < 4 || N < 12 ? QUARTERS : BLOCKED;
     if (M >= SKINNY_ROWS) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
     if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
@@ -588,9 +590,14 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * rather than to the product: with A's rows and B's columns along K (q.k^T in attention), on the blocked
  * path, when C has 192 columns or more, or more columns than rows and at least max(12, min(K, 192))
  * (measured: K 2..200 against M 2..512, N 1..512; alpha 1 is exact either way); in MKL's strict order at every
- * shape and stride (measured as [Note: MKL's strict order]). */
+ * shape and stride (measured as [Note: MKL's strict order]); in its AVX2 branch's own order wherever C has 12
+ * columns or more (measured: every transpose of A and B, M 4..200, N 12..200, K 5..64, beta 0 and 1). With
+ * fewer, MKL's small-matrix path neither packs alpha so nor multiplies the product by it (not followed: 0 of
+ * 25 elements at M = N = 5, K = 1000); there alpha stays on the product, which keeps attention's backward
+ * recomputing scale * (Q.K^T) exactly as its forward rounded it (packed in B, its dq was 3.8x torch's error). */
 static int alpha_packed_with_b(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
     const int64_t least = K < 12 ? 12 : K > 192 ? 192 : K;
+    if (avx2_order()) return N >= 12;
     return strict_order() || (a_cs == 1 && b_rs == 1 && (N >= 192 || (N > M && N >= least)));
 }
 

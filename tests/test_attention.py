@@ -13,11 +13,11 @@ import torch.nn.functional as F
 import ckparity
 from ckparity import cpu
 from ckparity.errors import InvalidArgument
-from ckparity.kernels.attention import followed, not_followed
+from ckparity.kernels.attention import followed
 from ckparity.kernels.sweeping import same_bits, torch_threads
 from ckparity.ops.attention import attention
 
-MODELLED = not_followed() is None
+MODELLED = cpu.mkl_not_followed() is None
 SHAPES = [  # B, Hq, Hkv, Tq, Tk, d, causal
     (2, 4, 2, 64, 64, 32, True),     # the llama twin's GQA
     (1, 2, 2, 37, 37, 24, False),    # a q block of 32 and a tail of 5, a head dim off the vector width
@@ -59,13 +59,35 @@ def test_bit_identical_to_torchs_flash_kernel(shape):
 def test_a_one_row_q_block_is_where_the_claim_stops():
     """T = 33: the last q block is one row, which MKL multiplies on its gemv path (another order): followed()
     excludes it, and the bits do differ there -- the exclusion is a measured one, not a guess."""
-    assert not followed(33, 33, 32) and followed(34, 34, 32)
+    assert not followed(33, 33, 32) and followed(36, 36, 32)
     q, k, v, up = _inputs(1, 1, 1, 33, 33, 32)
     ours = _run(attention, q, k, v, up, is_causal=True)
     with torch_threads(1):
         theirs = _run(F.scaled_dot_product_attention, q, k, v, up, is_causal=True)
     assert not same_bits(ours[0][..., -1, :], theirs[0][..., -1, :])
     assert same_bits(ours[0][..., :32, :], theirs[0][..., :32, :])  # the full block of 32 rows is torch's bits
+
+
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+@pytest.mark.parametrize("tq, tk, d", [(34, 34, 32), (37, 37, 8), (11, 11, 32), (20, 523, 16)],
+                         ids=["q-tail-2", "d-8", "T-11", "key-tail-11"])
+def test_on_mkls_avx2_branch_the_claim_stops_at_its_small_gemms(tq, tk, d):
+    """On MKL's AVX2 branch a q block of 2-3 rows, a key block of under 12 keys or a head dim under 12 takes
+    MKL's small-matrix paths: followed() excludes them and the bits do differ there, while a q block of 4 rows
+    (T = 36) is torch's bits -- with scale = 1/sqrt(24), which MKL multiplies into B as it packs it."""
+    assert not followed(tq, tk, d)
+    q, k, v, up = _inputs(1, 2, 2, tq, tk, d)
+    ours = _run(attention, q, k, v, up)
+    with torch_threads(1):
+        theirs = _run(F.scaled_dot_product_attention, q, k, v, up)
+    assert not all(same_bits(a, b) for a, b in zip(ours, theirs))
+    assert followed(36, 36, 24)
+    q, k, v, up = _inputs(1, 2, 2, 36, 36, 24)
+    ours = _run(attention, q, k, v, up)
+    with torch_threads(1):
+        theirs = _run(F.scaled_dot_product_attention, q, k, v, up)
+    assert all(same_bits(a, b) for a, b in zip(ours, theirs))
 
 
 @pytest.mark.parametrize("shape", SHAPES[:3])

@@ -15,9 +15,9 @@ import torch
 
 import ckparity
 from ckparity import cpu, gates, kernels
-from ckparity.kernels.attention import not_followed as attention_not_followed
 from ckparity.zoo import bugs
 from ckparity.harness.basics.config import RunConfig, UsageError
+from ckparity.kernels.attention import followed
 from ckparity.harness.loop.resources import parameter_count
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
@@ -82,12 +82,13 @@ def test_gpt2_step_in_c_is_bit_identical(tmp_path, threads, gelu):
     if gelu == "erf" and _erf_followed(torch.float32):
         pytest.skip(_erf_followed(torch.float32))
     # the C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere torch's
+    # (head dim 16, 16 positions: flash GEMMs MKL's AVX2 branch runs in the order followed too)
     gemm = "c" if cpu.mkl_not_followed() is None else "torch"
-    flash = "c" if attention_not_followed() is None else "torch"
-    config = replace(GPT2, ck_all="c", ck_loss_backend="c_ptref", gelu=gelu, threads=threads, torch_threads=1,
-                     json_out=str(tmp_path / "r.json"))
+    config = replace(GPT2, d_model=64, seq_len=16, ck_all="c", ck_loss_backend="c_ptref", gelu=gelu,
+                     threads=threads, torch_threads=1, json_out=str(tmp_path / "r.json"))
+    assert followed(config.seq_len, config.seq_len, config.d_model // config.heads)
     # after --ck-all: "torch" is those flags' default, which --ck-all would take for "not given"
-    config = replace(config, ck_linear_backend=gemm, ck_attention_backend=flash)
+    config = replace(config, ck_linear_backend=gemm, ck_attention_backend=gemm)
     assert {config.ck_embedding_backend, config.ck_layer_norm_backend, config.ck_gelu_backend,
             config.ck_residual_backend} == {"c"}
     result = train(config)
@@ -278,7 +279,7 @@ def test_depth_sweep_brings_gpt2_for_its_kernels(tmp_path):
     assert json.loads((tmp_path / "depth_gpt2_L1_backends.json").read_text())["config"]["ck_loss_backend"] == "c_ptref"
 
 
-@pytest.mark.skipif(cpu.mkl_not_followed() is not None or attention_not_followed() is not None or cpu.mkl_strict(),
+@pytest.mark.skipif(cpu.mkl_not_followed() is not None or cpu.mkl_strict(),
                     reason="MKL's own order on a followed branch: the one the hint is about")
 def test_at_two_torch_threads_a_bitwise_failure_names_mkls_split_and_the_strict_mode(tmp_path, capsys):
     """GPT-2's c_proj (K = 1024) at 2 torch threads: MKL splits K between its threads, so --expect-bitwise fails at

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ckparity import cpu
-from ckparity.kernels.attention import not_followed as attention_not_followed
 from ckparity.harness.basics.config import RunConfig, UsageError
+from ckparity.kernels.attention import followed
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
 
@@ -87,14 +87,15 @@ def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
     """Every op of the CK twin's step in ckparity's C -- embedding, linear, rms_norm, rope, attention, swiglu,
     residual, the ptref loss, the fused C AdamW against torch's fused AdamW -- torch at one thread: not one
     differing bit. The C linear and attention follow MKL's modelled branches only (docs/kernels.md): elsewhere
-    those two are torch's, the rest still C. ckparity's own thread count changes no bit."""
+    those two are torch's, the rest still C. ckparity's own thread count changes no bit. Head dim 16 and 16
+    positions: every GEMM of the flash kernel is one MKL's AVX2 branch runs in the order followed too."""
     gemm = "c" if cpu.mkl_not_followed() is None else "torch"
-    flash = "c" if attention_not_followed() is None else "torch"
-    config = replace(LLAMA, ck_all="c", ck_loss_backend="c_ptref", ck_optimizer_backend="c_fused",
-                     torch_adamw="fused", tie_embeddings=True, threads=threads, torch_threads=1,
-                     json_out=str(tmp_path / "r.json"))
+    config = replace(LLAMA, d_model=64, seq_len=16, ck_all="c", ck_loss_backend="c_ptref",
+                     ck_optimizer_backend="c_fused", torch_adamw="fused", tie_embeddings=True, threads=threads,
+                     torch_threads=1, json_out=str(tmp_path / "r.json"))
+    assert followed(config.seq_len, config.seq_len, config.d_model // config.heads)
     # after --ck-all: "torch" is those flags' default, which --ck-all would take for "not given"
-    config = replace(config, ck_linear_backend=gemm, ck_attention_backend=flash)
+    config = replace(config, ck_linear_backend=gemm, ck_attention_backend=gemm)
     assert {getattr(config, f"ck_{k}_backend") for k in ("embedding", "rmsnorm", "rope", "swiglu", "residual")} == {"c"}
     result = train(config)
     assert result["divergence"]["first_step"] is None, result["divergence"]

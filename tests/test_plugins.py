@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import ckparity
-from ckparity import kernels
-from ckparity.kernels.attention import not_followed as attention_not_followed
+from ckparity import cpu, kernels
+from ckparity.kernels.attention import T as ATTENTION_T
+from ckparity.kernels.attention import followed as attention_followed
 
 PLUGIN = textwrap.dedent('''
     import torch.nn.functional as F
@@ -304,7 +305,8 @@ def test_plugin_helper_for_attention_calls_a_c_attention(clean_registry, monkeyp
     ckparity.register_backend("attention", "helper", backend)
     report = check.check("attention", "helper")
     assert report["passed"], check.table(report)
-    if attention_not_followed() is None:
+    # T = 5 keys: under MKL's AVX2 branch a small GEMM (not followed there), so as accurate as torch
+    if cpu.mkl_not_followed() is None and all(attention_followed(ATTENTION_T, ATTENTION_T, d) for d in (2, 8, 34, 300)):
         assert report["properties"][0]["verdict"] == "bitwise", check.table(report)
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ckparity.errors.InvalidArgument, match="no attn_mask"):

@@ -4,8 +4,9 @@ ATen's CPU flash kernel computes for float32 training: bit for bit with torch's 
 gradients at every capability, with torch at one thread on MKL's modelled branch, wherever each of the kernel's
 GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
 64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
-region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3). A user's attention is judged
-here ("as accurate as torch" unless bitwise)."""
+region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3); on MKL's AVX2 branch's own
+order (a CPU without AVX-512), every q block of 4+ rows, every key block of 12+ keys and d >= 12 (followed()).
+A user's attention is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
 
@@ -76,26 +77,22 @@ def _split(tq: int) -> int:
     return min(256 if tq >= 768 else 64 if tq >= 192 else 32, tq)
 
 
-def not_followed() -> str | None:
-    """Why the flash kernel's GEMMs are not torch's order in this process, or None: where linear's are (cpu.
-    mkl_not_followed), but for MKL's AVX2 branch's own order, whose small-matrix paths and sgemm's alpha -- what
-    the flash kernel's GEMMs of a few rows or keys take -- were not measured (out and dq, dk differ there)."""
-    if cpu.mkl_avx2_own():
-        return "MKL's AVX2 branch's own order: the flash kernel's small GEMMs and its alpha are not followed there"
-    return cpu.mkl_not_followed()
-
-
 def followed(tq: int, tk: int, d: int) -> bool:
     """Whether every GEMM of ATen's flash kernel at these sizes takes the order csrc/linear.c follows (the
-    module's docstring): no one-row q block or one-key block (MKL's gemv), no head dim of 1, not MKL's skinny
-    region (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). MKL's strict order has neither: every size."""
+    module's docstring). MKL's AVX-512 branch: no one-row q block or one-key block (MKL's gemv), no head dim of 1,
+    not MKL's skinny region (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). Its AVX2 branch's own
+    order: every q block of 4+ rows, every key block of 12+ keys and d >= 12 (fewer take MKL's small-matrix paths;
+    measured: the sweep's sizes outside this all differ, a q block of 4..11 rows does not). MKL's strict order
+    has neither: every size."""
     if cpu.mkl_strict():
         return True
     qs, ks = _split(tq), min(512, tk)
-    if d == 1 or tq % qs == 1 or tk % ks == 1:
-        return False
     q_rows = {qs, tq % qs or qs}
     k_cols = {ks, tk % ks or ks}
+    if cpu.mkl_avx2_own():
+        return d >= 12 and min(q_rows) >= 4 and min(k_cols) >= 12
+    if d == 1 or tq % qs == 1 or tk % ks == 1:
+        return False
     return not any((n == 2 and m < 16 or n == 3 and m < 11) and 32 <= d < 24 * m for m in q_rows for n in k_cols)
 
 
@@ -127,7 +124,8 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
         if followed(t, t, 64):
             _case(tally, f"T={t} d=64 gqa causal", 1, 4, 2, t, t, 64, True, g)
     for t in (383, 384, 511, 512, 767, 768, 1031):
-        _case(tally, f"T={t} d=32", 1, 2, 1, t, t, 32, t % 2 == 0, g)
+        if followed(t, t, 32):  # 1031: a key block of 7 on MKL's AVX2 branch
+            _case(tally, f"T={t} d=32", 1, 2, 1, t, t, 32, t % 2 == 0, g)
     for tq, tk in ((40, 100), (100, 40), (64, 600)):
         _case(tally, f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False, g)
     _case(tally, "T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, g, scale=0.3)
@@ -234,14 +232,17 @@ KERNEL = Kernel(
         opinfo=("nn.functional.scaled_dot_product_attention", _opinfo_sample),
         speed=lambda g: {"q": torch.randn(4, 8, 256, 64, generator=g),  # 4 sequences of 256, 8 heads over 4
                          "k": torch.randn(4, 4, 256, 64, generator=g), "v": torch.randn(4, 4, 256, 64, generator=g)}),
-    claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=not_followed,
+    claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
-                            "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); under "
-                            "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),),
+                            "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); on its AVX2 "
+                            "branch's own order (AMD, no AVX-512): torch at 1 thread, q blocks of 4+ rows, key blocks "
+                            "of 12+, d >= 12; under MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 "
+                            "torch threads"),),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads without MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; "
                               "from there MKL splits some of the backward's GEMMs between its threads), a q block of "
-                              "one row or a key block of one there (MKL's gemv), MKL's AVX2 branch without STRICT, bfloat16 (torch rounds P and dP to bf16 and "
+                              "one row or a key block of one there (MKL's gemv), on MKL's AVX2 branch's own order a q "
+                              "block of 2-3 rows, a key block of under 12 or d < 12 (its small-matrix paths), bfloat16 (torch rounds P and dP to bf16 and "
                               "runs oneDNN's GEMMs): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
