@@ -591,7 +591,8 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * path, when C has 192 columns or more, or more columns than rows and at least max(12, min(K, 192))
  * (measured: K 2..200 against M 2..512, N 1..512; alpha 1 is exact either way); in MKL's strict order at every
  * shape and stride (measured as [Note: MKL's strict order]); in its AVX2 branch's own order wherever C has 12
- * columns or more (measured: every transpose of A and B, M 4..200, N 12..200, K 5..64, beta 0 and 1). With
+ * columns or more (measured: every transpose of A and B, M 4..200, N 12..200, K 5..64, beta 0 and 1:
+ * scripts/mkl_avx2_alpha.py). With
  * fewer, MKL's small-matrix path neither packs alpha so nor multiplies the product by it (not followed: 0 of
  * 25 elements at M = N = 5, K = 1000); there alpha stays on the product, which keeps attention's backward
  * recomputing scale * (Q.K^T) exactly as its forward rounded it (packed in B, its dq was 3.8x torch's error). */
