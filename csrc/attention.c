@@ -201,7 +201,7 @@ CKP_CLONES static void exp_shifted(float *r, float c, int64_t n, at_layout L) {
 
 typedef struct {
     const float *q, *k, *v, *dout, *out, *lse;
-    int64_t q_s[3], k_s[3], v_s[3]; /* batch, head, position strides; the head dim is contiguous */
+    int64_t q_s[3], k_s[3], v_s[3], do_s[3]; /* batch, head, position strides; the head dim is contiguous */
     int64_t B, Hq, Hkv, Tq, Tk, d, qsplit, kvsplit;
     float scale;
     int causal;
@@ -393,13 +393,14 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
     float *dkp = dk + (b * a->Hkv + kvh) * a->Tk * d, *dvp = dv + (b * a->Hkv + kvh) * a->Tk * d;
     for (int64_t g = 0; g < group; g++) {
         const int64_t h = kvh * group + g, bh = b * a->Hq + h;
-        const float *qh = a->q + b * a->q_s[0] + h * a->q_s[1], *doh = a->dout + bh * a->Tq * d,
+        const float *qh = a->q + b * a->q_s[0] + h * a->q_s[1], *doh = a->dout + b * a->do_s[0] + h * a->do_s[1],
                     *oh = a->out + bh * a->Tq * d, *lh = a->lse + bh * a->Tq;
         float *dqh = dq + bh * a->Tq * d;
         for (int64_t m = 0; m < a->Tq; m += a->qsplit) {
             const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit;
-            const float *qp = qh + m * a->q_s[2], *dop = doh + m * d;
-            for (int64_t r = 0; r < qb; r++) dsum[r] = dot_reduce(dop + r * d, oh + (m + r) * d, d, a->L);
+            const int64_t ldo = a->do_s[2];
+            const float *qp = qh + m * a->q_s[2], *dop = doh + m * ldo;
+            for (int64_t r = 0; r < qb; r++) dsum[r] = dot_reduce(dop + r * ldo, oh + (m + r) * d, d, a->L);
             const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
             for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
                 const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
@@ -409,8 +410,8 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
                 }
-                ckp_gemm_serial(p, 1, kvb, dop, d, 1, kvb, qb, d, 1.0f, 1, dvp + n * d, d, scratch, NULL);
-                ckp_gemm_serial(dop, d, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
+                ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * d, d, scratch, NULL);
+                ckp_gemm_serial(dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
                                 slot_for(kept, n, a->kvsplit, 1));
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
@@ -422,23 +423,27 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
     }
 }
 
-ckp_status ckp_attention_backward(const float *dout, const float *q, const int64_t *q_strides, const float *k,
+ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides, const float *q,
+                                  const int64_t *q_strides, const float *k,
                                   const int64_t *k_strides, const float *v, const int64_t *v_strides,
                                   const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
                                   int64_t Tk, int64_t d, double scale, int is_causal, float *dq, float *dk,
                                   float *dv) {
     if (dout == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dq == NULL ||
-        dk == NULL || dv == NULL || q_strides == NULL || k_strides == NULL || v_strides == NULL)
+        dk == NULL || dv == NULL || dout_strides == NULL || q_strides == NULL || k_strides == NULL || v_strides == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "attention backward: no pointer may be NULL");
     ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale);
     if (st != CKP_OK) return st;
     attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
     a.q = q, a.k = k, a.v = v, a.dout = dout, a.out = out, a.lse = lse;
     set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
+    set_strides(a.do_s, dout_strides);
     ckp_span spans[8];
     if ((st = input_spans(&a, spans)) != CKP_OK) return st;
     const size_t qbytes = (size_t)(B * Hq * Tq * d) * sizeof(float), kbytes = (size_t)(B * Hkv * Tk * d) * sizeof(float);
-    spans[3] = (ckp_span){dout, qbytes}, spans[4] = (ckp_span){out, qbytes};
+    const size_t dout_bytes = extent(a.do_s, B, Hq, Tq, d);
+    if (dout_bytes == 0) return ckp_fail(CKP_ERR_BAD_SIZE, "attention backward: strides must not be negative");
+    spans[3] = (ckp_span){dout, dout_bytes}, spans[4] = (ckp_span){out, qbytes};
     spans[5] = (ckp_span){lse, (size_t)(B * Hq * Tq) * sizeof(float)};
     const ckp_span outs[3] = {{dq, qbytes}, {dk, kbytes}, {dv, kbytes}};
     for (int i = 0; i < 3; i++) {

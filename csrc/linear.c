@@ -129,9 +129,10 @@ static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
  * half of K (rounded down) up to 384, else 192 -- and a remainder alone, last (K = 193: 96 + 96 + 1; 385:
  * 192 + 192 + 1; 1000: 5 x 192 + 40). Each block a chain from 0, the blocks added in order onto C (a bias is C's
  * start); K = 1 the product rounded, then added to the bias. Followed for GEMMs of 4+ rows and 12+ columns at one
- * torch thread; fewer take MKL's small-matrix paths (not followed: 2-3 rows of F.linear's y run the 16-lane dot
- * products of [Note: MKL's skinny sgemm], as accurate as MKL's there), and at 2 threads MKL gives a thread a few
- * rows of a small GEMM (M = 5..15: half of those shapes differ). */
+ * torch thread; fewer take MKL's small-matrix paths: with A's rows and B's columns along K (F.linear's y, attention's
+ * Q.K^T) [Note: MKL's AVX2 small sgemm], followed; with A or B transposed (dX, dW, P.V), not followed (they run the
+ * 16-lane dot products of [Note: MKL's skinny sgemm] where contiguous, else the blocked tiles). At 2 threads MKL
+ * gives a thread a few rows of a small GEMM (M = 5..15: half of those shapes differ). */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
 /* A block's depth: 384 (MKL's AVX-512 code), in its AVX2 branch's strict order 256 up to K 384, else 192, in its
@@ -348,15 +349,12 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 
 /* ---- the skinny path: 16-lane dot products ([Note: MKL's skinny sgemm]) --------------------------- */
 enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
-typedef enum { BLOCKED, QUARTERS, HALVING } gemm_path;
+typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL } gemm_path;
 
 static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
     if (strict_order() || a_cs != 1 || b_rs != 1 || M < 2 || N < 2) return BLOCKED;
-    /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns; its small-matrix paths for 2-3 rows or
-     * 2..11 columns are not followed, but they are more accurate than a chain (check: 3 rows of K 53 failed
-     * blocked; attention's Q.K^T of 5 keys, its head dims 2..300 "less accurate" on 123 of 612), as the 16
-     * lanes here are */
-    if (avx2_order()) return M < 4 || N < 12 ? QUARTERS : BLOCKED;
+    /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small path below that */
+    if (avx2_order()) return M < 4 || N < 12 ? AVX2_SMALL : BLOCKED;
     if (M >= SKINNY_ROWS) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
     if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
@@ -406,18 +404,46 @@ static float dot_reduce16(gemm_path path, float v[DOT_LANES]) {
     return (q[0] + q[1]) + (q[2] + q[3]);
 }
 
-/* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads. */
-static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
-                        int64_t K, int64_t N, const float *bias, float *c, int team) {
+/* [Note: MKL's AVX2 small sgemm]
+ * MKL's AVX2 branch on one thread, for C of 2..3 rows or 2..11 columns with A's rows and B's columns along K
+ * (measured: torch 2.13, MKL 2024.2, an AMD EPYC without AVX-512, by planting +-2^30 pairs and on random inputs:
+ * scripts/mkl_avx2_small.py), takes each element as a dot product of A's row x and B's column w, without FMA
+ * (each product rounded, then added): the k before x's first 16-byte boundary (0..3 of them: its address decides)
+ * a chain from 0 that starts lane 0; then lanes of k mod L over whole L-groups, L = 4 for C's columns in its
+ * whole groups of 4 and 8 for the 1..3 columns after them; the lanes halved (lane l + lane l + L/2, down to one);
+ * the k left over added to that in order. alpha multiplies the rounded sum; beta 1 adds C to that, as a bias. */
+static float avx2_small_dot(const float *x, const float *w, int64_t K, int lanes) {
+    const int64_t ahead = (int64_t)((16 - (uintptr_t)x % 16) % 16 / sizeof(float)), peel = ahead < K ? ahead : K;
+    float acc[8] = {0};
+    for (int64_t k = 0; k < peel; k++) acc[0] += x[k] * w[k];
+    const int64_t end = peel + (K - peel) / lanes * lanes;
+    for (int64_t k = peel; k < end; k += lanes)
+        for (int l = 0; l < lanes; l++) acc[l] += x[k + l] * w[k + l];
+    for (int half = lanes / 2; half >= 1; half /= 2)
+        for (int l = 0; l < half; l++) acc[l] += acc[l + half];
+    float sum = acc[0];
+    for (int64_t k = end; k < K; k++) sum += x[k] * w[k];
+    return sum;
+}
+
+/* One element of a non-blocked path: A's row x against B's column w, C's column n of N. */
+static float skinny_dot(gemm_path path, const float *x, const float *w, int64_t K, int64_t n, int64_t N) {
+    if (path == AVX2_SMALL) return avx2_small_dot(x, w, K, n < N / 4 * 4 ? 4 : 8);
     void (*lanes)(const float *, const float *, int64_t, float *) =
         __builtin_cpu_supports("avx512f") ? dot_lanes16
         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_lanes8x2 : dot_lanes_scalar;
+    float v[DOT_LANES];
+    lanes(x, w, K, v);
+    return dot_reduce16(path, v);
+}
+
+/* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads. */
+static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
+                        int64_t K, int64_t N, const float *bias, float *c, int team) {
 #pragma omp parallel for schedule(static) num_threads(team)
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) {
-            float v[DOT_LANES];
-            lanes(a + m * a_rs, b + n * b_cs, K, v);
-            const float dot = dot_reduce16(path, v);
+            const float dot = skinny_dot(path, a + m * a_rs, b + n * b_cs, K, n, N);
             c[m * N + n] = bias != NULL ? bias[n] + dot : dot;
         }
 }
@@ -593,9 +619,8 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * shape and stride (measured as [Note: MKL's strict order]); in its AVX2 branch's own order wherever C has 12
  * columns or more (measured: every transpose of A and B, M 4..200, N 12..200, K 5..64, beta 0 and 1:
  * scripts/mkl_avx2_alpha.py). With
- * fewer, MKL's small-matrix path neither packs alpha so nor multiplies the product by it (not followed: 0 of
- * 25 elements at M = N = 5, K = 1000); there alpha stays on the product, which keeps attention's backward
- * recomputing scale * (Q.K^T) exactly as its forward rounded it (packed in B, its dq was 3.8x torch's error). */
+ * fewer, MKL's small-matrix path multiplies its rounded sum by alpha ([Note: MKL's AVX2 small sgemm]): alpha on
+ * the product, as everywhere else. */
 static int alpha_packed_with_b(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
     const int64_t least = K < 12 ? 12 : K > 192 ? 192 : K;
     if (avx2_order()) return N >= 12;
@@ -624,23 +649,18 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
 #define CKP_STORE(m, n, product) \
     (c[(m) * ldc + (n)] = accumulate ? c[(m) * ldc + (n)] + alpha * (product) : alpha * (product))
     if (K == 1) {
-        const float b_scale = strict_order() ? alpha : 1.0f; /* the strict order packs alpha with B here too */
-        if (b_scale != 1.0f) alpha = 1.0f;
+        /* the strict order packs alpha with B here too; the AVX2 branch's own multiplies A's element by it
+         * (measured: scripts/mkl_avx2_small.py's K = 1) */
+        const float a_scale = avx2_order() ? alpha : 1.0f, b_scale = strict_order() ? alpha : 1.0f;
+        if (a_scale != 1.0f || b_scale != 1.0f) alpha = 1.0f;
         for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, a[m * a_rs] * (b[n * b_cs] * b_scale));
+            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, (a[m * a_rs] * a_scale) * (b[n * b_cs] * b_scale));
         return;
     }
     const gemm_path path = path_for(a_cs, b_rs, M, K, N);
     if (path != BLOCKED) {
-        void (*lanes)(const float *, const float *, int64_t, float *) =
-            __builtin_cpu_supports("avx512f") ? dot_lanes16
-            : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_lanes8x2 : dot_lanes_scalar;
         for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) {
-                float v[DOT_LANES];
-                lanes(a + m * a_rs, b + n * b_cs, K, v);
-                CKP_STORE(m, n, dot_reduce16(path, v));
-            }
+            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, skinny_dot(path, a + m * a_rs, b + n * b_cs, K, n, N));
         return;
     }
     const ckp_tiling t = ckp_tiling_for_cpu();

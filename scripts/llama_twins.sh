@@ -8,17 +8,20 @@
 # ckparity at 2 (at these shapes MKL splits none of the step's GEMMs between its threads: measured, not
 # a rule -- GPT-2's K = 1024 projections are split). One report each in reports/llama/
 # (tests/test_llama.py reads them; docs/harness.md quotes them).
+# CAPS and OUT choose the capabilities and the folder: on a CPU without AVX-512 (MKL's AVX2 branch),
+# CAPS="avx2 default" OUT=reports/llama/mkl_avx2.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-mkdir -p reports/llama
-for cap in avx512 avx2 default; do
+OUT=${OUT:-reports/llama}
+mkdir -p "$OUT"
+for cap in ${CAPS:-avx512 avx2 default}; do
   for threads in 1 2; do
     ATEN_CPU_CAPABILITY=$cap timeout 1800 .venv/bin/ckparity train --model llama --num-layers 4 --kv-heads 2 --tie-embeddings --max-steps 300 \
       --ck-all c --ck-loss-backend c_ptref --torch-adamw fused --ck-optimizer-backend c_fused --expect-bitwise \
-      --torch-threads 1 --threads $threads --no-progress --json-out reports/llama/llama300_allc_${cap}_threads${threads}.json
+      --torch-threads 1 --threads $threads --no-progress --json-out "$OUT"/llama300_allc_${cap}_threads${threads}.json
   done
   ATEN_CPU_CAPABILITY=$cap timeout 1800 .venv/bin/ckparity train --model llama --num-layers 4 --kv-heads 2 --tie-embeddings --max-steps 300 \
     --ck-all c --ck-loss-backend c_ptref --torch-adamw fused --ck-optimizer-backend c_fused --expect-bitwise \
-    --torch-threads 2 --threads 2 --no-progress --json-out reports/llama/llama300_allc_${cap}_threads2_torch2.json
+    --torch-threads 2 --threads 2 --no-progress --json-out "$OUT"/llama300_allc_${cap}_threads2_torch2.json
 done

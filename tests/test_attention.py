@@ -70,12 +70,13 @@ def test_a_one_row_q_block_is_where_the_claim_stops():
 
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
                                                                   "AVX-512)")
-@pytest.mark.parametrize("tq, tk, d", [(34, 34, 32), (37, 37, 8), (11, 11, 32), (20, 523, 16)],
-                         ids=["q-tail-2", "d-8", "T-11", "key-tail-11"])
+@pytest.mark.parametrize("tq, tk, d", [(34, 34, 32), (37, 37, 8), (3, 3, 32), (20, 515, 16)],
+                         ids=["q-tail-2", "d-8", "T-3", "key-tail-3"])
 def test_on_mkls_avx2_branch_the_claim_stops_at_its_small_gemms(tq, tk, d):
-    """On MKL's AVX2 branch a q block of 2-3 rows, a key block of under 12 keys or a head dim under 12 takes
-    MKL's small-matrix paths: followed() excludes them and the bits do differ there, while a q block of 4 rows
-    (T = 36) is torch's bits -- with scale = 1/sqrt(24), which MKL multiplies into B as it packs it."""
+    """On MKL's AVX2 branch a q block of 2-3 rows, a key block of 2-3 keys or a head dim under 12 puts P.V, dS.K
+    or P^T.dO on MKL's small paths for a transposed operand (not followed): followed() excludes them and the bits
+    do differ there, while a q block of 4 rows (T = 36) is torch's bits -- with scale = 1/sqrt(24), which MKL
+    multiplies into B as it packs it."""
     assert not followed(tq, tk, d)
     q, k, v, up = _inputs(1, 2, 2, tq, tk, d)
     ours = _run(attention, q, k, v, up)
@@ -88,6 +89,44 @@ def test_on_mkls_avx2_branch_the_claim_stops_at_its_small_gemms(tq, tk, d):
     with torch_threads(1):
         theirs = _run(F.scaled_dot_product_attention, q, k, v, up)
     assert all(same_bits(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+@pytest.mark.parametrize("B, H, Hkv, tq, tk, d", [(1, 4, 2, 5, 5, 33), (2, 2, 2, 11, 11, 24), (1, 2, 1, 20, 523, 16),
+                                                  (1, 2, 2, 8, 8, 13)],
+                         ids=["T-5-d-33-gqa", "T-11", "key-tail-11", "T-8-d-13"])
+def test_on_mkls_avx2_branch_key_blocks_under_12_are_torchs_bits(B, H, Hkv, tq, tk, d):
+    """Q.K^T and dO.V^T of 4..11 keys run MKL's small sgemm, followed ([Note: MKL's AVX2 small sgemm]): 4 or 8
+    lanes without FMA from a q or dO row's first 16-byte boundary -- so an odd head dim (rows that start anywhere)
+    and several heads (dO read as ATen reads it, (B, T, H, d)) are torch's bits too."""
+    assert followed(tq, tk, d)
+    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
+    kw = {"is_causal": True, "enable_gqa": H != Hkv}
+    ours = _run(attention, q, k, v, up, **kw)
+    with torch_threads(1):
+        theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+        assert same_bits(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
+
+
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+def test_on_mkls_avx2_branch_dout_is_read_where_it_lies_as_aten_reads_it():
+    """ATen's backward reads grad_out.transpose(1, 2) made contiguous: a dout already (B, T, H, d) is read where it
+    lies, so one a float off a 16-byte boundary moves torch's bits (MKL's small sgemm sums a row from its first
+    boundary); ckparity's bits move with them, and a (B, H, T, d) dout (copied by both) keeps them."""
+    B, H, T, d = 1, 2, 7, 34
+    q, k, v, up = _inputs(B, H, H, T, T, d)
+    store = torch.empty(B * T * H * d + 1)
+    store[1:] = up.transpose(1, 2).contiguous().flatten()
+    off = store[1:].view(B, T, H, d).transpose(1, 2)  # up's values, (B, T, H, d), 4 bytes past the boundary
+    with torch_threads(1):
+        theirs, theirs_off = (_run(F.scaled_dot_product_attention, q, k, v, u, is_causal=True) for u in (up, off))
+    assert not same_bits(theirs[1], theirs_off[1])  # the alignment is torch's, not a guess
+    for u, t in ((up, theirs), (off, theirs_off)):
+        ours = _run(attention, q, k, v, u, is_causal=True)
+        assert all(same_bits(a, b) for a, b in zip(ours, t))
 
 
 @pytest.mark.parametrize("shape", SHAPES[:3])

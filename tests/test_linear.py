@@ -141,8 +141,9 @@ def differ(M, K, N):
     return [not same_bits(a, t) for a, t in zip(ours, theirs)]
 from ckparity.ops.linear import linear as ckparity_linear
 sweep = s.run(["linear"])
-# the GEMMs the order leaves out (fewer than 4 rows or 12 columns: y of 2 rows and of 8 columns, dX and dW of 8)
-small = [differ(*shape) for shape in ((2, 97, 33), (16, 97, 8), (16, 8, 33))]
+# y under 4 rows or 12 columns (MKL's small sgemm, followed) and the dX and dW it leaves out (MKL's small paths
+# for a transposed operand: dX of 2 rows, dW of 3, both of K = 8)
+small = [differ(*shape) for shape in ((2, 97, 33), (16, 97, 3), (16, 8, 33), (3, 61, 7))]
 lib.ckp_set_gemm_order(lib.CKP_GEMM_ORDER_MKL)  # the AVX-512 branch's blocks
 avx512 = [differ(*shape) for shape in ((32, 1000, 64), (32, 300, 64), (64, 1153, 48))]
 print(json.dumps({"sweep": sweep, "small": small, "avx512": avx512}))
@@ -151,18 +152,19 @@ print(json.dumps({"sweep": sweep, "small": small, "avx512": avx512}))
 
 @pytest.mark.skipif(not cpu.mkl_avx2_own() or cpu._cpu_vendor() != "AuthenticAMD",
                     reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
-def test_on_mkls_own_avx2_branch_every_gemm_of_4_rows_and_12_columns_is_torchs():
-    """On a CPU without AVX-512 MKL runs its AVX2 code ([Note: MKL's AVX2 order]): the claim's sweep over it finds
-    0 differing at one torch thread; the GEMMs it leaves out (under 4 rows or 12 columns: MKL's small-matrix paths)
-    do differ, and the AVX-512 branch's blocks (what ckparity ran here before) differ too -- both conditions can
-    fail."""
+def test_on_mkls_own_avx2_branch_the_claims_gemms_are_torchs():
+    """On a CPU without AVX-512 MKL runs its AVX2 code ([Note: MKL's AVX2 order], [Note: MKL's AVX2 small
+    sgemm]): the claim's sweep over it finds 0 differing at one torch thread; y of 2 rows or 3..7 columns is
+    torch's bits, the dX and dW it leaves out (MKL's small paths for a transposed operand) do differ, and the
+    AVX-512 branch's blocks (what ckparity ran here before) differ too -- each condition can fail."""
     result = _in_process(AVX2_OWN_PROBE)
     sweep = result["sweep"]
     assert sweep["not_claimed_here"].get("linear") is None, sweep["not_claimed_here"]
     for quantity, tally in sweep["kernels"]["linear"].items():
         assert tally["differing"] == 0, (quantity, tally["examples"])
     assert sweep["kernels"]["linear"]["y"]["swept"] > 1000
-    assert all(any(d) for d in result["small"]), result["small"]
+    assert not any(d[0] for d in result["small"]), result["small"]  # y: MKL's small sgemm, followed
+    assert all(any(d[1:3]) for d in result["small"]), result["small"]  # dX or dW: not followed, and they differ
     assert all(d[0] for d in result["avx512"]), result["avx512"]
 
 

@@ -295,7 +295,7 @@ def test_plugin_helper_for_attention_calls_a_c_attention(clean_registry, monkeyp
 
     def backward(dout, q, k, v, out, dq, dk, dv, scale, is_causal, lse):
         (B, H, T, d), (Hk, Tk) = q.shape, k.shape[1:3]
-        assert lib.ckp_attention_backward(ptr(dout), ptr(q), strides(q), ptr(k), strides(k), ptr(v), strides(v),
+        assert lib.ckp_attention_backward(ptr(dout), strides(dout), ptr(q), strides(q), ptr(k), strides(k), ptr(v), strides(v),
                                           ptr(out), ptr(lse), B, H, Hk, T, Tk, d, scale, int(is_causal), ptr(dq),
                                           ptr(dk), ptr(dv)) == lib.CKP_OK
 

@@ -399,15 +399,19 @@ ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias,
  * strides (3 each; the head dim contiguous); Hq a multiple of Hkv (query head
  * h reads kv head h / (Hq / Hkv)). scale: the softmax scale (torch's default
  * is 1 / sqrt(d)), converted to float. out (B, Hq, Tq, d) and lse (B, Hq, Tq)
- * contiguous. The backward takes dout and out contiguous as out, the forward's
- * lse, and writes dq (B, Hq, Tq, d), dk and dv (B, Hkv, Tk, d), contiguous.
+ * contiguous. The backward takes dout by its strides as q (ATen's flash
+ * backward reads grad_out.transpose(1, 2) made contiguous: MKL's small sgemm on
+ * its AVX2 branch reads where its rows start), out contiguous as out, the
+ * forward's lse, and writes dq (B, Hq, Tq, d), dk and dv (B, Hkv, Tk, d),
+ * contiguous.
  * The same bits at any thread count.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
                                  const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
                                  int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
                                  float *lse);
-ckp_status ckp_attention_backward(const float *dout, const float *q, const int64_t *q_strides, const float *k,
+ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides, const float *q,
+                                  const int64_t *q_strides, const float *k,
                                   const int64_t *k_strides, const float *v, const int64_t *v_strides,
                                   const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
                                   int64_t Tk, int64_t d, double scale, int is_causal, float *dq, float *dk,

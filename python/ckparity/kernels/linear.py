@@ -5,8 +5,9 @@ MKL's skinny sgemm]): bit for bit with torch's F.linear, its dX and dW, and its
 dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
 more (one row or one column is MKL's gemv, another order), outside the one
 skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows); on
-a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order]) for x of 4
-rows or more with K and N of 12 or more.
+a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order], [Note: MKL's
+AVX2 small sgemm]): y at every size of 2+ rows and columns, dX and dW where x has
+4+ rows, K 12+ and N 4+.
 A user's GEMM is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ TWIN_SHAPES = ((512, 64, 256), (512, 128, 64), (256, 32, 96), (256, 48, 32), (25
 
 def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, bias: bool = False,
           special: bool = False, quantities=("y", "dx", "dweight", "dbias")) -> None:
-    if _not_followed(M, K, N):
+    quantities = tuple(q for q in quantities if q in _followed(M, K, N))
+    if not quantities:
         return
     x = torch.randn(M, K, generator=g).requires_grad_(True)
     w = (torch.randn(N, K, generator=g) / K ** 0.5).requires_grad_(True)
@@ -82,16 +84,18 @@ def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, 
                 tally.add(q, f"{label} torch threads {threads}", a, b)
 
 
-def _not_followed(M: int, K: int, N: int) -> bool:
-    """x (M, K), weight (N, K) where a GEMM of F.linear takes a path csrc/linear.c does not follow: on MKL's
-    AVX-512 branch y's one skinny region ([Note: MKL's skinny sgemm]), on its AVX2 branch's own order any GEMM of
-    fewer than 4 rows or 12 columns (MKL's small-matrix paths there: [Note: MKL's AVX2 order]); MKL's strict
-    order has no such paths."""
+def _followed(M: int, K: int, N: int) -> tuple[str, ...]:
+    """The quantities of F.linear at x (M, K), weight (N, K) whose GEMMs take a path csrc/linear.c follows (dbias
+    is a sum: always). MKL's strict order: every one. Its AVX-512 branch: none in y's one skinny region ([Note:
+    MKL's skinny sgemm]). Its AVX2 branch's own order: y at every size ([Note: MKL's AVX2 small sgemm] below 4
+    rows or 12 columns); dX (C of K columns, M rows) and dW (K columns, N rows) where each has 4+ rows and 12+
+    columns -- with fewer, MKL's small paths for a transposed operand, not followed ([Note: MKL's AVX2 order])."""
+    every = ("y", "dx", "dweight", "dbias")
     if cpu.mkl_strict():
-        return False
+        return every
     if cpu.mkl_avx2_own():
-        return M < 4 or K < 12 or N < 12
-    return (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M
+        return every if M >= 4 and K >= 12 and N >= 4 else ("y", "dbias")
+    return () if (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M else every
 
 
 def _skinny_sweep(tally: Tally, g: torch.Generator) -> None:
@@ -108,6 +112,9 @@ def _skinny_sweep(tally: Tally, g: torch.Generator) -> None:
     for N, M in ((2, 2), (2, 15), (3, 4), (3, 10), (3, 11)):
         for K in range(2, 32, 3):
             _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=K % 2 == 0)
+    for N in range(2, 12):  # MKL's AVX2 small path: 4 lanes in C's whole groups of 4 columns, 8 after; K's tails
+        for K in list(range(2, 34)) + [61, 97, 383]:
+            _case(tally, f"M=6 K={K} N={N}", 6, K, N, g, bias=K % 2 == 1)
     for M, N in ((2, 2), (10, 200), (40, 3)):  # dX and dW of K = 1 have one column: MKL's gemv
         for bias in (False, True):
             _case(tally, f"M={M} K=1 N={N}", M, 1, N, g, bias=bias, quantities=("y", "dbias"))
@@ -273,7 +280,8 @@ KERNEL = Kernel(
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
                             "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
-                            "AVX-512): torch at 1 thread, x of 4+ rows with K and N of 12+; under MKL_CBWR=AUTO,STRICT "
+                            "AVX-512): torch at 1 thread, y of 2+ rows and columns, dX and dW for x of 4+ rows, K 12+ "
+                            "and N 4+; under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
@@ -283,7 +291,7 @@ KERNEL = Kernel(
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
-                           "on AMD only), and its small-matrix paths (x of 2-3 rows, K or N under 12), bfloat16 with a bias, or on another "
+                           "on AMD only), and its small-matrix paths for dX and dW (x of 2-3 rows, K under 12, N under 4), bfloat16 with a bias, or on another "
                            "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
                            "(more tiles than the probe counts): as accurate as torch"},
     probe=_probe,

@@ -35,9 +35,11 @@ def attention_forward(q, k, v, scale: float, is_causal: bool, out, lse, *, libra
 
 
 def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, dq, dk, dv, *, library=lib) -> None:
-    """dq, dk, dv (contiguous, q's and k's shapes) from dout and out (contiguous) and the forward's lse."""
+    """dq, dk, dv (contiguous, q's and k's shapes) from dout (read by its strides, its last dim contiguous), out
+    (contiguous) and the forward's lse."""
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
-    check(library.ckp_attention_backward(_at(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v), _strides(v),
+    check(library.ckp_attention_backward(_at(dout), _strides(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v),
+                                         _strides(v),
                                          _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal), _at(dq),
                                          _at(dk), _at(dv)), "attention backward", library)
 
@@ -66,7 +68,11 @@ class _AttentionFunction(CFunction):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = empty(q.shape, torch.float32), empty(k.shape, torch.float32), empty(v.shape, torch.float32)
-        attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.scale, ctx.is_causal, dq, dk, dv)
+        # dout where ATen's flash backward reads it: grad_out.transpose(1, 2) made contiguous -- a (B, T, H, d)
+        # buffer (a copy unless dout already lies so): MKL's small sgemm on its AVX2 branch sums a row from its
+        # first 16-byte boundary on ([Note: MKL's AVX2 small sgemm]), so where the rows start moves bits
+        attention_backward(dout.transpose(1, 2).contiguous().transpose(1, 2), q, k, v, out, lse, ctx.scale,
+                           ctx.is_causal, dq, dk, dv)
         return dq, dk, dv, None, None
 
 
