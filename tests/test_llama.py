@@ -106,20 +106,38 @@ def test_the_committed_all_c_llama_runs_are_bit_identical():
     """reports/llama/ (scripts/llama_twins.sh): the 300-step llama run (4 layers, GQA, tied embeddings) with
     every op in C, the C AdamW's fused form against torch's fused AdamW; at each capability torch at one
     thread with ckparity at 1 and 2, and torch at 2 with ckparity at 2 -- not one differing bit."""
-    runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "llama").glob("llama300_allc_*_threads*.json"))]
-    seen = set()
-    for r in runs:
-        c = r["config"]
-        assert (c["model"], c["num_layers"], c["heads"], c["kv_heads"], c["tie_embeddings"]) == ("llama", 4, 4, 2, True)
-        assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "rmsnorm", "rope", "attention", "swiglu",
-                                                 "residual", "clip")} == {"c"}
-        assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
-        assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 300
-        assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
-        assert r["env"]["capability_matched"]
-        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], r["env"]["torch_threads"]))
+    seen = {_bitwise_all_c_llama(r) for r in _reports("llama")}
     caps = ("DEFAULT", "AVX2", "AVX512")
     assert seen == {(cap, t, 1) for cap in caps for t in (1, 2)} | {(cap, 2, 2) for cap in caps}
+
+
+def test_the_committed_all_c_llama_runs_on_mkls_avx2_branch_are_bit_identical():
+    """reports/llama/mkl_avx2/ (scripts/llama_twins.sh on an AMD CPU without AVX-512): the same runs where MKL
+    takes its AVX2 branch's own order and its small sgemm (attention's key blocks of 8), at DEFAULT and AVX2,
+    torch at one thread with ckparity at 1 and 2, and torch at 2 with ckparity at 2 -- not one differing bit."""
+    runs = _reports("llama/mkl_avx2")
+    seen = {_bitwise_all_c_llama(r) for r in runs}
+    assert all(r["env"]["mkl_branch"] == "AVX2" and not r["env"]["mkl_strict"] for r in runs)
+    caps = ("DEFAULT", "AVX2")
+    assert seen == {(cap, t, 1) for cap in caps for t in (1, 2)} | {(cap, 2, 2) for cap in caps}
+
+
+def _reports(folder: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((REPORTS / folder).glob("llama300_allc_*_threads*.json"))]
+
+
+def _bitwise_all_c_llama(r: dict) -> tuple:
+    """The run's (capability, ckparity threads, torch threads), once it is shown to be the 300-step all-C llama run
+    and bitwise throughout."""
+    c = r["config"]
+    assert (c["model"], c["num_layers"], c["heads"], c["kv_heads"], c["tie_embeddings"]) == ("llama", 4, 4, 2, True)
+    assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "rmsnorm", "rope", "attention", "swiglu",
+                                             "residual", "clip")} == {"c"}
+    assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
+    assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 300
+    assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
+    assert r["env"]["capability_matched"]
+    return r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], r["env"]["torch_threads"]
 
 
 def test_rope_backend_torch_is_bit_identical_too(tmp_path):
