@@ -241,11 +241,7 @@ def test_the_committed_gpt2_runs_are_bit_identical():
     runs = [json.loads(p.read_text()) for p in sorted(paths)]
     seen = set()
     for r in runs:
-        c = r["config"]
-        assert (c["model"], c["num_layers"], c["d_model"], c["vocab"], c["seq_len"]) == ("gpt2", 4, 256, 8192, 64)
-        assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "layer_norm", "gelu", "attention",
-                                                 "residual")} == {"c"}
-        assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
+        _the_all_c_gpt2(r)
         strict = r["env"].get("mkl_strict", False)  # MKL's strict order: torch at 2 threads too
         branch = r["env"]["mkl_branch"] if strict else None
         long_run = not strict or (r["env"]["torch_cpu_capability"], branch) == ("AVX512", "AVX512")
@@ -256,6 +252,29 @@ def test_the_committed_gpt2_runs_are_bit_identical():
     caps = ("DEFAULT", "AVX2", "AVX512")
     assert seen == {(cap, t, "tanh", None) for cap in caps for t in (1, 2)} | {(cap, 1, "erf", None) for cap in caps} | {
         (cap, 2, "tanh", "AVX512") for cap in caps} | {("AVX512", 2, "tanh", "AVX2")}
+
+
+def test_the_committed_gpt2_runs_on_mkls_avx2_branch_are_bit_identical():
+    """reports/gpt2/mkl_avx2/ (an AMD CPU without AVX-512: MKL's AVX2 branch's own order): the same 850-step run,
+    torch at one thread, ckparity at 1, at DEFAULT and AVX2 -- not one differing bit."""
+    runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "gpt2" / "mkl_avx2").glob("gpt2_850_*.json"))]
+    seen = set()
+    for r in runs:
+        _the_all_c_gpt2(r)
+        assert r["env"]["mkl_branch"] == "AVX2" and not r["env"]["mkl_strict"] and r["env"]["torch_threads"] == 1
+        assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 850
+        assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
+    assert seen == {("DEFAULT", 1), ("AVX2", 1)}
+
+
+def _the_all_c_gpt2(r: dict) -> None:
+    """The run is issue 56's small GPT-2 with every op in C and the fused AdamWs."""
+    c = r["config"]
+    assert (c["model"], c["num_layers"], c["d_model"], c["vocab"], c["seq_len"]) == ("gpt2", 4, 256, 8192, 64)
+    assert {c[f"ck_{k}_backend"] for k in ("embedding", "linear", "layer_norm", "gelu", "attention",
+                                             "residual")} == {"c"}
+    assert (c["ck_loss_backend"], c["ck_optimizer_backend"], c["torch_adamw"]) == ("c_ptref", "c_fused", "fused")
 
 
 def test_a_position_table_never_trained_fails_the_run_and_the_envelope_measures_it(tmp_path, monkeypatch):
