@@ -248,7 +248,7 @@ def test_the_committed_gpt2_runs_are_bit_identical():
         assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == (850 if long_run else 300)
         assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
         assert r["env"]["capability_matched"] and r["env"]["torch_threads"] == (2 if strict else 1)
-        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], c.get("gelu", "tanh"), branch))
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], r["config"].get("gelu", "tanh"), branch))
     caps = ("DEFAULT", "AVX2", "AVX512")
     assert seen == {(cap, t, "tanh", None) for cap in caps for t in (1, 2)} | {(cap, 1, "erf", None) for cap in caps} | {
         (cap, 2, "tanh", "AVX512") for cap in caps} | {("AVX512", 2, "tanh", "AVX2")}
