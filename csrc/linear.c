@@ -412,7 +412,8 @@ static float dot_reduce16(gemm_path path, float v[DOT_LANES]) {
  * a chain from 0 that starts lane 0; then lanes of k mod L over whole L-groups, L = 4 for C's columns in its
  * whole groups of 4 and 8 for the 1..3 columns after them; the lanes halved (lane l + lane l + L/2, down to one);
  * the k left over added to that in order. alpha multiplies the rounded sum; beta 1 adds C to that, as a bias. */
-static float avx2_small_dot(const float *x, const float *w, int64_t K, int lanes) {
+static inline __attribute__((always_inline)) float avx2_small_dot(const float *x, const float *w, int64_t K,
+                                                                  int lanes) {
     const int64_t ahead = (int64_t)((16 - (uintptr_t)x % 16) % 16 / sizeof(float)), peel = ahead < K ? ahead : K;
     float acc[8] = {0};
     for (int64_t k = 0; k < peel; k++) acc[0] += x[k] * w[k];
@@ -426,12 +427,20 @@ static float avx2_small_dot(const float *x, const float *w, int64_t K, int lanes
     return sum;
 }
 
-/* One element of a non-blocked path: A's row x against B's column w, C's column n of N. */
-static float skinny_dot(gemm_path path, const float *x, const float *w, int64_t K, int64_t n, int64_t N) {
-    if (path == AVX2_SMALL) return avx2_small_dot(x, w, K, n < N / 4 * 4 ? 4 : 8);
-    void (*lanes)(const float *, const float *, int64_t, float *) =
-        __builtin_cpu_supports("avx512f") ? dot_lanes16
-        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_lanes8x2 : dot_lanes_scalar;
+typedef void (*dot_lanes)(const float *, const float *, int64_t, float *);
+
+static dot_lanes dot_lanes_for_cpu(void) {
+    return __builtin_cpu_supports("avx512f")                                      ? dot_lanes16
+           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_lanes8x2
+                                                                              : dot_lanes_scalar;
+}
+
+/* One element of a non-blocked path: A's row x against B's column w, C's column n of N (lanes: the CPU's
+ * 16-lane dot products, for the skinny paths). */
+static float skinny_dot(gemm_path path, dot_lanes lanes, const float *x, const float *w, int64_t K, int64_t n,
+                        int64_t N) {
+    if (path == AVX2_SMALL) /* the lanes a constant: the compiler's vectors */
+        return n < N / 4 * 4 ? avx2_small_dot(x, w, K, 4) : avx2_small_dot(x, w, K, 8);
     float v[DOT_LANES];
     lanes(x, w, K, v);
     return dot_reduce16(path, v);
@@ -440,10 +449,11 @@ static float skinny_dot(gemm_path path, const float *x, const float *w, int64_t 
 /* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads. */
 static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
                         int64_t K, int64_t N, const float *bias, float *c, int team) {
+    const dot_lanes lanes = dot_lanes_for_cpu();
 #pragma omp parallel for schedule(static) num_threads(team)
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) {
-            const float dot = skinny_dot(path, a + m * a_rs, b + n * b_cs, K, n, N);
+            const float dot = skinny_dot(path, lanes, a + m * a_rs, b + n * b_cs, K, n, N);
             c[m * N + n] = bias != NULL ? bias[n] + dot : dot;
         }
 }
@@ -659,8 +669,10 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
     }
     const gemm_path path = path_for(a_cs, b_rs, M, K, N);
     if (path != BLOCKED) {
+        const dot_lanes lanes = dot_lanes_for_cpu();
         for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, skinny_dot(path, a + m * a_rs, b + n * b_cs, K, n, N));
+            for (int64_t n = 0; n < N; n++)
+                CKP_STORE(m, n, skinny_dot(path, lanes, a + m * a_rs, b + n * b_cs, K, n, N));
         return;
     }
     const ckp_tiling t = ckp_tiling_for_cpu();

@@ -294,6 +294,23 @@ def test_nan_max_keeps_a_nan_wherever_it_is():
     assert nan_max([1.0, 3.0, 2.0]) == 3.0 and nan_max([]) == 0.0
 
 
+def test_the_parity_rule_asks_who_is_nearer_where_torchs_nans_are_the_references():
+    """Where torch has a NaN the float64 evaluation has not (attention's row of -inf scores), a kernel with
+    torch's NaNs is judged on the other elements -- a NaN error once failed it for being torch; one nearer or
+    farther there is still told apart, and a NaN torch lacks is still not close."""
+    from ckparity.measure import parity
+
+    reference = torch.tensor([float("-inf"), 1.0, 2.0, 3.0], dtype=torch.float64)
+    theirs = torch.tensor([float("nan"), 1.0, 2.0, 3.0 + 2 ** -21])
+    assert parity("out", theirs.clone(), theirs, reference)["ok"]
+    near = torch.tensor([float("nan"), 1.0, 2.0, 3.0])
+    assert parity("out", near, theirs, reference)["ok"]
+    far = torch.tensor([float("nan"), 1.0, 2.0 + 2 ** -18, 3.0 + 2 ** -21])
+    assert not parity("out", far, theirs, reference, rtol=1e-3, atol=1e-3)["ok"]  # close, but 8x torch's error
+    lone = torch.tensor([float("nan"), float("nan"), 2.0, 3.0 + 2 ** -21])
+    assert "not close" in parity("out", lone, theirs, reference)["reason"]
+
+
 def test_replay_determinism_fails_on_a_run_that_errors(tmp_path):
     result = gates.replay_determinism.run(small("replay_determinism", ck_loss_backend="fault_raises", steps=2), tmp_path)
     assert not result["passed"] and "error" in result["summary"], result["summary"]
