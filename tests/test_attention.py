@@ -44,7 +44,11 @@ def _inputs(B, H, Hkv, tq, tk, d, seed=0):
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{s[0]}H{s[1]}/{s[2]}T{s[3]}x{s[4]}d{s[5]}{'c' if s[6] else ''}"
                                                for s in SHAPES])
 def test_bit_identical_to_torchs_flash_kernel(shape):
-    B, H, Hkv, tq, tk, d, causal = shape
+    _assert_torchs_bits(*shape)
+
+
+def _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal):
+    """followed() covers the sizes, and out, dq, dk, dv are torch's bits there (torch at one thread)."""
     assert followed(tq, tk, d)
     q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
     kw = {"is_causal": causal, "enable_gqa": H != Hkv}
@@ -100,14 +104,7 @@ def test_on_mkls_avx2_branch_key_blocks_under_12_are_torchs_bits(B, H, Hkv, tq, 
     """Q.K^T and dO.V^T of 4..11 keys run MKL's small sgemm, followed ([Note: MKL's AVX2 small sgemm]): 4 or 8
     lanes without FMA from a q or dO row's first 16-byte boundary -- so an odd head dim (rows that start anywhere)
     and several heads (dO read as ATen reads it, (B, T, H, d)) are torch's bits too."""
-    assert followed(tq, tk, d)
-    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
-    kw = {"is_causal": True, "enable_gqa": H != Hkv}
-    ours = _run(attention, q, k, v, up, **kw)
-    with torch_threads(1):
-        theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
-        assert same_bits(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
+    _assert_torchs_bits(B, H, Hkv, tq, tk, d, True)
 
 
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
