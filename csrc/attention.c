@@ -201,7 +201,8 @@ CKP_CLONES static void exp_shifted(float *r, float c, int64_t n, at_layout L) {
 
 typedef struct {
     const float *q, *k, *v, *dout, *out, *lse;
-    int64_t q_s[3], k_s[3], v_s[3], do_s[3]; /* batch, head, position strides; the head dim is contiguous */
+    /* batch, head, position strides; the head dim contiguous */
+    int64_t q_s[3], k_s[3], v_s[3], do_s[3], dq_s[3], dk_s[3], dv_s[3];
     int64_t B, Hq, Hkv, Tq, Tk, d, qsplit, kvsplit;
     float scale;
     int causal;
@@ -331,6 +332,32 @@ static size_t extent(const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_
     return (size_t)((B - 1) * s[0] + (H - 1) * s[1] + (T - 1) * s[2] + d) * sizeof(float);
 }
 
+/* Whether a (B, H, T, d) output's strides give every row its own d floats: its dims, ordered by stride (the
+ * head dim innermost, stride 1), each step at least the span of the ones inside it. */
+static int disjoint_rows(const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_t d) {
+    int64_t stride[3] = {s[0], s[1], s[2]}, size[3] = {B, H, T};
+    if (s[0] < 0 || s[1] < 0 || s[2] < 0) return 0;
+    for (int i = 0; i < 3; i++) /* sorted by stride: a dim of size 1 may take any, it is never stepped */
+        for (int j = i + 1; j < 3; j++)
+            if (stride[j] < stride[i] || (stride[j] == stride[i] && size[j] < size[i])) {
+                int64_t t = stride[i];
+                stride[i] = stride[j], stride[j] = t, t = size[i], size[i] = size[j], size[j] = t;
+            }
+    int64_t span = d;
+    for (int i = 0; i < 3; i++) {
+        if (size[i] == 1) continue;
+        if (stride[i] < span) return 0;
+        span = stride[i] * size[i];
+    }
+    return 1;
+}
+
+static void zero_rows(float *t, const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_t d) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t r = 0; r < T; r++) memset(t + b * s[0] + h * s[1] + r * s[2], 0, (size_t)d * sizeof(float));
+}
+
 /* The inputs' spans (q, k, v), or CKP_ERR_BAD_SIZE for a negative stride. */
 static ckp_status input_spans(const attn *a, ckp_span spans[3]) {
     const size_t q = extent(a->q_s, a->B, a->Hq, a->Tq, a->d), k = extent(a->k_s, a->B, a->Hkv, a->Tk, a->d),
@@ -390,12 +417,12 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
     const int64_t d = a->d, group = a->Hq / a->Hkv;
     float *p = buf, *dp = p + a->qsplit * a->kvsplit, *dsum = dp + a->qsplit * a->kvsplit, *scratch = dsum + a->qsplit;
     const float *kp = a->k + b * a->k_s[0] + kvh * a->k_s[1], *vp = a->v + b * a->v_s[0] + kvh * a->v_s[1];
-    float *dkp = dk + (b * a->Hkv + kvh) * a->Tk * d, *dvp = dv + (b * a->Hkv + kvh) * a->Tk * d;
+    float *dkp = dk + b * a->dk_s[0] + kvh * a->dk_s[1], *dvp = dv + b * a->dv_s[0] + kvh * a->dv_s[1];
     for (int64_t g = 0; g < group; g++) {
         const int64_t h = kvh * group + g, bh = b * a->Hq + h;
         const float *qh = a->q + b * a->q_s[0] + h * a->q_s[1], *doh = a->dout + b * a->do_s[0] + h * a->do_s[1],
                     *oh = a->out + bh * a->Tq * d, *lh = a->lse + bh * a->Tq;
-        float *dqh = dq + bh * a->Tq * d;
+        float *dqh = dq + b * a->dq_s[0] + h * a->dq_s[1];
         for (int64_t m = 0; m < a->Tq; m += a->qsplit) {
             const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit;
             const int64_t ldo = a->do_s[2];
@@ -410,14 +437,16 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
                 }
-                ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * d, d, scratch, NULL);
+                ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2], scratch,
+                                NULL);
                 ckp_gemm_serial(dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
                                 slot_for(kept, n, a->kvsplit, 1));
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
-                ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1, dqh + m * d, d,
-                                scratch, slot_for(kept, n, a->kvsplit, 2));
-                ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * d, d, scratch, NULL);
+                ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1,
+                                dqh + m * a->dq_s[2], a->dq_s[2], scratch, slot_for(kept, n, a->kvsplit, 2));
+                ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * a->dk_s[2], a->dk_s[2],
+                                scratch, NULL);
             }
         }
     }
@@ -427,33 +456,41 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
                                   const int64_t *q_strides, const float *k,
                                   const int64_t *k_strides, const float *v, const int64_t *v_strides,
                                   const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
-                                  int64_t Tk, int64_t d, double scale, int is_causal, float *dq, float *dk,
-                                  float *dv) {
+                                  int64_t Tk, int64_t d, double scale, int is_causal, float *dq,
+                                  const int64_t *dq_strides, float *dk, const int64_t *dk_strides, float *dv,
+                                  const int64_t *dv_strides) {
     if (dout == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dq == NULL ||
-        dk == NULL || dv == NULL || dout_strides == NULL || q_strides == NULL || k_strides == NULL || v_strides == NULL)
+        dk == NULL || dv == NULL || dout_strides == NULL || q_strides == NULL || k_strides == NULL ||
+        v_strides == NULL || dq_strides == NULL || dk_strides == NULL || dv_strides == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "attention backward: no pointer may be NULL");
     ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale);
     if (st != CKP_OK) return st;
     attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
     a.q = q, a.k = k, a.v = v, a.dout = dout, a.out = out, a.lse = lse;
     set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
-    set_strides(a.do_s, dout_strides);
+    set_strides(a.do_s, dout_strides), set_strides(a.dq_s, dq_strides), set_strides(a.dk_s, dk_strides);
+    set_strides(a.dv_s, dv_strides);
     ckp_span spans[8];
     if ((st = input_spans(&a, spans)) != CKP_OK) return st;
-    const size_t qbytes = (size_t)(B * Hq * Tq * d) * sizeof(float), kbytes = (size_t)(B * Hkv * Tk * d) * sizeof(float);
+    const size_t qbytes = (size_t)(B * Hq * Tq * d) * sizeof(float);
     const size_t dout_bytes = extent(a.do_s, B, Hq, Tq, d);
     if (dout_bytes == 0) return ckp_fail(CKP_ERR_BAD_SIZE, "attention backward: strides must not be negative");
     spans[3] = (ckp_span){dout, dout_bytes}, spans[4] = (ckp_span){out, qbytes};
     spans[5] = (ckp_span){lse, (size_t)(B * Hq * Tq) * sizeof(float)};
-    const ckp_span outs[3] = {{dq, qbytes}, {dk, kbytes}, {dv, kbytes}};
+    if (!disjoint_rows(a.dq_s, B, Hq, Tq, d) || !disjoint_rows(a.dk_s, B, Hkv, Tk, d) ||
+        !disjoint_rows(a.dv_s, B, Hkv, Tk, d))
+        return ckp_fail(CKP_ERR_BAD_SIZE, "attention backward: dq, dk and dv need strides that give each of their rows "
+                                          "its own d floats");
+    const ckp_span outs[3] = {{dq, extent(a.dq_s, B, Hq, Tq, d)}, {dk, extent(a.dk_s, B, Hkv, Tk, d)},
+                              {dv, extent(a.dv_s, B, Hkv, Tk, d)}};
     for (int i = 0; i < 3; i++) {
         spans[6] = outs[(i + 1) % 3], spans[7] = outs[(i + 2) % 3];
         if (ckp_overlaps_any(outs[i], spans, 8))
             return ckp_fail(CKP_ERR_ALIASING, "attention backward: dq, dk and dv may overlap nothing");
     }
-    memset(dq, 0, (size_t)(B * Hq * Tq * d) * sizeof(float));
-    memset(dk, 0, (size_t)(B * Hkv * Tk * d) * sizeof(float));
-    memset(dv, 0, (size_t)(B * Hkv * Tk * d) * sizeof(float));
+    zero_rows(dq, a.dq_s, B, Hq, Tq, d);
+    zero_rows(dk, a.dk_s, B, Hkv, Tk, d);
+    zero_rows(dv, a.dv_s, B, Hkv, Tk, d);
     const int64_t floats = 2 * a.qsplit * a.kvsplit + a.qsplit + gemm_floats(&a), items = B * Hkv;
     int failed = 0;
     ckp_clear_error();

@@ -29,7 +29,7 @@
  * blocks, column blocks and column panels, never over K) change no bit.
  * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads; under MKL_CBWR=AUTO,STRICT
  * it does not: [Note: MKL's strict order]), M = 1 or N = 1
- * (MKL's gemv paths), MKL's AVX2 branch (other blocks). ckparity.kernels.linear says which.
+ * (MKL's gemv paths), MKL's AVX2 branch (its own order: [Note: MKL's AVX2 order]). ckparity.kernels.linear says which.
  *
  * [Note: MKL's skinny sgemm]
  * F.linear's forward with a few rows takes other paths (measured as above, by planting +-2^30 pairs
@@ -129,10 +129,10 @@ static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
  * half of K (rounded down) up to 384, else 192 -- and a remainder alone, last (K = 193: 96 + 96 + 1; 385:
  * 192 + 192 + 1; 1000: 5 x 192 + 40). Each block a chain from 0, the blocks added in order onto C (a bias is C's
  * start); K = 1 the product rounded, then added to the bias. Followed for GEMMs of 4+ rows and 12+ columns at one
- * torch thread; fewer take MKL's small-matrix paths: with A's rows and B's columns along K (F.linear's y, attention's
- * Q.K^T) [Note: MKL's AVX2 small sgemm], followed; with A or B transposed (dX, dW, P.V), not followed (they run the
- * 16-lane dot products of [Note: MKL's skinny sgemm] where contiguous, else the blocked tiles). At 2 threads MKL
- * gives a thread a few rows of a small GEMM (M = 5..15: half of those shapes differ). */
+ * torch thread; fewer take MKL's small-matrix paths, followed: with A's rows and B's columns along K (F.linear's
+ * y, attention's Q.K^T) [Note: MKL's AVX2 small sgemm]; with B's rows contiguous (dX, dW, P.V) [Note: MKL's AVX2
+ * small sgemm by columns]. Not followed: both A and B transposed (another small order). At 2 threads MKL gives a
+ * thread a few rows of a small GEMM (M = 5..15: half of those shapes differ). */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
 /* A block's depth: 384 (MKL's AVX-512 code), in its AVX2 branch's strict order 256 up to K 384, else 192, in its
@@ -349,13 +349,18 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 
 /* ---- the skinny path: 16-lane dot products ([Note: MKL's skinny sgemm]) --------------------------- */
 enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
-typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL } gemm_path;
+typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS } gemm_path;
 
-static gemm_path path_for(int64_t a_cs, int64_t b_rs, int64_t M, int64_t K, int64_t N) {
-    if (strict_order() || a_cs != 1 || b_rs != 1 || M < 2 || N < 2) return BLOCKED;
-    /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small path below that */
-    if (avx2_order()) return M < 4 || N < 12 ? AVX2_SMALL : BLOCKED;
-    if (M >= SKINNY_ROWS) return BLOCKED;
+static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N) {
+    if (strict_order() || N < 2) return BLOCKED;
+    /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small paths below that: by
+     * columns where B's rows are contiguous and A's rows or columns are, dot products where A's rows and B's
+     * columns lie along K. (Both transposed: another order, not followed.) */
+    if (avx2_order() && (M < 4 || N < 12)) {
+        if (b_cs == 1 && (a_cs == 1 || a_rs == 1)) return AVX2_COLUMNS;
+        if (a_cs == 1 && b_rs == 1 && M >= 2) return AVX2_SMALL;
+    }
+    if (avx2_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
     if (K >= 2 && ((K <= N && M < N && N <= 11) || (K <= 31 && (N == 2 || (N == 3 && M < 11))))) return HALVING;
     return BLOCKED;
@@ -446,6 +451,39 @@ static float skinny_dot(gemm_path path, dot_lanes lanes, const float *x, const f
     return dot_reduce16(path, v);
 }
 
+/* [Note: MKL's AVX2 small sgemm by columns]
+ * Its small path where B's rows are contiguous (torch.mm(a, b) of contiguous a and b: dX = dY.W; and with A
+ * transposed: dW = dY^T.X, attention's P^T.dO), for C of 1..3 rows or 2..11 columns (measured as the Note above,
+ * scripts/mkl_avx2_small.py: every C row of 1..9 and columns of 2..37, K 2..385, C's row one to three floats past
+ * a 16-byte boundary), runs along C's rows, vectorized over its columns, each element a chain over k without FMA:
+ * acc = acc + (alpha a[m,k]) b[k,n] from C (beta 1) or from 0. The columns before C's row reaches a 16-byte
+ * boundary (0..3: the row's address decides), where 4 or more columns remain after them, take 8 k at a time: 4
+ * products added one by one, then ((p4 + p5) + p6) + p7 added; the k % 8 left one by one. So C's row address
+ * moves bits here: torch's outputs are fresh 64-byte aligned tensors, C's rows every N floats from there. */
+static void avx2_columns_row(const float *a, int64_t a_cs, const float *b, int64_t b_rs, int64_t K, int64_t N,
+                             float alpha, float *c) {
+    const int64_t ahead = (int64_t)((16 - (uintptr_t)c % 16) % 16 / sizeof(float)), peel = N - ahead >= 4 ? ahead : 0;
+    for (int64_t n = 0; n < peel; n++) {
+        float acc = c[n];
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+            float p[8];
+            for (int i = 0; i < 8; i++) p[i] = (alpha * a[(k + i) * a_cs]) * b[(k + i) * b_rs + n];
+            acc = acc + p[0];
+            acc = acc + p[1];
+            acc = acc + p[2];
+            acc = acc + p[3];
+            acc = acc + (((p[4] + p[5]) + p[6]) + p[7]);
+        }
+        for (; k < K; k++) acc = acc + (alpha * a[k * a_cs]) * b[k * b_rs + n];
+        c[n] = acc;
+    }
+    for (int64_t k = 0; k < K; k++) {
+        const float s = alpha * a[k * a_cs], *bk = b + k * b_rs;
+        for (int64_t n = peel; n < N; n++) c[n] = c[n] + s * bk[n];
+    }
+}
+
 /* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads. */
 static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
                         int64_t K, int64_t N, const float *bias, float *c, int team) {
@@ -509,7 +547,19 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
             }
         return CKP_OK;
     }
-    const gemm_path path = path_for(a_cs, b_rs, M, K, N);
+    const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N);
+    if (path == AVX2_COLUMNS) { /* C's rows start as the bias (addmm's beta 1) or 0, in turn over the threads */
+#pragma omp parallel for schedule(static) num_threads(team_max < M ? team_max : (int)M)
+        for (int64_t m = 0; m < M; m++) {
+            float *row = c + m * N;
+            if (bias != NULL && !bias_after) memcpy(row, bias, (size_t)N * sizeof(float));
+            else memset(row, 0, (size_t)N * sizeof(float));
+            avx2_columns_row(a + m * a_rs, a_cs, b, b_rs, K, N, 1.0f, row);
+            if (bias != NULL && bias_after)
+                for (int64_t n = 0; n < N; n++) row[n] += bias[n];
+        }
+        return CKP_OK;
+    }
     if (path != BLOCKED) {
         skinny_gemm(path, a, a_rs, b, b_cs, M, K, N, bias, c, team_max);
         return CKP_OK;
@@ -667,7 +717,14 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
             for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, (a[m * a_rs] * a_scale) * (b[n * b_cs] * b_scale));
         return;
     }
-    const gemm_path path = path_for(a_cs, b_rs, M, K, N);
+    const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N);
+    if (path == AVX2_COLUMNS) { /* from C's value (beta 1) or 0, alpha on A's elements */
+        for (int64_t m = 0; m < M; m++) {
+            if (!accumulate) memset(c + m * ldc, 0, (size_t)N * sizeof(float));
+            avx2_columns_row(a + m * a_rs, a_cs, b, b_rs, K, N, alpha, c + m * ldc);
+        }
+        return;
+    }
     if (path != BLOCKED) {
         const dot_lanes lanes = dot_lanes_for_cpu();
         for (int64_t m = 0; m < M; m++)

@@ -402,8 +402,10 @@ ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias,
  * contiguous. The backward takes dout by its strides as q (ATen's flash
  * backward reads grad_out.transpose(1, 2) made contiguous: MKL's small sgemm on
  * its AVX2 branch reads where its rows start), out contiguous as out, the
- * forward's lse, and writes dq (B, Hq, Tq, d), dk and dv (B, Hkv, Tk, d),
- * contiguous.
+ * forward's lse, and writes dq (B, Hq, Tq, d), dk and dv (B, Hkv, Tk, d) by
+ * their strides (each row its own; ATen's backward writes them as (B, T, H, d)
+ * buffers, and MKL's small paths on its AVX2 branch sum a row of C from its
+ * 16-byte boundary: where the rows start moves bits).
  * The same bits at any thread count.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
@@ -414,8 +416,9 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
                                   const int64_t *q_strides, const float *k,
                                   const int64_t *k_strides, const float *v, const int64_t *v_strides,
                                   const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
-                                  int64_t Tk, int64_t d, double scale, int is_causal, float *dq, float *dk,
-                                  float *dv);
+                                  int64_t Tk, int64_t d, double scale, int is_causal, float *dq,
+                                  const int64_t *dq_strides, float *dk, const int64_t *dk_strides, float *dv,
+                                  const int64_t *dv_strides);
 
 /* ------------------------------------------------------------------------
  * embedding (csrc/embedding.c): F.embedding over n indices (int64, each in

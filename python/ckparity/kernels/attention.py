@@ -4,8 +4,8 @@ ATen's CPU flash kernel computes for float32 training: bit for bit with torch's 
 gradients at every capability, with torch at one thread on MKL's modelled branch, wherever each of the kernel's
 GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
 64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
-region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3); on MKL's AVX2 branch's own
-order (a CPU without AVX-512), every q block of 4+ rows, every key block of 4+ keys and d >= 12 (followed()).
+region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3; MKL's AVX2 branch's own
+order, on a CPU without AVX-512, has none: its small paths are followed) (followed()).
 A user's attention is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -79,21 +79,20 @@ def _split(tq: int) -> int:
 
 def followed(tq: int, tk: int, d: int) -> bool:
     """Whether every GEMM of ATen's flash kernel at these sizes takes the order csrc/linear.c follows (the
-    module's docstring). MKL's AVX-512 branch: no one-row q block or one-key block (MKL's gemv), no head dim of 1,
-    not MKL's skinny region (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). Its AVX2 branch's own
-    order: every q block of 4+ rows, every key block of 4+ keys and d >= 12 (Q.K^T and dO.V^T of fewer than 12
-    keys take MKL's small path, followed: [Note: MKL's AVX2 small sgemm]; P.V, dS.K, dS^T.Q and P^T.dO of under 4
-    q rows or keys, or d < 12, take its small paths for a transposed operand, not followed -- the sweep's sizes
-    outside this all differ). MKL's strict order has neither: every size."""
+    module's docstring): no one-row q block or one-key block (MKL's gemv), no head dim of 1. MKL's AVX-512 branch:
+    not its skinny region either (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). Its AVX2 branch's own
+    order: every other size (under 4 rows or 12 columns its small paths, followed: [Note: MKL's AVX2 small sgemm]
+    and its by-columns Note, which start a row at its 16-byte boundary -- so ckparity's op reads dO and writes
+    dQ, dK and dV where ATen's do). MKL's strict order: every size."""
     if cpu.mkl_strict():
         return True
     qs, ks = _split(tq), min(512, tk)
     q_rows = {qs, tq % qs or qs}
     k_cols = {ks, tk % ks or ks}
-    if cpu.mkl_avx2_own():
-        return d >= 12 and min(q_rows) >= 4 and min(k_cols) >= 4
     if d == 1 or tq % qs == 1 or tk % ks == 1:
         return False
+    if cpu.mkl_avx2_own():
+        return True
     return not any((n == 2 and m < 16 or n == 3 and m < 11) and 32 <= d < 24 * m for m in q_rows for n in k_cols)
 
 
@@ -125,7 +124,7 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
         if followed(t, t, 64):
             _case(tally, f"T={t} d=64 gqa causal", 1, 4, 2, t, t, 64, True, g)
     for t in (383, 384, 511, 512, 767, 768, 1031):
-        if followed(t, t, 32):  # 1031: a q block and a key block of 7 (on the AVX2 branch, its small Q.K^T)
+        if followed(t, t, 32):  # 1031: a q block and a key block of 7 (on the AVX2 branch, its small paths)
             _case(tally, f"T={t} d=32", 1, 2, 1, t, t, 32, t % 2 == 0, g)
     for tq, tk in ((40, 100), (100, 40), (64, 600)):
         _case(tally, f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False, g)
@@ -186,7 +185,8 @@ def _backward_entry() -> CEntry:
         T = s["T"]
         st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
         return L.ckp_attention_backward(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], 1,
-                                        HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], p["dk"], p["dv"])
+                                        HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"], st, p["dv"],
+                                        st)
     size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
     return CEntry("attention_backward",
                   tuple(CBuffer(n, "f", size) for n in ("dout", "q", "k", "v", "out"))
@@ -236,14 +236,13 @@ KERNEL = Kernel(
     claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
                             "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); on its AVX2 "
-                            "branch's own order (AMD, no AVX-512): torch at 1 thread, q blocks of 4+ rows, key blocks "
-                            "of 4+, d >= 12; under MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 "
-                            "torch threads"),),
+                            "branch's own order (AMD, no AVX-512): torch at 1 thread, the same but for the skinny "
+                            "region (its small paths followed); under MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every "
+                            "size at 1 and 2 torch threads"),),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads without MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; "
                               "from there MKL splits some of the backward's GEMMs between its threads), a q block of "
-                              "one row or a key block of one there (MKL's gemv), on MKL's AVX2 branch's own order a q "
-                              "block of 2-3 rows, a key block of 2-3 or d < 12 (its small-matrix paths for a transposed operand), bfloat16 (torch rounds P and dP to bf16 and "
+                              "one row or a key block of one there (MKL's gemv), bfloat16 (torch rounds P and dP to bf16 and "
                               "runs oneDNN's GEMMs): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,

@@ -87,14 +87,11 @@ def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, 
 def _followed(M: int, K: int, N: int) -> tuple[str, ...]:
     """The quantities of F.linear at x (M, K), weight (N, K) whose GEMMs take a path csrc/linear.c follows (dbias
     is a sum: always). MKL's strict order: every one. Its AVX-512 branch: none in y's one skinny region ([Note:
-    MKL's skinny sgemm]). Its AVX2 branch's own order: y at every size ([Note: MKL's AVX2 small sgemm] below 4
-    rows or 12 columns); dX (C of K columns, M rows) and dW (K columns, N rows) where each has 4+ rows and 12+
-    columns -- with fewer, MKL's small paths for a transposed operand, not followed ([Note: MKL's AVX2 order])."""
+    MKL's skinny sgemm]). Its AVX2 branch's own order: every one ([Note: MKL's AVX2 small sgemm] and its
+    'by columns' Note below 4 rows or 12 columns)."""
     every = ("y", "dx", "dweight", "dbias")
-    if cpu.mkl_strict():
+    if cpu.mkl_strict() or cpu.mkl_avx2_own():
         return every
-    if cpu.mkl_avx2_own():
-        return every if M >= 4 and K >= 12 and N >= 4 else ("y", "dbias")
     return () if (N == 2 and M < 16 or N == 3 and M < 11) and 32 <= K < 24 * M else every
 
 
@@ -280,8 +277,8 @@ KERNEL = Kernel(
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
                             "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
-                            "AVX-512): torch at 1 thread, y of 2+ rows and columns, dX and dW for x of 4+ rows, K 12+ "
-                            "and N 4+; under MKL_CBWR=AUTO,STRICT "
+                            "AVX-512): torch at 1 thread, every GEMM of 2+ rows and 2+ columns (its small paths "
+                            "followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
@@ -291,7 +288,7 @@ KERNEL = Kernel(
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
-                           "on AMD only), and its small-matrix paths for dX and dW (x of 2-3 rows, K under 12, N under 4), bfloat16 with a bias, or on another "
+                           "on AMD only), and its small path with both operands transposed (y and dW of a column-major x), bfloat16 with a bias, or on another "
                            "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
                            "(more tiles than the probe counts): as accurate as torch"},
     probe=_probe,

@@ -35,13 +35,19 @@ def attention_forward(q, k, v, scale: float, is_causal: bool, out, lse, *, libra
 
 
 def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, dq, dk, dv, *, library=lib) -> None:
-    """dq, dk, dv (contiguous, q's and k's shapes) from dout (read by its strides, its last dim contiguous), out
-    (contiguous) and the forward's lse."""
+    """dq, dk, dv (q's and k's shapes, written by their strides, each row its own) from dout (read by its strides,
+    its last dim contiguous), out (contiguous) and the forward's lse."""
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
     check(library.ckp_attention_backward(_at(dout), _strides(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v),
-                                         _strides(v),
-                                         _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal), _at(dq),
-                                         _at(dk), _at(dv)), "attention backward", library)
+                                         _strides(v), _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal),
+                                         _at(dq), _strides(dq), _at(dk), _strides(dk), _at(dv), _strides(dv)),
+          "attention backward", library)
+
+
+def _as_aten_lays_it(shape) -> torch.Tensor:
+    """An empty (B, H, T, d) tensor laid out as (B, T, H, d), as ATen's flash backward makes its gradients."""
+    B, H, T, d = shape
+    return empty((B, T, H, d), torch.float32).transpose(1, 2)
 
 
 class _AttentionFunction(CFunction):
@@ -67,10 +73,11 @@ class _AttentionFunction(CFunction):
     @first_order_only
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = empty(q.shape, torch.float32), empty(k.shape, torch.float32), empty(v.shape, torch.float32)
-        # dout where ATen's flash backward reads it: grad_out.transpose(1, 2) made contiguous -- a (B, T, H, d)
-        # buffer (a copy unless dout already lies so): MKL's small sgemm on its AVX2 branch sums a row from its
-        # first 16-byte boundary on ([Note: MKL's AVX2 small sgemm]), so where the rows start moves bits
+        dq, dk, dv = _as_aten_lays_it(q.shape), _as_aten_lays_it(k.shape), _as_aten_lays_it(v.shape)
+        # dout where ATen's flash backward reads it, and dq, dk, dv where it writes them: (B, T, H, d) buffers
+        # (grad_out.transpose(1, 2) made contiguous: a copy unless dout already lies so). MKL's small paths on its
+        # AVX2 branch start a row of A or C at its first 16-byte boundary ([Note: MKL's AVX2 small sgemm], [Note:
+        # MKL's AVX2 small sgemm by columns]), so where the rows start moves bits
         attention_backward(dout.transpose(1, 2).contiguous().transpose(1, 2), q, k, v, out, lse, ctx.scale,
                            ctx.is_causal, dq, dk, dv)
         return dq, dk, dv, None, None
