@@ -10,6 +10,14 @@ FMA, no boundary (lanes from k = 0), and ckparity's earlier 16-lane dot products
 one float past a 16-byte boundary (every row's start moves), and alpha, beta 1 and a bias (addmm; K = 1 is a
 rank-1 update there: alpha times x's element, times w's, added to C).
 
+Then [Note: MKL's AVX2 small sgemm by columns]: torch.mm(a, b) with b's rows contiguous and a's rows ('NN': dX =
+dY.W) or columns ('TN': dW = dY^T.X) contiguous, C of 1..9 rows against 2..37 columns (under 4 rows or 12
+columns), K 2..385, C one to three floats past a 16-byte boundary (every row's start moves): each element a chain
+without FMA over k from 0, the columns before C's row reaches a boundary (when 4+ columns remain after them) 8 k
+at a time -- 4 products added one by one, then ((p4 + p5) + p6) + p7 -- against the same without those 8-k
+steps, with them whatever remains, and an FMA chain; and addmm (beta 1, alpha 0.3) against C as the chain's
+start with alpha on a's element, and against alpha times the product added to C after.
+
     python scripts/mkl_avx2_small.py [--out reports/linear/mkl_avx2_small.json]
 """
 
@@ -77,6 +85,78 @@ def _model(x: torch.Tensor, w: torch.Tensor, reading: str) -> np.ndarray:
 READINGS = ("note", "fma", "no_boundary", "quarters16")
 
 
+COLUMN_SHAPES = [(M, K, N) for M in (1, 2, 3, 5, 9) for N in (2, 3, 4, 5, 6, 7, 9, 11, 12, 16, 37)
+                 if M < 4 or N < 12 for K in (2, 3, 5, 9, 16, 31, 100, 385)]
+COLUMN_READINGS = ("note", "no_peel", "peel_always", "fma")
+
+
+def _columns(a: np.ndarray, b: np.ndarray, cols: np.ndarray, seed: np.ndarray, alpha: F32, eight: bool,
+             fused: bool = False) -> np.ndarray:
+    """C's columns cols of one row a (K,) . b (K, N): a chain over k from seed, alpha on a's element; eight: the
+    peel columns' 8-k steps."""
+    acc = seed.copy()
+    products = [(F32(alpha * a[k]) * b[k, cols]).astype(F32) for k in range(len(a))]
+    if fused:
+        for k in range(len(a)):
+            acc = (np.float64(F32(alpha * a[k])) * b[k, cols].astype(np.float64) + acc).astype(F32)
+        return acc
+    k = 0
+    while eight and k + 8 <= len(a):
+        p = products[k:k + 8]
+        for i in range(4):
+            acc = acc + p[i]
+        acc = acc + (((p[4] + p[5]) + p[6]) + p[7])
+        k += 8
+    for p in products[k:]:
+        acc = acc + p
+    return acc
+
+
+def _model_columns(a: np.ndarray, b: np.ndarray, c_ptr: int, seed: np.ndarray, alpha: F32, reading: str) -> np.ndarray:
+    M, N = a.shape[0], b.shape[1]
+    out = np.zeros((M, N), F32)
+    for m in range(M):
+        ahead = min((-(c_ptr + 4 * m * N) % 16) // 4, N)
+        peel = ahead if (N - ahead >= 4 or reading == "peel_always") and reading != "no_peel" else 0
+        head, rest = np.arange(peel), np.arange(peel, N)
+        out[m, rest] = _columns(a[m], b, rest, seed[m, rest], alpha, False, reading == "fma")
+        if peel:
+            out[m, head] = _columns(a[m], b, head, seed[m, head], alpha, True, reading == "fma")
+    return out
+
+
+def _by_columns(g: torch.Generator) -> dict:
+    totals = {r: 0 for r in COLUMN_READINGS} | {"addmm_seeded": 0, "addmm_after": 0}
+    rows, outputs = [], 0
+    alpha = F32(0.3)
+    for layout in ("NN", "TN"):
+        for M, K, N in COLUMN_SHAPES:
+            a = torch.randn(K, M, generator=g).t() if layout == "TN" else torch.randn(M, K, generator=g)
+            b, c0 = torch.randn(K, N, generator=g), torch.randn(M, N, generator=g)
+            store = torch.empty(M * N + 3)
+            for off in range(4):
+                c = store[off:off + M * N].view(M, N)
+                torch.mm(a, b, out=c)
+                an, bn, zero = a.numpy(), b.numpy(), np.zeros((M, N), F32)
+                row = {"layout": layout, "M": M, "K": K, "N": N, "c_floats_off": off, "outputs": M * N}
+                for reading in COLUMN_READINGS:
+                    row[f"differing_{reading}"] = int((_model_columns(an, bn, c.data_ptr(), zero, F32(1), reading)
+                                                       != c.numpy()).sum())
+                    totals[reading] += row[f"differing_{reading}"]
+                c.copy_(c0)
+                torch.addmm(c, a, b, alpha=float(alpha), out=c)
+                seeded = _model_columns(an, bn, c.data_ptr(), c0.numpy(), alpha, "note")
+                after = (c0.numpy() + alpha * _model_columns(an, bn, c.data_ptr(), zero, F32(1), "note")).astype(F32)
+                row["differing_addmm_seeded"] = int((seeded != c.numpy()).sum())
+                row["differing_addmm_after"] = int((after != c.numpy()).sum())
+                totals["addmm_seeded"] += row["differing_addmm_seeded"]
+                totals["addmm_after"] += row["differing_addmm_after"]
+                outputs += M * N
+                rows.append(row)
+    print("by columns", json.dumps({"outputs": outputs, "differing": totals}), flush=True)
+    return {"outputs": outputs, "differing": totals, "shapes": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="reports/linear/mkl_avx2_small.json")
@@ -107,7 +187,8 @@ def main() -> None:
             elements += M * N
             rows.append(row)
         print(M, K, N, {k: v for k, v in rows[-1].items() if k.startswith("differing")}, flush=True)
-    report = {"env": environment(), "outputs": elements, "differing": totals, "shapes": rows}
+    report = {"env": environment(), "outputs": elements, "differing": totals, "shapes": rows,
+              "by_columns": _by_columns(g)}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps({"outputs": elements, "differing": totals}))
