@@ -131,8 +131,8 @@ static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
  * start); K = 1 the product rounded, then added to the bias. Followed for GEMMs of 4+ rows and 12+ columns at one
  * torch thread; fewer take MKL's small-matrix paths, followed: with A's rows and B's columns along K (F.linear's
  * y, attention's Q.K^T) [Note: MKL's AVX2 small sgemm]; with B's rows contiguous (dX, dW, P.V) [Note: MKL's AVX2
- * small sgemm by columns]. Not followed: both A and B transposed (another small order). At 2 threads MKL gives a
- * thread a few rows of a small GEMM (M = 5..15: half of those shapes differ). */
+ * small sgemm by columns]; with both transposed, plain chains (avx2_chain_row). At 2 threads MKL gives a thread a
+ * few rows of a small GEMM (M = 5..15: half of those shapes differ). */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
 /* A block's depth: 384 (MKL's AVX-512 code), in its AVX2 branch's strict order 256 up to K 384, else 192, in its
@@ -349,16 +349,17 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 
 /* ---- the skinny path: 16-lane dot products ([Note: MKL's skinny sgemm]) --------------------------- */
 enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
-typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS } gemm_path;
+typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS, AVX2_CHAIN } gemm_path;
 
 static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N) {
     if (strict_order() || N < 2) return BLOCKED;
     /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small paths below that: by
      * columns where B's rows are contiguous and A's rows or columns are, dot products where A's rows and B's
-     * columns lie along K. (Both transposed: another order, not followed.) */
+     * columns lie along K, plain chains where A's columns and B's columns do (one row: its gemv, not followed). */
     if (avx2_order() && (M < 4 || N < 12)) {
         if (b_cs == 1 && (a_cs == 1 || a_rs == 1)) return AVX2_COLUMNS;
         if (a_cs == 1 && b_rs == 1 && M >= 2) return AVX2_SMALL;
+        if (a_rs == 1 && b_rs == 1 && M >= 2) return AVX2_CHAIN;
     }
     if (avx2_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
@@ -484,6 +485,18 @@ static void avx2_columns_row(const float *a, int64_t a_cs, const float *b, int64
     }
 }
 
+/* Its small path with both A and B transposed (A's columns and B's columns along K: y and dW of a column-major x),
+ * measured as above (C of 2..9 rows against 2..37 columns, K 2..385, beta 0 and 1, alpha 1 and 0.3): each element
+ * a chain over k without FMA from 0, times alpha, added to C (beta 1). Where C lies moves no bit here. */
+static void avx2_chain_row(const float *a, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs, int64_t K,
+                           int64_t N, float alpha, int accumulate, float *c) {
+    for (int64_t n = 0; n < N; n++) {
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; k++) sum = sum + a[k * a_cs] * b[k * b_rs + n * b_cs];
+        c[n] = accumulate ? c[n] + alpha * sum : alpha * sum;
+    }
+}
+
 /* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads. */
 static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
                         int64_t K, int64_t N, const float *bias, float *c, int team) {
@@ -548,13 +561,15 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         return CKP_OK;
     }
     const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N);
-    if (path == AVX2_COLUMNS) { /* C's rows start as the bias (addmm's beta 1) or 0, in turn over the threads */
+    if (path == AVX2_COLUMNS || path == AVX2_CHAIN) { /* C's rows from the bias (addmm's beta 1) or 0, over threads */
 #pragma omp parallel for schedule(static) num_threads(team_max < M ? team_max : (int)M)
         for (int64_t m = 0; m < M; m++) {
             float *row = c + m * N;
-            if (bias != NULL && !bias_after) memcpy(row, bias, (size_t)N * sizeof(float));
-            else memset(row, 0, (size_t)N * sizeof(float));
-            avx2_columns_row(a + m * a_rs, a_cs, b, b_rs, K, N, 1.0f, row);
+            const int seeded = bias != NULL && !bias_after;
+            if (seeded) memcpy(row, bias, (size_t)N * sizeof(float));
+            else if (path == AVX2_COLUMNS) memset(row, 0, (size_t)N * sizeof(float));
+            if (path == AVX2_COLUMNS) avx2_columns_row(a + m * a_rs, a_cs, b, b_rs, K, N, 1.0f, row);
+            else avx2_chain_row(a + m * a_rs, a_cs, b, b_rs, b_cs, K, N, 1.0f, seeded, row);
             if (bias != NULL && bias_after)
                 for (int64_t n = 0; n < N; n++) row[n] += bias[n];
         }
@@ -723,6 +738,11 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
             if (!accumulate) memset(c + m * ldc, 0, (size_t)N * sizeof(float));
             avx2_columns_row(a + m * a_rs, a_cs, b, b_rs, K, N, alpha, c + m * ldc);
         }
+        return;
+    }
+    if (path == AVX2_CHAIN) {
+        for (int64_t m = 0; m < M; m++)
+            avx2_chain_row(a + m * a_rs, a_cs, b, b_rs, b_cs, K, N, alpha, accumulate, c + m * ldc);
         return;
     }
     if (path != BLOCKED) {

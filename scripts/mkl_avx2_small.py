@@ -16,7 +16,9 @@ columns), K 2..385, C one to three floats past a 16-byte boundary (every row's s
 without FMA over k from 0, the columns before C's row reaches a boundary (when 4+ columns remain after them) 8 k
 at a time -- 4 products added one by one, then ((p4 + p5) + p6) + p7 -- against the same without those 8-k
 steps, with them whatever remains, and an FMA chain; and addmm (beta 1, alpha 0.3) against C as the chain's
-start with alpha on a's element, and against alpha times the product added to C after.
+start with alpha on a's element, and against alpha times the product added to C after. And its path with both
+a and b transposed ('TT': y and dW of a column-major x), C of 2..9 rows: a plain chain without FMA, alpha times it
+added to C (beta 1), against C as the chain's start.
 
     python scripts/mkl_avx2_small.py [--out reports/linear/mkl_avx2_small.json]
 """
@@ -157,6 +159,27 @@ def _by_columns(g: torch.Generator) -> dict:
     return {"outputs": outputs, "differing": totals, "shapes": rows}
 
 
+def _both_transposed(g: torch.Generator) -> dict:
+    totals, outputs = {"note": 0, "seeded": 0}, 0
+    for M, K, N in [(M, K, N) for M, K, N in COLUMN_SHAPES if M >= 2]:
+        a, b = torch.randn(K, M, generator=g).t(), torch.randn(N, K, generator=g).t()
+        c0 = torch.randn(M, N, generator=g)
+        chain = np.zeros((M, N), F32)
+        for k in range(K):
+            chain = chain + (a.numpy()[:, k, None] * b.numpy()[None, k]).astype(F32)
+        for alpha, beta in ((1.0, 0), (0.3, 0), (1.0, 1), (0.3, 1)):
+            c = torch.addmm(c0, a, b, beta=beta, alpha=alpha).numpy()
+            start = c0.numpy() if beta else np.zeros((M, N), F32)
+            seeded = start.copy()
+            for k in range(K):
+                seeded = seeded + (F32(alpha) * a.numpy()[:, k, None] * b.numpy()[None, k]).astype(F32)
+            totals["note"] += int(((start + F32(alpha) * chain).astype(F32) != c).sum())
+            totals["seeded"] += int((seeded != c).sum())
+            outputs += M * N
+    print("both transposed", json.dumps({"outputs": outputs, "differing": totals}), flush=True)
+    return {"outputs": outputs, "differing": totals}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="reports/linear/mkl_avx2_small.json")
@@ -188,7 +211,7 @@ def main() -> None:
             rows.append(row)
         print(M, K, N, {k: v for k, v in rows[-1].items() if k.startswith("differing")}, flush=True)
     report = {"env": environment(), "outputs": elements, "differing": totals, "shapes": rows,
-              "by_columns": _by_columns(g)}
+              "by_columns": _by_columns(g), "both_transposed": _both_transposed(g)}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps({"outputs": elements, "differing": totals}))

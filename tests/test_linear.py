@@ -22,6 +22,7 @@ from ckparity.check import suite
 from ckparity.errors import InvalidArgument, InvalidType
 from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
+from ckparity.kernels.layouts import LAYOUTS
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
 from ckparity.ops import _onednn
 from ckparity.ops.linear import gemm, linear
@@ -183,6 +184,7 @@ STRICT_PROBE = """
 import json, os, torch, torch.nn.functional as F
 import ckparity.sweep as s
 from ckparity._native import lib
+from ckparity.kernels.layouts import LAYOUTS
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
 from ckparity.ops.attention import attention
 from ckparity.ops.linear import linear
@@ -246,6 +248,36 @@ def test_a_gemm_order_that_is_none_is_refused():
 
 
 @needs_modelled_mkl
+@pytest.mark.parametrize("operand, layout", [("x", "transposed"), ("weight", "strided"), ("weight", "transposed"),
+                                             ("weight", "expanded rows")])
+def test_a_column_major_or_odd_operands_gradient_is_the_gemm_autograd_runs(operand, layout):
+    """Autograd's mm backward gives a column-major x a column-major dX, computing dXᵀ = Wᵀ.dYᵀ, and a weight whose
+    transpose is not column-major dW through dWᵀ = Xᵀ.dY: other GEMMs than dY.W and dYᵀ.X, which MKL's small paths
+    sum in another order. ckparity runs the GEMM autograd runs: torch's bits; on MKL's AVX2 branch the GEMM it ran
+    before gives other bits (3 rows, x of K 34, a weight 8 wide: its small paths)."""
+    g = torch.Generator().manual_seed(3)
+    K = 34 if operand == "x" else 8
+    x, w, up = torch.randn(3, K, generator=g), torch.randn(19, K, generator=g), torch.randn(3, 19, generator=g)
+    place = {"x": lambda t: t, "weight": lambda t: t, operand: LAYOUTS[layout]}
+
+    def run(fn):
+        leaves = [x.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+        fn(place["x"](leaves[0]), place["weight"](leaves[1])).backward(up)
+        return [t.grad for t in leaves]
+    with torch_threads(1):
+        theirs = run(F.linear)
+    ours = run(linear)
+    assert all(same_bits(a, b) for a, b in zip(ours, theirs))
+    if cpu.mkl_avx2_own():
+        before = torch.empty(3, K) if operand == "x" else torch.empty(19, K)
+        if operand == "x":
+            gemm(up, w, before)  # dX = dY.W
+        else:
+            gemm(up.t(), x, before)  # dW = dYᵀ.X
+        assert not same_bits(before, theirs[0 if operand == "x" else 1])
+
+
+@needs_modelled_mkl
 def test_check_says_bitwise_where_followed_and_which_cases_are_not():
     """check's 3-row cases (MKL's skinny paths from K = 72) and 17-row ones are torch's bits but width 1, whose
     dX and dW have one column (MKL's gemv, not followed); the row alone (one row: gemv) keeps batch_invariance
@@ -269,14 +301,14 @@ def test_check_says_bitwise_where_followed_and_which_cases_are_not():
 
 def _check_on_mkls_avx2_branch(report):
     """MKL's AVX2 branch's own order: check's cases are torch's bits but width 1 (dX and dW of one column: MKL's
-    gemv); a layout no BLAS takes is copied first, and only both operands transposed (dW of a transposed x: MKL's
-    small path for that, not followed) is as accurate rather than bitwise."""
+    gemv), and so is every layout (a layout no BLAS takes copied first, as ATen copies it; a column-major operand's
+    gradient through the GEMM autograd runs)."""
     props = {r["property"]: r for r in report["properties"]}
     widths = props["widths"]
     assert widths["failing"] == 0
     assert widths["cases"] - widths["bit_identical"] <= len(kernels.KERNELS["linear"].conformance.rows)
     assert props["threads"]["verdict"] == "bitwise" and props["cheats"]["verdict"] == "bitwise"
-    assert props["layouts"]["failing"] == 0 and report["verdict"] == "as accurate as torch"
+    assert props["layouts"]["verdict"] == "bitwise" and report["verdict"] == "as accurate as torch"
 
 
 PLAIN = RunConfig(model="stacked", num_layers=2, seq_len=16, batch_size=2, grad_accum=2, total_tokens=4096,

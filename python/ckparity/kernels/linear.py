@@ -288,7 +288,7 @@ KERNEL = Kernel(
                            "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
-                           "on AMD only), and its small path with both operands transposed (y and dW of a column-major x), bfloat16 with a bias, or on another "
+                           "on AMD only), bfloat16 with a bias, or on another "
                            "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
                            "(more tiles than the probe counts): as accurate as torch"},
     probe=_probe,

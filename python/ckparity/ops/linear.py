@@ -59,6 +59,11 @@ def _transposed(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return _operand(t.t())
 
 
+def _column_major(t: torch.Tensor) -> bool:
+    """Whether autograd's mm backward takes the 2-D t as column-major (its test: strides (1, rows))."""
+    return t.stride(0) == 1 and t.stride(1) == t.shape[0]
+
+
 def _rows(x: torch.Tensor) -> tuple[int, torch.Tensor, int, int]:
     """x (..., K) as the (M, K) operand ATen's linear multiplies: its leading dims collapsed, a view where
     they collapse, else a copy."""
@@ -99,10 +104,21 @@ class _LinearFunction(CFunction):
         (N, K), dy = weight.shape, dy.contiguous()
         M = dy.numel() // N
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
+        rows = x.reshape(-1, K)  # mm's mat1 as ATen's linear hands it over: x, its rows folded (matmul's reshape)
+        # mm's backward (autograd's mm_mat1_backward, mm_mat2_backward) gives a column-major operand a column-major
+        # gradient, computing its transpose: another GEMM, whose small paths sum in another order
+        if ctx.needs_input_grad[0] and _column_major(rows):
+            dxt = empty((K, M), torch.float32)
+            _product(*_operand(weight.t()), *_operand(dy.view(M, N).t()), K, N, M, dxt)  # dXᵀ = Wᵀ . dYᵀ
+            dx = dxt.t().reshape(x.shape)
+        elif ctx.needs_input_grad[0]:
             dx = empty(x.shape, torch.float32)
             _product(dy, N, 1, *_operand(weight), M, N, K, dx)          # dX = dY . W
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and not _column_major(weight.t()):
+            dwt = empty((K, N), torch.float32)
+            _product(*_operand(rows.t()), dy, N, 1, K, M, N, dwt)        # dWᵀ = Xᵀ . dY
+            dw = dwt.t()
+        elif ctx.needs_input_grad[1]:
             dw = empty(weight.shape, torch.float32)
             _product(dy, 1, N, *_rows(x)[1:], N, M, K, dw)              # dW = dYᵀ . X, dYᵀ by its strides
         if ctx.has_bias and ctx.needs_input_grad[2]:
