@@ -242,7 +242,8 @@ def _dbias_entry() -> CEntry:
 
 
 def _bench(g: torch.Generator, select):
-    for M, K, N in ((512, 64, 256), (2048, 4096, 4096)):
+    # the twins' projection, a large one, and skinny ones (MKL's small paths below 4 rows or 12 columns)
+    for M, K, N in ((512, 64, 256), (2048, 4096, 4096), (3, 4096, 4096), (4096, 4096, 8), (512, 8, 1024)):
         shape = f"M={M},K={K},N={N}"
         if select("linear", shape):
             x, w = torch.randn(M, K, generator=g).requires_grad_(True), torch.randn(N, K, generator=g)
