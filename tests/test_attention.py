@@ -234,3 +234,30 @@ def test_bad_input_is_refused_by_name(call, message):
     q, k, v, _ = _inputs(2, 2, 2, 5, 5, 8)
     with pytest.raises(InvalidArgument, match=message):
         call(q, k, v)
+
+
+@pytest.mark.parametrize("strides", [(0, 0, 0), (40, 8, 4), (-40, 40, 8)], ids=["all-0", "rows-overlap", "negative"])
+def test_the_c_backward_refuses_gradients_whose_rows_overlap_and_writes_nothing(strides):
+    """ckp_attention_backward writes dq, dk and dv by their strides (where ATen writes them): strides that give
+    two rows one float (or point backwards) are refused before anything is written."""
+    from ckparity._native import ffi, lib
+
+    B, H, T, d = 1, 2, 5, 8
+    q, k, v, up = _inputs(B, H, H, T, T, d)
+    out, lse = torch.empty(q.shape), torch.empty(q.shape[:3])
+    attention_forward(q, k, v, d ** -0.5, False, out, lse)
+    grads = [torch.full((B * H * T * d,), 7.0) for _ in range(3)]
+
+    def at(t):
+        return ffi.cast("float *", t.data_ptr())
+
+    def st(t):
+        return ffi.new("int64_t[3]", list(t.stride()[:3]))
+    bad = ffi.new("int64_t[3]", list(strides))
+    start = grads[0][40:] if strides[0] < 0 else grads[0]
+    status = lib.ckp_attention_backward(at(up), st(up), at(q), st(q), at(k), st(k), at(v), st(v), at(out), at(lse),
+                                        B, H, H, T, T, d, d ** -0.5, 0, at(start), bad, at(grads[1]), st(q),
+                                        at(grads[2]), st(q))
+    assert status == lib.CKP_ERR_BAD_SIZE
+    assert "its own d floats" in ffi.string(lib.ckp_last_error()).decode()
+    assert all(bool((g == 7.0).all()) for g in grads)
