@@ -359,7 +359,11 @@ ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t
  * added left to right; a bias is C's start, or with bias_after added to the
  * product). A[m,k] is a[m*a_rs + k*a_cs] and
  * B[k,n] is b[k*b_rs + n*b_cs]: transposed operands by their strides. c may
- * overlap nothing. The same bits at any thread count.
+ * overlap nothing. The same bits at any thread count. On MKL's AVX2 branch
+ * (ckp_get_gemm_order: CKP_GEMM_ORDER_AVX2) a product of under 4 rows or 12
+ * columns follows MKL's small paths, whose bits depend on where A's rows or
+ * C's rows start relative to 16 bytes, as MKL's do: give c (and a) the
+ * alignment torch's tensors have to get torch's bits (csrc/linear.c's Notes).
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                     int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c);
