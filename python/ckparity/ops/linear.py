@@ -120,7 +120,7 @@ class _LinearFunction(CFunction):
             dw = dwt.t()
         elif ctx.needs_input_grad[1]:
             dw = empty(weight.shape, torch.float32)
-            _product(dy, 1, N, *_rows(x)[1:], N, M, K, dw)              # dW = dYᵀ . X, dYᵀ by its strides
+            _product(dy, 1, N, *_operand(rows), N, M, K, dw)            # dW = dYᵀ . X, dYᵀ by its strides
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = empty((N,), torch.float32)
             dbias(dy.view(M, N), db)
