@@ -419,9 +419,14 @@ static float dot_reduce16(gemm_path path, float v[DOT_LANES]) {
  * a chain from 0 that starts lane 0; then lanes of k mod L over whole L-groups, L = 4 for C's columns in its
  * whole groups of 4 and 8 for the 1..3 columns after them; the lanes halved (lane l + lane l + L/2, down to one);
  * the k left over added to that in order. alpha multiplies the rounded sum; beta 1 adds C to that, as a bias. */
+/* The floats before p's first 16-byte boundary (0..3): where MKL's small paths start their vectors. */
+static inline int64_t floats_to_boundary(const float *p) {
+    return (int64_t)((16 - (uintptr_t)p % 16) % 16 / sizeof(float));
+}
+
 static inline __attribute__((always_inline)) float avx2_small_dot(const float *x, const float *w, int64_t K,
                                                                   int lanes) {
-    const int64_t ahead = (int64_t)((16 - (uintptr_t)x % 16) % 16 / sizeof(float)), peel = ahead < K ? ahead : K;
+    const int64_t ahead = floats_to_boundary(x), peel = ahead < K ? ahead : K;
     float acc[8] = {0};
     for (int64_t k = 0; k < peel; k++) acc[0] += x[k] * w[k];
     const int64_t end = peel + (K - peel) / lanes * lanes;
@@ -438,7 +443,7 @@ static inline __attribute__((always_inline)) float avx2_small_dot(const float *x
  * each column's order as avx2_small_dot's, the four chains interleaved -- one chain is bound by the add's latency,
  * four are not (the compiler's own vectors for this shuffled lanes: 2 x 1024 x 1024 took 3.8x torch's time, 1.1x so). */
 static void avx2_small_dot4(const float *x, const float *w, int64_t w_cs, int64_t K, float out[4]) {
-    const int64_t ahead = (int64_t)((16 - (uintptr_t)x % 16) % 16 / sizeof(float)), peel = ahead < K ? ahead : K;
+    const int64_t ahead = floats_to_boundary(x), peel = ahead < K ? ahead : K;
     __m128 acc[4];
     for (int c = 0; c < 4; c++) {
         float lane0 = 0.0f;
@@ -549,7 +554,7 @@ static void avx2_columns_rows(const float *a, int64_t a_rs, int64_t a_cs, const 
                               int64_t N, float alpha, float *c, int64_t ldc, int64_t rows) {
     int64_t peel[4], widest = 0;
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t ahead = (int64_t)((16 - (uintptr_t)(c + r * ldc) % 16) % 16 / sizeof(float));
+        const int64_t ahead = floats_to_boundary(c + r * ldc);
         peel[r] = N - ahead >= 4 ? ahead : 0;
         widest = peel[r] > widest ? peel[r] : widest;
         avx2_peel_columns(a + r * a_rs, a_cs, b, b_rs, K, peel[r], alpha, c + r * ldc);
