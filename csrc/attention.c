@@ -206,6 +206,7 @@ typedef struct {
     int64_t B, Hq, Hkv, Tq, Tk, d, qsplit, kvsplit;
     float scale;
     int causal;
+    int mkl_threads; /* the threads MKL has for the GEMMs: 1 in ATen's parallel loop, torch's where it has one item */
     at_layout L;
 } attn;
 
@@ -284,7 +285,7 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
     for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
         const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
         ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk, kvb, scratch,
-                        slot_for(kept, n, a->kvsplit, 0));
+                        slot_for(kept, n, a->kvsplit, 0), a->mkl_threads);
         for (int64_t r = 0; r < qb; r++) {
             float *row = qk + r * kvb;
             mask_row(a, m, r, n, row, kvb, num_keys, -INFINITY);
@@ -301,7 +302,7 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
                 for (int64_t j = 0; j < d; j++) dst[r * d + j] *= e;
         }
         ckp_gemm_serial(qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0, dst, d, scratch,
-                        slot_for(kept, n, a->kvsplit, 1));
+                        slot_for(kept, n, a->kvsplit, 1), a->mkl_threads);
     }
     for (int64_t r = 0; r < qb; r++) {
         const float mx = qmax[r] == -INFINITY ? 0.0f : qmax[r], sum = qsum[r] == 0.0f ? 1.0f : qsum[r];
@@ -311,7 +312,8 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
     }
 }
 
-static ckp_status check_shapes(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale) {
+static ckp_status check_shapes(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale,
+                               int torch_threads) {
     if (B <= 0 || Hq <= 0 || Hkv <= 0 || Tq <= 0 || Tk <= 0 || d <= 0 || d > INT32_MAX || Tq > INT32_MAX ||
         Tk > INT32_MAX)
         return ckp_fail(CKP_ERR_BAD_SIZE, "attention: B, heads, positions and head dim must be positive");
@@ -321,6 +323,8 @@ static ckp_status check_shapes(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, i
         return ckp_fail(CKP_ERR_BAD_SIZE, "attention: %lld query heads are not a multiple of %lld kv heads",
                         (long long)Hq, (long long)Hkv);
     if (!isfinite(scale)) return ckp_fail(CKP_ERR_BAD_OPTION, "attention: scale must be finite");
+    if (torch_threads < 1)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "attention: torch_threads must be >= 1, got %d", torch_threads);
     return CKP_OK;
 }
 
@@ -370,11 +374,11 @@ static ckp_status input_spans(const attn *a, ckp_span spans[3]) {
 ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
                                  const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
                                  int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
-                                 float *lse) {
+                                 float *lse, int torch_threads) {
     if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || q_strides == NULL ||
         k_strides == NULL || v_strides == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "attention: no pointer may be NULL");
-    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale);
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
     if (st != CKP_OK) return st;
     attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
     a.q = q, a.k = k, a.v = v;
@@ -385,6 +389,7 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
     if (ckp_overlaps_any(o, in, 3) || ckp_overlaps_any(l, in, 3) || ckp_overlaps(out, o.bytes, lse, l.bytes))
         return ckp_fail(CKP_ERR_ALIASING, "attention: out and lse may overlap nothing");
     const int64_t qslices = (Tq + a.qsplit - 1) / a.qsplit, items = B * Hq * qslices;
+    a.mkl_threads = items == 1 ? torch_threads : 1;
     const int64_t floats = a.qsplit * a.kvsplit + 2 * a.qsplit + a.qsplit * d + gemm_floats(&a);
     int failed = 0;
     ckp_clear_error();
@@ -432,21 +437,21 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
             for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
                 const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
                 ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, a->scale, 0, p, kvb,
-                                scratch, slot_for(kept, n, a->kvsplit, 0));
+                                scratch, slot_for(kept, n, a->kvsplit, 0), a->mkl_threads);
                 for (int64_t r = 0; r < qb; r++) {
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
                 }
                 ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2], scratch,
-                                NULL);
+                                NULL, a->mkl_threads);
                 ckp_gemm_serial(dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
-                                slot_for(kept, n, a->kvsplit, 1));
+                                slot_for(kept, n, a->kvsplit, 1), a->mkl_threads);
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
                 ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1,
-                                dqh + m * a->dq_s[2], a->dq_s[2], scratch, slot_for(kept, n, a->kvsplit, 2));
+                                dqh + m * a->dq_s[2], a->dq_s[2], scratch, slot_for(kept, n, a->kvsplit, 2), a->mkl_threads);
                 ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * a->dk_s[2], a->dk_s[2],
-                                scratch, NULL);
+                                scratch, NULL, a->mkl_threads);
             }
         }
     }
@@ -458,12 +463,12 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
                                   const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
                                   int64_t Tk, int64_t d, double scale, int is_causal, float *dq,
                                   const int64_t *dq_strides, float *dk, const int64_t *dk_strides, float *dv,
-                                  const int64_t *dv_strides) {
+                                  const int64_t *dv_strides, int torch_threads) {
     if (dout == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dq == NULL ||
         dk == NULL || dv == NULL || dout_strides == NULL || q_strides == NULL || k_strides == NULL ||
         v_strides == NULL || dq_strides == NULL || dk_strides == NULL || dv_strides == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "attention backward: no pointer may be NULL");
-    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale);
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
     if (st != CKP_OK) return st;
     attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
     a.q = q, a.k = k, a.v = v, a.dout = dout, a.out = out, a.lse = lse;
@@ -492,6 +497,7 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
     zero_rows(dk, a.dk_s, B, Hkv, Tk, d);
     zero_rows(dv, a.dv_s, B, Hkv, Tk, d);
     const int64_t floats = 2 * a.qsplit * a.kvsplit + a.qsplit + gemm_floats(&a), items = B * Hkv;
+    a.mkl_threads = items == 1 ? torch_threads : 1;
     int failed = 0;
     ckp_clear_error();
 #pragma omp parallel num_threads(ckp_threads())

@@ -155,5 +155,5 @@ int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N);
 int64_t ckp_gemm_slot_floats(int64_t K, int64_t N);
 void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                      int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
-                     float *scratch, ckp_gemm_slot *slot);
+                     float *scratch, ckp_gemm_slot *slot, int mkl_threads);
 #endif /* CKP_INTERNAL_H */

@@ -135,6 +135,23 @@ static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
  * few rows of a small GEMM (M = 5..15: half of those shapes differ). */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
+/* [Note: MKL's AVX2 sgemm on two threads]
+ * At 2 threads (torch.set_num_threads(2) sets MKL's too) MKL's AVX2 branch shares a GEMM it blocks (4+ rows,
+ * 12+ columns) between its threads by C's rows, in groups of 4: the first thread ceil(groups / 2) of them, the
+ * second the rest -- where the product is large enough: K > 16, or K > 4 with more than 16 columns, or K > 1 with
+ * more than 100 (measured: torch 2.13, MKL 2024.2, an AMD EPYC without AVX-512, C of 2..13 rows x 2..1000
+ * columns x K 1..1024, every transpose of A and B: scripts/mkl_avx2_threads.py). Each thread's rows are then a
+ * GEMM of their own in the one-thread order, on their own path: a share under 4 rows takes a small path, one row
+ * included (MKL's gemv is for a whole GEMM of one row). The bits move only for C of 5..11 rows (not 8): from 12
+ * rows each share has 4+ and is blocked as the whole is, and below 4 MKL does not share. Only 2 threads are
+ * measured (this machine has two cores); at more, the one-thread order is taken, not claimed.
+ * Returns the first share's rows, or 0 where the order is the whole GEMM's. */
+static int64_t avx2_first_share(int torch_threads, int64_t M, int64_t K, int64_t N) {
+    if (!avx2_order() || torch_threads != 2 || M < 5 || M > 11 || M == 8 || N < 12) return 0;
+    if (!(K > 16 || (K > 4 && N > 16) || (K > 1 && N > 100))) return 0;
+    return 4 * (((M + 3) / 4 + 1) / 2);
+}
+
 /* A block's depth: 384 (MKL's AVX-512 code), in its AVX2 branch's strict order 256 up to K 384, else 192, in its
  * own order avx2_depth (its remainder alone: remainder_alone). */
 static int64_t k_depth(int64_t K) {
@@ -352,15 +369,18 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
 typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS, AVX2_CHAIN } gemm_path;
 
-static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N) {
+/* share: the rows are one thread's share of a GEMM MKL split ([Note: MKL's AVX2 sgemm on two threads]). */
+static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N,
+                          int share) {
     if (strict_order() || N < 2) return BLOCKED;
     /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small paths below that: by
      * columns where B's rows are contiguous and A's rows or columns are, dot products where A's rows and B's
-     * columns lie along K, plain chains where A's columns and B's columns do (one row: its gemv, not followed). */
+     * columns lie along K, plain chains where A's columns and B's columns do (a whole GEMM of one row: its gemv,
+     * not followed; a thread's share of one row takes the small paths). */
     if (avx2_order() && (M < 4 || N < 12)) {
         if (b_cs == 1 && (a_cs == 1 || a_rs == 1)) return AVX2_COLUMNS;
-        if (a_cs == 1 && b_rs == 1 && M >= 2) return AVX2_SMALL;
-        if (a_rs == 1 && b_rs == 1 && M >= 2) return AVX2_CHAIN;
+        if (a_cs == 1 && b_rs == 1 && (M >= 2 || share)) return AVX2_SMALL;
+        if (a_rs == 1 && b_rs == 1 && (M >= 2 || share)) return AVX2_CHAIN;
     }
     if (avx2_order() || a_cs != 1 || b_rs != 1 || M < 2 || M >= SKINNY_ROWS) return BLOCKED;
     if (K >= SKINNY_K_PER_ROW * M) return QUARTERS;
@@ -615,8 +635,14 @@ static void row_block(const ckp_tiling *t, const float *ap, const float *a, int6
         }
 }
 
+static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
+                            int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c, int share);
+CKP_CLONES static void gemm_serial_rows(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
+                                        int64_t b_cs, int64_t M, int64_t K, int64_t N, float alpha, int accumulate,
+                                        float *c, int64_t ldc, float *scratch, ckp_gemm_slot *slot, int share);
+
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
-                    int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c) {
+                    int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c, int torch_threads) {
     if (a == NULL || b == NULL || c == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "a, b and c must not be NULL");
     if (M <= 0 || K <= 0 || N <= 0 || M > INT32_MAX || K > INT32_MAX || N > INT32_MAX ||
         M > INT64_MAX / 4 / N)
@@ -626,6 +652,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         return ckp_fail(CKP_ERR_BAD_SIZE, "strides must not be negative");
     if (bias_after != 0 && bias_after != 1)
         return ckp_fail(CKP_ERR_BAD_OPTION, "bias_after must be 0 (the bias as C's start) or 1, got %d", bias_after);
+    if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", torch_threads);
     size_t c_bytes = (size_t)(M * N) * sizeof(float);
     /* the extent each operand's strides reach: an output over any of it is refused */
     size_t a_bytes = (size_t)((M - 1) * a_rs + (K - 1) * a_cs + 1) * sizeof(float);
@@ -633,9 +660,19 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
     if (ckp_overlaps(c, c_bytes, a, a_bytes) || ckp_overlaps(c, c_bytes, b, b_bytes) ||
         (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(float))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or the bias");
+    ckp_clear_error();
+    const int64_t first = avx2_first_share(torch_threads, M, K, N);
+    if (first == 0) return gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, bias, bias_after, c, 0);
+    const ckp_status st = gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, first, K, N, bias, bias_after, c, 1);
+    if (st != CKP_OK) return st;
+    return gemm_rows(a + first * a_rs, a_rs, a_cs, b, b_rs, b_cs, M - first, K, N, bias, bias_after, c + first * N, 1);
+}
+
+/* ckp_gemm's rows [0, M) of A and C, checked; share: as path_for's. */
+static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
+                            int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c, int share) {
     const int shared = (double)M * (double)N * (double)K >= 1 << 18; /* worth a team: below it, one thread */
     const int team_max = shared ? ckp_threads() : 1;
-    ckp_clear_error();
     const int added = strict_order() || avx2_order();
     if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias (strict and AVX2: added) */
 #pragma omp parallel for schedule(static) num_threads(team_max)
@@ -646,7 +683,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
             }
         return CKP_OK;
     }
-    const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N);
+    const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
     if (path == AVX2_COLUMNS || path == AVX2_CHAIN) { /* C's rows from the bias (addmm's beta 1) or 0, over threads */
         const int seeded = bias != NULL && !bias_after;
 #pragma omp parallel for schedule(static) num_threads(team_max < M ? team_max : (int)M)
@@ -675,7 +712,8 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
         if (scratch == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm: no memory for the packed panels");
         if (bias != NULL && !bias_after)
             for (int64_t m = 0; m < M; m++) memcpy(c + m * N, bias, (size_t)N * sizeof(float));
-        ckp_gemm_serial(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, 1.0f, bias != NULL && !bias_after, c, N, scratch, NULL);
+        gemm_serial_rows(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, 1.0f, bias != NULL && !bias_after, c, N, scratch, NULL,
+                         share);
         free(scratch);
         if (bias != NULL && bias_after)
             for (int64_t m = 0; m < M; m++)
@@ -805,11 +843,26 @@ int64_t ckp_gemm_slot_floats(int64_t K, int64_t N) { return K * round_up(N, ckp_
  * from beta 0 -- or with alpha in B's packing (alpha_packed_with_b). The skinny paths and K = 1 as
  * ckp_gemm's. On the calling thread; scratch holds ckp_gemm_serial_floats(M, K, N). ATen's flash attention
  * runs its GEMMs this way (csrc/attention.c).
+ * mkl_threads: the threads MKL has for the call -- 1 inside a kernel's parallel loop, torch's count where the loop
+ * had one item and so ran on the calling thread outside a parallel region ([Note: MKL's AVX2 sgemm on two threads]).
  * slot (or NULL): where B's packed panels are kept for the next call with the same B -- a kernel that
  * multiplies one block of K or V by many q blocks packs it once; the packing is a copy, so it moves no bit. */
-CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
-                                int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
-                                float *scratch, ckp_gemm_slot *slot) {
+void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs, int64_t M,
+                     int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc, float *scratch,
+                     ckp_gemm_slot *slot, int mkl_threads) {
+    const int64_t first = avx2_first_share(mkl_threads, M, K, N);
+    if (first == 0) {
+        gemm_serial_rows(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, alpha, accumulate, c, ldc, scratch, slot, 0);
+        return;
+    }
+    gemm_serial_rows(a, a_rs, a_cs, b, b_rs, b_cs, first, K, N, alpha, accumulate, c, ldc, scratch, slot, 1);
+    gemm_serial_rows(a + first * a_rs, a_rs, a_cs, b, b_rs, b_cs, M - first, K, N, alpha, accumulate, c + first * ldc,
+                     ldc, scratch, slot, 1);
+}
+
+CKP_CLONES static void gemm_serial_rows(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
+                                        int64_t b_cs, int64_t M, int64_t K, int64_t N, float alpha, int accumulate,
+                                        float *c, int64_t ldc, float *scratch, ckp_gemm_slot *slot, int share) {
 #define CKP_STORE(m, n, product) \
     (c[(m) * ldc + (n)] = accumulate ? c[(m) * ldc + (n)] + alpha * (product) : alpha * (product))
     if (K == 1) {
@@ -821,7 +874,7 @@ CKP_CLONES void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, cons
             for (int64_t n = 0; n < N; n++) CKP_STORE(m, n, (a[m * a_rs] * a_scale) * (b[n * b_cs] * b_scale));
         return;
     }
-    const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N);
+    const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
     if (path == AVX2_COLUMNS) { /* from C's value (beta 1) or 0, alpha on A's elements */
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
             const int64_t rows = M - m0 < 4 ? M - m0 : 4;

@@ -257,7 +257,7 @@ def test_the_c_backward_refuses_gradients_whose_rows_overlap_and_writes_nothing(
     start = grads[0][40:] if strides[0] < 0 else grads[0]
     status = lib.ckp_attention_backward(at(up), st(up), at(q), st(q), at(k), st(k), at(v), st(v), at(out), at(lse),
                                         B, H, H, T, T, d, d ** -0.5, 0, at(start), bad, at(grads[1]), st(q),
-                                        at(grads[2]), st(q))
+                                        at(grads[2]), st(q), 1)
     assert status == lib.CKP_ERR_BAD_SIZE
     assert "its own d floats" in ffi.string(lib.ckp_last_error()).decode()
     assert all(bool((g == 7.0).all()) for g in grads)

@@ -290,14 +290,16 @@ def test_plugin_helper_for_attention_calls_a_c_attention(clean_registry, monkeyp
         lse = torch.empty(q.shape[:3])
         (B, H, T, d), (Hk, Tk) = q.shape, k.shape[1:3]
         assert lib.ckp_attention_forward(ptr(q), strides(q), ptr(k), strides(k), ptr(v), strides(v), B, H, Hk, T, Tk,
-                                         d, scale, int(is_causal), ptr(out), ptr(lse)) == lib.CKP_OK
+                                         d, scale, int(is_causal), ptr(out), ptr(lse),
+                                         torch.get_num_threads()) == lib.CKP_OK
         return lse
 
     def backward(dout, q, k, v, out, dq, dk, dv, scale, is_causal, lse):
         (B, H, T, d), (Hk, Tk) = q.shape, k.shape[1:3]
         assert lib.ckp_attention_backward(ptr(dout), strides(dout), ptr(q), strides(q), ptr(k), strides(k), ptr(v), strides(v),
                                           ptr(out), ptr(lse), B, H, Hk, T, Tk, d, scale, int(is_causal), ptr(dq),
-                                          strides(dq), ptr(dk), strides(dk), ptr(dv), strides(dv)) == lib.CKP_OK
+                                          strides(dq), ptr(dk), strides(dk), ptr(dv), strides(dv),
+                                          torch.get_num_threads()) == lib.CKP_OK
 
     record = kernels.KERNELS["attention"]
     monkeypatch.setattr(record, "conformance", dataclasses.replace(record.conformance, widths=[2, 8, 34, 300]))

@@ -364,9 +364,13 @@ ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t
  * columns follows MKL's small paths, whose bits depend on where A's rows or
  * C's rows start relative to 16 bytes, as MKL's do: give c (and a) the
  * alignment torch's tensors have to get torch's bits (csrc/linear.c's Notes).
+ * torch_threads >= 1: the threads torch runs MKL on (torch.get_num_threads()).
+ * On the AVX2 branch at 2, MKL shares a product of 5..11 rows between its
+ * threads by rows, each share on its own path; the order follows that. The
+ * work stays on this library's threads: the same bits at any count of them.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
-                    int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c);
+                    int64_t M, int64_t K, int64_t N, const float *bias, int bias_after, float *c, int torch_threads);
 /* C (M x N, bf16, row-major) = A (M x K) . B (K x N), bf16 operands by their strides, in the order oneDNN's
  * AMX brgemm matmul sums it (csrc/linear_bf16.c): K in chunks starting at chunk_starts[0..chunks) (rising,
  * within (0, K)), each summed from 0 and added in order; a chunk in tiles of `width` terms (even), a tile's
@@ -410,19 +414,23 @@ ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias,
  * their strides (each row its own; ATen's backward writes them as (B, T, H, d)
  * buffers, and MKL's small paths on its AVX2 branch sum a row of C from its
  * 16-byte boundary: where the rows start moves bits).
- * The same bits at any thread count.
+ * torch_threads >= 1: torch.get_num_threads(). ATen runs a pass whose
+ * parallel loop has one item (the forward's B x Hq x q blocks, the backward's
+ * B x Hkv) on the calling thread, where MKL has torch's threads: its GEMMs
+ * then follow MKL at that count (ckp_gemm's). The same bits at any count of
+ * this library's threads.
  * ---------------------------------------------------------------------- */
 ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
                                  const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
                                  int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
-                                 float *lse);
+                                 float *lse, int torch_threads);
 ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides, const float *q,
                                   const int64_t *q_strides, const float *k,
                                   const int64_t *k_strides, const float *v, const int64_t *v_strides,
                                   const float *out, const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq,
                                   int64_t Tk, int64_t d, double scale, int is_causal, float *dq,
                                   const int64_t *dq_strides, float *dk, const int64_t *dk_strides, float *dv,
-                                  const int64_t *dv_strides);
+                                  const int64_t *dv_strides, int torch_threads);
 
 /* ------------------------------------------------------------------------
  * embedding (csrc/embedding.c): F.embedding over n indices (int64, each in

@@ -1,7 +1,8 @@
 """attention: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=...) without dropout -- the llama
 and GPT-2 twins' attention. Its C backend (csrc/attention.c, [Note: ATen's CPU flash attention]) computes what
 ATen's CPU flash kernel computes for float32 training: bit for bit with torch's forward, logsumexp and q, k, v
-gradients at every capability, with torch at one thread on MKL's modelled branch, wherever each of the kernel's
+gradients at every capability, with torch at one thread on MKL's modelled branch (and at 2 on its AVX2 branch's own
+order, where a pass of one parallel item lets MKL share its GEMMs between threads), wherever each of the kernel's
 GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
 64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
 region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3; MKL's AVX2 branch's own
@@ -102,9 +103,10 @@ def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, 
     k, v = torch.randn(B, Hkv, tk, d, generator=g), torch.randn(B, Hkv, tk, d, generator=g)
     up = torch.randn(B, H, tq, d, generator=g)
     kw = {"is_causal": causal, "enable_gqa": H != Hkv, "scale": scale}
-    ours = grad_run(lambda *t: c_attention(*t, **kw), [x.requires_grad_(True) for x in (q, k, v)], up)
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
     for threads in sgemm_thread_counts():
-        with torch_threads(threads):
+        with torch_threads(threads):  # ckparity's GEMMs follow MKL at torch's thread count too
+            ours = grad_run(lambda *t: c_attention(*t, **kw), [q, k, v], up)
             theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up)
         for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
             tally.add(name, f"{label} torch threads {threads}", a, b)
@@ -172,7 +174,7 @@ def _entry() -> CEntry:
         B, d = s["B"], s["d"]
         st = ffi.new("int64_t[3]", [HEADS_FUZZ * T_FUZZ * d, T_FUZZ * d, d])  # contiguous: no buffer to fuzz
         return L.ckp_attention_forward(p["q"], st, p["k"], st, p["v"], st, B, HEADS_FUZZ, HEADS_FUZZ, T_FUZZ, T_FUZZ,
-                                       d, 0.5, 1, p["out"], p["lse"])
+                                       d, 0.5, 1, p["out"], p["lse"], 1)
     size = lambda s: s["B"] * HEADS_FUZZ * T_FUZZ * s["d"]  # noqa: E731
     return CEntry("attention_forward", (CBuffer("q", "f", size), CBuffer("k", "f", size), CBuffer("v", "f", size),
                                         CBuffer("out", "f", size, True),
@@ -186,7 +188,7 @@ def _backward_entry() -> CEntry:
         st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
         return L.ckp_attention_backward(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], 1,
                                         HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"], st, p["dv"],
-                                        st)
+                                        st, 1)
     size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
     return CEntry("attention_backward",
                   tuple(CBuffer(n, "f", size) for n in ("dout", "q", "k", "v", "out"))
@@ -236,12 +238,14 @@ KERNEL = Kernel(
     claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
                             "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); on its AVX2 "
-                            "branch's own order (AMD, no AVX-512): torch at 1 thread, the same but for the skinny "
-                            "region (its small paths followed); under MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every "
-                            "size at 1 and 2 torch threads"),),
+                            "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, the same but for the skinny "
+                            "region (its small paths followed, and a pass of one parallel item whose GEMMs MKL shares "
+                            "between 2 threads); under MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 "
+                            "torch threads"),),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
-                              "path there, ckparity the flash kernel's order), torch at 2 threads without MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; "
-                              "from there MKL splits some of the backward's GEMMs between its threads), a q block of "
+                              "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
+                              "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
+                              "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
                               "one row or a key block of one there (MKL's gemv), bfloat16 (torch rounds P and dP to bf16 and "
                               "runs oneDNN's GEMMs): as accurate as torch"},
     probe=_probe,

@@ -5,9 +5,9 @@ MKL's skinny sgemm]): bit for bit with torch's F.linear, its dX and dW, and its
 dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
 more (one row or one column is MKL's gemv, another order), outside the one
 skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows); on
-a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order], [Note: MKL's
-AVX2 small sgemm]): y at every size of 2+ rows and columns, dX and dW where x has
-4+ rows, K 12+ and N 4+.
+a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order], its small
+paths' Notes, [Note: MKL's AVX2 sgemm on two threads]): every GEMM of 2+ rows
+and columns at 1 and 2 torch threads.
 A user's GEMM is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -75,10 +75,9 @@ def _case(tally: Tally, label: str, M: int, K: int, N: int, g: torch.Generator, 
             x[0, K // 2], x[1, 0], x[2, K - 1], x[3] = float("nan"), float("inf"), float("-inf"), 0.0
     inputs = [x, w] + ([torch.randn(N, generator=g).requires_grad_(True)] if bias else [])
     up = torch.randn(M, N, generator=g)
-    ours = grad_run(linear, inputs, up)
     for threads in sgemm_thread_counts():
-        with torch_threads(threads):
-            theirs = grad_run(F.linear, inputs, up)
+        with torch_threads(threads):  # ckparity's GEMMs follow MKL at torch's thread count too
+            ours, theirs = grad_run(linear, inputs, up), grad_run(F.linear, inputs, up)
         for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
             if q in quantities:
                 tally.add(q, f"{label} torch threads {threads}", a, b)
@@ -215,7 +214,7 @@ def _probe(g: torch.Generator):
 
 def _entry() -> CEntry:
     def call(L, p, s):
-        return L.ckp_gemm(p["a"], s["K"], 1, p["b"], 1, s["K"], s["M"], s["K"], s["N"], p["bias"], 0, p["c"])
+        return L.ckp_gemm(p["a"], s["K"], 1, p["b"], 1, s["K"], s["M"], s["K"], s["N"], p["bias"], 0, p["c"], 1)
     return CEntry("gemm", (CBuffer("a", "f", lambda s: s["M"] * s["K"]), CBuffer("b", "f", lambda s: s["N"] * s["K"]),
                            CBuffer("bias", "f", lambda s: s["N"]), CBuffer("c", "f", lambda s: s["M"] * s["N"], True)),
                   {"M": 3, "K": 4, "N": 5}, call)
@@ -278,15 +277,17 @@ KERNEL = Kernel(
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
                             "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
-                            "AVX-512): torch at 1 thread, every GEMM of 2+ rows and 2+ columns (its small paths "
-                            "followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
+                            "AVX-512): torch at 1 and 2 threads, every GEMM of 2+ rows and 2+ columns (its small paths "
+                            "and its 2 threads' row shares followed, outputs lying as torch's); under "
+                            "MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
                             "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, "
                             "at 1 and 2 torch threads")),
-    not_claimed={"linear": "torch at 2 threads without MKL_CBWR=AUTO,STRICT (MKL splits K between them for some "
-                           "shapes, deciding by M, N and K), MKL's gemv path there (one row or one column: x of "
+    not_claimed={"linear": "torch at 2 threads on MKL's AVX-512 branch without MKL_CBWR=AUTO,STRICT (MKL splits K "
+                           "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
+                           "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path (one row or one column: x of "
                            "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
                            "on AMD only), bfloat16 with a bias, or on another "

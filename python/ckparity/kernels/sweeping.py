@@ -21,12 +21,13 @@ def torch_threads(n: int):
 
 
 def sgemm_thread_counts() -> tuple[int, ...]:
-    """The torch thread counts a claim over torch's sgemm is swept at: one in MKL's own order (at 2 threads MKL
-    splits some GEMMs' K between them), 1 and 2 in its strict order (MKL_CBWR=AUTO,STRICT: the same bits at
-    every thread count, so 2 stands for any)."""
+    """The torch thread counts a claim over torch's sgemm is swept at: 1 and 2 in MKL's strict order
+    (MKL_CBWR=AUTO,STRICT: the same bits at every thread count) and in its AVX2 branch's own (2 threads share a
+    few-row product by rows, followed: [Note: MKL's AVX2 sgemm on two threads]); one in its AVX-512 branch's own
+    order (at 2 threads MKL splits some GEMMs' K between them, not followed)."""
     from .. import cpu
 
-    return (1, 2) if cpu.mkl_strict() else (1,)
+    return (1, 2) if cpu.mkl_strict() or cpu.mkl_avx2_own() else (1,)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -31,7 +31,8 @@ def attention_forward(q, k, v, scale: float, is_causal: bool, out, lse, *, libra
     by their strides (the last dim contiguous)."""
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
     check(library.ckp_attention_forward(_at(q), _strides(q), _at(k), _strides(k), _at(v), _strides(v), B, Hq, Hkv,
-                                        Tq, Tk, d, scale, int(is_causal), _at(out), _at(lse)), "attention", library)
+                                        Tq, Tk, d, scale, int(is_causal), _at(out), _at(lse), torch.get_num_threads()),
+          "attention", library)
 
 
 def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, dq, dk, dv, *, library=lib) -> None:
@@ -40,7 +41,8 @@ def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, d
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
     check(library.ckp_attention_backward(_at(dout), _strides(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v),
                                          _strides(v), _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal),
-                                         _at(dq), _strides(dq), _at(dk), _strides(dk), _at(dv), _strides(dv)),
+                                         _at(dq), _strides(dq), _at(dk), _strides(dk), _at(dv), _strides(dv),
+                                         torch.get_num_threads()),
           "attention backward", library)
 
 

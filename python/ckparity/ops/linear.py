@@ -35,9 +35,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor
 
 def _product(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, out, bias=None, bias_after=False, library=lib) -> None:
     """ckp_gemm on operands by their strides: called for every GEMM of a step (75 in the llama preset's), so
-    each pointer is read once and no view is made to say a transpose."""
+    each pointer is read once and no view is made to say a transpose. In the order of MKL at torch's thread
+    count (on its AVX2 branch, 2 threads share some products by rows: [Note: MKL's AVX2 sgemm on two threads])."""
     check(library.ckp_gemm(_cast(_FLOAT, a.data_ptr()), a_rs, a_cs, _cast(_FLOAT, b.data_ptr()), b_rs, b_cs, M, K, N,
-                           _at(bias), int(bias_after), _cast(_FLOAT, out.data_ptr())), "linear", library)
+                           _at(bias), int(bias_after), _cast(_FLOAT, out.data_ptr()), torch.get_num_threads()),
+          "linear", library)
 
 
 def _operand(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
