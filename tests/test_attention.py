@@ -128,6 +128,28 @@ def test_on_mkls_avx2_branch_dout_is_read_where_it_lies_as_aten_reads_it():
         assert all(same_bits(a, b) for a, b in zip(ours, t))
 
 
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+@pytest.mark.parametrize("B, H, Hkv, tq, tk, d, causal", [(1, 2, 1, 37, 37, 24, True), (1, 1, 1, 9, 40, 16, False)],
+                         ids=["backward-one-kv-head", "forward-one-q-block"])
+def test_on_mkls_avx2_branch_a_pass_of_one_parallel_item_runs_mkl_at_torchs_threads(B, H, Hkv, tq, tk, d, causal):
+    """ATen runs a pass whose parallel loop has one item (the backward's B x Hkv, the forward's B x Hq x q blocks)
+    on the calling thread, where MKL has torch's threads: at 2 it shares a GEMM of 5..11 rows by rows ([Note:
+    MKL's AVX2 sgemm on two threads]). ckparity follows it: torch's bits at 1 and 2 torch threads, and torch's own
+    2-thread bits are not its 1-thread ones (so the test would fail without the share)."""
+    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
+    kw = {"is_causal": causal, "enable_gqa": H != Hkv}
+    runs = []
+    for n in (1, 2):
+        with torch_threads(n):
+            ours = _run(attention, q, k, v, up, **kw)
+            theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+            assert same_bits(a, b), f"{name} at {n} threads: {(a != b).sum().item()} of {a.numel()} differ"
+        runs.append(theirs)
+    assert not all(same_bits(a, b) for a, b in zip(*runs))
+
+
 @pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: its sgemm order is not followed")
 def test_check_passes_the_c_attention_and_its_followed_widths_are_torchs_bits():
     """`ckparity check attention --backend c`: its conformance cases (T = 5: a key block of 5, on MKL's AVX2 branch

@@ -155,7 +155,7 @@ print(json.dumps({"sweep": sweep, "small": small, "avx512": avx512}))
                     reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
 def test_on_mkls_own_avx2_branch_the_claims_gemms_are_torchs():
     """On a CPU without AVX-512 MKL runs its AVX2 code ([Note: MKL's AVX2 order], [Note: MKL's AVX2 small
-    sgemm] and its by-columns Note): the claim's sweep over it finds 0 differing at one torch thread; y, dX and
+    sgemm] and its by-columns Note): the claim's sweep over it finds 0 differing at 1 and 2 torch threads; y, dX and
     dW of 2 rows or 3..7 columns are torch's bits, and the AVX-512 branch's blocks (what ckparity ran here before)
     differ -- each condition can fail."""
     result = _in_process(AVX2_OWN_PROBE)
@@ -238,6 +238,38 @@ def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
     assert sweep["kernels"]["linear"]["y"]["swept"] > 3000  # both thread counts and the gemv cases
     # check: every property bitwise, the one-row batches and width 1's one-column GEMMs (MKL's gemv) too
     assert cbwr != "AUTO,STRICT" or set(result["check"].values()) == {"bitwise"}, result["check"]
+
+
+@pytest.mark.skipif(not cpu.mkl_avx2_own() or cpu._cpu_vendor() != "AuthenticAMD",
+                    reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
+@pytest.mark.parametrize("M, K, N", [(5, 40, 20), (6, 17, 12), (9, 8, 101), (11, 300, 64), (7, 2, 150)])
+def test_on_mkls_own_avx2_branch_two_torch_threads_share_the_rows_and_ckparity_follows(M, K, N):
+    """At 2 threads MKL's AVX2 branch shares a product of 5..11 rows between them by rows, in groups of 4, each
+    share on its own path ([Note: MKL's AVX2 sgemm on two threads]; one row of y: MKL's small dot products, not its
+    gemv): y, dX and dW are torch's bits at 1 and 2 torch threads, and torch's y at 2 threads is not its y at 1
+    (the share is MKL's, not a guess)."""
+    g = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    up = torch.randn(M, N, generator=g)
+    ys = []
+    for n in (1, 2):
+        with torch_threads(n):
+            ours = grad_run(linear, [t.requires_grad_(True) for t in (x, w, b)], up)
+            theirs = grad_run(F.linear, [x, w, b], up)
+        for name, a, c in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+            assert same_bits(a, c), f"{name} at {n} torch threads: {(a != c).sum().item()} of {a.numel()} differ"
+        ys.append(theirs[0])
+    assert not same_bits(*ys)
+
+
+def test_a_torch_thread_count_under_one_is_refused_and_nothing_written():
+    from ckparity._native import ffi, lib
+
+    a, b, c = torch.randn(6, 20), torch.randn(20, 12), torch.full((6, 12), 7.0)
+    at = lambda t: ffi.cast("float *", t.data_ptr())  # noqa: E731
+    assert lib.ckp_gemm(at(a), 20, 1, at(b), 12, 1, 6, 20, 12, ffi.NULL, 0, at(c), 0) == lib.CKP_ERR_BAD_OPTION
+    assert "torch_threads must be >= 1" in ffi.string(lib.ckp_last_error()).decode()
+    assert bool((c == 7.0).all())
 
 
 def test_a_gemm_order_that_is_none_is_refused():
