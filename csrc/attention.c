@@ -27,7 +27,10 @@
  * Lanes: 16 at AVX512, 8 at AVX2 and DEFAULT (Vectorized<float> is 32 bytes there); the tree pairs lane l
  * with l ^ 8 (AVX512), l ^ 4, l ^ 2, l ^ 1; DEFAULT adds the lanes in order and has no FMA.
  * Every (batch, head, q block) of the forward and every (batch, kv head) of the backward is one thread's,
- * so the bits are the same at any thread count, torch's and this library's. The GEMMs are torch's bits
+ * so the bits are the same at any count of this library's threads -- and of torch's, but where a pass has one
+ * such item: ATen's parallel_for then runs it on the calling thread, outside a parallel region, and MKL has
+ * torch's threads for its GEMMs (on its AVX2 branch at 2 they share a few-row product: csrc/linear.c's
+ * [Note: MKL's AVX2 sgemm on two threads]; ckp_gemm_serial's mkl_threads). The GEMMs are torch's bits
  * where ckp_gemm_serial follows MKL (csrc/linear.c's Note: its modelled branches; one-row or one-column
  * products take MKL's gemv paths, not followed).
  */

@@ -27,8 +27,8 @@
  * (the others) into C.
  * Every element's chain is its own: the tile sizes, the vector width and the thread split (over row
  * blocks, column blocks and column panels, never over K) change no bit.
- * Not followed: torch at 2 threads (MKL splits some shapes' K between its threads; under MKL_CBWR=AUTO,STRICT
- * it does not: [Note: MKL's strict order]), M = 1 or N = 1
+ * Not followed: torch at 2 threads on this branch (MKL splits some shapes' K between its threads; under
+ * MKL_CBWR=AUTO,STRICT it does not: [Note: MKL's strict order]), M = 1 or N = 1
  * (MKL's gemv paths), MKL's AVX2 branch (its own order: [Note: MKL's AVX2 order]). ckparity.kernels.linear says which.
  *
  * [Note: MKL's skinny sgemm]
@@ -131,8 +131,8 @@ static int remainder_alone(int64_t a_cs, int64_t b_rs, int64_t M, int64_t N) {
  * start); K = 1 the product rounded, then added to the bias. Followed for GEMMs of 4+ rows and 12+ columns at one
  * torch thread; fewer take MKL's small-matrix paths, followed: with A's rows and B's columns along K (F.linear's
  * y, attention's Q.K^T) [Note: MKL's AVX2 small sgemm]; with B's rows contiguous (dX, dW, P.V) [Note: MKL's AVX2
- * small sgemm by columns]; with both transposed, plain chains (avx2_chain_row). At 2 threads MKL gives a thread a
- * few rows of a small GEMM (M = 5..15: half of those shapes differ). */
+ * small sgemm by columns]; with both transposed, plain chains (avx2_chain_row). At 2 threads MKL gives each
+ * thread a share of a few-row GEMM's rows: [Note: MKL's AVX2 sgemm on two threads]. */
 static int64_t avx2_depth(int64_t K) { return K <= AVX2_DEPTH ? K : K <= 2 * AVX2_DEPTH ? K / 2 : AVX2_DEPTH; }
 
 /* [Note: MKL's AVX2 sgemm on two threads]
