@@ -238,6 +238,25 @@ static void mask_row(const attn *a, int64_t m, int64_t row, int64_t n, float *r,
         if (c >= 0) r[c] = fill;
 }
 
+/* [Note: ATen's per-thread buffers]
+ * ATen's flash kernel gives each of its threads a slice of one buffer (at::empty: 64-byte aligned): thread t's
+ * block buffers (the forward's S, its row maxima and sums, its output rows; the backward's P and dS) start
+ * t x the slice's floats past the start -- and MKL's small paths and gemv on its AVX2 branch take their order from
+ * where their rows start, mod 16 bytes. at::parallel_for hands thread t the items [t c, (t + 1) c), c = ceil(items /
+ * min(threads, items)). So each item's buffers here start where ATen's thread for it has them, mod 16 bytes
+ * (measured: at 2 torch threads a head dim under 12 or a block under 12 keys moved torch's bits until this was
+ * followed). base: 16-byte aligned, with 3 floats to spare. */
+static float *aten_slice(float *base, int64_t item, int64_t items, int torch_threads, int64_t slice_floats) {
+    const int64_t team = torch_threads < items ? torch_threads : items, chunk = (items + team - 1) / team;
+    return base + (item / chunk) * slice_floats % 4;
+}
+
+/* A thread's block buffer of `floats` (and the 3 spare): raw is what to free, the buffer starts 16-byte aligned. */
+static float *aligned_floats(int64_t floats, void **raw) {
+    *raw = malloc((size_t)(floats + 7) * sizeof(float));
+    return *raw == NULL ? NULL : (float *)(((uintptr_t)*raw + 15) & ~(uintptr_t)15);
+}
+
 /* Packed K and V blocks kept for the next q block or head that reads them (ckp_gemm_slot): per key block,
  * up to a bound on the memory; the blocks past it are packed at each use. */
 enum { SLOT_FLOATS_MAX = 1 << 22 };
@@ -396,9 +415,11 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
     const int64_t floats = a.qsplit * a.kvsplit + 2 * a.qsplit + a.qsplit * d + gemm_floats(&a);
     int failed = 0;
     ckp_clear_error();
+    const int64_t slice = a.qsplit * a.kvsplit + 2 * a.qsplit + a.qsplit * d; /* ATen's size_per_thread */
 #pragma omp parallel num_threads(ckp_threads())
     {
-        float *buf = malloc((size_t)floats * sizeof(float));
+        void *raw;
+        float *buf = aligned_floats(floats, &raw);
         slots kept;
         const int64_t K[2] = {d, a.kvsplit}, N[2] = {a.kvsplit, d}; /* K^T's blocks, V's */
         const int ready = slots_init(&kept, &a, 2, K, N) && buf != NULL; /* this thread's buffers */
@@ -410,9 +431,10 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
         for (int64_t it = 0; it < items; it++) {
             if (!ready) continue; /* the call fails: what this thread would write is left */
             const int64_t bh = it / qslices, m = (it % qslices) * a.qsplit;
-            forward_block(&a, bh / Hq, bh % Hq, m, out + bh * Tq * d, lse + bh * Tq, buf, &kept);
+            forward_block(&a, bh / Hq, bh % Hq, m, out + bh * Tq * d, lse + bh * Tq,
+                          aten_slice(buf, it, items, torch_threads, slice), &kept);
         }
-        free(buf);
+        free(raw);
         slots_free(&kept);
     }
     if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention: no memory for the block buffers");
@@ -505,7 +527,8 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
     ckp_clear_error();
 #pragma omp parallel num_threads(ckp_threads())
     {
-        float *buf = malloc((size_t)floats * sizeof(float));
+        void *raw;
+        float *buf = aligned_floats(floats, &raw);
         slots kept;
         const int64_t K[3] = {d, d, a.kvsplit}, N[3] = {a.kvsplit, a.kvsplit, d}; /* K^T's blocks, V^T's, K's */
         const int ready = slots_init(&kept, &a, 3, K, N) && buf != NULL;
@@ -515,8 +538,10 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++)
-            if (ready) backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv, buf, &kept);
-        free(buf);
+            if (ready)
+                backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv,
+                               aten_slice(buf, it, items, torch_threads, 2 * a.qsplit * a.kvsplit), &kept);
+        free(raw);
         slots_free(&kept);
     }
     if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward: no memory for the block buffers");

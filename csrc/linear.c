@@ -367,16 +367,21 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 
 /* ---- the skinny path: 16-lane dot products ([Note: MKL's skinny sgemm]) --------------------------- */
 enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
-typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS, AVX2_CHAIN } gemm_path;
+typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS, AVX2_CHAIN, AVX2_GEMV } gemm_path;
 
 /* share: the rows are one thread's share of a GEMM MKL split ([Note: MKL's AVX2 sgemm on two threads]). */
 static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N,
                           int share) {
-    if (strict_order() || N < 2) return BLOCKED;
+    if (strict_order()) return BLOCKED;
+    /* one row or one column along K: MKL's gemv ([Note: MKL's AVX2 sgemv]) -- a whole GEMM's, not a thread's share;
+     * a single product whose B is given as a contiguous column is a plain chain (ATen hands MKL that B transposed) */
+    if (avx2_order() && !share && a_cs == 1 && b_rs == 1 && M == 1 && N == 1 && b_cs == 1) return AVX2_CHAIN;
+    if (avx2_order() && !share && a_cs == 1 && b_rs == 1 && (M == 1 || N == 1)) return AVX2_GEMV;
+    if (N < 2) return BLOCKED;
     /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small paths below that: by
      * columns where B's rows are contiguous and A's rows or columns are, dot products where A's rows and B's
-     * columns lie along K, plain chains where A's columns and B's columns do (a whole GEMM of one row: its gemv,
-     * not followed; a thread's share of one row takes the small paths). */
+     * columns lie along K, plain chains where A's columns and B's columns do (a whole GEMM of one row there: its
+     * gemv, not followed; a thread's share of one row takes the small paths). */
     if (avx2_order() && (M < 4 || N < 12)) {
         if (b_cs == 1 && (a_cs == 1 || a_rs == 1)) return AVX2_COLUMNS;
         if (a_cs == 1 && b_rs == 1 && (M >= 2 || share)) return AVX2_SMALL;
@@ -599,6 +604,61 @@ static void avx2_chain_row(const float *a, int64_t a_cs, const float *b, int64_t
     }
 }
 
+/* [Note: MKL's AVX2 sgemv]
+ * A whole GEMM of one row or one column whose operands lie along K (F.linear's y of one x row, or of one output:
+ * a_cs = b_rs = 1) is MKL's gemv on its AVX2 branch (measured: torch 2.13, MKL 2024.2, an AMD EPYC without
+ * AVX-512, one thread, by planting +-2^30 pairs, then random inputs: scripts/mkl_avx2_gemv.py). The vector is A's
+ * row (one row; one element too) or B's column, the matrix's rows the others; each output the dot product of the
+ * vector and its row, without FMA, in one of two orders by where the output lies:
+ *   - the outputs in whole groups of 4: the first r terms a chain from 0 -- r = 4 - (the address of the group's
+ *     fourth row mod 16) / 4, 1..4: the matrix's address and row stride move bits -- that goes on as lane 0 of 4
+ *     lanes over the next floor((K - r) / 4) steps of 4 (term k in lane (k - r) mod 4), reduced (l0 + l2) +
+ *     (l1 + l3), then the terms left added in order;
+ *   - the 1..3 outputs after them: the first p terms a chain from 0 that goes on as lane 0 -- p = 4 - (the
+ *     vector's address mod 16) / 4, 1..4: the vector's address moves bits -- then floor((K - p) / 8) steps of 8
+ *     terms, the first and third such output over 8 lanes ((k - p) mod 8, reduced l + 4, l + 2, l + 1 into l), the
+ *     second over 4 ((k - p) mod 4, reduced as above), then the terms left added in order.
+ * alpha multiplies the rounded result, and C (beta 1) is added to that; a bias is added to the result. A single
+ * product (M = N = 1) whose B is a contiguous column (b_cs 1: ATen hands it to MKL transposed) is a plain chain. */
+static float avx2_gemv_dot(const float *v, const float *row, int64_t K, int64_t ld, int64_t out, int64_t outs,
+                           int64_t peel) {
+    const int64_t tail = out - outs / 4 * 4; /* the output's place among those after the groups of 4 */
+    float acc[8] = {0.0f};
+    if (tail < 0) {
+        const float *last = row + (3 - out % 4) * ld; /* the group's fourth row */
+        const int64_t lead = 4 - (int64_t)(((uintptr_t)last & 15) >> 2);
+        const int64_t r = lead < K ? lead : K, end = r + (K - r) / 4 * 4;
+        for (int64_t k = 0; k < r; k++) acc[0] = acc[0] + v[k] * row[k];
+        for (int64_t k = r; k < end; k++) acc[(k - r) % 4] = acc[(k - r) % 4] + v[k] * row[k];
+        float sum = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+        for (int64_t k = end; k < K; k++) sum = sum + v[k] * row[k];
+        return sum;
+    }
+    const int64_t lanes = tail == 1 ? 4 : 8, p = peel < K ? peel : K, end = p + (K - p) / 8 * 8;
+    for (int64_t k = 0; k < p; k++) acc[0] = acc[0] + v[k] * row[k];
+    for (int64_t k = p; k < end; k++) acc[(k - p) % lanes] = acc[(k - p) % lanes] + v[k] * row[k];
+    if (lanes == 8)
+        for (int64_t half = 4; half >= 1; half /= 2)
+            for (int64_t l = 0; l < half; l++) acc[l] = acc[l] + acc[l + half];
+    float sum = lanes == 4 ? (acc[0] + acc[2]) + (acc[1] + acc[3]) : acc[0];
+    for (int64_t k = end; k < K; k++) sum = sum + v[k] * row[k];
+    return sum;
+}
+
+/* C (ldc) = alpha A.B, or C += alpha A.B with accumulate, for the GEMMs the Note covers (M == 1 or N == 1). */
+static void avx2_gemv(const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M, int64_t K, int64_t N,
+                      float alpha, int accumulate, float *c, int64_t ldc) {
+    const int one_row = M == 1;
+    const float *v = one_row ? a : b;
+    const int64_t outs = one_row ? N : M, peel = 4 - (int64_t)(((uintptr_t)v & 15) >> 2);
+    for (int64_t i = 0; i < outs; i++) {
+        const float dot = avx2_gemv_dot(v, one_row ? b + i * b_cs : a + i * a_rs, K, one_row ? b_cs : a_rs, i, outs,
+                                        peel);
+        float *at = one_row ? c + i : c + i * ldc;
+        *at = accumulate ? *at + alpha * dot : alpha * dot;
+    }
+}
+
 /* C[m, n] = (bias[n] +) dot(A's row m, B's column n); the columns shared by the threads, SKINNY_COLS at a time. */
 enum { SKINNY_COLS = 4 };
 static void skinny_gemm(gemm_path path, const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M,
@@ -684,6 +744,12 @@ static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const fl
         return CKP_OK;
     }
     const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
+    if (path == AVX2_GEMV) { /* the product, then the bias added (addmm's beta 1 as well) */
+        avx2_gemv(a, a_rs, b, b_cs, M, K, N, 1.0f, 0, c, N);
+        if (bias != NULL)
+            for (int64_t i = 0; i < M * N; i++) c[i] += bias[i % N];
+        return CKP_OK;
+    }
     if (path == AVX2_COLUMNS || path == AVX2_CHAIN) { /* C's rows from the bias (addmm's beta 1) or 0, over threads */
         const int seeded = bias != NULL && !bias_after;
 #pragma omp parallel for schedule(static) num_threads(team_max < M ? team_max : (int)M)
@@ -875,6 +941,10 @@ CKP_CLONES static void gemm_serial_rows(const float *a, int64_t a_rs, int64_t a_
         return;
     }
     const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
+    if (path == AVX2_GEMV) {
+        avx2_gemv(a, a_rs, b, b_cs, M, K, N, alpha, accumulate, c, ldc);
+        return;
+    }
     if (path == AVX2_COLUMNS) { /* from C's value (beta 1) or 0, alpha on A's elements */
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
             const int64_t rows = M - m0 < 4 ? M - m0 : 4;

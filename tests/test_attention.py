@@ -59,7 +59,8 @@ def _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal):
         assert same_bits(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
 
 
-@pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: its sgemm order is not followed")
+@pytest.mark.skipif(not MODELLED or cpu.mkl_avx2_own() or cpu.mkl_strict(),
+                    reason="MKL's AVX-512 branch's own order (its gemv is followed on the AVX2 branch and in strict mode)")
 def test_a_one_row_q_block_is_where_the_claim_stops():
     """T = 33: the last q block is one row, which MKL multiplies on its gemv path (another order): followed()
     excludes it, and the bits do differ there -- the exclusion is a measured one, not a guess."""
@@ -126,6 +127,44 @@ def test_on_mkls_avx2_branch_dout_is_read_where_it_lies_as_aten_reads_it():
     for u, t in ((up, theirs), (off, theirs_off)):
         ours = _run(attention, q, k, v, u, is_causal=True)
         assert all(same_bits(a, b) for a, b in zip(ours, t))
+
+
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("B, H, Hkv, tq, tk, d", [(2, 4, 2, 33, 33, 5), (2, 4, 2, 33, 33, 13), (1, 2, 2, 20, 513, 8),
+                                                  (2, 2, 1, 65, 65, 24)],
+                         ids=["one-row-q-block-d5", "one-row-q-block-d13", "one-key-block", "one-row-q-block-d24"])
+def test_on_mkls_avx2_branch_one_row_q_blocks_and_one_key_blocks_are_torchs_bits(B, H, Hkv, tq, tk, d, threads):
+    """A q block of one row or a key block of one is MKL's gemv ([Note: MKL's AVX2 sgemv]): followed on its AVX2
+    branch -- its groups of 4 outputs take their lead from where the matrix's fourth row starts, so every kv head
+    past the first (K's rows elsewhere) and a head dim not a multiple of 4 are in the cases."""
+    assert followed(tq, tk, d)
+    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
+    kw = {"is_causal": tq == tk, "enable_gqa": H != Hkv}
+    with torch_threads(threads):
+        ours = _run(attention, q, k, v, up, **kw)
+        theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+        assert same_bits(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
+
+
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+@pytest.mark.parametrize("B, H, Hkv, tq, tk, d", [(2, 4, 2, 11, 11, 8), (1, 2, 1, 11, 11, 5), (2, 2, 2, 19, 19, 5)])
+def test_on_mkls_avx2_branch_each_item_uses_its_aten_threads_buffer(B, H, Hkv, tq, tk, d):
+    """ATen gives each of its threads a slice of one buffer, so at 2 torch threads the second thread's blocks start
+    another number of floats past a 16-byte boundary ([Note: ATen's per-thread buffers]), which MKL's small paths
+    read: a block of under 12 keys or a head dim under 12 with a slice that is not a multiple of 4 floats. Torch's
+    bits at 2 threads, causal and not."""
+    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
+    for causal in (False, True):
+        kw = {"is_causal": causal, "enable_gqa": H != Hkv}
+        with torch_threads(2):
+            ours = _run(attention, q, k, v, up, **kw)
+            theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+            assert same_bits(a, b), f"{name} ({causal=}): {(a != b).sum().item()} of {a.numel()} differ"
 
 
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "

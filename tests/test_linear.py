@@ -262,6 +262,33 @@ def test_on_mkls_own_avx2_branch_two_torch_threads_share_the_rows_and_ckparity_f
     assert not same_bits(*ys)
 
 
+@pytest.mark.skipif(not cpu.mkl_avx2_own() or cpu._cpu_vendor() != "AuthenticAMD",
+                    reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("layout", ["one row", "1-D x", "one output", "one of each", "weight strided off a boundary"])
+def test_on_mkls_own_avx2_branch_its_gemv_is_followed(layout, threads):
+    """One x row or one output is MKL's gemv ([Note: MKL's AVX2 sgemv]): its tail outputs take their lead from
+    where the vector starts, its groups of 4 from where the group's fourth row starts -- so x lies 1 float past a
+    16-byte boundary, and the strided weight starts 3 floats past one with rows 2 floats apart past K. y, dX, dW
+    and dbias are torch's bits at 1 and 2 torch threads."""
+    g = torch.Generator().manual_seed(8)
+    K, N = 37, 13
+    store = torch.randn(6 * K, generator=g)
+    x = store[1:1 + K].view(1, K) if layout != "one output" else store[1:1 + 5 * K].view(5, K)
+    w = torch.randn(N if layout not in ("one output", "one of each") else 1, K, generator=g)
+    if layout == "1-D x":
+        x = x[0]
+    elif layout == "weight strided off a boundary":
+        w = torch.randn(N * (K + 2) + 3, generator=g)[3:].view(N, K + 2)[:, :K]
+    b = torch.randn(w.shape[0], generator=g)
+    up = torch.randn(*x.shape[:-1], w.shape[0], generator=g)
+    with torch_threads(threads):
+        ours = grad_run(linear, [t.detach().requires_grad_(True) for t in (x, w, b)], up)
+        theirs = grad_run(F.linear, [t.detach().requires_grad_(True) for t in (x, w, b)], up)
+    for name, a, c in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+        assert same_bits(a, c), f"{name}: {(a != c).sum().item()} of {a.numel()} differ"
+
+
 def test_a_torch_thread_count_under_one_is_refused_and_nothing_written():
     from ckparity._native import ffi, lib
 

@@ -87,13 +87,13 @@ def followed(tq: int, tk: int, d: int) -> bool:
     dQ, dK and dV where ATen's do). MKL's strict order: every size."""
     if cpu.mkl_strict():
         return True
+    if cpu.mkl_avx2_own():  # its gemv followed too ([Note: MKL's AVX2 sgemv]); d = 1 makes P.V one column of
+        return d >= 2       # another gemv form
     qs, ks = _split(tq), min(512, tk)
     q_rows = {qs, tq % qs or qs}
     k_cols = {ks, tk % ks or ks}
     if d == 1 or tq % qs == 1 or tk % ks == 1:
         return False
-    if cpu.mkl_avx2_own():
-        return True
     return not any((n == 2 and m < 16 or n == 3 and m < 11) and 32 <= d < 24 * m for m in q_rows for n in k_cols)
 
 

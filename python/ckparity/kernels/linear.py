@@ -137,7 +137,8 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
         _case(tally, f"M={M} K={K} N={N}", M, K, N, g, bias=True)
     for K in (7, 384, 1000):
         _case(tally, f"non-finite rows M=24 K={K} N=40", 24, K, 40, g, special=True)
-    if cpu.mkl_strict():  # its one order covers MKL's gemv too: one row, one column, K = 1's dX and dW
+    # MKL's strict order and its AVX2 branch's own cover its gemv too: one row, one column, K = 1's dX and dW
+    if cpu.mkl_strict() or cpu.mkl_avx2_own():
         for M, K, N in ((1, 300, 19), (1, 1000, 200), (1, 7, 1), (19, 300, 1), (300, 1000, 1), (1, 1, 33), (33, 1, 1)):
             _case(tally, f"gemv M={M} K={K} N={N}", M, K, N, g, bias=True)
         for K in range(2, 301):
