@@ -32,7 +32,8 @@
  * torch's threads for its GEMMs (on its AVX2 branch at 2 they share a few-row product: csrc/linear.c's
  * [Note: MKL's AVX2 sgemm on two threads]; ckp_gemm_serial's mkl_threads). The GEMMs are torch's bits
  * where ckp_gemm_serial follows MKL (csrc/linear.c's Note: its modelled branches; one-row or one-column
- * products take MKL's gemv paths, not followed).
+ * products take MKL's gemv paths, followed on its AVX2 branch only: [Note: MKL's AVX2 sgemv]), with each item's
+ * block buffers placed as ATen's thread for it has them ([Note: ATen's per-thread buffers]).
  */
 #include "ckp_internal.h"
 #include "vec.h"

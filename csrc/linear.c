@@ -367,7 +367,7 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 
 /* ---- the skinny path: 16-lane dot products ([Note: MKL's skinny sgemm]) --------------------------- */
 enum { DOT_LANES = 16, SKINNY_ROWS = 16, SKINNY_K_PER_ROW = 24 };
-typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS, AVX2_CHAIN, AVX2_GEMV } gemm_path;
+typedef enum { BLOCKED, QUARTERS, HALVING, AVX2_SMALL, AVX2_COLUMNS, AVX2_CHAIN, AVX2_GEMV, AVX2_SWEEP } gemm_path;
 
 /* share: the rows are one thread's share of a GEMM MKL split ([Note: MKL's AVX2 sgemm on two threads]). */
 static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N,
@@ -375,8 +375,9 @@ static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs
     if (strict_order()) return BLOCKED;
     /* one row or one column along K: MKL's gemv ([Note: MKL's AVX2 sgemv]) -- a whole GEMM's, not a thread's share;
      * a single product whose B is given as a contiguous column is a plain chain (ATen hands MKL that B transposed) */
-    if (avx2_order() && !share && a_cs == 1 && b_rs == 1 && M == 1 && N == 1 && b_cs == 1) return AVX2_CHAIN;
+    if (avx2_order() && !share && a_cs == 1 && b_rs == 1 && M == 1 && N == 1 && b_cs == 1) return AVX2_SWEEP;
     if (avx2_order() && !share && a_cs == 1 && b_rs == 1 && (M == 1 || N == 1)) return AVX2_GEMV;
+    if (avx2_order() && !share && N == 1 && a_rs == 1) return AVX2_SWEEP; /* one column, A's columns contiguous */
     if (N < 2) return BLOCKED;
     /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small paths below that: by
      * columns where B's rows are contiguous and A's rows or columns are, dot products where A's rows and B's
@@ -618,8 +619,11 @@ static void avx2_chain_row(const float *a, int64_t a_cs, const float *b, int64_t
  *     vector's address mod 16) / 4, 1..4: the vector's address moves bits -- then floor((K - p) / 8) steps of 8
  *     terms, the first and third such output over 8 lanes ((k - p) mod 8, reduced l + 4, l + 2, l + 1 into l), the
  *     second over 4 ((k - p) mod 4, reduced as above), then the terms left added in order.
- * alpha multiplies the rounded result, and C (beta 1) is added to that; a bias is added to the result. A single
- * product (M = N = 1) whose B is a contiguous column (b_cs 1: ATen hands it to MKL transposed) is a plain chain. */
+ * alpha multiplies the rounded result, and C (beta 1) is added to that; a bias is added to the result.
+ * Its other form sweeps A's columns (avx2_sweep): each element of one column whose A has its columns contiguous
+ * (a_rs 1: linear's dW of one input feature, dY^T.X), and a single product (M = N = 1) whose B is a contiguous
+ * column (b_cs 1: ATen hands it to MKL transposed), is a chain over k without FMA from C's value (beta 1, a bias)
+ * or 0. */
 static float avx2_gemv_dot(const float *v, const float *row, int64_t K, int64_t ld, int64_t out, int64_t outs,
                            int64_t peel) {
     const int64_t tail = out - outs / 4 * 4; /* the output's place among those after the groups of 4 */
@@ -656,6 +660,17 @@ static void avx2_gemv(const float *a, int64_t a_rs, const float *b, int64_t b_cs
                                         peel);
         float *at = one_row ? c + i : c + i * ldc;
         *at = accumulate ? *at + alpha * dot : alpha * dot;
+    }
+}
+
+/* C's one column (ldc) by MKL's gemv sweep (the Note above): from C (accumulate) or 0; alpha (measured at 1 only)
+ * multiplies each product. */
+static void avx2_sweep(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t M, int64_t K,
+                       float alpha, int accumulate, float *c, int64_t ldc) {
+    for (int64_t m = 0; m < M; m++) {
+        float sum = accumulate ? c[m * ldc] : 0.0f;
+        for (int64_t k = 0; k < K; k++) sum = sum + alpha * a[m * a_rs + k * a_cs] * b[k * b_rs];
+        c[m * ldc] = sum;
     }
 }
 
@@ -744,6 +759,14 @@ static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const fl
         return CKP_OK;
     }
     const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
+    if (path == AVX2_SWEEP) { /* one column: the chains from the bias (addmm's beta 1) or 0 */
+        const int seeded = bias != NULL && !bias_after;
+        for (int64_t m = 0; m < M && seeded; m++) c[m] = bias[0];
+        avx2_sweep(a, a_rs, a_cs, b, b_rs, M, K, 1.0f, seeded, c, 1);
+        if (bias != NULL && bias_after)
+            for (int64_t m = 0; m < M; m++) c[m] += bias[0];
+        return CKP_OK;
+    }
     if (path == AVX2_GEMV) { /* the product, then the bias added (addmm's beta 1 as well) */
         avx2_gemv(a, a_rs, b, b_cs, M, K, N, 1.0f, 0, c, N);
         if (bias != NULL)
@@ -943,6 +966,10 @@ CKP_CLONES static void gemm_serial_rows(const float *a, int64_t a_rs, int64_t a_
     const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
     if (path == AVX2_GEMV) {
         avx2_gemv(a, a_rs, b, b_cs, M, K, N, alpha, accumulate, c, ldc);
+        return;
+    }
+    if (path == AVX2_SWEEP) {
+        avx2_sweep(a, a_rs, a_cs, b, b_rs, M, K, alpha, accumulate, c, ldc);
         return;
     }
     if (path == AVX2_COLUMNS) { /* from C's value (beta 1) or 0, alpha on A's elements */

@@ -140,6 +140,24 @@ def main() -> None:
             ours = torch.empty(1, 7)
             gemm(x, w.t(), ours, bias)
             scaled["ckparity_bias"] += not same_bits(ours, theirs)
+    # its other form: one column of C whose A has its columns contiguous (dY^T.X of one input feature), or a single
+    # product whose B is a contiguous column -- each element a chain without FMA from C (beta 1: a bias) or 0
+    sweep = {"outputs": 0, "differing": 0, "sum_then_bias_differing": 0, "ckparity_gemms_differing": 0}
+    for M in (2, 3, 5, 8, 13, 33, 100):
+        for R in (1, 2, 3, 5, 13, 33):
+            a = torch.randn(M, R, generator=g).t() if R > 1 else torch.randn(1, M, generator=g)
+            b, bias = torch.randn(M, 1, generator=g), torch.randn(1, generator=g)
+            theirs = torch.addmm(bias, a, b).numpy()[:, 0]
+            chain, plain = np.full(R, bias.item(), F32), np.zeros(R, F32)
+            for k in range(M):
+                term = (a[:, k].numpy() * F32(b[k, 0].item())).astype(F32)
+                chain, plain = (chain + term).astype(F32), (plain + term).astype(F32)
+            sweep["outputs"] += R
+            sweep["differing"] += int((chain.view(np.int32) != theirs.view(np.int32)).sum())
+            sweep["sum_then_bias_differing"] += int(((plain + F32(bias.item())).astype(F32) != theirs).sum())
+            ours = torch.empty(R, 1)
+            gemm(a, b, ours, bias)
+            sweep["ckparity_gemms_differing"] += not same_bits(ours, torch.from_numpy(theirs).view(R, 1))
     # at 2 torch threads (MKL may share a long gemv between them): ckparity's C against torch, and larger GEMMs
     torch.set_num_threads(2)
     large = [(_placed(K, off, g).view(1, K), torch.randn(N, K, generator=g).t()) for K in (385, 1000, 4096)
@@ -149,7 +167,7 @@ def main() -> None:
     pairs = [(a, b) for _, a, b in cases] + large
     two_threads = sum(not same_bits(_ours(a, b), a @ b) for a, b in pairs)
     report = {"env": environment(), "gemms": len(cases), "outputs": outputs, "differing": differing,
-              "ckparity_gemms_differing": ours_differing, "scaled": scaled,
+              "ckparity_gemms_differing": ours_differing, "scaled": scaled, "sweep_form": sweep,
               "two_threads": {"gemms": len(pairs), "ckparity_differing": two_threads}, "examples": examples[:40]}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

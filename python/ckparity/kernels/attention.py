@@ -6,7 +6,7 @@ order, where a pass of one parallel item lets MKL share its GEMMs between thread
 GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
 64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
 region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3; MKL's AVX2 branch's own
-order, on a CPU without AVX-512, has none: its small paths are followed) (followed()).
+order, on a CPU without AVX-512, has none of these: its small paths and gemv are followed, d >= 2) (followed()).
 A user's attention is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -238,15 +238,16 @@ KERNEL = Kernel(
     claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
                             "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); on its AVX2 "
-                            "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, the same but for the skinny "
-                            "region (its small paths followed, and a pass of one parallel item whose GEMMs MKL shares "
-                            "between 2 threads); under MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 "
-                            "torch threads"),),
+                            "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, every size with d >= 2 (its "
+                            "small paths and gemv followed, ATen's per-thread buffers placed as ATen places them, and "
+                            "a pass of one parallel item whose GEMMs MKL shares between 2 threads); under "
+                            "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
-                              "one row or a key block of one there (MKL's gemv), bfloat16 (torch rounds P and dP to bf16 and "
+                              "one row or a key block of one there (MKL's gemv), d = 1 on its AVX2 branch (P.V of one "
+                              "column: another gemv form), bfloat16 (torch rounds P and dP to bf16 and "
                               "runs oneDNN's GEMMs): as accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,

@@ -6,8 +6,8 @@ dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
 more (one row or one column is MKL's gemv, another order), outside the one
 skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows); on
 a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order], its small
-paths' Notes, [Note: MKL's AVX2 sgemm on two threads]): every GEMM of 2+ rows
-and columns at 1 and 2 torch threads.
+paths' Notes, [Note: MKL's AVX2 sgemv], [Note: MKL's AVX2 sgemm on two
+threads]): every GEMM at 1 and 2 torch threads.
 A user's GEMM is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
         _case(tally, f"non-finite rows M=24 K={K} N=40", 24, K, 40, g, special=True)
     # MKL's strict order and its AVX2 branch's own cover its gemv too: one row, one column, K = 1's dX and dW
     if cpu.mkl_strict() or cpu.mkl_avx2_own():
-        for M, K, N in ((1, 300, 19), (1, 1000, 200), (1, 7, 1), (19, 300, 1), (300, 1000, 1), (1, 1, 33), (33, 1, 1)):
+        for M, K, N in ((1, 300, 19), (1, 1000, 200), (1, 7, 1), (19, 300, 1), (300, 1000, 1), (1, 1, 33), (33, 1, 1),
+                        (17, 1, 33), (3, 1, 19)):
             _case(tally, f"gemv M={M} K={K} N={N}", M, K, N, g, bias=True)
         for K in range(2, 301):
             _case(tally, f"gemv M=1 K={K} N=3", 1, K, 3, g, bias=K % 2 == 0)
@@ -278,9 +279,8 @@ KERNEL = Kernel(
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
                             "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
-                            "AVX-512): torch at 1 and 2 threads, every GEMM of 2+ rows and 2+ columns (its small paths "
-                            "and its 2 threads' row shares followed, outputs lying as torch's); under "
-                            "MKL_CBWR=AUTO,STRICT "
+                            "AVX-512): torch at 1 and 2 threads, every GEMM (its small paths, its gemv and its 2 "
+                            "threads' row shares followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
@@ -288,8 +288,8 @@ KERNEL = Kernel(
                             "at 1 and 2 torch threads")),
     not_claimed={"linear": "torch at 2 threads on MKL's AVX-512 branch without MKL_CBWR=AUTO,STRICT (MKL splits K "
                            "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
-                           "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path (one row or one column: x of "
-                           "one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
+                           "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path on its "
+                           "AVX-512 branch (one row or one column: x of one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
                            "on AMD only), bfloat16 with a bias, or on another "
                            "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
