@@ -122,6 +122,24 @@ def test_the_committed_all_c_llama_runs_on_mkls_avx2_branch_are_bit_identical():
     assert seen == {(cap, t, 1) for cap in caps for t in (1, 2)} | {(cap, 2, 2) for cap in caps}
 
 
+def test_on_mkls_avx2_branch_an_all_c_llama_follows_torch_at_2_threads_where_its_bits_move():
+    """reports/llama/mkl_avx2/shares/ (docs/harness.md's command): 11 tokens a step and one kv head put every
+    linear on MKL's 2-thread row shares and attention's backward on MKL's own threads ([Note: MKL's AVX2 sgemm
+    on two threads]). Both 300-step all-C runs are bitwise, and the torch twin's loss is not the same at torch's 1
+    and 2 threads: the second thread moved torch's bits, and ckparity's followed them."""
+    runs = {}
+    for p in sorted((REPORTS / "llama" / "mkl_avx2" / "shares").glob("llama300_seq11_kv1_torch*.json")):
+        r = json.loads(p.read_text())
+        c = r["config"]
+        assert (c["seq_len"], c["batch_size"], c["kv_heads"], c["ck_linear_backend"], c["ck_attention_backend"]) == \
+            (11, 1, 1, "c", "c")
+        assert r["env"]["mkl_branch"] == "AVX2" and not r["env"]["mkl_strict"]
+        assert r["status"] == "pass" and r["steps"] == 300 and set(r["max_ulp_diff"].values()) == {0.0}
+        runs[c["torch_threads"]] = r
+    assert set(runs) == {1, 2}
+    assert runs[1]["final_torch_loss"] != runs[2]["final_torch_loss"]
+
+
 def _reports(folder: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((REPORTS / folder).glob("llama300_allc_*_threads*.json"))]
 
