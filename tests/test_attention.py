@@ -47,16 +47,18 @@ def test_bit_identical_to_torchs_flash_kernel(shape):
     _assert_torchs_bits(*shape)
 
 
-def _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal):
-    """followed() covers the sizes, and out, dq, dk, dv are torch's bits there (torch at one thread)."""
+def _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal, threads=1):
+    """followed() covers the sizes, and out, dq, dk, dv are torch's bits there at `threads` torch threads (both
+    sides run at that count: ckparity follows MKL at torch's); torch's results."""
     assert followed(tq, tk, d)
     q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
     kw = {"is_causal": causal, "enable_gqa": H != Hkv}
-    ours = _run(attention, q, k, v, up, **kw)
-    with torch_threads(1):
+    with torch_threads(threads):
+        ours = _run(attention, q, k, v, up, **kw)
         theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
     for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
-        assert same_bits(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
+        assert same_bits(a, b), f"{name} at {threads} threads: {(a != b).sum().item()} of {a.numel()} differ"
+    return theirs
 
 
 @pytest.mark.skipif(not MODELLED or cpu.mkl_avx2_own() or cpu.mkl_strict(),
@@ -139,14 +141,7 @@ def test_on_mkls_avx2_branch_one_row_q_blocks_and_one_key_blocks_are_torchs_bits
     """A q block of one row or a key block of one is MKL's gemv ([Note: MKL's AVX2 sgemv]): followed on its AVX2
     branch -- its groups of 4 outputs take their lead from where the matrix's fourth row starts, so every kv head
     past the first (K's rows elsewhere) and a head dim not a multiple of 4 are in the cases."""
-    assert followed(tq, tk, d)
-    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
-    kw = {"is_causal": tq == tk, "enable_gqa": H != Hkv}
-    with torch_threads(threads):
-        ours = _run(attention, q, k, v, up, **kw)
-        theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
-        assert same_bits(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
+    _assert_torchs_bits(B, H, Hkv, tq, tk, d, tq == tk, threads)
 
 
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
@@ -157,14 +152,8 @@ def test_on_mkls_avx2_branch_each_item_uses_its_aten_threads_buffer(B, H, Hkv, t
     another number of floats past a 16-byte boundary ([Note: ATen's per-thread buffers]), which MKL's small paths
     read: a block of under 12 keys or a head dim under 12 with a slice that is not a multiple of 4 floats. Torch's
     bits at 2 threads, causal and not."""
-    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
     for causal in (False, True):
-        kw = {"is_causal": causal, "enable_gqa": H != Hkv}
-        with torch_threads(2):
-            ours = _run(attention, q, k, v, up, **kw)
-            theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
-        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
-            assert same_bits(a, b), f"{name} ({causal=}): {(a != b).sum().item()} of {a.numel()} differ"
+        _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal, threads=2)
 
 
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
@@ -176,16 +165,7 @@ def test_on_mkls_avx2_branch_a_pass_of_one_parallel_item_runs_mkl_at_torchs_thre
     on the calling thread, where MKL has torch's threads: at 2 it shares a GEMM of 5..11 rows by rows ([Note:
     MKL's AVX2 sgemm on two threads]). ckparity follows it: torch's bits at 1 and 2 torch threads, and torch's own
     2-thread bits are not its 1-thread ones (so the test would fail without the share)."""
-    q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
-    kw = {"is_causal": causal, "enable_gqa": H != Hkv}
-    runs = []
-    for n in (1, 2):
-        with torch_threads(n):
-            ours = _run(attention, q, k, v, up, **kw)
-            theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
-        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
-            assert same_bits(a, b), f"{name} at {n} threads: {(a != b).sum().item()} of {a.numel()} differ"
-        runs.append(theirs)
+    runs = [_assert_torchs_bits(B, H, Hkv, tq, tk, d, causal, threads=n) for n in (1, 2)]
     assert not all(same_bits(a, b) for a, b in zip(*runs))
 
 
