@@ -256,16 +256,18 @@ def test_the_committed_gpt2_runs_are_bit_identical():
 
 def test_the_committed_gpt2_runs_on_mkls_avx2_branch_are_bit_identical():
     """reports/gpt2/mkl_avx2/ (an AMD CPU without AVX-512: MKL's AVX2 branch's own order): the same 850-step run,
-    torch at one thread, ckparity at 1 (and at 2 at AVX2), at DEFAULT and AVX2 -- not one differing bit."""
+    torch at one thread, ckparity at 1 (and at 2 at AVX2), at DEFAULT and AVX2, and torch at 2 threads with
+    ckparity at 2 at AVX2 (MKL's 2-thread order followed there) -- not one differing bit."""
     runs = [json.loads(p.read_text()) for p in sorted((REPORTS / "gpt2" / "mkl_avx2").glob("gpt2_850_*.json"))]
     seen = set()
     for r in runs:
         _the_all_c_gpt2(r)
-        assert r["env"]["mkl_branch"] == "AVX2" and not r["env"]["mkl_strict"] and r["env"]["torch_threads"] == 1
+        assert r["env"]["mkl_branch"] == "AVX2" and not r["env"]["mkl_strict"]
+        assert r["env"]["torch_threads"] == r["config"]["torch_threads"]
         assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 850
         assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
-        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"]))
-    assert seen == {("DEFAULT", 1), ("AVX2", 1), ("AVX2", 2)}
+        seen.add((r["env"]["torch_cpu_capability"], r["env"]["ckparity_threads"], r["env"]["torch_threads"]))
+    assert seen == {("DEFAULT", 1, 1), ("AVX2", 1, 1), ("AVX2", 2, 1), ("AVX2", 2, 2)}
 
 
 def _the_all_c_gpt2(r: dict) -> None:
