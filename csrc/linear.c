@@ -381,8 +381,8 @@ static gemm_path path_for(int64_t a_rs, int64_t a_cs, int64_t b_rs, int64_t b_cs
     if (N < 2) return BLOCKED;
     /* MKL's AVX2 branch blocks every GEMM of 4+ rows and 12+ columns, and runs its small paths below that: by
      * columns where B's rows are contiguous and A's rows or columns are, dot products where A's rows and B's
-     * columns lie along K, plain chains where A's columns and B's columns do (a whole GEMM of one row there: its
-     * gemv, not followed; a thread's share of one row takes the small paths). */
+     * columns lie along K, plain chains where A's columns and B's columns do (a whole GEMM of one row with both
+     * transposed: a gemv form not followed; a thread's share of one row takes the small paths). */
     if (avx2_order() && (M < 4 || N < 12)) {
         if (b_cs == 1 && (a_cs == 1 || a_rs == 1)) return AVX2_COLUMNS;
         if (a_cs == 1 && b_rs == 1 && (M >= 2 || share)) return AVX2_SMALL;

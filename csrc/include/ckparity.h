@@ -361,9 +361,10 @@ ckp_status ckp_layer_norm_backward_bf16_mixed(const uint16_t *dy, const uint16_t
  * B[k,n] is b[k*b_rs + n*b_cs]: transposed operands by their strides. c may
  * overlap nothing. The same bits at any thread count. On MKL's AVX2 branch
  * (ckp_get_gemm_order: CKP_GEMM_ORDER_AVX2) a product of under 4 rows or 12
- * columns follows MKL's small paths, whose bits depend on where A's rows or
- * C's rows start relative to 16 bytes, as MKL's do: give c (and a) the
- * alignment torch's tensors have to get torch's bits (csrc/linear.c's Notes).
+ * columns follows MKL's small paths (one row or one column: its gemv), whose
+ * bits depend on where A's, B's or C's rows start relative to 16 bytes, as
+ * MKL's do: give the operands the alignment torch's tensors have to get
+ * torch's bits (csrc/linear.c's Notes).
  * torch_threads >= 1: the threads torch runs MKL on (torch.get_num_threads()).
  * On the AVX2 branch at 2, MKL shares a product of 5..11 rows between its
  * threads by rows, each share on its own path; the order follows that. The
