@@ -381,6 +381,17 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
                                const int64_t *chunk_starts, int64_t chunks, uint16_t *c);
+/* C (M x N, bf16, row-major) = A (M x K) . B (K x N) (+ bias, bf16 (N), or NULL), bf16 operands by their
+ * strides, in the order ATen's own bf16 GEMM sums it where torch runs no oneDNN (csrc/linear_bf16_aten.c):
+ * CKP_ATEN_BF16_DOT (its fp32-arith dot: 8 registers of 8 or 16 lanes by the capability set, then tails; bias
+ * added after), _PAIRS (four chains by k mod 4; bias added after) or _CHAIN (one chain from the bias). Which
+ * form a torch.mm takes is set by its operands' layouts (ckparity/ops/_aten_bf16.py). Rounded to bf16 once.
+ * With bias_after, the product is rounded and the bias added to it and rounded again (matmul, then add_).
+ * The same bits at any thread count. */
+typedef enum { CKP_ATEN_BF16_DOT = 0, CKP_ATEN_BF16_PAIRS = 1, CKP_ATEN_BF16_CHAIN = 2 } ckp_aten_bf16_form;
+ckp_status ckp_gemm_bf16_aten(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
+                              int64_t b_cs, int64_t M, int64_t K, int64_t N, const uint16_t *bias, int bias_after,
+                              int form, uint16_t *c);
 /* The order the GEMMs follow (linear's and attention's): MKL's own (CKP_GEMM_ORDER_MKL: the order above, with
  * its skinny paths, on one thread) or MKL's strict Conditional Numerical Reproducibility order
  * (CKP_GEMM_ORDER_STRICT, what MKL_CBWR=...,STRICT makes MKL run at any thread count: K in blocks of 384, two

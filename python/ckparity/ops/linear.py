@@ -13,7 +13,7 @@ import torch
 from .._native import check, ffi, lib
 from .._tensors import empty, require_floating
 from ..errors import InvalidArgument
-from . import _onednn
+from . import _aten_bf16, _onednn
 from ._function import CFunction, first_order_only
 
 _FLOAT = ffi.typeof("float *")
@@ -158,6 +158,48 @@ class _LinearBF16Function(CFunction):
         return dx, dw, None
 
 
+class _LinearATenBF16Function(CFunction):
+    """x (..., K), weight (N, K), bias (N) or None, bias_after, all bf16 -> (..., N) bf16: each GEMM (y, dX, dW) in
+    the loop ATen's own bf16 GEMM runs it with, on the layouts autograd's mm backward gives it (as
+    _LinearFunction's); dbias as torch sums a bf16 dY (in float32, in float32's order), rounded once. torch's bf16
+    matmul where it runs no oneDNN (ops/_aten_bf16.py). First-order only: see ops/_function.py."""
+
+    @staticmethod
+    def compute(x, weight, bias, bias_after):
+        N, K = weight.shape
+        y = _aten_bf16.product(_mat1(x), weight.t(), bias, bias_after)
+        return y.reshape(*x.shape[:-1], N)
+
+    @staticmethod
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.has_bias = inputs[2] is not None
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        N, K = weight.shape
+        dy = dy.to(torch.bfloat16).reshape(-1, N).contiguous()
+        rows, product = _mat1(x), _aten_bf16.product
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:  # dX = dY . W, or for a column-major x dXᵀ = Wᵀ . dYᵀ
+            dx = (product(weight.t(), dy.t()).t() if _column_major(rows) else product(dy, weight)).reshape(x.shape)
+        if ctx.needs_input_grad[1]:  # dW = dYᵀ . X, or for a weight not row-major dWᵀ = Xᵀ . dY
+            dw = product(dy.t(), rows) if _column_major(weight.t()) else product(rows.t(), dy).t()
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = empty((N,), torch.float32)
+            dbias(dy.float(), db)
+            db = db.bfloat16()
+        return dx, dw, db, None
+
+
+def _mat1(x: torch.Tensor) -> torch.Tensor:
+    """The (M, K) operand ATen's mm gets from F.linear's x: a 2-D x as it lies (its strides pick ATen's loop, a
+    one-row x's too), any other folded by reshape (a view with the strides reshape gives it, or a copy)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
 def _bf16_product(a: torch.Tensor, b: torch.Tensor, order: _onednn.Order | None) -> torch.Tensor:
     """a . b in bf16: in oneDNN's measured order, else the float32 GEMM of the widened values rounded once."""
     if order is not None:
@@ -172,24 +214,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bfloat16 (all three of one dtype; under CPU autocast to bfloat16 they are cast to it first, as autocast
     casts F.linear's). Transposed and strided x and weight are read by their strides (no copy where ATen's
     addmm makes none).
-    bfloat16: torch's bf16 matmul is oneDNN's. Without a bias, for contiguous x and weight, each GEMM (y, dX,
-    dW) runs in the order oneDNN sums it, measured for its shape (ops/_onednn.py; an AMX CPU's brgemm); where
-    no order is measured (another oneDNN path), and with a bias, the float32 GEMM on the widened values,
-    rounded once. Either way float32 sums, the same bits at any ckparity thread count."""
+    bfloat16: where torch runs its bf16 matmul on ATen's own loops (no oneDNN: a CPU without AVX-512's bf16),
+    each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py).
+    Where torch runs oneDNN: without a bias, for contiguous x and weight, each GEMM in the order oneDNN sums it,
+    measured for its shape (ops/_onednn.py; an AMX CPU's brgemm); where no order is measured (another oneDNN
+    path), and with a bias, the float32 GEMM on the widened values, rounded once. Every way float32 sums, the
+    same bits at any ckparity thread count."""
     if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
         x, weight, bias = (t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                            for t in (x, weight, bias))
     for t, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
         if t is not None:
             require_floating(t, name, like=x)
-    if x.dtype == torch.bfloat16 and bias is None and x.is_contiguous() and weight.is_contiguous() \
-            and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.numel():
-        order = _onednn.order(x.numel() // x.shape[-1], x.shape[-1], weight.shape[0], False, True)
-        if order is not None:
-            return _LinearBF16Function.apply(x, weight, order)
-    if x.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
-        with torch.autocast("cpu", enabled=False):
-            return linear(x.float(), weight.float(), None if bias is None else bias.float()).bfloat16()
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise InvalidArgument(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply "
                               "(x (..., K) and weight (N, K))")
@@ -198,6 +234,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise InvalidArgument(f"linear: bias {tuple(bias.shape)} for a weight of {N} outputs (bias ({N},))")
     if x.numel() == 0:  # no rows, or K = 0: nothing to multiply
         return _empty_product(x, weight, bias)
+    if x.dtype == torch.bfloat16 and _aten_bf16.torch_runs_aten():
+        # a 1-D x's bias is in the product's one rounding too (measured: its bf16 sum is not rounded twice)
+        return _LinearATenBF16Function.apply(x, weight, bias, not (_addmm(x) or x.dim() == 1))
+    if x.dtype == torch.bfloat16 and bias is None and x.is_contiguous() and weight.is_contiguous():
+        order = _onednn.order(x.numel() // K, K, N, False, True)
+        if order is not None:
+            return _LinearBF16Function.apply(x, weight, order)
+    if x.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
+        with torch.autocast("cpu", enabled=False):
+            return linear(x.float(), weight.float(), None if bias is None else bias.float()).bfloat16()
     bias_in = bias.contiguous() if bias is not None else None
     return _LinearFunction.apply(x, weight, bias_in, not _addmm(x))
 
