@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .. import cpu
 from .._native import ffi
-from ..ops import _onednn
+from ..ops import _aten_bf16, _onednn
 from ..ops.linear import gemm, linear
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
@@ -155,6 +155,8 @@ def _onednn_not_followed() -> str | None:
     oneDNN's AMX brgemm's; elsewhere (no AMX, another oneDNN) the check refuses it for most shapes (with
     ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 here: all but a few small ones) and the op runs the float32 GEMM
     rounded once -- so the claim needs every kind of shape it covers confirmed, not one."""
+    if _aten_bf16.torch_runs_aten():
+        return "torch runs its bf16 matmul on ATen's own loops here, not oneDNN (linear.aten)"
     if any(_onednn.order(M, K, N, False, True) is None for M, K, N in _ONEDNN_KINDS):
         return "oneDNN's bf16 matmul here is not the AMX brgemm order ckparity measures (as accurate as torch)"
     return None
@@ -188,6 +190,53 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     for M, K, N in TWIN_SHAPES:
         _case_bf16(tally, f"twins M={M} K={K} N={N}", (M,), K, N, g, threads=(1, 2))
     _case_bf16(tally, "x (2, 9, 37) N=17", (2, 9), 37, 17, g, threads=(1, 2))
+
+
+def _aten_not_run() -> str | None:
+    """Why bf16 linear is not ATen's own bf16 GEMM's bits in this process, or None."""
+    if not _aten_bf16.torch_runs_aten():
+        return "torch's bf16 matmul runs oneDNN here (linear.onednn)"
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        return "ATen's bf16 loops at AVX512 (16 lanes) are not measured (a CPU with AVX-512 runs oneDNN unless it is off)"
+    return None
+
+
+def _case_bf16_aten(tally: Tally, label: str, x: torch.Tensor, N: int, g: torch.Generator, bias: bool = False,
+                    weight_t: bool = False) -> None:
+    K = x.shape[-1]
+    w = (torch.randn(K, N, generator=g).t() if weight_t else torch.randn(N, K, generator=g)) / K ** 0.5
+    inputs = [x.bfloat16().requires_grad_(True), w.bfloat16().requires_grad_(True)]
+    inputs += [torch.randn(N, generator=g).bfloat16().requires_grad_(True)] if bias else []
+    up = torch.randn(*x.shape[:-1], N, generator=g).bfloat16()
+    for n in (1, 2):  # ATen's loops share outputs between threads: the same bits at both, followed at both
+        with torch_threads(n):
+            ours, theirs = grad_run(linear, inputs, up), grad_run(F.linear, inputs, up)
+        for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+            tally.add(q, f"{label} torch threads {n}", a, b)
+
+
+def sweep_bf16_aten(tally: Tally, g: torch.Generator) -> None:
+    """bf16 y, dx, dweight and dbias against F.linear where torch runs ATen's own bf16 loops: K over every width
+    and the large ones (the dot's 64-term blocks, its 16-term tails, the chains' K mod 4), M and N over 1..300 (one
+    row and one output are other loops' layouts), the twins' shapes, a bias in and after (a 3-D x not folded into
+    addmm), a 1-D x, a column-major x and weight, at 1 and 2 torch threads."""
+    for K in WIDTHS + list(LARGE_K):
+        _case_bf16_aten(tally, f"M=17 K={K} N=33", torch.randn(17, K, generator=g), 33, g, bias=K % 2 == 0)
+    for M in range(1, 301):
+        _case_bf16_aten(tally, f"M={M} K=97 N=19", torch.randn(M, 97, generator=g), 19, g, bias=M % 2 == 1)
+    for N in range(1, 301):
+        _case_bf16_aten(tally, f"M=20 K=97 N={N}", torch.randn(20, 97, generator=g), N, g, bias=N % 2 == 1)
+    for M, K, N in TWIN_SHAPES:
+        _case_bf16_aten(tally, f"twins M={M} K={K} N={N}", torch.randn(M, K, generator=g), N, g, bias=True)
+    for bias in (False, True):
+        _case_bf16_aten(tally, f"x (2, 9, 37) N=17 bias {bias}", torch.randn(2, 9, 37, generator=g), 17, g, bias)
+        _case_bf16_aten(tally, f"x (9, 2, 37) transposed N=17 bias {bias}",
+                        torch.randn(9, 2, 37, generator=g).transpose(0, 1), 17, g, bias)
+        _case_bf16_aten(tally, f"x (37,) N=17 bias {bias}", torch.randn(37, generator=g), 17, g, bias)
+        _case_bf16_aten(tally, f"x column-major (20, 37) N=17 bias {bias}", torch.randn(37, 20, generator=g).t(), 17,
+                        g, bias)
+        _case_bf16_aten(tally, f"weight column-major M=20 K=37 N=17 bias {bias}", torch.randn(20, 37, generator=g), 17,
+                        g, bias, weight_t=True)
 
 
 def _layout_cases(g):
@@ -285,13 +334,18 @@ KERNEL = Kernel(
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
                             "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, "
-                            "at 1 and 2 torch threads")),
+                            "at 1 and 2 torch threads"),
+            Claim("linear.aten", ("y", "dx", "dweight", "dbias"), sweep_bf16_aten, dtype="bfloat16",
+                  capabilities=("DEFAULT", "AVX2"), holds=_aten_not_run,
+                  condition="bf16 where torch runs its matmul on ATen's own loops (no oneDNN: a CPU without AVX-512, "
+                            "as an AMD CPU with AVX2 only): every GEMM, with or without a bias, every layout, at 1 "
+                            "and 2 torch threads")),
     not_claimed={"linear": "torch at 2 threads on MKL's AVX-512 branch without MKL_CBWR=AUTO,STRICT (MKL splits K "
                            "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
                            "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path on its "
                            "AVX-512 branch (one row or one column: x of one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
-                           "on AMD only), bfloat16 with a bias, or on another "
+                           "on AMD only), bfloat16 on oneDNN with a bias, or on another "
                            "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
                            "(more tiles than the probe counts): as accurate as torch"},
     probe=_probe,

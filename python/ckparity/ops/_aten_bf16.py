@@ -17,11 +17,16 @@ DOT, PAIRS, CHAIN = lib.CKP_ATEN_BF16_DOT, lib.CKP_ATEN_BF16_PAIRS, lib.CKP_ATEN
 _U16 = ffi.typeof("uint16_t *")
 
 
-@functools.cache
 def torch_runs_aten() -> bool:
     """Whether torch's bf16 matmul is ATen's own loops here: oneDNN takes it wherever torch finds the CPU's
-    AVX-512 bf16 support (mkldnn_bf16_device_check), and no BLAS of torch's wheel has a bf16 GEMM."""
-    return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    AVX-512 bf16 support (mkldnn_bf16_device_check) unless torch.backends.mkldnn is switched off, and no BLAS
+    of torch's wheel has a bf16 GEMM."""
+    return not (torch.backends.mkldnn.enabled and _onednn_bf16_device())
+
+
+@functools.cache
+def _onednn_bf16_device() -> bool:
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _lies_along(t: torch.Tensor, dim: int, other_extent: int) -> bool:
