@@ -6,6 +6,7 @@ bit-identical with the C linear, and planted GEMM bugs caught."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -24,10 +25,11 @@ from ckparity.harness.basics.config import RunConfig
 from ckparity.harness.loop.run import train
 from ckparity.kernels.layouts import LAYOUTS
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
-from ckparity.ops import _onednn
+from ckparity.ops import _aten_bf16, _onednn
 from ckparity.ops.linear import gemm, linear
 
 ONEDNN_NOT_FOLLOWED = importlib.import_module("ckparity.kernels.linear")._onednn_not_followed()
+ATEN_NOT_RUN = importlib.import_module("ckparity.kernels.linear")._aten_not_run()
 
 MODELLED = cpu.mkl_not_followed() is None
 needs_modelled_mkl = pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: not followed")
@@ -427,8 +429,9 @@ def test_train_catches_a_planted_gemm_at_step_1(fault):
         assert report["status"] == "fail" and report["first_loss_fail_step"] == 1
 
 
+@pytest.mark.skipif(ATEN_NOT_RUN is None, reason="torch runs ATen's own bf16 loops here: linear.aten's tests")
 def test_bf16_with_a_bias_accumulates_in_float32_at_any_thread_count_and_is_as_accurate_as_torch():
-    """bfloat16 with a bias is not torch's bits (how oneDNN adds it is not measured); it is the float32 GEMM
+    """bfloat16 on oneDNN with a bias is not torch's bits (how oneDNN adds it is not measured); it is the float32 GEMM
     rounded once: the same bits at 1 and 2 threads, and against float64 of the same bf16 values no less
     accurate than torch's bf16 (the worst element's error at most torch's worst, plus one bf16 rounding of the
     output)."""
@@ -490,6 +493,88 @@ def test_the_bf16_sweep_sees_an_order_that_is_not_onednns(monkeypatch):
     for M, K, N in ((64, 1000, 200), (200, 1000, 64)):
         record._case_bf16(tally, f"M={M} K={K} N={N}", (M,), K, N, torch.Generator().manual_seed(M))
     assert all(tally.result()[q]["differing"] > 0 for q in ("y", "dx", "dweight")), tally.result()
+
+
+def _planted(M: int, K: int, N: int, g: torch.Generator, in_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 a (M, K) and b (K, N), one all ones, the other ones and zeros with +2^30 and -2^30 in each of its
+    rows of K (in_b: each column of b): each output counts the ones that met neither of the pair before the pair
+    cancelled (2^30 + 1 is 2^30 in float32), so the order of its sum shows."""
+    planted = torch.randint(0, 2, (N, K) if in_b else (M, K), generator=g).float()
+    for row in planted:
+        p, q = torch.randperm(K, generator=g)[:2].tolist()
+        row[p], row[q] = 2.0 ** 30, -(2.0 ** 30)
+    if in_b:
+        return torch.ones(M, K).bfloat16(), planted.t().contiguous().bfloat16()
+    return planted.bfloat16(), torch.ones(K, N).bfloat16()
+
+
+@pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
+@pytest.mark.parametrize("a_column_major", [False, True])
+@pytest.mark.parametrize("b_column_major", [False, True])
+def test_on_atens_own_bf16_loops_each_layout_takes_its_loop_and_no_other_would_do(a_column_major, b_column_major):
+    """torch.mm and addmm of bf16 where torch runs ATen's loops: each of A's and B's layouts (and one row, one
+    column) gives torch's bits in the loop ops/_aten_bf16.form picks, and on planted sums each other loop would
+    not -- so a wrong pick cannot pass."""
+    g = torch.Generator().manual_seed(3)
+    for (M, K, N), in_b in itertools.product(((5, 97, 16), (1, 80, 16), (5, 97, 1)), (False, True)):
+        a, b = _planted(M, K, N, g, in_b)
+        a = a.t().contiguous().t() if a_column_major else a
+        b = b.t().contiguous().t() if b_column_major else b
+        bias = torch.ones(N).bfloat16()  # a 1 the pair absorbs, or not, by where it joins the sum
+        for threads in (1, 2):
+            with torch_threads(threads):
+                theirs, theirs_bias = torch.mm(a, b), torch.addmm(bias, a, b)
+            assert same_bits(_aten_bf16.product(a, b), theirs), (M, K, N, threads)
+            assert same_bits(_aten_bf16.product(a, b, bias), theirs_bias), (M, K, N, threads)
+        picked = _aten_bf16.form(a, b)
+        for other in {_aten_bf16.DOT, _aten_bf16.PAIRS, _aten_bf16.CHAIN} - {picked}:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(_aten_bf16, "form", lambda *_, other=other: other)
+                assert not same_bits(_aten_bf16.product(a, b), theirs) or \
+                    not same_bits(_aten_bf16.product(a, b, bias), theirs_bias), (M, K, N, in_b, other)
+
+
+@pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
+def test_on_atens_own_bf16_loops_linear_is_torchs_bits_with_a_bias_in_every_way_torch_adds_it():
+    """F.linear in bf16 where torch runs ATen's loops: y, dx, dweight and dbias are torch's bits for an x that
+    addmm takes (2-D, 3-D contiguous: the bias in the sum), one it does not (3-D transposed: the product rounded,
+    then the bias), a 1-D x (its bias in the sum), a column-major x and weight, one row and one output -- at 1 and
+    2 torch threads and 1 and 2 ckparity threads."""
+    g = torch.Generator().manual_seed(11)
+    xs = {"2-D": torch.randn(20, 97, generator=g), "3-D": torch.randn(2, 9, 97, generator=g),
+          "3-D transposed": torch.randn(9, 2, 97, generator=g).transpose(0, 1), "1-D": torch.randn(97, generator=g),
+          "column-major": torch.randn(97, 20, generator=g).t(), "one row": torch.randn(1, 97, generator=g)}
+    for label, x in xs.items():
+        for N, weight_t in ((19, False), (19, True), (1, False)):
+            w = torch.randn(97, N, generator=g).t() if weight_t else torch.randn(N, 97, generator=g)
+            inputs = [x.bfloat16().requires_grad_(True), (w / 10).bfloat16().requires_grad_(True),
+                      torch.randn(N, generator=g).bfloat16().requires_grad_(True)]
+            up = torch.randn(*x.shape[:-1], N, generator=g).bfloat16()
+            for threads in (1, 2):
+                with torch_threads(threads):
+                    theirs = grad_run(F.linear, inputs, up)
+                    before = ckparity.get_num_threads()
+                    try:
+                        ckparity.set_num_threads(threads)
+                        ours = grad_run(linear, inputs, up)
+                    finally:
+                        ckparity.set_num_threads(before)
+                for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+                    assert a.dtype == torch.bfloat16 and same_bits(a, b), (label, N, weight_t, threads, q)
+
+
+@pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
+def test_the_aten_bf16_sweep_sees_a_wrong_loop(monkeypatch):
+    """The linear.aten sweep can fail: with every layout taken as the dot, its cases differ in dx and dweight (y
+    is the dot's own layout)."""
+    record = importlib.import_module("ckparity.kernels.linear")
+    monkeypatch.setattr(_aten_bf16, "form", lambda a, b: _aten_bf16.DOT)
+    tally = record.Tally()
+    g = torch.Generator().manual_seed(2)
+    for M, K, N in ((64, 300, 1000), (33, 1000, 300)):  # dX's sums run over N: long ones show the order
+        record._case_bf16_aten(tally, f"M={M} K={K} N={N}", torch.randn(M, K, generator=g), N, g)
+    result = tally.result()
+    assert result["y"]["differing"] == 0 and all(result[q]["differing"] > 0 for q in ("dx", "dweight")), result
 
 
 def test_under_autocast_the_inputs_are_cast_to_bf16_as_torchs_linear_is():

@@ -285,6 +285,18 @@ def _bf16_entry() -> CEntry:
                   {"M": 3, "K": 4, "N": 5}, call)
 
 
+def _bf16_aten_entry() -> CEntry:
+    """ckp_gemm_bf16_aten at (3 x 4) . (4 x 5) with a bias, in the chain (the form whose bias starts the sums)."""
+    def call(L, p, s):
+        return L.ckp_gemm_bf16_aten(p["a"], s["K"], 1, p["b"], s["N"], 1, s["M"], s["K"], s["N"], p["bias"], 0,
+                                    L.CKP_ATEN_BF16_CHAIN, p["c"])
+    return CEntry("gemm_bf16_aten", (CBuffer("a", "h", lambda s: s["M"] * s["K"]),
+                                     CBuffer("b", "h", lambda s: s["K"] * s["N"]),
+                                     CBuffer("bias", "h", lambda s: s["N"]),
+                                     CBuffer("c", "h", lambda s: s["M"] * s["N"], True)),
+                  {"M": 3, "K": 4, "N": 5}, call)
+
+
 def _dbias_entry() -> CEntry:
     return CEntry("linear_dbias", (CBuffer("dy", "f", lambda s: s["M"] * s["N"]),
                                    CBuffer("dbias", "f", lambda s: s["N"], True)),
@@ -351,5 +363,5 @@ KERNEL = Kernel(
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=(_entry(), _dbias_entry(), _bf16_entry()),
+    c_entries=(_entry(), _dbias_entry(), _bf16_entry(), _bf16_aten_entry()),
 )

@@ -35,27 +35,13 @@ def _lies_along(t: torch.Tensor, dim: int, other_extent: int) -> bool:
 
 
 def form(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The loop ATen's bf16 GEMM runs torch.mm(a, b) with: its addmm's transposes (C^T = B^T . A^T unless C has
-    one column) -- a transposed first operand takes the dot, the second alone the chain, both or neither the
-    pairs. An operand neither way is copied contiguous first, as ATen copies it."""
+    """The loop ATen's bf16 GEMM runs torch.mm(a, b) with: its addmm's transposes for C^T = B^T . A^T -- B^T
+    transposed (B column-major) alone takes the dot, A^T transposed alone the chain, both or neither the pairs.
+    An operand neither way is copied contiguous first, as ATen copies it. (ATen casts a C of one column the other
+    way round, C = A . B; its transposes then mirror these and pick the same loop: measured.)"""
     (M, K), N = a.shape, b.shape[1]
-    if N == 1:  # C's one column is its contiguous dimension: A stays first
-        first, second, m, n, swapped = a, b, M, N, False
-    else:
-        first, second, m, n, swapped = b, a, N, M, True
-    r, c = (1, 0) if swapped else (0, 1)
-    if _lies_along(first, r, m):
-        trans_a = False
-    elif _lies_along(first, c, K):
-        trans_a = True
-    else:
-        trans_a = not swapped
-    if _lies_along(second, r, K):
-        trans_b = False
-    elif _lies_along(second, c, n):
-        trans_b = True
-    else:
-        trans_b = not swapped
+    trans_a = not _lies_along(b, 1, N) and _lies_along(b, 0, K)
+    trans_b = not _lies_along(a, 1, K) and _lies_along(a, 0, M)
     if trans_a and not trans_b:
         return DOT
     if trans_b and not trans_a:
