@@ -1,8 +1,10 @@
 """The C GEMM's speed against torch's MKL sgemm: GFLOP/s of y = x.Wᵀ at 1 and 2 threads, the sides
 timed in turn (best of 5 after a warm-up), as a ratio (timings on a shared machine move 2-3x within
 an hour; the ratio of the same run is what is compared). Writes reports/bench/gemm_speed.json.
+With --bf16-aten (where torch runs ATen's own bf16 loops): F.linear's forward and backward in bf16 (its three
+GEMMs, each loop once) against torch's, at 2 threads; writes reports/bench/gemm_speed_bf16_aten.json.
 
-    .venv/bin/python scripts/gemm_speed.py [--out PATH]
+    .venv/bin/python scripts/gemm_speed.py [--bf16-aten] [--out PATH]
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import torch
 
 import ckparity
 from ckparity import cpu
-from ckparity.ops.linear import gemm
+from ckparity.ops import _aten_bf16
+from ckparity.ops.linear import gemm, linear
 
 SHAPES = ((512, 64, 256), (1024, 1024, 1024), (512, 256, 1024), (2048, 4096, 4096))
 
@@ -30,10 +33,37 @@ def best(fn, repeats: int = 5) -> float:
     return min(times)
 
 
+def bf16_aten_rows() -> list[dict]:
+    """F.linear in bf16, forward and backward, ckparity's against torch's (ATen's loops), at 2 threads."""
+    import torch.nn.functional as F
+
+    if not _aten_bf16.torch_runs_aten():
+        raise SystemExit("torch runs oneDNN for bf16 matmul here: not ATen's loops")
+    torch.set_num_threads(2)
+    ckparity.set_num_threads(2)
+    rows = []
+    for M, K, N in ((512, 64, 256), (1024, 256, 1024), (256, 1024, 256)):
+        x = torch.randn(M, K).bfloat16().requires_grad_(True)
+        w, up = torch.randn(N, K).bfloat16().requires_grad_(True), torch.randn(M, N).bfloat16()
+        ours, theirs = (best(lambda f=f: f(x, w).backward(up)) for f in (linear, F.linear))
+        rows.append({"threads": 2, "M": M, "K": K, "N": N, "ckparity_ms": round(ours * 1e3, 2),
+                     "torch_ms": round(theirs * 1e3, 2), "ratio": round(theirs / ours, 3)})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="reports/bench/gemm_speed.json")
+    parser.add_argument("--bf16-aten", action="store_true")
+    parser.add_argument("--out")
     args = parser.parse_args()
+    if args.bf16_aten:
+        report = {"schema": "ckparity.gemm_speed_bf16_aten/1", "torch_capability":
+                  torch.backends.cpu.get_cpu_capability(), "what": "F.linear bf16 forward + backward", "rows":
+                  bf16_aten_rows()}
+        with open(args.out or "reports/bench/gemm_speed_bf16_aten.json", "w") as f:
+            json.dump(report, f, indent=1)
+        return
     rows = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
@@ -47,7 +77,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     report = {"schema": "ckparity.gemm_speed/1", "mkl_branch": cpu.mkl_branch(), "mkl": cpu.mkl_version(),
               "torch_capability": torch.backends.cpu.get_cpu_capability(), "rows": rows}
-    with open(args.out, "w") as f:
+    with open(args.out or "reports/bench/gemm_speed.json", "w") as f:
         json.dump(report, f, indent=1)
 
 
