@@ -83,6 +83,23 @@ static inline __attribute__((always_inline)) float exp_u20(float x) {
     return (p * two_n) * 2.0f;
 }
 
+/* Vectorized<float>::fexp_u20 (vec256_float.h, vec512_float.h: the same per lane), the flash kernel's exp for a
+ * bf16 P: 2^(x log2 e) with 2^frac by a degree-3 polynomial, the result's bits made by an integer conversion
+ * (Malossi et al.'s fast exponential); 0 below ln(FLT_MIN), inf above ln(FLT_MAX). */
+static inline __attribute__((always_inline)) float fexp_u20(float x) {
+    const float lo = bits_f(0xc2aeac50u), hi = bits_f(0x42b17218u), log2e = bits_f(0x3fb8aa3bu);
+    if (x < lo) return 0.0f;
+    if (x > hi) return INFINITY;
+    float src = x * log2e;
+    const float frac = src - floorf(src);
+    float res = fmaf(frac, -0.079204240219773236f, -0.22433836478672356f);
+    res = fmaf(frac, res, 0.30354260500649682f);
+    res = fmaf(frac, res, 0.00010703434948458272f);
+    src = src - res;
+    const float t = fmaf(8388608.0f, src, 1065353216.0f); /* 2^23 src + 127 2^23 */
+    return bits_f((uint32_t)_mm_cvttss_si32(_mm_set_ss(t)));
+}
+
 /* vec::maximum: NaN if either is. */
 static inline float vmax(float a, float b) { return a != a || b != b ? NAN : a > b ? a : b; }
 
@@ -155,14 +172,27 @@ CKP_CLONES static float mul_reduce_max(float *r, float scale, int64_t n, at_layo
     return tail < lanes ? lanes : tail;
 }
 
-/* _exp_reduce_sum_fusion_kernel: r = exp(r - max), returns the sum. */
-CKP_CLONES static float exp_reduce_sum(float *r, float max, int64_t n, at_layout L) {
+/* _exp_reduce_sum_fusion_kernel: r = exp(r - max), returns the sum. With a bf16 P (bf16: its other form, as
+ * measured against torch 2.13 at DEFAULT and AVX2): fexp_u20 in two registers of lanes over whole blocks of 2 W terms, then one more
+ * whole W into the first register, the two registers added lane by lane and reduced; the tail as below. */
+CKP_CLONES static float exp_reduce_sum(float *r, float max, int64_t n, at_layout L, int bf16) {
     float lane[16] = {0};
     const int64_t full = n - n % L.lanes;
-    if (L.simd)
+    if (bf16) { /* fexp_u20 is libm's expf at DEFAULT */
+        float two[32] = {0};
+        const int64_t W = L.lanes, pairs = n - n % (2 * W);
+        for (int64_t i = 0; i < pairs; i += 2 * W)
+            for (int64_t l = 0; l < 2 * W; l++)
+                r[i + l] = L.simd ? fexp_u20(r[i + l] - max) : expf(r[i + l] - max), two[l] += r[i + l];
+        for (int64_t i = pairs; i < full; i += W)
+            for (int64_t l = 0; l < W; l++)
+                r[i + l] = L.simd ? fexp_u20(r[i + l] - max) : expf(r[i + l] - max), two[l] += r[i + l];
+        for (int64_t l = 0; l < W; l++) lane[l] = two[l] + two[l + W];
+    } else if (L.simd) {
         ATT_LANES(L.lanes, r[i + l] = exp_u20(r[i + l] - max); lane[l] += r[i + l];);
-    else
+    } else {
         ATT_LANES(L.lanes, r[i + l] = expf(r[i + l] - max); lane[l] += r[i + l];);
+    }
     float sum = reduce_lanes(lane, L, 0);
     for (int64_t i = full; i < n; i++) { /* the tail's exp is C's exp of a double (the kernel's exp(tmp1)) */
         r[i] = (float)exp((double)(r[i] - max));
@@ -188,6 +218,38 @@ CKP_CLONES static float dot_reduce(const float *x, const float *y, int64_t n, at
     return reduce_lanes(lane, L, 0);
 }
 
+/* map2_reduce_all<BFloat16>(x * y, +) over n (functional_bfloat16.h): a bf16 vector is two float ones, lo and hi.
+ * From 2W terms (W = L.lanes) on: lo and hi from the first 2W products, each later whole 2W block's added to them,
+ * a partial last block's added into the lanes it fills; then lo + hi, reduced as vec_reduce_all (the tree at SIMD).
+ * Under 2W: the products (lo, and hi's added into lo's first n - W lanes), reduced lane by lane in order. */
+CKP_CLONES static float dot_reduce_bf16(const float *x, const float *y, int64_t n, at_layout L) {
+    const int64_t W = L.lanes;
+    float lo[16] = {0}, hi[16] = {0};
+    if (n < 2 * W) {
+        for (int64_t i = 0; i < W && i < n; i++) lo[i] = x[i] * y[i];
+        for (int64_t i = W; i < n; i++) lo[i - W] = lo[i - W] + x[i] * y[i];
+        float acc = lo[0];
+        for (int64_t i = 1; i < W && i < n; i++) acc = acc + lo[i];
+        return acc;
+    }
+    for (int64_t i = 0; i < W; i++) lo[i] = x[i] * y[i], hi[i] = x[W + i] * y[W + i];
+    int64_t d = 2 * W;
+    for (; d < n - n % (2 * W); d += 2 * W)
+        for (int64_t i = 0; i < W; i++) lo[i] = lo[i] + x[d + i] * y[d + i], hi[i] = hi[i] + x[d + W + i] * y[d + W + i];
+    if (n - d > W) { /* a partial block past lo's lanes: all of lo takes its products (zero past n), hi those it fills */
+        for (int64_t i = 0; i < W; i++) lo[i] = lo[i] + x[d + i] * y[d + i];
+        for (int64_t i = 0; i < n - d - W; i++) hi[i] = hi[i] + x[d + W + i] * y[d + W + i];
+    } else {
+        for (int64_t i = 0; i < n - d; i++) lo[i] = lo[i] + x[d + i] * y[d + i];
+    }
+    for (int64_t i = 0; i < W; i++) lo[i] = lo[i] + hi[i];
+    return reduce_lanes(lo, L, 0);
+}
+
+static void round_bf16(float *r, int64_t n) {
+    for (int64_t i = 0; i < n; i++) r[i] = ckp_bf16_round(r[i]);
+}
+
 /* exp(r - c) in place, as Vectorized<float>::exp on every lane (SLEEF's expf_u10) or libm's at DEFAULT. */
 CKP_CLONES static void exp_shifted(float *r, float c, int64_t n, at_layout L) {
     if (!L.simd) {
@@ -211,6 +273,7 @@ typedef struct {
     float scale;
     int causal;
     int mkl_threads; /* the threads MKL has for the GEMMs: 1 in ATen's parallel loop, torch's where it has one item */
+    int bf16;        /* the inputs are bf16 values: torch's bf16 kernel ([Note: ATen's bf16 flash attention]) */
     at_layout L;
 } attn;
 
@@ -318,7 +381,8 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
                 memset(row, 0, (size_t)kvb * sizeof *row);
                 continue;
             }
-            const float sum = exp_reduce_sum(row, tmax, kvb, a->L), e = expf(qmax[r] - tmax);
+            const float sum = exp_reduce_sum(row, tmax, kvb, a->L, a->bf16), e = expf(qmax[r] - tmax);
+            if (a->bf16) round_bf16(row, kvb); /* P stored as bf16 for P.V; its sum is of the float values */
             qsum[r] = a->L.simd ? fmaf(e, qsum[r], sum) : sum + e * qsum[r];
             qmax[r] = tmax;
             if (n > 0)
@@ -331,6 +395,7 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
         const float mx = qmax[r] == -INFINITY ? 0.0f : qmax[r], sum = qsum[r] == 0.0f ? 1.0f : qsum[r];
         const float inv = 1.0f / sum;
         for (int64_t j = 0; j < d; j++) out[(m + r) * d + j] = dst[r * d + j] * inv;
+        if (a->bf16) round_bf16(out + (m + r) * d, d);
         lse[m + r] = mx + logf(sum);
     }
 }
@@ -394,23 +459,11 @@ static ckp_status input_spans(const attn *a, ckp_span spans[3]) {
     return CKP_OK;
 }
 
-ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
-                                 const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
-                                 int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
-                                 float *lse, int torch_threads) {
-    if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || q_strides == NULL ||
-        k_strides == NULL || v_strides == NULL)
-        return ckp_fail(CKP_ERR_NULL_POINTER, "attention: no pointer may be NULL");
-    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
-    if (st != CKP_OK) return st;
-    attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
-    a.q = q, a.k = k, a.v = v;
-    set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
-    ckp_span in[3];
-    if ((st = input_spans(&a, in)) != CKP_OK) return st;
-    const ckp_span o = {out, (size_t)(B * Hq * Tq * d) * sizeof(float)}, l = {lse, (size_t)(B * Hq * Tq) * sizeof(float)};
-    if (ckp_overlaps_any(o, in, 3) || ckp_overlaps_any(l, in, 3) || ckp_overlaps(out, o.bytes, lse, l.bytes))
-        return ckp_fail(CKP_ERR_ALIASING, "attention: out and lse may overlap nothing");
+/* The forward's items over this library's threads, each its own (batch, head, q block): out (B, Hq, Tq, d)
+ * and lse (B, Hq, Tq), contiguous. */
+static ckp_status forward_run(const attn *ap, float *out, float *lse, int torch_threads) {
+    attn a = *ap;
+    const int64_t B = a.B, Hq = a.Hq, Tq = a.Tq, d = a.d;
     const int64_t qslices = (Tq + a.qsplit - 1) / a.qsplit, items = B * Hq * qslices;
     a.mkl_threads = items == 1 ? torch_threads : 1;
     const int64_t floats = a.qsplit * a.kvsplit + 2 * a.qsplit + a.qsplit * d + gemm_floats(&a);
@@ -442,11 +495,32 @@ ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const
     return CKP_OK;
 }
 
+ckp_status ckp_attention_forward(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
+                                 const float *v, const int64_t *v_strides, int64_t B, int64_t Hq, int64_t Hkv,
+                                 int64_t Tq, int64_t Tk, int64_t d, double scale, int is_causal, float *out,
+                                 float *lse, int torch_threads) {
+    if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || q_strides == NULL ||
+        k_strides == NULL || v_strides == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "attention: no pointer may be NULL");
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
+    if (st != CKP_OK) return st;
+    attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
+    a.q = q, a.k = k, a.v = v;
+    set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
+    ckp_span in[3];
+    if ((st = input_spans(&a, in)) != CKP_OK) return st;
+    const ckp_span o = {out, (size_t)(B * Hq * Tq * d) * sizeof(float)}, l = {lse, (size_t)(B * Hq * Tq) * sizeof(float)};
+    if (ckp_overlaps_any(o, in, 3) || ckp_overlaps_any(l, in, 3) || ckp_overlaps(out, o.bytes, lse, l.bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "attention: out and lse may overlap nothing");
+    return forward_run(&a, out, lse, torch_threads);
+}
+
 /* One (batch, kv head): its query heads' gradients, and its own dK, dV, accumulated in order. */
 CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, float *dq, float *dk, float *dv, float *buf,
                                       const slots *kept) {
     const int64_t d = a->d, group = a->Hq / a->Hkv;
-    float *p = buf, *dp = p + a->qsplit * a->kvsplit, *dsum = dp + a->qsplit * a->kvsplit, *scratch = dsum + a->qsplit;
+    float *p = buf, *dp = p + a->qsplit * a->kvsplit, *dsum = dp + a->qsplit * a->kvsplit, *pr = dsum + a->qsplit;
+    float *scratch = pr + (a->bf16 ? a->qsplit * a->kvsplit : 0); /* pr: P rounded to bf16, for dV */
     const float *kp = a->k + b * a->k_s[0] + kvh * a->k_s[1], *vp = a->v + b * a->v_s[0] + kvh * a->v_s[1];
     float *dkp = dk + b * a->dk_s[0] + kvh * a->dk_s[1], *dvp = dv + b * a->dv_s[0] + kvh * a->dv_s[1];
     for (int64_t g = 0; g < group; g++) {
@@ -458,7 +532,8 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
             const int64_t qb = a->Tq - m < a->qsplit ? a->Tq - m : a->qsplit;
             const int64_t ldo = a->do_s[2];
             const float *qp = qh + m * a->q_s[2], *dop = doh + m * ldo;
-            for (int64_t r = 0; r < qb; r++) dsum[r] = dot_reduce(dop + r * ldo, oh + (m + r) * d, d, a->L);
+            for (int64_t r = 0; r < qb; r++)
+                dsum[r] = (a->bf16 ? dot_reduce_bf16 : dot_reduce)(dop + r * ldo, oh + (m + r) * d, d, a->L);
             const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
             for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
                 const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
@@ -468,12 +543,27 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
                 }
-                ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2], scratch,
-                                NULL, a->mkl_threads);
+                if (a->bf16) { /* dV (bf16) += P_bf16^T . dO: ATen's own loop, its one chain */
+                    memcpy(pr, p, (size_t)(qb * kvb) * sizeof *p);
+                    round_bf16(pr, qb * kvb);
+                    ckp_aten_bf16_accumulate(CKP_ATEN_BF16_CHAIN, 1.0f, pr, 1, kvb, dop, ldo, 1, kvb, qb, d,
+                                             dvp + n * a->dv_s[2], a->dv_s[2]);
+                } else {
+                    ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2],
+                                    scratch, NULL, a->mkl_threads);
+                }
                 ckp_gemm_serial(dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
                                 slot_for(kept, n, a->kvsplit, 1), a->mkl_threads);
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
+                if (a->bf16) { /* dS rounded to bf16; dQ += scale dS.K (four chains), dK += scale dS^T.Q (one) */
+                    round_bf16(dp, qb * kvb);
+                    ckp_aten_bf16_accumulate(CKP_ATEN_BF16_PAIRS, a->scale, dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1,
+                                             qb, kvb, d, dqh + m * a->dq_s[2], a->dq_s[2]);
+                    ckp_aten_bf16_accumulate(CKP_ATEN_BF16_CHAIN, a->scale, dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d,
+                                             dkp + n * a->dk_s[2], a->dk_s[2]);
+                    continue;
+                }
                 ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1,
                                 dqh + m * a->dq_s[2], a->dq_s[2], scratch, slot_for(kept, n, a->kvsplit, 2), a->mkl_threads);
                 ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * a->dk_s[2], a->dk_s[2],
@@ -481,6 +571,40 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
             }
         }
     }
+}
+
+/* The backward's items over this library's threads, each its own (batch, kv head); dq, dk and dv zeroed first. */
+static ckp_status backward_run(const attn *ap, float *dq, float *dk, float *dv, int torch_threads) {
+    attn a = *ap;
+    const int64_t B = a.B, Hq = a.Hq, Hkv = a.Hkv, Tq = a.Tq, Tk = a.Tk, d = a.d;
+    zero_rows(dq, a.dq_s, B, Hq, Tq, d);
+    zero_rows(dk, a.dk_s, B, Hkv, Tk, d);
+    zero_rows(dv, a.dv_s, B, Hkv, Tk, d);
+    const int64_t floats = (a.bf16 ? 3 : 2) * a.qsplit * a.kvsplit + a.qsplit + gemm_floats(&a), items = B * Hkv;
+    a.mkl_threads = items == 1 ? torch_threads : 1;
+    int failed = 0;
+    ckp_clear_error();
+#pragma omp parallel num_threads(ckp_threads())
+    {
+        void *raw;
+        float *buf = aligned_floats(floats, &raw);
+        slots kept;
+        const int64_t K[3] = {d, d, a.kvsplit}, N[3] = {a.kvsplit, a.kvsplit, d}; /* K^T's blocks, V^T's, K's */
+        const int ready = slots_init(&kept, &a, 3, K, N) && buf != NULL;
+        if (!ready) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++)
+            if (ready)
+                backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv,
+                               aten_slice(buf, it, items, torch_threads, 2 * a.qsplit * a.kvsplit), &kept);
+        free(raw);
+        slots_free(&kept);
+    }
+    if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward: no memory for the block buffers");
+    return CKP_OK;
 }
 
 ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides, const float *q,
@@ -519,32 +643,136 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
         if (ckp_overlaps_any(outs[i], spans, 8))
             return ckp_fail(CKP_ERR_ALIASING, "attention backward: dq, dk and dv may overlap nothing");
     }
-    zero_rows(dq, a.dq_s, B, Hq, Tq, d);
-    zero_rows(dk, a.dk_s, B, Hkv, Tk, d);
-    zero_rows(dv, a.dv_s, B, Hkv, Tk, d);
-    const int64_t floats = 2 * a.qsplit * a.kvsplit + a.qsplit + gemm_floats(&a), items = B * Hkv;
-    a.mkl_threads = items == 1 ? torch_threads : 1;
-    int failed = 0;
-    ckp_clear_error();
-#pragma omp parallel num_threads(ckp_threads())
-    {
-        void *raw;
-        float *buf = aligned_floats(floats, &raw);
-        slots kept;
-        const int64_t K[3] = {d, d, a.kvsplit}, N[3] = {a.kvsplit, a.kvsplit, d}; /* K^T's blocks, V^T's, K's */
-        const int ready = slots_init(&kept, &a, 3, K, N) && buf != NULL;
-        if (!ready) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t it = 0; it < items; it++)
-            if (ready)
-                backward_group(&a, it / Hkv, it % Hkv, dq, dk, dv,
-                               aten_slice(buf, it, items, torch_threads, 2 * a.qsplit * a.kvsplit), &kept);
-        free(raw);
-        slots_free(&kept);
+    return backward_run(&a, dq, dk, dv, torch_threads);
+}
+
+/* [Note: ATen's bf16 flash attention]
+ * torch's bf16 flash kernel (the same FlashAttentionKernel.cpp, scalar_t BFloat16) on a CPU where its GEMMs are
+ * MKL's and ATen's own (no oneDNN for bf16, no AMX: an AMD CPU with AVX2 only) computes in float32 as above but:
+ *   - its float-output GEMMs (S = Q.K^T, P.V into dst, dP = dO.V^T) are MKL's gemm_bf16bf16f32, measured the same
+ *     bits as MKL's sgemm on the widened values (from 16-byte aligned copies) at one thread: ckp_gemm_serial;
+ *   - the forward stores P = exp(S - max) as bf16 for P.V (its row sum is of the float values), and the output
+ *     as bf16;
+ *   - the backward's dsum is map2_reduce_all over bf16 vectors (dot_reduce_bf16); P and dS are rounded to bf16 for
+ *     the GEMMs that read them (dS = P (float) * (dP - dsum)), and dQ, dK and dV are bf16 tensors that each
+ *     block's GEMM adds into -- ATen's own bf16 loops (csrc/linear_bf16_aten.c): dV += P^T.dO and dK += scale
+ *     dS^T.Q in its one chain (from dK's bf16 value, val = dS * scale rounded, FMA at AVX2 and AVX512), dQ += scale
+ *     dS.K in its four chains (C + the rounded scale * sum), each rounded to bf16 after every block.
+ * The inputs are widened here (exactly) with their strides, and the outputs rounded once more (exactly: they hold
+ * bf16 values already). */
+
+/* A bf16 (B, H, T, d) operand widened to float32 with the same strides, 64-byte aligned (as torch's allocations);
+ * only its rows are written. NULL without memory. */
+static float *widen_rows(const uint16_t *src, const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_t d) {
+    const size_t bytes = extent(s, B, H, T, d);
+    float *w = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (w == NULL) return NULL;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t r = 0; r < T; r++) {
+                const int64_t at = b * s[0] + h * s[1] + r * s[2];
+                for (int64_t j = 0; j < d; j++) w[at + j] = ckp_bf16_to_f(src[at + j]);
+            }
+    return w;
+}
+
+static void narrow_rows(const float *src, const int64_t s[3], uint16_t *dst, const int64_t t[3], int64_t B, int64_t H,
+                        int64_t T, int64_t d) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t r = 0; r < T; r++)
+                for (int64_t j = 0; j < d; j++)
+                    dst[b * t[0] + h * t[1] + r * t[2] + j] = ckp_f_to_bf16(src[b * s[0] + h * s[1] + r * s[2] + j]);
+}
+
+static void free_all(float **p, int n) {
+    for (int i = 0; i < n; i++) free(p[i]);
+}
+
+ckp_status ckp_attention_forward_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *k,
+                                      const int64_t *k_strides, const uint16_t *v, const int64_t *v_strides, int64_t B,
+                                      int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale,
+                                      int is_causal, uint16_t *out, float *lse, int torch_threads) {
+    if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || q_strides == NULL ||
+        k_strides == NULL || v_strides == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "attention (bf16): no pointer may be NULL");
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
+    if (st != CKP_OK) return st;
+    attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
+    set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
+    const size_t qx = extent(a.q_s, B, Hq, Tq, d), kx = extent(a.k_s, B, Hkv, Tk, d), vx = extent(a.v_s, B, Hkv, Tk, d);
+    if (qx == 0 || kx == 0 || vx == 0) return ckp_fail(CKP_ERR_BAD_SIZE, "attention (bf16): strides must not be negative");
+    const ckp_span in[3] = {{q, qx / 2}, {k, kx / 2}, {v, vx / 2}};
+    const ckp_span o = {out, (size_t)(B * Hq * Tq * d) * sizeof(uint16_t)}, l = {lse, (size_t)(B * Hq * Tq) * sizeof(float)};
+    if (ckp_overlaps_any(o, in, 3) || ckp_overlaps_any(l, in, 3) || ckp_overlaps(out, o.bytes, lse, l.bytes))
+        return ckp_fail(CKP_ERR_ALIASING, "attention (bf16): out and lse may overlap nothing");
+    float *w[4] = {widen_rows(q, a.q_s, B, Hq, Tq, d), widen_rows(k, a.k_s, B, Hkv, Tk, d),
+                   widen_rows(v, a.v_s, B, Hkv, Tk, d), malloc((size_t)(B * Hq * Tq * d) * sizeof(float))};
+    if (w[0] == NULL || w[1] == NULL || w[2] == NULL || w[3] == NULL) {
+        free_all(w, 4);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention (bf16): no memory for the widened operands");
     }
-    if (failed) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward: no memory for the block buffers");
-    return CKP_OK;
+    a.q = w[0], a.k = w[1], a.v = w[2], a.bf16 = 1;
+    st = forward_run(&a, w[3], lse, torch_threads);
+    if (st == CKP_OK) {
+        const int64_t s[3] = {Hq * Tq * d, Tq * d, d};
+        narrow_rows(w[3], s, out, s, B, Hq, Tq, d);
+    }
+    free_all(w, 4);
+    return st;
+}
+
+ckp_status ckp_attention_backward_bf16(const uint16_t *dout, const int64_t *dout_strides, const uint16_t *q,
+                                       const int64_t *q_strides, const uint16_t *k, const int64_t *k_strides,
+                                       const uint16_t *v, const int64_t *v_strides, const uint16_t *out,
+                                       const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk,
+                                       int64_t d, double scale, int is_causal, uint16_t *dq, const int64_t *dq_strides,
+                                       uint16_t *dk, const int64_t *dk_strides, uint16_t *dv,
+                                       const int64_t *dv_strides, int torch_threads) {
+    if (dout == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dq == NULL ||
+        dk == NULL || dv == NULL || dout_strides == NULL || q_strides == NULL || k_strides == NULL ||
+        v_strides == NULL || dq_strides == NULL || dk_strides == NULL || dv_strides == NULL)
+        return ckp_fail(CKP_ERR_NULL_POINTER, "attention backward (bf16): no pointer may be NULL");
+    ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
+    if (st != CKP_OK) return st;
+    attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
+    set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
+    set_strides(a.do_s, dout_strides), set_strides(a.dq_s, dq_strides), set_strides(a.dk_s, dk_strides);
+    set_strides(a.dv_s, dv_strides);
+    const int64_t os[3] = {Hq * Tq * d, Tq * d, d};
+    const size_t x[8] = {extent(a.do_s, B, Hq, Tq, d), extent(a.q_s, B, Hq, Tq, d), extent(a.k_s, B, Hkv, Tk, d),
+                         extent(a.v_s, B, Hkv, Tk, d), extent(os, B, Hq, Tq, d), extent(a.dq_s, B, Hq, Tq, d),
+                         extent(a.dk_s, B, Hkv, Tk, d), extent(a.dv_s, B, Hkv, Tk, d)};
+    for (int i = 0; i < 8; i++)
+        if (x[i] == 0) return ckp_fail(CKP_ERR_BAD_SIZE, "attention backward (bf16): strides must not be negative");
+    if (!disjoint_rows(a.dq_s, B, Hq, Tq, d) || !disjoint_rows(a.dk_s, B, Hkv, Tk, d) ||
+        !disjoint_rows(a.dv_s, B, Hkv, Tk, d))
+        return ckp_fail(CKP_ERR_BAD_SIZE, "attention backward (bf16): dq, dk and dv need strides that give each of "
+                                          "their rows its own d elements");
+    ckp_span spans[8] = {{dout, x[0] / 2}, {q, x[1] / 2}, {k, x[2] / 2}, {v, x[3] / 2}, {out, x[4] / 2},
+                         {lse, (size_t)(B * Hq * Tq) * sizeof(float)}};
+    const ckp_span outs[3] = {{dq, x[5] / 2}, {dk, x[6] / 2}, {dv, x[7] / 2}};
+    for (int i = 0; i < 3; i++) {
+        spans[6] = outs[(i + 1) % 3], spans[7] = outs[(i + 2) % 3];
+        if (ckp_overlaps_any(outs[i], spans, 8))
+            return ckp_fail(CKP_ERR_ALIASING, "attention backward (bf16): dq, dk and dv may overlap nothing");
+    }
+    float *w[8] = {widen_rows(dout, a.do_s, B, Hq, Tq, d), widen_rows(q, a.q_s, B, Hq, Tq, d),
+                   widen_rows(k, a.k_s, B, Hkv, Tk, d), widen_rows(v, a.v_s, B, Hkv, Tk, d),
+                   widen_rows(out, os, B, Hq, Tq, d), aligned_alloc(64, (x[5] + 63) / 64 * 64),
+                   aligned_alloc(64, (x[6] + 63) / 64 * 64), aligned_alloc(64, (x[7] + 63) / 64 * 64)};
+    for (int i = 0; i < 8; i++)
+        if (w[i] == NULL) {
+            free_all(w, 8);
+            return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward (bf16): no memory for the widened operands");
+        }
+    a.dout = w[0], a.q = w[1], a.k = w[2], a.v = w[3], a.out = w[4], a.lse = lse, a.bf16 = 1;
+    st = backward_run(&a, w[5], w[6], w[7], torch_threads);
+    if (st == CKP_OK) {
+        narrow_rows(w[5], a.dq_s, dq, a.dq_s, B, Hq, Tq, d);
+        narrow_rows(w[6], a.dk_s, dk, a.dk_s, B, Hkv, Tk, d);
+        narrow_rows(w[7], a.dv_s, dv, a.dv_s, B, Hkv, Tk, d);
+    }
+    free_all(w, 8);
+    return st;
 }

@@ -156,4 +156,9 @@ int64_t ckp_gemm_slot_floats(int64_t K, int64_t N);
 void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                      int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
                      float *scratch, ckp_gemm_slot *slot, int mkl_threads);
+/* C (M x N, float holding bf16 values, ldc apart) += alpha A . B in ATen's bf16 GEMM's pairs or chain form
+ * (csrc/linear_bf16_aten.c), A and B float holding bf16 values, by their strides (the chain: B's columns
+ * contiguous), each output rounded to bf16 after: the flash kernel's bf16 backward accumulating its gradients. */
+void ckp_aten_bf16_accumulate(int form, float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                              int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc);
 #endif /* CKP_INTERNAL_H */

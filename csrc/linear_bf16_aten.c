@@ -29,6 +29,7 @@
 #include "ckp_internal.h"
 #include "vec.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -64,21 +65,44 @@ CKP_CLONES static float dot_fp32(const float *x, const float *w, int64_t K, int 
     return sum;
 }
 
-/* The pairs form: four chains by k mod 4, the rest onto the first, added in order. */
-CKP_CLONES static float dot_pairs(const float *x, const float *w, int64_t K) {
+/* The pairs form over x (xs apart) and w (ws apart): four chains by k mod 4, the rest onto the first, added in
+ * order. */
+CKP_CLONES static float dot_pairs(const float *x, int64_t xs, const float *w, int64_t ws, int64_t K) {
     float p[4] = {0, 0, 0, 0};
     int64_t k = 0;
     for (; k + 4 <= K; k += 4)
-        for (int q = 0; q < 4; q++) p[q] += x[k + q] * w[k + q];
-    for (; k < K; k++) p[0] += x[k] * w[k];
+        for (int q = 0; q < 4; q++) p[q] += x[(k + q) * xs] * w[(k + q) * ws];
+    for (; k < K; k++) p[0] += x[k * xs] * w[k * ws];
     return ((p[0] + p[1]) + p[2]) + p[3];
 }
 
-/* The chain form for one row of C: every output's chain over k from its start (bias or 0), k outermost so the
- * columns go together (bw is B widened, K x N row-major). */
-CKP_CLONES static void chain_row(const float *x, const float *bw, int64_t K, int64_t N, float *acc) {
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t n = 0; n < N; n++) acc[n] += x[k] * bw[k * N + n];
+/* The chain form for one row of C, acc its start and its result: each output's chain over k, k outermost (x's
+ * k-th term xs apart, B's row k at b + k * ldb, its columns contiguous). ATen's loop takes val = x * alpha (rounded)
+ * and adds b * val -- in one FMA where its build contracts it (fused: AVX2, AVX512), else rounded twice; with
+ * alpha 1 the product is exact either way. */
+CKP_CLONES static void chain_row(const float *x, int64_t xs, const float *b, int64_t ldb, int64_t K, int64_t N,
+                                 float alpha, int fused, float *acc) {
+    for (int64_t k = 0; k < K; k++) {
+        const float val = x[k * xs] * alpha, *row = b + k * ldb;
+        if (fused)
+            for (int64_t n = 0; n < N; n++) acc[n] = fmaf(row[n], val, acc[n]);
+        else
+            for (int64_t n = 0; n < N; n++) acc[n] += row[n] * val;
+    }
+}
+
+void ckp_aten_bf16_accumulate(int form, float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                              int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
+    const int fused = ckp_get_capability() != CKP_CAPABILITY_DEFAULT;
+    for (int64_t m = 0; m < M; m++) {
+        float *row = c + m * ldc;
+        if (form == CKP_ATEN_BF16_CHAIN)
+            chain_row(a + m * a_rs, a_cs, b, b_rs, K, N, alpha, fused, row);
+        else
+            for (int64_t n = 0; n < N; n++)
+                row[n] += alpha * dot_pairs(a + m * a_rs, a_cs, b + n * b_cs, b_rs, K);
+        for (int64_t n = 0; n < N; n++) row[n] = ckp_bf16_round(row[n]);
+    }
 }
 
 /* An output's bf16: its sum rounded, and with bias_after the bias added to that and rounded again (matmul, then
@@ -135,7 +159,7 @@ ckp_status ckp_gemm_bf16_aten(const uint16_t *a, int64_t a_rs, int64_t a_cs, con
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++) {
                 for (int64_t n = 0; n < N; n++) acc[n] = seeded ? ckp_bf16_to_f(bias[n]) : 0.0f;
-                chain_row(aw + m * K, bw, K, N, acc);
+                chain_row(aw + m * K, 1, bw, N, K, N, 1.0f, 0, acc);
                 for (int64_t n = 0; n < N; n++) c[m * N + n] = finish(acc[n], bias, bias_after, n);
             }
         } else {
@@ -146,7 +170,7 @@ ckp_status ckp_gemm_bf16_aten(const uint16_t *a, int64_t a_rs, int64_t a_cs, con
             for (int64_t m = 0; m < M; m++)
                 for (int64_t n = 0; n < N; n++) {
                     const float *x = aw + m * K, *w = bw + n * K;
-                    const float dot = form == CKP_ATEN_BF16_DOT ? dot_fp32(x, w, K, lanes, tree) : dot_pairs(x, w, K);
+                    const float dot = form == CKP_ATEN_BF16_DOT ? dot_fp32(x, w, K, lanes, tree) : dot_pairs(x, 1, w, 1, K);
                     c[m * N + n] = finish(bias != NULL && !bias_after ? ckp_bf16_to_f(bias[n]) + dot : dot, bias,
                                           bias_after, n);
                 }

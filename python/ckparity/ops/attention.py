@@ -11,14 +11,17 @@ import torch
 
 from .._native import check, ffi, lib
 from .._tensors import empty, require_floating
+from .. import cpu
 from ..errors import InvalidArgument
+from . import _aten_bf16
 from ._function import CFunction, first_order_only
 
-_FLOAT = ffi.typeof("float *")
+_FLOAT, _U16 = ffi.typeof("float *"), ffi.typeof("uint16_t *")
 
 
 def _at(t: torch.Tensor):
-    return ffi.cast(_FLOAT, t.data_ptr())
+    """A pointer to t's first element: float32, or a bf16 tensor's bits."""
+    return ffi.cast(_U16 if t.dtype == torch.bfloat16 else _FLOAT, t.data_ptr())
 
 
 def _strides(t: torch.Tensor):
@@ -30,7 +33,8 @@ def attention_forward(q, k, v, scale: float, is_causal: bool, out, lse, *, libra
     """out (B, Hq, Tq, d) and lse (B, Hq, Tq), contiguous, from q (B, Hq, Tq, d), k and v (B, Hkv, Tk, d) read
     by their strides (the last dim contiguous)."""
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
-    check(library.ckp_attention_forward(_at(q), _strides(q), _at(k), _strides(k), _at(v), _strides(v), B, Hq, Hkv,
+    entry = library.ckp_attention_forward_bf16 if q.dtype == torch.bfloat16 else library.ckp_attention_forward
+    check(entry(_at(q), _strides(q), _at(k), _strides(k), _at(v), _strides(v), B, Hq, Hkv,
                                         Tq, Tk, d, scale, int(is_causal), _at(out), _at(lse), torch.get_num_threads()),
           "attention", library)
 
@@ -39,26 +43,28 @@ def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, d
     """dq, dk, dv (q's and k's shapes, written by their strides, each row its own) from dout (read by its strides,
     its last dim contiguous), out (contiguous) and the forward's lse."""
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
-    check(library.ckp_attention_backward(_at(dout), _strides(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v),
+    entry = library.ckp_attention_backward_bf16 if q.dtype == torch.bfloat16 else library.ckp_attention_backward
+    check(entry(_at(dout), _strides(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v),
                                          _strides(v), _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal),
                                          _at(dq), _strides(dq), _at(dk), _strides(dk), _at(dv), _strides(dv),
                                          torch.get_num_threads()),
           "attention backward", library)
 
 
-def _as_aten_lays_it(shape) -> torch.Tensor:
-    """An empty (B, H, T, d) tensor laid out as (B, T, H, d), as ATen's flash backward makes its gradients."""
-    B, H, T, d = shape
-    return empty((B, T, H, d), torch.float32).transpose(1, 2)
+def _as_aten_lays_it(like: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of like's (B, H, T, d) shape and dtype laid out as (B, T, H, d), as ATen's flash backward
+    makes its gradients."""
+    B, H, T, d = like.shape
+    return empty((B, T, H, d), like.dtype).transpose(1, 2)
 
 
 class _AttentionFunction(CFunction):
-    """q (B, Hq, Tq, d), k, v (B, Hkv, Tk, d), scale, is_causal -> (B, Hq, Tq, d). First-order only: see
-    ops/_function.py."""
+    """q (B, Hq, Tq, d), k, v (B, Hkv, Tk, d), scale, is_causal -> (B, Hq, Tq, d), float32 or bf16 (torch's bf16
+    kernel: csrc/attention.c's [Note: ATen's bf16 flash attention]). First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(q, k, v, scale, is_causal):
-        out = empty(q.shape, torch.float32)
+        out = empty(q.shape, q.dtype)
         lse = empty(q.shape[:3], torch.float32)
         attention_forward(q, k, v, scale, is_causal, out, lse)
         return out, lse
@@ -75,11 +81,12 @@ class _AttentionFunction(CFunction):
     @first_order_only
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _as_aten_lays_it(q.shape), _as_aten_lays_it(k.shape), _as_aten_lays_it(v.shape)
+        dq, dk, dv = _as_aten_lays_it(q), _as_aten_lays_it(k), _as_aten_lays_it(v)
         # dout where ATen's flash backward reads it, and dq, dk, dv where it writes them: (B, T, H, d) buffers
         # (grad_out.transpose(1, 2) made contiguous: a copy unless dout already lies so). MKL's small paths on its
         # AVX2 branch start a row of A or C at its first 16-byte boundary ([Note: MKL's AVX2 small sgemm], [Note:
         # MKL's AVX2 small sgemm by columns]), so where the rows start moves bits
+        dout = dout.to(q.dtype)
         attention_backward(dout.transpose(1, 2).contiguous().transpose(1, 2), q, k, v, out, lse, ctx.scale,
                            ctx.is_causal, dq, dk, dv)
         return dq, dk, dv, None, None
@@ -112,7 +119,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     require_floating(query, "query")
     require_floating(key, "key", like=query)
     require_floating(value, "value", like=query)
-    if query.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
+    if query.dtype == torch.bfloat16 and not bf16_followed():  # widened exactly; the gradients come back through the
+        # casts, rounded once
         with torch.autocast("cpu", enabled=False):
             return attention(query.float(), key.float(), value.float(), is_causal=is_causal, scale=scale,
                              enable_gqa=enable_gqa).bfloat16()
@@ -125,6 +133,12 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
         return (query.sum(-1, keepdim=True) * 0 + key.sum() * 0 + value.sum() * 0).expand(query.shape).clone()
     out, _ = _AttentionFunction.apply(_as_4d(query), _as_4d(key), _as_4d(value), scale, bool(is_causal))
     return out if query.dim() == 4 else out.reshape(query.shape)
+
+
+def bf16_followed() -> bool:
+    """Whether torch's bf16 flash kernel runs here on GEMMs ckparity follows in bf16: MKL's bf16 GEMM as its AVX2
+    branch's own sgemm order, and ATen's own bf16 loops (no oneDNN for bf16, no AMX)."""
+    return cpu.mkl_avx2_own() and _aten_bf16.torch_runs_aten()
 
 
 def _check_shapes(query, key, value, enable_gqa: bool) -> None:
