@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .. import cpu
 from .._native import ffi
 from ..ops.attention import attention as c_attention
-from ..ops.attention import attention_backward, attention_forward
+from ..ops.attention import attention_backward, attention_forward, bf16_followed
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
@@ -97,14 +97,35 @@ def followed(tq: int, tk: int, d: int) -> bool:
     return not any((n == 2 and m < 16 or n == 3 and m < 11) and 32 <= d < 24 * m for m in q_rows for n in k_cols)
 
 
+def _bf16_not_followed() -> str | None:
+    """Why bf16 attention is not torch's bits in this process, or None."""
+    if not bf16_followed():
+        return ("torch's bf16 flash kernel runs GEMMs ckparity does not follow in bf16 here (oneDNN, or MKL off its "
+                "AVX2 branch)")
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        return "the bf16 flash kernel at AVX512 is not measured (a CPU with AVX-512 runs oneDNN's bf16 GEMMs)"
+    return None
+
+
+def followed_bf16(tq: int, tk: int) -> bool:
+    """Whether every GEMM of torch's bf16 flash kernel at these sizes takes the order ckparity follows: MKL's bf16
+    GEMM is its sgemm on the widened values except with one row or one column (another path: measured), so no
+    one-row q block and no one-key block."""
+    qs, ks = _split(tq), min(512, tk)
+    return 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
+
+
 def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,
-          g: torch.Generator, scale: float | None = None) -> None:
-    q = torch.randn(B, H, tq, d, generator=g)
-    k, v = torch.randn(B, Hkv, tk, d, generator=g), torch.randn(B, Hkv, tk, d, generator=g)
-    up = torch.randn(B, H, tq, d, generator=g)
+          g: torch.Generator, scale: float | None = None, dtype: torch.dtype = torch.float32) -> None:
+    threads_swept = sgemm_thread_counts()
+    if dtype == torch.bfloat16 and (B * Hkv == 1 or B * H * -(-tq // _split(tq)) == 1):
+        threads_swept = (1,)  # a pass of one item runs MKL's bf16 GEMM on torch's threads: its own split, not followed
+    q = torch.randn(B, H, tq, d, generator=g).to(dtype)
+    k, v = torch.randn(B, Hkv, tk, d, generator=g).to(dtype), torch.randn(B, Hkv, tk, d, generator=g).to(dtype)
+    up = torch.randn(B, H, tq, d, generator=g).to(dtype)
     kw = {"is_causal": causal, "enable_gqa": H != Hkv, "scale": scale}
     q, k, v = (x.requires_grad_(True) for x in (q, k, v))
-    for threads in sgemm_thread_counts():
+    for threads in threads_swept:
         with torch_threads(threads):  # ckparity's GEMMs follow MKL at torch's thread count too
             ours = grad_run(lambda *t: c_attention(*t, **kw), [q, k, v], up)
             theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), [q, k, v], up)
@@ -131,6 +152,27 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
     for tq, tk in ((40, 100), (100, 40), (64, 600)):
         _case(tally, f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False, g)
     _case(tally, "T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, g, scale=0.3)
+
+
+def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
+    """out, dq, dk, dv in bf16 against F.scaled_dot_product_attention where torch's bf16 flash kernel runs on GEMMs
+    ckparity follows (ops.attention.bf16_followed): the float sweep's sizes (every head dim from 1, at 1 and 2 kv
+    heads), in bf16, at 1 and 2 torch threads -- at 1 only where a pass has one parallel item (_case); the sizes
+    with a one-row q block or a one-key block skipped (followed_bf16)."""
+    def case(label, B, H, Hkv, tq, tk, d, causal, scale=None):
+        if followed_bf16(tq, tk):
+            _case(tally, label, B, H, Hkv, tq, tk, d, causal, g, scale=scale, dtype=torch.bfloat16)
+    for d in [w for w in WIDTHS if w <= 300]:
+        case(f"T=37 d={d}", 1, 2, 1, 37, 37, d, d % 2 == 0)
+        case(f"T=37 d={d} 2 kv heads", 1, 4, 2, 37, 37, d, d % 2 == 1)
+    for t in range(2, 301):
+        case(f"T={t} d=24 mha", 1, 2, 2, t, t, 24, t % 2 == 1)
+        case(f"T={t} d=64 gqa causal", 1, 4, 2, t, t, 64, True)
+    for t in (383, 384, 511, 512, 767, 768, 1031):
+        case(f"T={t} d=32", 1, 2, 1, t, t, 32, t % 2 == 0)
+    for tq, tk in ((40, 100), (100, 40), (64, 600)):
+        case(f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False)
+    case("T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, scale=0.3)
 
 
 def _flash_sdpa(q, k, v, **kw):
@@ -197,6 +239,34 @@ def _backward_entry() -> CEntry:
                   {"T": 3}, call)
 
 
+def _bf16_entry() -> CEntry:
+    def call(L, p, s):
+        B, d = s["B"], s["d"]
+        st = ffi.new("int64_t[3]", [HEADS_FUZZ * T_FUZZ * d, T_FUZZ * d, d])
+        return L.ckp_attention_forward_bf16(p["q"], st, p["k"], st, p["v"], st, B, HEADS_FUZZ, HEADS_FUZZ, T_FUZZ,
+                                            T_FUZZ, d, 0.5, 1, p["out"], p["lse"], 1)
+    size = lambda s: s["B"] * HEADS_FUZZ * T_FUZZ * s["d"]  # noqa: E731
+    return CEntry("attention_forward_bf16", (CBuffer("q", "h", size), CBuffer("k", "h", size),
+                                             CBuffer("v", "h", size), CBuffer("out", "h", size, True),
+                                             CBuffer("lse", "f", lambda s: s["B"] * HEADS_FUZZ * T_FUZZ, True)),
+                  {"B": 2, "d": 4}, call)
+
+
+def _bf16_backward_entry() -> CEntry:
+    def call(L, p, s):
+        T = s["T"]
+        st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
+        return L.ckp_attention_backward_bf16(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], 1,
+                                             HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"], st,
+                                             p["dv"], st, 1)
+    size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
+    return CEntry("attention_backward_bf16",
+                  tuple(CBuffer(n, "h", size) for n in ("dout", "q", "k", "v", "out"))
+                  + (CBuffer("lse", "f", lambda s: HEADS_FUZZ * s["T"]),)
+                  + tuple(CBuffer(n, "h", size, True) for n in ("dq", "dk", "dv")),
+                  {"T": 3}, call)
+
+
 def _bench(g: torch.Generator, select):
     for B, H, Hkv, t, d in ((8, 4, 2, 64, 64), (4, 16, 16, 1024, 64)):
         shape = f"B={B},H={H}/{Hkv},T={t},d={d}"
@@ -241,16 +311,24 @@ KERNEL = Kernel(
                             "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, every size with d >= 2 (its "
                             "small paths and gemv followed, ATen's per-thread buffers placed as ATen places them, and "
                             "a pass of one parallel item whose GEMMs MKL shares between 2 threads); under "
-                            "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),),
+                            "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),
+            Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", capabilities=("DEFAULT", "AVX2"),
+                  holds=_bf16_not_followed,
+                  condition="where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own "
+                            "bf16 loops (an AMD CPU with AVX2 only): every size without a one-row q block or a one-key "
+                            "block, every head dim, at 1 and 2 torch threads (at 1 where a pass has one parallel "
+                            "item)")),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
                               "one row or a key block of one there (MKL's gemv), d = 1 on its AVX2 branch (P.V of one "
-                              "column: another gemv form), bfloat16 (torch rounds P and dP to bf16 and "
-                              "runs oneDNN's GEMMs): as accurate as torch"},
+                              "column: another gemv form); bfloat16 where torch's GEMMs are oneDNN's or MKL's AMX ones, "
+                              "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), or "
+                              "at 2 torch threads where a pass has one item (MKL's bf16 GEMM on 2 threads): as accurate "
+                              "as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=(_entry(), _backward_entry()),
+    c_entries=(_entry(), _backward_entry(), _bf16_entry(), _bf16_backward_entry()),
 )

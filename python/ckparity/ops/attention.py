@@ -106,9 +106,11 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     """F.scaled_dot_product_attention: query (..., Hq, Tq, d), key and value (..., Hkv, Tk, d) -> (..., Hq, Tq, d),
     float32 or bfloat16; is_causal (top-left: row r sees keys <= r), scale (default 1 / sqrt(d)), enable_gqa
     (query head h reads kv head h / (Hq / Hkv)). An attn_mask and dropout are refused by name.
-    bfloat16: the float32 kernel on the widened values, the result rounded once -- torch's bf16 flash kernel
-    rounds P and dP to bf16 and runs oneDNN's bf16 GEMMs, not followed: float32 accumulation throughout, the
-    same bits at any thread count."""
+    bfloat16: where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own bf16 loops
+    (bf16_followed: an AMD CPU with AVX2 only), that kernel (csrc/attention.c's [Note: ATen's bf16 flash
+    attention]: P and dS rounded to bf16, dQ, dK, dV accumulated in bf16); elsewhere (oneDNN's or AMX GEMMs) the
+    float32 kernel on the widened values, the result rounded once. Either way the same bits at any ckparity
+    thread count."""
     if attn_mask is not None:
         raise InvalidArgument("attention: attn_mask is not built in ckparity's attention (use is_causal, or "
                               "F.scaled_dot_product_attention)")
