@@ -16,9 +16,10 @@ import torch.nn.functional as F
 
 from ckparity import cpu
 from ckparity.harness.basics.config import RunConfig, UsageError
-from ckparity.kernels.attention import followed
+from ckparity.kernels.attention import followed, followed_bf16
 from ckparity.harness.loop.run import train
 from ckparity.harness.twins.factory import build_twins
+from ckparity.ops.attention import bf16_followed
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 LLAMA = RunConfig(model="llama", num_layers=2, heads=4, kv_heads=2, d_model=32, hidden=48, vocab=64, seq_len=8,
@@ -100,6 +101,35 @@ def test_a_whole_llama_step_in_c_is_bit_identical(tmp_path, threads):
     result = train(config)
     assert result["divergence"]["first_step"] is None, result["divergence"]
     assert result["max_param_abs_diff"] == 0.0 and result["max_grad_abs_diff"] == 0.0
+
+
+@pytest.mark.skipif(not bf16_followed(), reason="torch's bf16 matmul and flash kernel run oneDNN's GEMMs here")
+@pytest.mark.parametrize("precision", [{"dtype": "bfloat16"}, {"amp": "bfloat16"}], ids=["bf16", "amp"])
+def test_a_whole_llama_step_in_c_in_bf16_is_bit_identical(tmp_path, precision):
+    """Where torch's bf16 linear and flash attention run ATen's own loops and MKL's AVX2 branch (an AMD CPU with
+    AVX2 only), every op of the CK twin's step in C in pure bf16 and under autocast: not one differing bit, at
+    ckparity's 2 threads and torch's 2 (every attention pass here has two items or more)."""
+    config = replace(LLAMA, d_model=64, seq_len=16, ck_all="c", ck_loss_backend="c_ptref", max_steps=30,
+                     ck_optimizer_backend="c_fused", torch_adamw="fused", tie_embeddings=True, threads=2,
+                     torch_threads=2, json_out=str(tmp_path / "r.json"), **precision)
+    assert followed_bf16(config.seq_len, config.seq_len)
+    result = train(config)
+    assert result["divergence"]["first_step"] is None, result["divergence"]
+    assert set(result["max_ulp_diff"].values()) == {0}
+
+
+def test_the_committed_bf16_all_c_llama_runs_on_mkls_avx2_branch_are_bit_identical():
+    """reports/llama/mkl_avx2/bf16/ (scripts/llama_bf16_twins.sh on an AMD CPU without AVX-512): the 300-step
+    all-C llama run in pure bf16 and under bf16 autocast, at DEFAULT and AVX2, ckparity at 1 and 2 threads with
+    torch at 1, and both at 2 -- not one differing bit."""
+    seen = set()
+    for r in _reports("llama/mkl_avx2/bf16"):
+        c = r["config"]
+        mode = "bf16" if c["dtype"] == "bfloat16" else "amp" if c["amp"] == "bfloat16" else None
+        assert r["env"]["mkl_branch"] == "AVX2" and r["env"]["onednn_isa"] == "AVX2"
+        seen.add((mode, *_bitwise_all_c_llama(r)))
+    assert seen == {(m, cap, t, tt) for m in ("bf16", "amp") for cap in ("DEFAULT", "AVX2")
+                    for t, tt in ((1, 1), (2, 1), (2, 2))}
 
 
 def test_the_committed_all_c_llama_runs_are_bit_identical():
