@@ -211,59 +211,37 @@ def _probe(g: torch.Generator):
 HEADS_FUZZ, D_FUZZ, T_FUZZ = 2, 2, 3
 
 
-def _entry() -> CEntry:
-    def call(L, p, s):
-        B, d = s["B"], s["d"]
-        st = ffi.new("int64_t[3]", [HEADS_FUZZ * T_FUZZ * d, T_FUZZ * d, d])  # contiguous: no buffer to fuzz
-        return L.ckp_attention_forward(p["q"], st, p["k"], st, p["v"], st, B, HEADS_FUZZ, HEADS_FUZZ, T_FUZZ, T_FUZZ,
-                                       d, 0.5, 1, p["out"], p["lse"], 1)
-    size = lambda s: s["B"] * HEADS_FUZZ * T_FUZZ * s["d"]  # noqa: E731
-    return CEntry("attention_forward", (CBuffer("q", "f", size), CBuffer("k", "f", size), CBuffer("v", "f", size),
-                                        CBuffer("out", "f", size, True),
-                                        CBuffer("lse", "f", lambda s: s["B"] * HEADS_FUZZ * T_FUZZ, True)),
-                  {"B": 2, "d": 4}, call)
+def _entry(bf16: bool = False) -> CEntry:
+    """ckp_attention_forward (or its bf16 form) on contiguous q, k, v: no buffer to fuzz in the strides."""
+    forward, kind = "attention_forward" + ("_bf16" if bf16 else ""), "h" if bf16 else "f"
 
-
-def _backward_entry() -> CEntry:
-    def call(L, p, s):
-        T = s["T"]
-        st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
-        return L.ckp_attention_backward(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], 1,
-                                        HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"], st, p["dv"],
-                                        st, 1)
-    size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
-    return CEntry("attention_backward",
-                  tuple(CBuffer(n, "f", size) for n in ("dout", "q", "k", "v", "out"))
-                  + (CBuffer("lse", "f", lambda s: HEADS_FUZZ * s["T"]),)
-                  + tuple(CBuffer(n, "f", size, True) for n in ("dq", "dk", "dv")),
-                  {"T": 3}, call)
-
-
-def _bf16_entry() -> CEntry:
     def call(L, p, s):
         B, d = s["B"], s["d"]
         st = ffi.new("int64_t[3]", [HEADS_FUZZ * T_FUZZ * d, T_FUZZ * d, d])
-        return L.ckp_attention_forward_bf16(p["q"], st, p["k"], st, p["v"], st, B, HEADS_FUZZ, HEADS_FUZZ, T_FUZZ,
+        return getattr(L, "ckp_" + forward)(p["q"], st, p["k"], st, p["v"], st, B, HEADS_FUZZ, HEADS_FUZZ, T_FUZZ,
                                             T_FUZZ, d, 0.5, 1, p["out"], p["lse"], 1)
     size = lambda s: s["B"] * HEADS_FUZZ * T_FUZZ * s["d"]  # noqa: E731
-    return CEntry("attention_forward_bf16", (CBuffer("q", "h", size), CBuffer("k", "h", size),
-                                             CBuffer("v", "h", size), CBuffer("out", "h", size, True),
-                                             CBuffer("lse", "f", lambda s: s["B"] * HEADS_FUZZ * T_FUZZ, True)),
+    return CEntry(forward, (CBuffer("q", kind, size), CBuffer("k", kind, size), CBuffer("v", kind, size),
+                             CBuffer("out", kind, size, True),
+                             CBuffer("lse", "f", lambda s: s["B"] * HEADS_FUZZ * T_FUZZ, True)),
                   {"B": 2, "d": 4}, call)
 
 
-def _bf16_backward_entry() -> CEntry:
+def _backward_entry(bf16: bool = False) -> CEntry:
+    """ckp_attention_backward (or its bf16 form) on contiguous operands."""
+    backward, kind = "attention_backward" + ("_bf16" if bf16 else ""), "h" if bf16 else "f"
+
     def call(L, p, s):
         T = s["T"]
         st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
-        return L.ckp_attention_backward_bf16(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"], 1,
-                                             HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"], st,
-                                             p["dv"], st, 1)
+        return getattr(L, "ckp_" + backward)(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"],
+                                             1, HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"],
+                                             st, p["dv"], st, 1)
     size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
-    return CEntry("attention_backward_bf16",
-                  tuple(CBuffer(n, "h", size) for n in ("dout", "q", "k", "v", "out"))
+    return CEntry(backward,
+                  tuple(CBuffer(n, kind, size) for n in ("dout", "q", "k", "v", "out"))
                   + (CBuffer("lse", "f", lambda s: HEADS_FUZZ * s["T"]),)
-                  + tuple(CBuffer(n, "h", size, True) for n in ("dq", "dk", "dv")),
+                  + tuple(CBuffer(n, kind, size, True) for n in ("dq", "dk", "dv")),
                   {"T": 3}, call)
 
 
@@ -330,5 +308,5 @@ KERNEL = Kernel(
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=(_entry(), _backward_entry(), _bf16_entry(), _bf16_backward_entry()),
+    c_entries=(_entry(), _backward_entry(), _entry(bf16=True), _backward_entry(bf16=True)),
 )

@@ -158,22 +158,17 @@ class _LinearBF16Function(CFunction):
         return dx, dw, None
 
 
-class _LinearATenBF16Function(CFunction):
+class _LinearATenBF16Function(_LinearFunction):
     """x (..., K), weight (N, K), bias (N) or None, bias_after, all bf16 -> (..., N) bf16: each GEMM (y, dX, dW) in
     the loop ATen's own bf16 GEMM runs it with, on the layouts autograd's mm backward gives it (as
-    _LinearFunction's); dbias as torch sums a bf16 dY (in float32, in float32's order), rounded once. torch's bf16
-    matmul where it runs no oneDNN (ops/_aten_bf16.py). First-order only: see ops/_function.py."""
+    _LinearFunction's, whose save it shares); dbias as torch sums a bf16 dY (in float32, in float32's order), rounded
+    once. torch's bf16 matmul where it runs no oneDNN (ops/_aten_bf16.py). First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(x, weight, bias, bias_after):
         N, K = weight.shape
         y = _aten_bf16.product(_mat1(x), weight.t(), bias, bias_after)
         return y.reshape(*x.shape[:-1], N)
-
-    @staticmethod
-    def save(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0], inputs[1])
-        ctx.has_bias = inputs[2] is not None
 
     @staticmethod
     @first_order_only
