@@ -110,9 +110,11 @@ def _bf16_not_followed() -> str | None:
 def followed_bf16(tq: int, tk: int) -> bool:
     """Whether every GEMM of torch's bf16 flash kernel at these sizes takes the order ckparity follows: MKL's bf16
     GEMM is its sgemm on the widened values except with one row or one column (another path: measured), so no
-    one-row q block and no one-key block."""
+    one-row q block and no one-key block; and not for sequences under 12 (MKL's small paths from its own widened
+    copies, whose addresses are not the tensors': measured, T = 2..11 differ at some head dims, 12..19 and longer
+    ones with tails of 1..3 rows or keys do not)."""
     qs, ks = _split(tq), min(512, tk)
-    return 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
+    return min(tq, tk) >= 12 and 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
 
 
 def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,
@@ -158,7 +160,7 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     """out, dq, dk, dv in bf16 against F.scaled_dot_product_attention where torch's bf16 flash kernel runs on GEMMs
     ckparity follows (ops.attention.bf16_followed): the float sweep's sizes (every head dim from 1, at 1 and 2 kv
     heads), in bf16, at 1 and 2 torch threads -- at 1 only where a pass has one parallel item (_case); the sizes
-    with a one-row q block or a one-key block skipped (followed_bf16)."""
+    followed_bf16 leaves out skipped (a sequence under 12, a one-row q block or a one-key block)."""
     def case(label, B, H, Hkv, tq, tk, d, causal, scale=None):
         if followed_bf16(tq, tk):
             _case(tally, label, B, H, Hkv, tq, tk, d, causal, g, scale=scale, dtype=torch.bfloat16)
@@ -293,16 +295,17 @@ KERNEL = Kernel(
             Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", capabilities=("DEFAULT", "AVX2"),
                   holds=_bf16_not_followed,
                   condition="where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own "
-                            "bf16 loops (an AMD CPU with AVX2 only): every size without a one-row q block or a one-key "
-                            "block, every head dim, at 1 and 2 torch threads (at 1 where a pass has one parallel "
-                            "item)")),
+                            "bf16 loops (an AMD CPU with AVX2 only): sequences of 12 or more without a one-row q block "
+                            "or a one-key block, every head dim, at 1 and 2 torch threads (at 1 where a pass has one "
+                            "parallel item)")),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
                               "one row or a key block of one there (MKL's gemv), d = 1 on its AVX2 branch (P.V of one "
                               "column: another gemv form); bfloat16 where torch's GEMMs are oneDNN's or MKL's AMX ones, "
-                              "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), or "
+                              "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), a "
+                              "sequence under 12 (MKL's small bf16 paths on its own copies), or "
                               "at 2 torch threads where a pass has one item (MKL's bf16 GEMM on 2 threads): as accurate "
                               "as torch"},
     probe=_probe,
