@@ -553,24 +553,30 @@ def test_on_atens_own_bf16_loops_each_layout_takes_its_loop_and_no_other_would_d
 
 
 @pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
-def test_on_atens_own_bf16_loops_linear_is_torchs_bits_with_a_bias_in_every_way_torch_adds_it():
-    """F.linear in bf16 where torch runs ATen's loops: y, dx, dweight and dbias are torch's bits for an x that
-    addmm takes (2-D, 3-D contiguous: the bias in the sum), one it does not (3-D transposed: the product rounded,
-    then the bias), a 1-D x (its bias in the sum), a column-major x and weight, one row and one output -- at 1 and
-    2 torch threads and 1 and 2 ckparity threads."""
+def test_on_atens_own_bf16_loops_linear_is_torchs_bits_and_no_layout_moves_its_bits():
+    """F.linear in bf16 where torch runs ATen's loops: for contiguous operands (a 2-D, 3-D, 5-D and 1-D x, one row,
+    one output) y, dx, dweight and dbias are torch's bits, the bias in the sum's one rounding; on a transposed x,
+    a transposed 3-D x and a column-major weight, where torch's own bits move with the layout (another loop, or
+    the product rounded before the bias), they are ckparity's bits on contiguous copies -- which are torch's
+    there; at 1 and 2 torch threads and 1 and 2 ckparity threads."""
     g = torch.Generator().manual_seed(11)
     xs = {"2-D": torch.randn(20, 97, generator=g), "3-D": torch.randn(2, 9, 97, generator=g),
-          "3-D transposed": torch.randn(9, 2, 97, generator=g).transpose(0, 1), "1-D": torch.randn(97, generator=g),
-          "column-major": torch.randn(97, 20, generator=g).t(), "one row": torch.randn(1, 97, generator=g)}
+          "5-D": torch.randn(2, 1, 2, 3, 97, generator=g), "1-D": torch.randn(97, generator=g),
+          "one row": torch.randn(1, 97, generator=g),
+          "3-D transposed": torch.randn(9, 2, 97, generator=g).transpose(0, 1),
+          "column-major": torch.randn(97, 20, generator=g).t()}
+    moved = 0
     for label, x in xs.items():
         for N, weight_t in ((19, False), (19, True), (1, False)):
             w = torch.randn(97, N, generator=g).t() if weight_t else torch.randn(N, 97, generator=g)
             inputs = [x.bfloat16().requires_grad_(True), (w / 10).bfloat16().requires_grad_(True),
                       torch.randn(N, generator=g).bfloat16().requires_grad_(True)]
+            contiguous = [t.detach().contiguous().requires_grad_(True) for t in inputs]
             up = torch.randn(*x.shape[:-1], N, generator=g).bfloat16()
             for threads in (1, 2):
                 with torch_threads(threads):
-                    theirs = grad_run(F.linear, inputs, up)
+                    theirs = grad_run(F.linear, contiguous, up)
+                    moved += not all(same_bits(a, b) for a, b in zip(grad_run(F.linear, inputs, up), theirs))
                     before = ckparity.get_num_threads()
                     try:
                         ckparity.set_num_threads(threads)
@@ -579,6 +585,7 @@ def test_on_atens_own_bf16_loops_linear_is_torchs_bits_with_a_bias_in_every_way_
                         ckparity.set_num_threads(before)
                 for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
                     assert a.dtype == torch.bfloat16 and same_bits(a, b), (label, N, weight_t, threads, q)
+    assert moved > 0  # torch's own bits did move with some layout: what ckparity's do not
 
 
 @pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))

@@ -210,7 +210,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     casts F.linear's). Transposed and strided x and weight are read by their strides (no copy where ATen's
     addmm makes none).
     bfloat16: where torch runs its bf16 matmul on ATen's own loops (no oneDNN: a CPU without AVX-512's bf16),
-    each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py).
+    each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py), on
+    contiguous copies of x and weight (torch's bits there move with the layout; these do not).
     Where torch runs oneDNN: without a bias, for contiguous x and weight, each GEMM in the order oneDNN sums it,
     measured for its shape (ops/_onednn.py; an AMX CPU's brgemm); where no order is measured (another oneDNN
     path), and with a bias, the float32 GEMM on the widened values, rounded once. Every way float32 sums, the
@@ -230,8 +231,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.numel() == 0:  # no rows, or K = 0: nothing to multiply
         return _empty_product(x, weight, bias)
     if x.dtype == torch.bfloat16 and _aten_bf16.torch_runs_aten():
-        # a 1-D x's bias is in the product's one rounding too (measured: its bf16 sum is not rounded twice)
-        return _LinearATenBF16Function.apply(x, weight, bias, not (_addmm(x) or x.dim() == 1))
+        # ATen's bf16 loops sum in an order set by the operands' layouts, and F.linear rounds the product before
+        # the bias for an x it does not fold (a non-contiguous one): torch's bf16 bits move with the layout. Here
+        # they do not: every x and weight is taken as its contiguous copy (torch's bits on that copy; a contiguous
+        # x of any dims, a 1-D one too, has its bias in the one rounding, as addmm's)
+        return _LinearATenBF16Function.apply(x.contiguous(), weight.contiguous(), bias, False)
     if x.dtype == torch.bfloat16 and bias is None and x.is_contiguous() and weight.is_contiguous():
         order = _onednn.order(x.numel() // K, K, N, False, True)
         if order is not None:
