@@ -8,18 +8,18 @@
  * plants +-2^30 pairs among ones and reads which terms each pair swallowed). No MKL call is made (MKL_VERBOSE
  * prints none): ATen casts torch.mm(A, B) as the column-major C^T = B^T . A^T and picks a loop by the layouts
  * (CPUBlas.cpp's gemm -> BlasKernel.cpp), each output a float32 sum of its K products:
- *   - dot, where B's columns lie along K and A's rows do (F.linear's y = x . W^T; one row of x too): ATen's
+ *   - dot, where A is row-major and B column-major (both along K: F.linear's y = x . W^T; one row of x too): ATen's
  *     "dot with fp32 arith" -- 8 registers of L lanes (L = 8 at DEFAULT and AVX2, 16 at AVX512) over K's whole
  *     blocks of 8L terms, register r lane l a chain of the terms 8L*i + L*r + l; the registers added as a halving
  *     tree (r + 4, then r + 2, then r + 1); register 0's lanes reduced; then K's next whole blocks of 2L terms
  *     into one register (a block's first L terms, then its next L), its lanes reduced and added; then each term
  *     left added in order. A lane reduction is a halving tree (L/2, ..., 1) at AVX2 and AVX512 (vec_reduce_all's
  *     shuffles), in lane order at DEFAULT (its scalar fallback). C = bias + dot;
- *   - pairs, where both operands' rows lie along K or both columns do (dX = dY . W; torch.mm of two row-major
+ *   - pairs, where A and B are both row-major or both column-major (dX = dY . W: torch.mm of two row-major
  *     matrices): four chains by k mod 4 over K's whole blocks of 4, the last K mod 4 terms onto chain 0, then
  *     ((p0 + p1) + p2) + p3 (ATen's sum with 4 partial sums). C = bias + that. Also a product of one output
  *     column (N = 1: y of one output feature);
- *   - chain, where A's columns lie along K and B's rows along N (dW = dY^T . X): one chain over k, from the bias
+ *   - chain, where A is column-major and B row-major (dW = dY^T . X): one chain over k, from the bias
  *     (or 0): the float32 buffer the loop accumulates into starts as C.
  * Every product of two bf16 values is exact in float32, so each step is one rounding, FMA or not; the sum is
  * rounded to bf16 once. Which loop a layout takes is the caller's (ckparity/ops/_aten_bf16.py, as ATen's

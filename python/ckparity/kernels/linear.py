@@ -347,8 +347,9 @@ KERNEL = Kernel(
             Claim("linear.aten", ("y", "dx", "dweight", "dbias"), sweep_bf16_aten, dtype="bfloat16",
                   capabilities=("DEFAULT", "AVX2"), holds=_aten_not_run,
                   condition="bf16 where torch runs its matmul on ATen's own loops (no oneDNN: a CPU without AVX-512, "
-                            "as an AMD CPU with AVX2 only): every GEMM, with or without a bias, every layout, at 1 "
-                            "and 2 torch threads")),
+                            "as an AMD CPU with AVX2 only): every GEMM, with or without a bias, on contiguous operands "
+                            "(a view: its contiguous copy's bits, where torch's move with the layout), at 1 and 2 "
+                            "torch threads")),
     not_claimed={"linear": "torch at 2 threads on MKL's AVX-512 branch without MKL_CBWR=AUTO,STRICT (MKL splits K "
                            "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
                            "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path on its "
