@@ -75,20 +75,29 @@ static int gemm_order = -1;
 
 static int order_from_env(void) {
     const char *value = getenv("MKL_CBWR");
-    int strict = 0, avx2 = 0, other = 0; /* a comma-separated list: a branch, then STRICT (AUTO,STRICT) */
+    int strict = 0, avx2 = 0, avx512_named = 0, other = 0; /* a comma-separated list: a branch, then STRICT */
     for (const char *at = value == NULL ? "" : value; *at != '\0';) {
         const size_t len = strcspn(at, ",");
         if (len == 6 && strncasecmp(at, "STRICT", 6) == 0) strict = 1;
         else if (len == 4 && strncasecmp(at, "AVX2", 4) == 0) avx2 = 1;
-        else if (len > 0 && strncasecmp(at, "AUTO", 4) != 0 && strncasecmp(at, "AVX512", 6) != 0) other = 1;
+        else if (len >= 6 && strncasecmp(at, "AVX512", 6) == 0) avx512_named = 1;
+        else if (len > 0 && strncasecmp(at, "AUTO", 4) != 0) other = 1;
         at += len + (at[len] == ',');
     }
     if (other) return CKP_GEMM_ORDER_MKL; /* COMPATIBLE, SSE4_2, AVX: branches not followed */
     const int avx512 = __builtin_cpu_supports("avx512f");
     if (strict) return avx2 || !avx512 ? CKP_GEMM_ORDER_STRICT_AVX2 : CKP_GEMM_ORDER_STRICT;
-    /* MKL's own AVX2 order where the CPU has no AVX-512 (where it has, MKL_CBWR=AVX2 is not followed: its
-     * order there was measured only in part, and not as this one) */
-    if (!avx512 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CKP_GEMM_ORDER_AVX2;
+    /* MKL's own AVX2 order where its AUTO branch is its AVX2 code: a CPU without AVX-512, or an AMD one with
+     * AVX-512 other than Zen 4 (family 19h) -- measured on a Zen 5 (family 1Ah: MKL 2024.2 does not know it and
+     * runs its AVX2 code there, this order bit for bit at 1 and 2 threads, while the AVX-512 branch's 384-deep
+     * blocks differ from K = 193). Where the CPU has AVX-512, MKL_CBWR=AVX2 is not followed: it is another order
+     * there (on that Zen 5, 14 of 300 products differ from AUTO's), nor is MKL_CBWR=AVX512 on that Zen 5 (neither
+     * order: MKL's AVX-512 CNR code) */
+    const int amd_avx2 = __builtin_cpu_is("amd") && !__builtin_cpu_is("amdfam19h");
+    if (avx512 && amd_avx2 && (avx2 || avx512_named)) return CKP_GEMM_ORDER_MKL; /* not followed (cpu.py says) */
+    const int avx2_code = !avx512 || amd_avx2;
+    if (avx2_code && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return CKP_GEMM_ORDER_AVX2;
     return CKP_GEMM_ORDER_MKL;
 }
 

@@ -397,7 +397,7 @@ ckp_status ckp_gemm_bf16_aten(const uint16_t *a, int64_t a_rs, int64_t a_cs, con
  * (CKP_GEMM_ORDER_STRICT, what MKL_CBWR=...,STRICT makes MKL run at any thread count: K in blocks of 384, two
  * sharing K <= 768, else the remainder last; no skinny paths), or its AVX2 branch's strict order
  * (CKP_GEMM_ORDER_STRICT_AVX2: MKL_CBWR=AVX2,STRICT; blocks of 192), or its AVX2 branch's own order on one
- * thread (CKP_GEMM_ORDER_AVX2: on a CPU without AVX-512; K in blocks of 192; 2-3 rows: the 16-lane dot products). Read from MKL_CBWR
+ * thread (CKP_GEMM_ORDER_AVX2: on a CPU without AVX-512, or an AMD one with it but Zen 4; K in blocks of 192; 2-3 rows: the 16-lane dot products). Read from MKL_CBWR
  * and the CPU once, as MKL reads them; ckp_set_gemm_order overrides it. */
 enum {
     CKP_GEMM_ORDER_MKL = 0,

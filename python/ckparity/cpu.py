@@ -64,6 +64,8 @@ def follow_torch() -> None:
 # MKL_CBWR (AUTO,STRICT; AVX2,STRICT) MKL runs one order at every thread count, which the C library follows
 # on the AVX-512 branch and on the AVX2 one ([Note: MKL's strict order] in csrc/linear.c): mkl_strict(). On a
 # CPU without AVX-512 its AVX2 branch's own order at one thread is followed too ([Note: MKL's AVX2 order]): mkl_avx2_own().
+# MKL 2024.2 runs that AVX2 code on an AMD CPU with AVX-512 other than Zen 4 too (measured on a Zen 5), so the
+# branch is the C library's where it chose that order.
 MODELLED_MKL_BRANCHES = ("AVX512",)
 
 
@@ -83,12 +85,32 @@ def mkl_branch() -> str:
         return "none"
     import os
 
+    flags = _cpu_flags()
     for variable in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS"):
         pinned = os.environ.get(variable, "").split(",")[0].strip().upper()
+        if pinned.startswith("AVX512") and _amd_past_zen4():
+            return f"{pinned} (pinned where MKL's AUTO runs its AVX2 code)"
         if pinned and pinned not in ("AUTO", "AVX512", "AVX512_E1", "AVX512_E2", "AVX512_E3", "AVX512_E4"):
             return pinned
-    flags = _cpu_flags()
+    if lib.ckp_get_gemm_order() == lib.CKP_GEMM_ORDER_AVX2:  # also an AMD CPU with AVX-512 but Zen 4's (the C
+        return "AVX2"                                         # library's order_from_env: MKL runs its AVX2 code)
     return "AVX512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= flags else "SSE"
+
+
+def _amd_past_zen4() -> bool:
+    """An AMD CPU with AVX-512 other than Zen 4 (family 19h; a Zen 5 is 1Ah), where MKL 2024.2 runs its AVX2 code
+    (csrc/linear.c's order_from_env)."""
+    return "avx512f" in _cpu_flags() and _cpu_vendor() == "AuthenticAMD" and _cpu_family() != 0x19
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_family() -> int:
+    """x86's family number as /proc/cpuinfo gives it (base + extended), or -1."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return int(next((line.split(":", 1)[1] for line in f if line.startswith("cpu family")), "-1"))
+    except (OSError, ValueError):
+        return -1
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,7 +138,7 @@ def mkl_not_followed() -> str | None:
             return f"MKL's AVX2 branch's own order was measured on an AMD CPU only, not on this {vendor} one"
         return None
     return (f"MKL's {branch} branch runs torch's sgemm here: its order is not followed (only "
-            f"{MODELLED_MKL_BRANCHES}, AVX2 under MKL_CBWR=AVX2,STRICT, and AVX2's own on a CPU without AVX-512)")
+            f"{MODELLED_MKL_BRANCHES}, AVX2 under MKL_CBWR=AVX2,STRICT, and AVX2's own where MKL's AUTO picks it)")
 
 
 def mkl_avx2_own() -> bool:
