@@ -170,15 +170,19 @@ def test_on_mkls_own_avx2_branch_the_claims_gemms_are_torchs():
     assert all(d[0] for d in result["avx512"]), result["avx512"]
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "avx512f"} <= cpu._cpu_flags(),
-                    reason="MKL_CBWR=AVX2 pins a lower branch than the CPU's only where it has AVX-512")
-def test_on_mkls_avx2_branch_the_claim_is_dropped_and_would_be_false():
-    """MKL_CBWR=AVX2 pins MKL's AVX2 code (other K blocks): linear leaves what is bit-identical here, the sweep
+@pytest.mark.parametrize("pinned", [
+    pytest.param("AVX2", marks=pytest.mark.skipif(not {"avx2", "fma", "avx512f"} <= cpu._cpu_flags(),
+                 reason="MKL_CBWR=AVX2 pins a lower branch than the CPU's only where it has AVX-512")),
+    pytest.param("AVX512", marks=pytest.mark.skipif(not cpu._amd_past_zen4(),
+                 reason="MKL_CBWR=AVX512 pins another branch than AUTO's only on an AMD CPU past Zen 4"))])
+def test_on_a_pinned_mkl_branch_the_claim_is_dropped_and_would_be_false(pinned):
+    """MKL_CBWR=AVX2 pins MKL's AVX2 code where AUTO runs its AVX-512 code, and MKL_CBWR=AVX512 its AVX-512 code
+    where AUTO runs its AVX2 code (an AMD Zen 5): other orders. linear leaves what is bit-identical here, the sweep
     says why, and its figures show the claim would not hold (a condition that cannot fail proves nothing)."""
     result = _in_process("import json, ckparity.sweep as s, ckparity.kernels as k; r = s.run(['linear']); "
-                         "print(json.dumps({'here': k.bit_identical(), 'sweep': r}))", MKL_CBWR="AVX2")
+                         "print(json.dumps({'here': k.bit_identical(), 'sweep': r}))", MKL_CBWR=pinned)
     assert "linear" not in result["here"] and "rms_norm" in result["here"]
-    assert "AVX2" in result["sweep"]["not_claimed_here"]["linear"]
+    assert pinned in result["sweep"]["not_claimed_here"]["linear"]
     assert result["sweep"]["kernels"]["linear"]["y"]["differing"] > 0
 
 

@@ -63,7 +63,7 @@ def follow_torch() -> None:
 # otherwise). The branch is read from those variables and the CPU's flags, as MKL reads them. With STRICT in
 # MKL_CBWR (AUTO,STRICT; AVX2,STRICT) MKL runs one order at every thread count, which the C library follows
 # on the AVX-512 branch and on the AVX2 one ([Note: MKL's strict order] in csrc/linear.c): mkl_strict(). On a
-# CPU without AVX-512 its AVX2 branch's own order at one thread is followed too ([Note: MKL's AVX2 order]): mkl_avx2_own().
+# CPU without AVX-512 (or an AMD one past Zen 4) its AVX2 branch's own order is followed too ([Note: MKL's AVX2 order]): mkl_avx2_own().
 # MKL 2024.2 runs that AVX2 code on an AMD CPU with AVX-512 other than Zen 4 too (measured on a Zen 5), so the
 # branch is the C library's where it chose that order.
 MODELLED_MKL_BRANCHES = ("AVX512",)
@@ -124,7 +124,7 @@ def _cpu_vendor() -> str:
 
 def mkl_not_followed() -> str | None:
     """None where torch's sgemm runs in an order ckparity's GEMMs follow (MKL's AVX-512 branch; its AVX2 branch
-    in strict mode, and on a CPU without AVX-512 its own order at one thread), else why not. The strict orders
+    in strict mode, and where MKL's AUTO picks it its own order), else why not. The strict orders
     were measured on an Intel CPU only, the AVX2 branch's own on an AMD one (MKL picks code by vendor):
     elsewhere they are not claimed."""
     vendor = _cpu_vendor() or "unknown"

@@ -6,7 +6,7 @@ order, where a pass of one parallel item lets MKL share its GEMMs between thread
 GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
 64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
 region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3; MKL's AVX2 branch's own
-order, on a CPU without AVX-512, has none of these: its small paths and gemv are followed, d >= 2) (followed()).
+order, on a CPU without AVX-512 or an AMD one past Zen 4, has none of these: its small paths and gemv are followed, d >= 2) (followed()).
 A user's attention is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations

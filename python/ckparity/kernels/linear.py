@@ -5,7 +5,7 @@ MKL's skinny sgemm]): bit for bit with torch's F.linear, its dX and dW, and its
 dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
 more (one row or one column is MKL's gemv, another order), outside the one
 skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows); on
-a CPU without AVX-512, MKL's AVX2 branch ([Note: MKL's AVX2 order], its small
+a CPU without AVX-512 or an AMD one past Zen 4, MKL's AVX2 branch ([Note: MKL's AVX2 order], its small
 paths' Notes, [Note: MKL's AVX2 sgemv], [Note: MKL's AVX2 sgemm on two
 threads]): every GEMM at 1 and 2 torch threads.
 A user's GEMM is judged here ("as accurate as torch" unless bitwise)."""
@@ -337,7 +337,7 @@ KERNEL = Kernel(
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
                             "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
-                            "AVX-512): torch at 1 and 2 threads, every GEMM (its small paths, its gemv and its 2 "
+                            "AVX-512 or past Zen 4): torch at 1 and 2 threads, every GEMM (its small paths, its gemv and its 2 "
                             "threads' row shares followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
