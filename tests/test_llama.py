@@ -152,6 +152,19 @@ def test_the_committed_all_c_llama_runs_on_mkls_avx2_branch_are_bit_identical():
     assert seen == {(cap, t, 1) for cap in caps for t in (1, 2)} | {(cap, 2, 2) for cap in caps}
 
 
+def test_the_committed_all_c_llama_runs_on_an_amd_cpu_past_zen_4_are_bit_identical():
+    """reports/llama/zen5/ (scripts/llama_twins.sh with CAPS="avx512 avx2 default" on an AMD Zen 5): MKL runs its
+    AVX2 code there though the CPU has AVX-512 (csrc/linear.c's order_from_env), and torch's kernels run at
+    AVX512 too -- at each capability, torch at one thread with ckparity at 1 and 2, and torch at 2 with ckparity
+    at 2: not one differing bit."""
+    runs = _reports("llama/zen5")
+    assert all(r["env"]["mkl_branch"] == "AVX2" and not r["env"]["mkl_strict"] and r["env"]["cpu"].startswith("AMD")
+               for r in runs)
+    caps = ("DEFAULT", "AVX2", "AVX512")
+    assert {_bitwise_all_c_llama(r) for r in runs} == {(cap, t, 1) for cap in caps for t in (1, 2)} | \
+        {(cap, 2, 2) for cap in caps}
+
+
 def test_on_mkls_avx2_branch_an_all_c_llama_follows_torch_at_2_threads_where_its_bits_move():
     """reports/llama/mkl_avx2/shares/ (docs/harness.md's command): 11 tokens a step and one kv head put every
     linear on MKL's 2-thread row shares and attention's backward on MKL's own threads ([Note: MKL's AVX2 sgemm
