@@ -17,6 +17,16 @@
  * of C takes every tile's two chains from the float32 GEMM's register tile (linear.c) reading every other k,
  * under the thread's FTZ and DAZ for the call. Every element is its own sum, so the panels and the threads
  * change no bit.
+ *
+ * [Note: oneDNN's AVX-512 bf16 order]
+ * Where oneDNN has no AMX but AVX-512's bf16 instructions (brg_matmul:avx512_core_bf16; measured: torch 2.13's
+ * oneDNN, an AMD EPYC Zen 5, by planted +-2^30 pairs), a chunk is not tiles but one float32 chain over K's pairs
+ * from 0: VDPBF16PS adds a pair's odd-placed product, rounds, then its even-placed one, rounds (so
+ * ((acc + p1) + p0) + p3) + p2 ...: the pairs (2^30, 0), (1, -2^30) give 1, and (1, 0), (2^30, -2^30) give 0,
+ * neither an even-first nor a fused pair sum), denormals flushed. An odd K's last pair is padded with a zero,
+ * added first. The chunks (which start at even k) are oneDNN's, measured as the AMX ones are; ckparity takes
+ * this form for width 0: A and B are widened with each pair's two terms swapped, and each chunk is one run of the
+ * float32 register tile over it in that order.
  */
 #include "ckp_internal.h"
 #include "vec.h"
@@ -48,7 +58,9 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
     for (int64_t ch = 0; ch <= chunks; ch++) {
         const int64_t c0 = ch == 0 ? 0 : starts[ch - 1], c1 = ch == chunks ? K : starts[ch];
         memset(chunk, 0, sizeof chunk);
-        for (int64_t t0 = c0; t0 < c1; t0 += width) {
+        if (width == 0) /* the pairs' chain: K here is the padded (even) K, each pair swapped as widened */
+            t->tile(c1 - c0, aw + m0 * K + c0, K, 1, bw + c0 * ldb + n0, ldb, chunk, t->nr, rows, t->nr, 1);
+        for (int64_t t0 = c0; t0 < c1 && width > 0; t0 += width) {
             const int64_t len = (t0 + width < c1 ? t0 + width : c1) - t0;
             const float *a = aw + m0 * K + t0, *b = bw + t0 * ldb + n0;
             t->tile((len + 1) / 2, a, K, 2, b, 2 * ldb, even, t->nr, rows, t->nr, 1);
@@ -72,8 +84,9 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
                         (long long)K, (long long)N);
     if (a_rs < 0 || a_cs < 0 || b_rs < 0 || b_cs < 0)
         return ckp_fail(CKP_ERR_BAD_SIZE, "strides must not be negative");
-    if (width < 2 || width % 2 != 0)
-        return ckp_fail(CKP_ERR_BAD_OPTION, "width must be an even number of terms >= 2, got %lld", (long long)width);
+    if (width < 0 || width == 1 || width % 2 != 0)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "width must be an even number of terms >= 2 (AMX tiles) or 0 (the "
+                                            "pairs' chain), got %lld", (long long)width);
     if (chunks < 0) return ckp_fail(CKP_ERR_BAD_OPTION, "chunks must be >= 0, got %lld", (long long)chunks);
     for (int64_t i = 0; i < chunks; i++)
         if (chunk_starts[i] <= (i == 0 ? 0 : chunk_starts[i - 1]) || chunk_starts[i] >= K)
@@ -86,7 +99,9 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b or chunk_starts");
     const ckp_tiling t = ckp_tiling_for_cpu();
     const int64_t ldb = (N + t.nr - 1) / t.nr * t.nr; /* B widened, its last panel padded with zeros */
-    float *aw = malloc((size_t)(M * K) * sizeof(float)), *bw = calloc((size_t)(K * ldb), sizeof(float));
+    /* the pairs' chain: K padded to even (the pad a zero), and term k widened to place k ^ 1 */
+    const int64_t kw = width == 0 ? K + K % 2 : K, swap = width == 0;
+    float *aw = calloc((size_t)(M * kw), sizeof(float)), *bw = calloc((size_t)(kw * ldb), sizeof(float));
     if (aw == NULL || bw == NULL) {
         free(aw);
         free(bw);
@@ -101,15 +116,15 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
         _mm_setcsr(csr | MXCSR_FTZ_DAZ);
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++)
-            for (int64_t k = 0; k < K; k++) aw[m * K + k] = ckp_bf16_to_f(a[m * a_rs + k * a_cs]);
+            for (int64_t k = 0; k < K; k++) aw[m * kw + (k ^ swap)] = ckp_bf16_to_f(a[m * a_rs + k * a_cs]);
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < K; k++)
-            for (int64_t n = 0; n < N; n++) bw[k * ldb + n] = ckp_bf16_to_f(b[k * b_rs + n * b_cs]);
+            for (int64_t n = 0; n < N; n++) bw[(k ^ swap) * ldb + n] = ckp_bf16_to_f(b[k * b_rs + n * b_cs]);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < row_panels * col_panels; p++) {
             /* a column panel of B (K x nr: 128 KB at K 1024) stays in cache for every row panel in turn */
             const int64_t m0 = p % row_panels * t.mr, n0 = p / row_panels * t.nr;
-            panel(&t, aw, bw, ldb, K, N, m0, M - m0 < t.mr ? M - m0 : t.mr, n0, N - n0 < t.nr ? N - n0 : t.nr, width,
+            panel(&t, aw, bw, ldb, kw, N, m0, M - m0 < t.mr ? M - m0 : t.mr, n0, N - n0 < t.nr ? N - n0 : t.nr, width,
                   chunk_starts, chunks, c);
         }
         _mm_setcsr(csr);

@@ -14,9 +14,13 @@ What it found (Intel Xeon with AMX, oneDNN 3.12's brg_matmul:avx10_1_512_amx, on
   - K is also cut into chunks (by M, N and K: one chunk at most shapes, 3 x 352 at (64, 1000, N >= 256),
     7 x 608 at (256, 4096, 256)) whose sums start from 0 and are added in order; the result is rounded to
     bf16 once.
-The script prints and writes, per shape: W, the chunk starts (ckparity.ops._onednn's probes), and how many
+Where oneDNN has no AMX but AVX-512's bf16 instructions (an AMD Zen 5, brg_matmul:avx512_core_bf16), W reads
+as 2 and a chunk is one float32 chain over K's pairs, each pair's odd-placed term first (VDPBF16PS: [Note:
+oneDNN's AVX-512 bf16 order]); the chunks are read by other probes (_onednn._Probe.pair_starts).
+The script prints and writes, per shape: W (0 for the pairs' chain), the chunk starts (ckparity.ops._onednn's probes), and how many
 of 3 random draws' outputs the model (csrc/linear_bf16.c) gets wrong, and how many the float32 GEMM rounded
-once (ckparity's bf16 linear before, and where no order is measured) gets wrong. ckparity.linear measures
+once (ckparity's bf16 linear before, and where no order is measured) and the readings the probes tell the
+model from (other_readings_differing) get wrong. ckparity.linear measures
 each GEMM's order this way at run time (y, dX and dW on their own layouts), checks it, and follows it.
 Writes reports/linear/onednn_bf16_order.json.
 
@@ -58,19 +62,27 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for M, K, N in SHAPES:
-        probe = _onednn._Probe(M, K, N, False, True)  # F.linear's y: x . Wᵀ, Wᵀ a transposed view
-        width = probe.width()
-        order = _onednn.Order(width, probe.starts(width))
+        order = _onednn._Probe(M, K, N, False, True).order()  # F.linear's y: x . Wᵀ, Wᵀ a transposed view
+        # the readings the probes tell it from: for the pairs' chain, each pair summed first (AMX tiles of 2) and
+        # the chunks not added apart; for AMX tiles, tiles of half the width
+        others = {"pairs_summed_first": _onednn.Order(2, order.starts)} if order.width == 0 else \
+            {"half_width": _onednn.Order(order.width // 2 + order.width // 2 % 2, order.starts)}
+        if order.starts:
+            others["one_chunk"] = _onednn.Order(order.width, ())
         wrong = rounded = total = 0
+        other_wrong = dict.fromkeys(others, 0)
         for seed in range(3):
             g = torch.Generator().manual_seed(seed)
             x, w = torch.randn(M, K, generator=g).bfloat16(), torch.randn(N, K, generator=g).bfloat16()
             y = F.linear(x, w)
             wrong += (_onednn.product(x, w.t(), order) != y).sum().item()
+            for name, other in others.items():
+                other_wrong[name] += (_onednn.product(x, w.t(), other) != y).sum().item()
             rounded += (_bf16_product(x, w.t(), None) != y).sum().item()
             total += y.numel()
-        row = {"M": M, "K": K, "N": N, "tile_width": width, "chunk_starts": list(order.starts), "outputs": total,
-               "model_differing": wrong, "float32_rounded_once_differing": rounded}
+        row = {"M": M, "K": K, "N": N, "tile_width": order.width, "pairs_chain": order.width == 0,
+               "chunk_starts": list(order.starts), "outputs": total, "model_differing": wrong,
+               "float32_rounded_once_differing": rounded, "other_readings_differing": other_wrong}
         print(row, flush=True)
         rows.append(row)
     report = {"schema": "ckparity.onednn_bf16_order/1", "torch": torch.__version__, "threads": 1,

@@ -477,9 +477,10 @@ def test_bf16_with_a_bias_accumulates_in_float32_at_any_thread_count_and_is_as_a
 
 @pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
 def test_bf16_without_a_bias_is_onednns_bits_and_a_wrong_order_is_refused():
-    """Where ops/_onednn.py measures oneDNN's order (AMX), y, dX and dW are torch's bits -- a 3-D x, K chunked
-    (3 chunks at 64 x 1000 x 1000 on this Xeon), an odd K -- at 1 and 2 ckparity threads; and the check a
-    measured order must pass refuses a wrong one (another tile width, another chunking), so a CPU whose
+    """Where ops/_onednn.py measures oneDNN's order (AMX's tiles, or AVX-512 bf16's chain over pairs), y, dX and
+    dW are torch's bits -- a 3-D x, K chunked (3 chunks at 64 x 1000 x 1000 on an AMX Xeon, 2 on an AMD Zen 5),
+    an odd K -- at 1 and 2 ckparity threads; and the check a measured order must pass refuses a wrong one (another
+    tile width, the pairs summed as AMX tiles of 2 where the chain is measured, another chunking), so a CPU whose
     oneDNN sums otherwise gets the float32 GEMM rounded once, not false bits."""
     g = torch.Generator().manual_seed(9)
     for lead, K, N in (((2, 8), 64, 128), ((64,), 1000, 1000), ((40,), 301, 72)):
@@ -496,21 +497,42 @@ def test_bf16_without_a_bias_is_onednns_bits_and_a_wrong_order_is_refused():
         finally:
             ckparity.set_num_threads(before)
     measured = _onednn.order(64, 1000, 1000, False, True)
-    for wrong in (_onednn.Order(16, measured.starts), _onednn.Order(measured.width, ())):
+    assert measured.starts  # chunked: the chunking below is another
+    for wrong in (_onednn.Order(16, measured.starts), _onednn.Order(2 if measured.width == 0 else 0, measured.starts),
+                  _onednn.Order(measured.width, ())):
         assert wrong != measured and not _onednn._confirmed(wrong, 64, 1000, 1000, False, True)
+
+
+def test_the_pairs_chain_adds_a_pairs_odd_term_first_and_its_chunks_apart():
+    """[Note: oneDNN's AVX-512 bf16 order] on any CPU (ckparity's C, not oneDNN): width 0 is one chain over K's
+    pairs, the odd-placed term first -- (2^30, 0), (1, -2^30) sums to 1 (an even-first chain: 0) and (1, 0),
+    (2^30, -2^30) to 0 (pairs summed first, AMX's tiles of 2: 1) -- an odd K's last pair padded, and a chunk
+    start sums apart: 1, 0, -2^30, 2^30 is 0 as one chain and 1 with a chunk from the pair."""
+    big = 2.0 ** 30
+
+    def y(values, starts=()):
+        a = torch.tensor([values], dtype=torch.bfloat16)
+        return _onednn.product(a, torch.ones(len(values), 3, dtype=torch.bfloat16), _onednn.Order(0, starts))[0]
+
+    assert y([big, 0, 1, -big]).eq(1).all() and y([1, 0, big, -big]).eq(0).all()
+    assert _onednn.product(torch.tensor([[1, 0, big, -big]], dtype=torch.bfloat16), torch.ones(4, 3).bfloat16(),
+                           _onednn.Order(2, ())).eq(1).all()  # the other reading, on the same inputs
+    assert y([big, -big, 1]).eq(1).all() and y([1, big, -big]).eq(0).all()  # an odd K: the last term padded
+    assert y([1, 0, -big, big]).eq(0).all() and y([1, 0, -big, big], starts=(2,)).eq(1).all()
 
 
 @pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
 def test_the_bf16_sweep_sees_an_order_that_is_not_onednns(monkeypatch):
     """The linear.onednn sweep can fail: with tiles of half oneDNN's width (the chains regrouped, every value the
-    same), its cases differ from torch's in y, dx and dweight."""
+    same), or for AVX-512 bf16's chain over pairs each pair summed first (AMX tiles of 2), its cases differ from
+    torch's in y, dx and dweight."""
     record = importlib.import_module("ckparity.kernels.linear")
     measured = _onednn.order
 
-    def halved(*shape):
+    def regrouped(*shape):
         order = measured(*shape)
-        return order if order is None or order.width < 4 else _onednn.Order(order.width // 2, order.starts)
-    monkeypatch.setattr(_onednn, "order", halved)
+        return order if order is None else _onednn.Order(order.width // 2 if order.width else 2, order.starts)
+    monkeypatch.setattr(_onednn, "order", regrouped)
     tally = record.Tally()
     for M, K, N in ((64, 1000, 200), (200, 1000, 64)):
         record._case_bf16(tally, f"M={M} K={K} N={N}", (M,), K, N, torch.Generator().manual_seed(M))

@@ -376,8 +376,10 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * AMX brgemm matmul sums it (csrc/linear_bf16.c): K in chunks starting at chunk_starts[0..chunks) (rising,
  * within (0, K)), each summed from 0 and added in order; a chunk in tiles of `width` terms (even), a tile's
  * even- and odd-placed terms two float32 chains from 0 whose sum joins the chunk's; denormals flushed;
- * rounded to bf16 once. The chunks and the width are oneDNN's choice for the shape: ckparity measures them
- * (ckparity/ops/_onednn.py). The same bits at any thread count. */
+ * rounded to bf16 once. Width 0 is oneDNN's AVX-512 bf16 form (no AMX): a chunk one float32 chain over K's
+ * pairs, each pair's odd-placed term first (VDPBF16PS; an odd K padded with a zero). The chunks and the width
+ * are oneDNN's choice for the shape: ckparity measures them (ckparity/ops/_onednn.py). The same bits at any
+ * thread count. */
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
                                const int64_t *chunk_starts, int64_t chunks, uint16_t *c);

@@ -151,14 +151,15 @@ _ONEDNN_KINDS = ((8, 64, 256), (64, 1000, 1000), (64, 300, 1000), (24, 97, 48))
 
 
 def _onednn_not_followed() -> str | None:
-    """Why bf16 linear is not oneDNN's bits in this process, or None: the order ops/_onednn.py measures is
-    oneDNN's AMX brgemm's; elsewhere (no AMX, another oneDNN) the check refuses it for most shapes (with
-    ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 here: all but a few small ones) and the op runs the float32 GEMM
-    rounded once -- so the claim needs every kind of shape it covers confirmed, not one."""
+    """Why bf16 linear is not oneDNN's bits in this process, or None: the orders ops/_onednn.py measures are
+    oneDNN's AMX brgemm's and its AVX-512 bf16 brgemm's (VDPBF16PS's chain over pairs, an AMD Zen 5's); elsewhere
+    (another oneDNN) the check refuses them and the op runs the float32 GEMM rounded once -- so the claim needs
+    every kind of shape it covers confirmed, not one."""
     if _aten_bf16.torch_runs_aten():
         return "torch runs its bf16 matmul on ATen's own loops here, not oneDNN (linear.aten)"
     if any(_onednn.order(M, K, N, False, True) is None for M, K, N in _ONEDNN_KINDS):
-        return "oneDNN's bf16 matmul here is not the AMX brgemm order ckparity measures (as accurate as torch)"
+        return "oneDNN's bf16 matmul here is not the AMX or AVX-512 bf16 brgemm order ckparity measures (as " \
+               "accurate as torch)"
     return None
 
 
@@ -269,11 +270,13 @@ def _entry() -> CEntry:
 
 
 def _bf16_entry() -> CEntry:
-    """ckp_gemm_bf16_tiles at (3 x 4) . (4 x 5), tiles of 2, one chunk start where ``starts`` holds one in (0, K)
-    (the fuzz's random values rarely are: then no chunks, so that its calls are not all refused)."""
+    """ckp_gemm_bf16_tiles at (3 x 4) . (4 x 5), one chunk start where ``starts`` holds one in (0, K) (the fuzz's
+    random values rarely are: then no chunks, so that its calls are not all refused); tiles of 2, or the pairs'
+    chain (width 0) where that start is even."""
     def call(L, p, s):
         start = p["starts"] != ffi.NULL and 0 < p["starts"][0] < s["K"]
-        return L.ckp_gemm_bf16_tiles(p["a"], s["K"], 1, p["b"], s["N"], 1, s["M"], s["K"], s["N"], 2,
+        width = 0 if start and p["starts"][0] % 2 == 0 else 2
+        return L.ckp_gemm_bf16_tiles(p["a"], s["K"], 1, p["b"], s["N"], 1, s["M"], s["K"], s["N"], width,
                                      p["starts"] if start else ffi.NULL, int(start), p["c"])
     return CEntry("gemm_bf16_tiles", (CBuffer("a", "h", lambda s: s["M"] * s["K"]),
                                       CBuffer("b", "h", lambda s: s["K"] * s["N"]),
@@ -341,9 +344,10 @@ KERNEL = Kernel(
                             "threads' row shares followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
-                  condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (its order measured "
-                            "per GEMM: ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, "
-                            "at 1 and 2 torch threads"),
+                  condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (K up to 8192) or "
+                            "its AVX-512 bf16 brgemm without AMX (an AMD Zen 5's; any K) (its order measured per GEMM: "
+                            "ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4, at 1 and 2 "
+                            "torch threads"),
             Claim("linear.aten", ("y", "dx", "dweight", "dbias"), sweep_bf16_aten, dtype="bfloat16",
                   capabilities=("DEFAULT", "AVX2"), holds=_aten_not_run,
                   condition="bf16 where torch runs its matmul on ATen's own loops (no oneDNN: a CPU without AVX-512, "
@@ -354,10 +358,11 @@ KERNEL = Kernel(
                            "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
                            "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path on its "
                            "AVX-512 branch (one row or one column: x of one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
-                           "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2) or from Intel (measured "
-                           "on AMD only), bfloat16 on oneDNN with a bias, or on another "
-                           "oneDNN path than AMX brgemm (no AMX; products under ~4096 multiply-adds), or a GEMM's K over 8192 "
-                           "(more tiles than the probe counts): as accurate as torch"},
+                           "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2; MKL_CBWR=AVX512 on an AMD "
+                           "CPU past Zen 4) or from Intel (measured on AMD only), bfloat16 on oneDNN with a bias, or on "
+                           "another oneDNN path than the AMX or AVX-512 bf16 brgemm (products under ~4096 "
+                           "multiply-adds), or on AMX a GEMM's K over 8192 (more tiles than the probe counts): as "
+                           "accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,

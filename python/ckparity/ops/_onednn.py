@@ -1,5 +1,6 @@
 """oneDNN's order for torch's bfloat16 GEMMs, measured at run time: the chunks and the tile width
-[Note: oneDNN's AMX bf16 order] (csrc/linear_bf16.c) takes from its caller.
+[Note: oneDNN's AMX bf16 order] (csrc/linear_bf16.c) takes from its caller, or, without AMX, the chunks of
+[Note: oneDNN's AVX-512 bf16 order] (a chain over K's pairs: the width probe reads 2, Order's width 0).
 
 Why measured rather than modelled: both are oneDNN's heuristics by M, N, K, the operands' layouts and its
 threads (3 chunks of 352 at 64 x 1000 x 1000, one at 256 x 1000 x 256; tiles of 32, or 30 at K = 300), not
@@ -28,7 +29,7 @@ _U16 = ffi.typeof("uint16_t *")
 
 @dataclass(frozen=True)
 class Order:
-    width: int              # a tile's terms
+    width: int              # a tile's terms, or 0: each chunk one chain over K's pairs, the odd-placed term first
     starts: tuple[int, ...]  # where K's chunks after the first start
 
 
@@ -108,19 +109,40 @@ class _Probe:
             found.append(nxt)  # (on another oneDNN the counts need not be a suffix: the check then refuses)
         return tuple(found)
 
+    def order(self) -> Order | None:
+        """The order the probes read (not yet checked), or None where they read none."""
+        width = self.width()
+        if width == 2:  # the pair cancelled and every later 1 survived: VDPBF16PS's chain over pairs, no AMX tiles
+            return Order(0, self.pair_starts())  # ([Note: oneDNN's AVX-512 bf16 order] in csrc/linear_bf16.c)
+        if width < 2 or width % 2 or self.K > MAX_TILES * 32:  # more tiles than a bf16 sum counts exactly
+            return None
+        return Order(width, self.starts(width))
+
+    def pair_starts(self) -> tuple[int, ...]:
+        """Where the chunks after the first start, for the pairs' chain (chunks start at even k). Row r asks
+        about s: a 1 at s - 2, then -2^30 at s and +2^30 at s + 1 (added first: a pair's odd-placed term leads).
+        Within one chunk 1 + 2^30 is 2^30 and the pair cancels it: 0. If s starts a chunk the 1 is alone in the
+        one before, the pair cancels in its own: 1. (A chunk of one last term adds as the chain would: no
+        matter.)"""
+        candidates = list(range(2, self.K - 1, 2))
+        found = []
+        for s in range(0, len(candidates), self.M):
+            part = candidates[s:s + self.M]
+            a, b = _operand(self.M, self.K, self.a_t), _operand(self.K, self.N, self.b_t)
+            b.fill_(1.0)
+            for i, k in enumerate(part):
+                a[i, k - 2], a[i, k], a[i, k + 1] = 1.0, -_BIG, _BIG
+            y = torch.mm(a, b)[:, 0].tolist()
+            found += [k for i, k in enumerate(part) if y[i] == 1.0]
+        return tuple(found)
+
 
 @functools.lru_cache(maxsize=None)
 def _measured(M: int, K: int, N: int, a_t: bool, b_t: bool, threads: int) -> Order | None:
     if K < 2 or M < 2 or N < 2:  # oneDNN's paths for one row or one column: other orders, not measured here
         return None
-    if K > MAX_TILES * 32:  # more tiles than a bf16 sum counts exactly: not measured (the float32 GEMM rounded)
-        return None
-    probe = _Probe(M, K, N, a_t, b_t)
-    width = probe.width()
-    if width < 2 or width % 2:
-        return None
-    order = Order(width, probe.starts(width))
-    return order if _confirmed(order, M, K, N, a_t, b_t) else None
+    order = _Probe(M, K, N, a_t, b_t).order()
+    return order if order is not None and _confirmed(order, M, K, N, a_t, b_t) else None
 
 
 def _confirmed(order: Order, M: int, K: int, N: int, a_t: bool, b_t: bool) -> bool:

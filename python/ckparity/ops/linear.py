@@ -213,7 +213,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py), on
     contiguous copies of x and weight (torch's bits there move with the layout; these do not).
     Where torch runs oneDNN: without a bias, for contiguous x and weight, each GEMM in the order oneDNN sums it,
-    measured for its shape (ops/_onednn.py; an AMX CPU's brgemm); where no order is measured (another oneDNN
+    measured for its shape (ops/_onednn.py; an AMX CPU's brgemm, or AVX-512 bf16's without AMX); where no order is measured (another oneDNN
     path), and with a bias, the float32 GEMM on the widened values, rounded once. Every way float32 sums, the
     same bits at any ckparity thread count."""
     if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
