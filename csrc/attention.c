@@ -274,8 +274,20 @@ typedef struct {
     int causal;
     int mkl_threads; /* the threads MKL has for the GEMMs: 1 in ATen's parallel loop, torch's where it has one item */
     int bf16;        /* the inputs are bf16 values: torch's bf16 kernel ([Note: ATen's bf16 flash attention]) */
+    int bf16_gemm;   /* with bf16: which GEMM adds into dQ, dK and dV (ckp_bf16_gemm) */
     at_layout L;
 } attn;
+
+/* C (ldc) += alpha X.Y into bf16 values, as ATen's cpublas::gemm adds a bf16 GEMM: through oneDNN where torch
+ * runs it (bf16_gemm) and the product has more than 16^3 multiply-adds (mkldnn_bf16_gemm's floor), else ATen's own
+ * loop in `form` (the one its transposes pick). */
+static void add_bf16(const attn *a, int form, float alpha, const float *x, int64_t x_rs, int64_t x_cs, const float *y,
+                     int64_t y_rs, int64_t y_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
+    if (a->bf16_gemm == CKP_BF16_GEMM_ONEDNN && M * K * N > 16 * 16 * 16)
+        ckp_onednn_bf16_accumulate(alpha, x, x_rs, x_cs, y, y_rs, y_cs, M, K, N, c, ldc);
+    else
+        ckp_aten_bf16_accumulate(form, alpha, x, x_rs, x_cs, y, y_rs, y_cs, M, K, N, c, ldc);
+}
 
 static attn attn_for(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale, int causal) {
     attn a = {0};
@@ -546,8 +558,8 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                 if (a->bf16) { /* dV (bf16) += P_bf16^T . dO: ATen's own loop, its one chain */
                     memcpy(pr, p, (size_t)(qb * kvb) * sizeof *p);
                     round_bf16(pr, qb * kvb);
-                    ckp_aten_bf16_accumulate(CKP_ATEN_BF16_CHAIN, 1.0f, pr, 1, kvb, dop, ldo, 1, kvb, qb, d,
-                                             dvp + n * a->dv_s[2], a->dv_s[2]);
+                    add_bf16(a, CKP_ATEN_BF16_CHAIN, 1.0f, pr, 1, kvb, dop, ldo, 1, kvb, qb, d, dvp + n * a->dv_s[2],
+                             a->dv_s[2]);
                 } else {
                     ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2],
                                     scratch, NULL, a->mkl_threads);
@@ -558,10 +570,10 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
                 if (a->bf16) { /* dS rounded to bf16; dQ += scale dS.K (four chains), dK += scale dS^T.Q (one) */
                     round_bf16(dp, qb * kvb);
-                    ckp_aten_bf16_accumulate(CKP_ATEN_BF16_PAIRS, a->scale, dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1,
-                                             qb, kvb, d, dqh + m * a->dq_s[2], a->dq_s[2]);
-                    ckp_aten_bf16_accumulate(CKP_ATEN_BF16_CHAIN, a->scale, dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d,
-                                             dkp + n * a->dk_s[2], a->dk_s[2]);
+                    add_bf16(a, CKP_ATEN_BF16_PAIRS, a->scale, dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d,
+                             dqh + m * a->dq_s[2], a->dq_s[2]);
+                    add_bf16(a, CKP_ATEN_BF16_CHAIN, a->scale, dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d,
+                             dkp + n * a->dk_s[2], a->dk_s[2]);
                     continue;
                 }
                 ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1,
@@ -658,6 +670,11 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
  *     block's GEMM adds into -- ATen's own bf16 loops (csrc/linear_bf16_aten.c): dV += P^T.dO and dK += scale
  *     dS^T.Q in its one chain (from dK's bf16 value, val = dS * scale rounded, FMA at AVX2 and AVX512), dQ += scale
  *     dS.K in its four chains (C + the rounded scale * sum), each rounded to bf16 after every block.
+ * Where torch runs oneDNN for bf16 without AMX (an AMD Zen 5, whose MKL runs its AVX2 code: the float-output GEMMs
+ * above hold), ATen's cpublas::gemm sends each of those three block GEMMs of more than 16^3 multiply-adds to
+ * oneDNN's AVX-512 bf16 brgemm, the scale as a src scale and beta 1 as a sum post-op (ONEDNN_VERBOSE:
+ * brg_matmul:avx512_core_bf16, attr-scales:src0, attr-post-ops:sum), the smaller ones to its own loops as above:
+ * add_bf16, by the caller's bf16_gemm ([Note: oneDNN's AVX-512 bf16 order] in csrc/linear_bf16.c).
  * The inputs are widened here (exactly) with their strides, and the outputs rounded once more (exactly: they hold
  * bf16 values already). */
 
@@ -728,13 +745,16 @@ ckp_status ckp_attention_backward_bf16(const uint16_t *dout, const int64_t *dout
                                        const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk,
                                        int64_t d, double scale, int is_causal, uint16_t *dq, const int64_t *dq_strides,
                                        uint16_t *dk, const int64_t *dk_strides, uint16_t *dv,
-                                       const int64_t *dv_strides, int torch_threads) {
+                                       const int64_t *dv_strides, int bf16_gemm, int torch_threads) {
     if (dout == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dq == NULL ||
         dk == NULL || dv == NULL || dout_strides == NULL || q_strides == NULL || k_strides == NULL ||
         v_strides == NULL || dq_strides == NULL || dk_strides == NULL || dv_strides == NULL)
         return ckp_fail(CKP_ERR_NULL_POINTER, "attention backward (bf16): no pointer may be NULL");
     ckp_status st = check_shapes(B, Hq, Hkv, Tq, Tk, d, scale, torch_threads);
     if (st != CKP_OK) return st;
+    if (bf16_gemm != CKP_BF16_GEMM_ATEN && bf16_gemm != CKP_BF16_GEMM_ONEDNN)
+        return ckp_fail(CKP_ERR_BAD_OPTION, "attention backward (bf16): bf16_gemm must be CKP_BF16_GEMM_ATEN or "
+                                            "CKP_BF16_GEMM_ONEDNN, got %d", bf16_gemm);
     attn a = attn_for(B, Hq, Hkv, Tq, Tk, d, scale, is_causal != 0);
     set_strides(a.q_s, q_strides), set_strides(a.k_s, k_strides), set_strides(a.v_s, v_strides);
     set_strides(a.do_s, dout_strides), set_strides(a.dq_s, dq_strides), set_strides(a.dk_s, dk_strides);
@@ -766,7 +786,7 @@ ckp_status ckp_attention_backward_bf16(const uint16_t *dout, const int64_t *dout
             free_all(w, 8);
             return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention backward (bf16): no memory for the widened operands");
         }
-    a.dout = w[0], a.q = w[1], a.k = w[2], a.v = w[3], a.out = w[4], a.lse = lse, a.bf16 = 1;
+    a.dout = w[0], a.q = w[1], a.k = w[2], a.v = w[3], a.out = w[4], a.lse = lse, a.bf16 = 1, a.bf16_gemm = bf16_gemm;
     st = backward_run(&a, w[5], w[6], w[7], torch_threads);
     if (st == CKP_OK) {
         narrow_rows(w[5], a.dq_s, dq, a.dq_s, B, Hq, Tq, d);

@@ -161,4 +161,9 @@ void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b,
  * contiguous), each output rounded to bf16 after: the flash kernel's bf16 backward accumulating its gradients. */
 void ckp_aten_bf16_accumulate(int form, float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                               int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc);
+/* The same where the GEMM is oneDNN's AVX-512 bf16 brgemm ([Note: oneDNN's AVX-512 bf16 order], csrc/linear_bf16.c):
+ * each output's chain over K's pairs (K of one chunk: up to 512), then C = bf16(alpha * sum + C) -- the src scale,
+ * then the sum post-op. */
+void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
+                                int64_t b_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc);
 #endif /* CKP_INTERNAL_H */

@@ -27,11 +27,16 @@
  * added first. The chunks (which start at even k) are oneDNN's, measured as the AMX ones are; ckparity takes
  * this form for width 0: A and B are widened with each pair's two terms swapped, and each chunk is one run of the
  * float32 register tile over it in that order.
+ * torch's bf16 flash attention adds its dQ, dK and dV blocks into bf16 tensors through this brgemm (a GEMM of
+ * more than 16^3 multiply-adds: ATen sends smaller ones to its own loops) with alpha as a src scale and beta 1 as
+ * a sum post-op: C = bf16(alpha * sum + C), the scaled sum rounded to float32 before C is added (measured against
+ * the FMA of the two, which 228 of 2043 of the bf16 attention sweep's dK cases tell apart): ckp_onednn_bf16_accumulate.
  */
 #include "ckp_internal.h"
 #include "vec.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +47,9 @@ enum { MR_MAX = 12, NR_MAX = 32, MXCSR_FTZ_DAZ = 0x8040 };
 CKP_CLONES static void add_tile(float *restrict sum, const float *restrict even, const float *restrict odd, int64_t n) {
     for (int64_t i = 0; i < n; i++) sum[i] += even[i] + odd[i];
 }
+
+/* DAZ and FTZ by hand (the product of two bf16 values is exact: only a denormal result is flushed). */
+static inline float flush(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
 
 /* total += chunk: the chunks' sums added in order. */
 CKP_CLONES static void add_chunk(float *restrict total, const float *restrict chunk, int64_t n) {
@@ -72,6 +80,26 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
     }
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(total[i * t->nr + j]);
+}
+
+/* x and w hold bf16 values (xs and ws apart): VDPBF16PS's chain over their pairs, each pair's odd-placed product
+ * first, denormal inputs and sums flushed to zero. */
+static float dot_pairs_chain(const float *x, int64_t xs, const float *w, int64_t ws, int64_t K) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k += 2) {
+        if (k + 1 < K) acc = flush(acc + flush(x[(k + 1) * xs]) * flush(w[(k + 1) * ws]));
+        acc = flush(acc + flush(x[k * xs]) * flush(w[k * ws]));
+    }
+    return acc;
+}
+
+void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
+                                int64_t b_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            float *at = c + m * ldc + n;
+            *at = ckp_bf16_round(alpha * dot_pairs_chain(a + m * a_rs, a_cs, b + n * b_cs, b_rs, K) + *at);
+        }
 }
 
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,

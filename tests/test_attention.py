@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import cpu
+from ckparity._native import ffi, lib
 from ckparity.errors import InvalidArgument
 from ckparity.kernels.attention import followed, followed_bf16
 from ckparity.kernels.sweeping import same_bits, torch_threads
@@ -276,9 +277,10 @@ BF16_SHAPES = [  # B, Hq, Hkv, T, d, causal: GQA, MHA, T past 192 (q blocks of 6
 @pytest.mark.parametrize("shape", BF16_SHAPES, ids=[f"B{s[0]}H{s[1]}/{s[2]}T{s[3]}d{s[4]}{'c' if s[5] else ''}"
                                                     for s in BF16_SHAPES])
 def test_bfloat16_where_followed_is_torchs_bf16_flash_kernel_bit_for_bit(shape):
-    """Where torch's bf16 flash kernel runs MKL's AVX2 bf16 GEMM and ATen's own bf16 loops, out, dq, dk and dv are
-    its bits (fexp_u20 summed in two registers, P and dS rounded to bf16, the gradients accumulated in bf16) at 1 and
-    2 torch threads (every pass here has two items or more) and 1 and 2 ckparity threads."""
+    """Where torch's bf16 flash kernel runs MKL's AVX2 bf16 GEMM and ATen's own bf16 loops or oneDNN's AVX-512 bf16
+    brgemm, out, dq, dk and dv are its bits (fexp_u20 summed in two registers, P and dS rounded to bf16, the
+    gradients accumulated in bf16) at 1 and 2 torch threads (every pass here has two items or more) and 1 and 2
+    ckparity threads."""
     B, H, Hkv, T, d, causal = shape
     assert followed_bf16(T, T)
     q, k, v, up = (t.bfloat16() for t in _inputs(B, H, Hkv, T, T, d, seed=T + d))
@@ -308,6 +310,39 @@ def test_the_bf16_sweep_sees_the_float_kernel_rounded_once(monkeypatch):
     for T, d in ((64, 32), (200, 64)):
         record._case(tally, f"T={T} d={d}", 2, 4, 2, T, T, d, True, g, dtype=torch.bfloat16)
     assert all(tally.result()[q]["differing"] > 0 for q in ("out", "dq", "dk", "dv")), tally.result()
+
+
+@pytest.mark.skipif(ops_attention.bf16_gemm() != lib.CKP_BF16_GEMM_ONEDNN,
+                    reason="torch's bf16 gradients are added by oneDNN's AVX-512 bf16 brgemm only where it runs without AMX")
+def test_where_onednn_adds_the_bf16_gradients_atens_loops_would_not_be_torchs(monkeypatch):
+    """On a CPU whose bf16 GEMMs are oneDNN's AVX-512 brgemm (an AMD Zen 5), dQ, dK and dV are added through its
+    chain over pairs with the scale and the sum post-op ([Note: oneDNN's AVX-512 bf16 order]): with ATen's own loops
+    there instead (what an AVX2-only CPU runs), the sweep's cases differ from torch's in dq, dk and dv, not out."""
+    record = importlib.import_module("ckparity.kernels.attention")
+    monkeypatch.setattr(ops_attention, "bf16_gemm", lambda: lib.CKP_BF16_GEMM_ATEN)
+    tally = record.Tally()
+    g = torch.Generator().manual_seed(1)
+    for T, d in ((64, 32), (200, 64), (300, 48)):
+        record._case(tally, f"T={T} d={d}", 2, 4, 2, T, T, d, True, g, dtype=torch.bfloat16)
+    result = tally.result()
+    assert result["out"]["differing"] == 0 and all(result[q]["differing"] > 0 for q in ("dq", "dk", "dv")), result
+
+
+def test_a_bf16_backward_with_an_unknown_gemm_is_refused_and_writes_nothing():
+    """ckp_attention_backward_bf16's bf16_gemm names ATen's loops or oneDNN's brgemm; another value is refused by
+    name before anything is written."""
+    T, d = 16, 8
+    q, k, v, dout = (torch.randn(1, 1, T, d).bfloat16() for _ in range(4))
+    out, lse = torch.empty(1, 1, T, d, dtype=torch.bfloat16), torch.empty(1, 1, T)
+    attention_forward(q, k, v, d ** -0.5, True, out, lse)
+    grads = [torch.full((1, 1, T, d), 7.0).bfloat16() for _ in range(3)]
+    st = [ffi.new("int64_t[3]", [T * d, T * d, d]) for _ in range(8)]
+    h = lambda t: ffi.cast("uint16_t *", t.data_ptr())  # noqa: E731
+    status = lib.ckp_attention_backward_bf16(h(dout), st[0], h(q), st[1], h(k), st[2], h(v), st[3], h(out),
+                                             ffi.cast("float *", lse.data_ptr()), 1, 1, 1, T, T, d, d ** -0.5, 1,
+                                             h(grads[0]), st[4], h(grads[1]), st[5], h(grads[2]), st[6], 2, 1)
+    assert status == lib.CKP_ERR_BAD_OPTION and "bf16_gemm" in ffi.string(lib.ckp_last_error()).decode()
+    assert all(g.eq(7.0).all() for g in grads)
 
 
 @pytest.mark.parametrize("call,message", [

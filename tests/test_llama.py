@@ -118,18 +118,22 @@ def test_a_whole_llama_step_in_c_in_bf16_is_bit_identical(tmp_path, precision):
     assert set(result["max_ulp_diff"].values()) == {0}
 
 
-def test_the_committed_bf16_all_c_llama_runs_on_mkls_avx2_branch_are_bit_identical():
-    """reports/llama/mkl_avx2/bf16/ (scripts/llama_bf16_twins.sh on an AMD CPU without AVX-512): the 300-step
-    all-C llama run in pure bf16 and under bf16 autocast, at DEFAULT and AVX2, ckparity at 1 and 2 threads with
-    torch at 1, and both at 2 -- not one differing bit."""
+@pytest.mark.parametrize("folder, onednn_isa, caps", [
+    ("llama/mkl_avx2/bf16", "AVX2", ("DEFAULT", "AVX2")),  # ATen's own bf16 loops
+    ("llama/zen5/bf16", "AVX512_CORE_BF16", ("DEFAULT", "AVX2", "AVX512"))])  # oneDNN's AVX-512 bf16 brgemm
+def test_the_committed_bf16_all_c_llama_runs_on_mkls_avx2_branch_are_bit_identical(folder, onednn_isa, caps):
+    """reports/llama/mkl_avx2/bf16/ (scripts/llama_bf16_twins.sh on an AMD CPU without AVX-512) and
+    reports/llama/zen5/bf16/ (CAPS="avx512 avx2 default" on an AMD Zen 5, whose MKL runs its AVX2 code and whose
+    torch runs its bf16 GEMMs on oneDNN without AMX): the 300-step all-C llama run in pure bf16 and under bf16
+    autocast at each capability, ckparity at 1 and 2 threads with torch at 1, and both at 2 -- not one differing
+    bit."""
     seen = set()
-    for r in _reports("llama/mkl_avx2/bf16"):
+    for r in _reports(folder):
         c = r["config"]
         mode = "bf16" if c["dtype"] == "bfloat16" else "amp" if c["amp"] == "bfloat16" else None
-        assert r["env"]["mkl_branch"] == "AVX2" and r["env"]["onednn_isa"] == "AVX2"
+        assert r["env"]["mkl_branch"] == "AVX2" and r["env"]["onednn_isa"] == onednn_isa
         seen.add((mode, *_bitwise_all_c_llama(r)))
-    assert seen == {(m, cap, t, tt) for m in ("bf16", "amp") for cap in ("DEFAULT", "AVX2")
-                    for t, tt in ((1, 1), (2, 1), (2, 2))}
+    assert seen == {(m, cap, t, tt) for m in ("bf16", "amp") for cap in caps for t, tt in ((1, 1), (2, 1), (2, 2))}
 
 
 def test_the_committed_all_c_llama_runs_are_bit_identical():

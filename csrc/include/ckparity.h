@@ -446,20 +446,24 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
                                   const int64_t *dq_strides, float *dk, const int64_t *dk_strides, float *dv,
                                   const int64_t *dv_strides, int torch_threads);
 /* The same in bfloat16 (q, k, v, dout, out, dq, dk, dv bf16; lse float32), as torch's bf16 flash kernel computes it
- * where its GEMMs are MKL's and ATen's own (no oneDNN, no AMX: csrc/attention.c's [Note: ATen's bf16 flash
- * attention]): P and dS rounded to bf16 for the GEMMs that read them, dQ, dK and dV accumulated in bf16 by ATen's
- * loops. */
+ * where its GEMMs are MKL's (its AVX2 code) and ATen's own or oneDNN's AVX-512 bf16 ones (no AMX: csrc/attention.c's
+ * [Note: ATen's bf16 flash attention]): P and dS rounded to bf16 for the GEMMs that read them, dQ, dK and dV
+ * accumulated in bf16 by the GEMM bf16_gemm names. */
 ckp_status ckp_attention_forward_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *k,
                                       const int64_t *k_strides, const uint16_t *v, const int64_t *v_strides, int64_t B,
                                       int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale,
                                       int is_causal, uint16_t *out, float *lse, int torch_threads);
+/* Which GEMM torch's bf16 flash backward adds its dQ, dK and dV blocks through: ATen's own bf16 loops (where
+ * torch's bf16 matmul runs no oneDNN) or oneDNN's AVX-512 bf16 brgemm (no AMX: [Note: oneDNN's AVX-512 bf16
+ * order]), which ATen takes for a block's GEMM of more than 16^3 multiply-adds (smaller ones: its own loops). */
+typedef enum { CKP_BF16_GEMM_ATEN = 0, CKP_BF16_GEMM_ONEDNN = 1 } ckp_bf16_gemm;
 ckp_status ckp_attention_backward_bf16(const uint16_t *dout, const int64_t *dout_strides, const uint16_t *q,
                                        const int64_t *q_strides, const uint16_t *k, const int64_t *k_strides,
                                        const uint16_t *v, const int64_t *v_strides, const uint16_t *out,
                                        const float *lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk,
                                        int64_t d, double scale, int is_causal, uint16_t *dq, const int64_t *dq_strides,
                                        uint16_t *dk, const int64_t *dk_strides, uint16_t *dv,
-                                       const int64_t *dv_strides, int torch_threads);
+                                       const int64_t *dv_strides, int bf16_gemm, int torch_threads);
 
 /* ------------------------------------------------------------------------
  * embedding (csrc/embedding.c): F.embedding over n indices (int64, each in

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import cpu
-from .._native import ffi
+from .._native import ffi, lib
 from ..ops.attention import attention as c_attention
-from ..ops.attention import attention_backward, attention_forward, bf16_followed
+from ..ops.attention import attention_backward, attention_forward, bf16_followed, bf16_gemm
 from .benching import Case, compiled_fwd_bwd, fwd_bwd
 from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
@@ -102,8 +102,9 @@ def _bf16_not_followed() -> str | None:
     if not bf16_followed():
         return ("torch's bf16 flash kernel runs GEMMs ckparity does not follow in bf16 here (oneDNN, or MKL off its "
                 "AVX2 branch)")
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":
-        return "the bf16 flash kernel at AVX512 is not measured (a CPU with AVX-512 runs oneDNN's bf16 GEMMs)"
+    if torch.backends.cpu.get_cpu_capability() == "AVX512" and bf16_gemm() == lib.CKP_BF16_GEMM_ATEN:
+        return "the bf16 flash kernel at AVX512 on ATen's own bf16 loops is not measured (a CPU with AVX-512 runs " \
+               "oneDNN's bf16 GEMMs unless it is off)"
     return None
 
 
@@ -238,7 +239,7 @@ def _backward_entry(bf16: bool = False) -> CEntry:
         st = ffi.new("int64_t[3]", [HEADS_FUZZ * T * D_FUZZ, T * D_FUZZ, D_FUZZ])
         return getattr(L, "ckp_" + backward)(p["dout"], st, p["q"], st, p["k"], st, p["v"], st, p["out"], p["lse"],
                                              1, HEADS_FUZZ, HEADS_FUZZ, T, T, D_FUZZ, 0.5, 1, p["dq"], st, p["dk"],
-                                             st, p["dv"], st, 1)
+                                             st, p["dv"], st, *((L.CKP_BF16_GEMM_ONEDNN,) if bf16 else ()), 1)
     size = lambda s: HEADS_FUZZ * s["T"] * D_FUZZ  # noqa: E731
     return CEntry(backward,
                   tuple(CBuffer(n, kind, size) for n in ("dout", "q", "k", "v", "out"))
@@ -292,18 +293,18 @@ KERNEL = Kernel(
                             "small paths and gemv followed, ATen's per-thread buffers placed as ATen places them, and "
                             "a pass of one parallel item whose GEMMs MKL shares between 2 threads); under "
                             "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),
-            Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", capabilities=("DEFAULT", "AVX2"),
-                  holds=_bf16_not_followed,
+            Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", holds=_bf16_not_followed,
                   condition="where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own "
-                            "bf16 loops (an AMD CPU with AVX2 only): sequences of 12 or more without a one-row q block "
-                            "or a one-key block, every head dim, at 1 and 2 torch threads (at 1 where a pass has one "
+                            "bf16 loops (an AMD CPU with AVX2 only: DEFAULT, AVX2) or oneDNN's AVX-512 bf16 brgemm "
+                            "(an AMD Zen 5: every capability): sequences of 12 or more without a one-row q block or a "
+                            "one-key block, every head dim, at 1 and 2 torch threads (at 1 where a pass has one "
                             "parallel item)")),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
                               "one row or a key block of one there (MKL's gemv), d = 1 on its AVX2 branch (P.V of one "
-                              "column: another gemv form); bfloat16 where torch's GEMMs are oneDNN's or MKL's AMX ones, "
+                              "column: another gemv form); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
                               "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), a "
                               "sequence under 12 (MKL's small bf16 paths on its own copies), or "
                               "at 2 torch threads where a pass has one item (MKL's bf16 GEMM on 2 threads): as accurate "

@@ -13,7 +13,7 @@ from .._native import check, ffi, lib
 from .._tensors import empty, require_floating
 from .. import cpu
 from ..errors import InvalidArgument
-from . import _aten_bf16
+from . import _aten_bf16, _onednn
 from ._function import CFunction, first_order_only
 
 _FLOAT, _U16 = ffi.typeof("float *"), ffi.typeof("uint16_t *")
@@ -43,11 +43,13 @@ def attention_backward(dout, q, k, v, out, lse, scale: float, is_causal: bool, d
     """dq, dk, dv (q's and k's shapes, written by their strides, each row its own) from dout (read by its strides,
     its last dim contiguous), out (contiguous) and the forward's lse."""
     (B, Hq, Tq, d), (Hkv, Tk) = q.shape, k.shape[1:3]
-    entry = library.ckp_attention_backward_bf16 if q.dtype == torch.bfloat16 else library.ckp_attention_backward
+    bf16 = q.dtype == torch.bfloat16
+    entry = library.ckp_attention_backward_bf16 if bf16 else library.ckp_attention_backward
+    gemm = (bf16_gemm() or lib.CKP_BF16_GEMM_ATEN,) if bf16 else ()  # what adds into the bf16 gradients
     check(entry(_at(dout), _strides(dout), _at(q), _strides(q), _at(k), _strides(k), _at(v),
                                          _strides(v), _at(out), _at(lse), B, Hq, Hkv, Tq, Tk, d, scale, int(is_causal),
                                          _at(dq), _strides(dq), _at(dk), _strides(dk), _at(dv), _strides(dv),
-                                         torch.get_num_threads()),
+                                         *gemm, torch.get_num_threads()),
           "attention backward", library)
 
 
@@ -107,8 +109,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     float32 or bfloat16; is_causal (top-left: row r sees keys <= r), scale (default 1 / sqrt(d)), enable_gqa
     (query head h reads kv head h / (Hq / Hkv)). An attn_mask and dropout are refused by name.
     bfloat16: where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own bf16 loops
-    (bf16_followed: an AMD CPU with AVX2 only), that kernel (csrc/attention.c's [Note: ATen's bf16 flash
-    attention]: P and dS rounded to bf16, dQ, dK, dV accumulated in bf16); elsewhere (oneDNN's or AMX GEMMs) the
+    or oneDNN's AVX-512 bf16 brgemm (bf16_followed: an AMD CPU with AVX2 only, or a Zen 5), that kernel
+    (csrc/attention.c's [Note: ATen's bf16 flash attention]: P and dS rounded to bf16, dQ, dK, dV accumulated in
+    bf16); elsewhere (MKL's AVX-512 code, AMX GEMMs) the
     float32 kernel on the widened values, the result rounded once. Either way the same bits at any ckparity
     thread count."""
     if attn_mask is not None:
@@ -139,8 +142,19 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
 
 def bf16_followed() -> bool:
     """Whether torch's bf16 flash kernel runs here on GEMMs ckparity follows in bf16: MKL's bf16 GEMM as its AVX2
-    branch's own sgemm order, and ATen's own bf16 loops (no oneDNN for bf16, no AMX)."""
-    return cpu.mkl_avx2_own() and _aten_bf16.torch_runs_aten()
+    branch's own sgemm order (a CPU without AVX-512, or an AMD one past Zen 4), and for the bf16 gradients ATen's
+    own bf16 loops or oneDNN's AVX-512 bf16 brgemm (bf16_gemm; not AMX)."""
+    return cpu.mkl_avx2_own() and bf16_gemm() is not None
+
+
+def bf16_gemm() -> int | None:
+    """What torch's bf16 GEMMs that add into bf16 tensors run here: ATen's own loops (lib.CKP_BF16_GEMM_ATEN:
+    no oneDNN for bf16), oneDNN's AVX-512 bf16 brgemm (lib.CKP_BF16_GEMM_ONEDNN: ops/_onednn.py reads its chain
+    over pairs, at a block GEMM's shape and dV's layouts), or None (another order: AMX's tiles)."""
+    if _aten_bf16.torch_runs_aten():
+        return lib.CKP_BF16_GEMM_ATEN
+    order = _onednn.order(32, 64, 32, True, False)
+    return lib.CKP_BF16_GEMM_ONEDNN if order is not None and order == _onednn.Order(0, ()) else None
 
 
 def _check_shapes(query, key, value, enable_gqa: bool) -> None:
