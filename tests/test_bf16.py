@@ -118,7 +118,8 @@ def test_the_records_claim_bf16_and_info_says_where_it_holds():
                        "cross_entropy.ptref": ("loss", "dlogits"), "embedding": ("out", "dweight"),
                        "residual": ("out", "dx", "dy"), "gelu": ("y", "dx"), "gelu.erf": ("y", "dx"),
                        "layer_norm": ("y", "dx", "dweight", "dbias"), "layer_norm.mixed": ("y", "dx", "dweight", "dbias"),
-                       "linear.onednn": ("y", "dx", "dweight"), "linear.aten": ("y", "dx", "dweight", "dbias"),
+                       "linear.onednn": ("y", "dx", "dweight"), "linear.onednn_bias": ("y", "dx", "dweight", "dbias"),
+                           "linear.aten": ("y", "dx", "dweight", "dbias"),
                        "attention": ("out", "dq", "dk", "dv")}
     if ckparity.cpu.matched():  # less a claim whose condition fails here (gelu.erf: oneDNN below avx512_core)
         held = {c.key for c in kernels.claims("bfloat16") if c.reason_not_here() is None}

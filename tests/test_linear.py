@@ -503,6 +503,26 @@ def test_bf16_without_a_bias_is_onednns_bits_and_a_wrong_order_is_refused():
         assert wrong != measured and not _onednn._confirmed(wrong, 64, 1000, 1000, False, True)
 
 
+@pytest.mark.skipif(importlib.import_module("ckparity.kernels.linear")._onednn_bias_not_followed() is not None,
+                    reason="a bias is measured in oneDNN's AVX-512 bf16 brgemm's sum only (no AMX)")
+def test_on_onednns_avx512_bf16_brgemm_a_bias_is_in_the_float32_sum(monkeypatch):
+    """There F.linear's bias is added to the float32 sum and rounded once with it: y, dx, dweight and dbias are
+    torch's bits (a 3-D x too), and the bias added after the rounded product (what F.linear does for an x it does
+    not fold) differs from torch's y in the linear.onednn_bias sweep's cases."""
+    record = importlib.import_module("ckparity.kernels.linear")
+    tally = record.Tally()
+    for lead, K, N in (((64,), 1000, 200), ((2, 9), 37, 17), ((40,), 301, 72)):
+        record._case_bf16(tally, f"{lead} K={K} N={N}", lead, K, N, torch.Generator().manual_seed(K), bias=True)
+    assert all(tally.result()[q]["differing"] == 0 for q in ("y", "dx", "dweight", "dbias")), tally.result()
+    product = _onednn.product
+    monkeypatch.setattr(_onednn, "product", lambda a, b, order, bias=None: product(a, b, order) if bias is None
+                        else (product(a, b, order).float() + bias.float()).bfloat16())
+    tally = record.Tally()
+    for lead, K, N in (((64,), 1000, 200), ((40,), 301, 72)):
+        record._case_bf16(tally, f"{lead} K={K} N={N}", lead, K, N, torch.Generator().manual_seed(K), bias=True)
+    assert tally.result()["y"]["differing"] > 0, tally.result()
+
+
 def test_the_pairs_chain_adds_a_pairs_odd_term_first_and_its_chunks_apart():
     """[Note: oneDNN's AVX-512 bf16 order] on any CPU (ckparity's C, not oneDNN): width 0 is one chain over K's
     pairs, the odd-placed term first -- (2^30, 0), (1, -2^30) sums to 1 (an even-first chain: 0) and (1, 0),

@@ -378,11 +378,12 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * even- and odd-placed terms two float32 chains from 0 whose sum joins the chunk's; denormals flushed;
  * rounded to bf16 once. Width 0 is oneDNN's AVX-512 bf16 form (no AMX): a chunk one float32 chain over K's
  * pairs, each pair's odd-placed term first (VDPBF16PS; an odd K padded with a zero). The chunks and the width
- * are oneDNN's choice for the shape: ckparity measures them (ckparity/ops/_onednn.py). The same bits at any
- * thread count. */
+ * are oneDNN's choice for the shape: ckparity measures them (ckparity/ops/_onednn.py). A bias (bf16 (N), or
+ * NULL) is added to the float32 sum before the rounding (measured for width 0). The same bits at any thread
+ * count. */
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
-                               const int64_t *chunk_starts, int64_t chunks, uint16_t *c);
+                               const int64_t *chunk_starts, int64_t chunks, const uint16_t *bias, uint16_t *c);
 /* C (M x N, bf16, row-major) = A (M x K) . B (K x N) (+ bias, bf16 (N), or NULL), bf16 operands by their
  * strides, in the order ATen's own bf16 GEMM sums it where torch runs no oneDNN (csrc/linear_bf16_aten.c):
  * CKP_ATEN_BF16_DOT (its fp32-arith dot: 8 registers of 8 or 16 lanes by the capability set, then tails; bias

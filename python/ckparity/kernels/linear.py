@@ -163,16 +163,40 @@ def _onednn_not_followed() -> str | None:
     return None
 
 
+def _onednn_bias_not_followed() -> str | None:
+    """Why bf16 linear with a bias is not oneDNN's bits here, or None: the bias is measured in the sum of oneDNN's
+    AVX-512 bf16 brgemm (the chain over pairs) only."""
+    reason = _onednn_not_followed()
+    if reason is None and _onednn.order(64, 1000, 1000, False, True).width != 0:
+        return "a bias on oneDNN's AMX brgemm is not measured (the float32 GEMM rounded once)"
+    return reason
+
+
 def _case_bf16(tally: Tally, label: str, lead: tuple[int, ...], K: int, N: int, g: torch.Generator,
-               threads: tuple[int, ...] = (1,)) -> None:
+               threads: tuple[int, ...] = (1,), bias: bool = False) -> None:
     x = torch.randn(*lead, K, generator=g).bfloat16().requires_grad_(True)
     w = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16().requires_grad_(True)
+    inputs = [x, w] + ([torch.randn(N, generator=g).bfloat16().requires_grad_(True)] if bias else [])
     up = torch.randn(*lead, N, generator=g).bfloat16()
     for n in threads:
         with torch_threads(n):  # oneDNN's order is its choice at torch's thread count: measured at each
-            ours, theirs = grad_run(linear, [x, w], up), grad_run(F.linear, [x, w], up)
-        for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+            ours, theirs = grad_run(linear, inputs, up), grad_run(F.linear, inputs, up)
+        for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
             tally.add(q, f"{label} torch threads {n}", a, b)
+
+
+def sweep_bf16_bias(tally: Tally, g: torch.Generator) -> None:
+    """bf16 y, dx, dweight and dbias with a bias against F.linear on oneDNN's AVX-512 bf16 brgemm: K over every
+    width from 4 and the large ones, M and N over 2..300, the twins' shapes and a 3-D x at 1 and 2 torch threads."""
+    for K in [k for k in WIDTHS if k >= 4] + list(LARGE_K):
+        _case_bf16(tally, f"M=24 K={K} N=48 bias", (24,), K, 48, g, bias=True)
+    for M in range(2, 301):
+        _case_bf16(tally, f"M={M} K=97 N=33 bias", (M,), 97, 33, g, bias=True)
+    for N in range(3, 301):
+        _case_bf16(tally, f"M=20 K=97 N={N} bias", (20,), 97, N, g, bias=True)
+    for M, K, N in TWIN_SHAPES:
+        _case_bf16(tally, f"twins M={M} K={K} N={N} bias", (M,), K, N, g, threads=(1, 2), bias=True)
+    _case_bf16(tally, "x (2, 9, 37) N=17 bias", (2, 9), 37, 17, g, threads=(1, 2), bias=True)
 
 
 def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
@@ -277,10 +301,10 @@ def _bf16_entry() -> CEntry:
         start = p["starts"] != ffi.NULL and 0 < p["starts"][0] < s["K"]
         width = 0 if start and p["starts"][0] % 2 == 0 else 2
         return L.ckp_gemm_bf16_tiles(p["a"], s["K"], 1, p["b"], s["N"], 1, s["M"], s["K"], s["N"], width,
-                                     p["starts"] if start else ffi.NULL, int(start), p["c"])
+                                     p["starts"] if start else ffi.NULL, int(start), p["bias"], p["c"])
     return CEntry("gemm_bf16_tiles", (CBuffer("a", "h", lambda s: s["M"] * s["K"]),
                                       CBuffer("b", "h", lambda s: s["K"] * s["N"]),
-                                      CBuffer("starts", "i", lambda s: 1),
+                                      CBuffer("starts", "i", lambda s: 1), CBuffer("bias", "h", lambda s: s["N"]),
                                       CBuffer("c", "h", lambda s: s["M"] * s["N"], True)),
                   {"M": 3, "K": 4, "N": 5}, call)
 
@@ -348,6 +372,11 @@ KERNEL = Kernel(
                             "its AVX-512 bf16 brgemm without AMX (an AMD Zen 5's; any K) (its order measured per GEMM: "
                             "ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4, at 1 and 2 "
                             "torch threads"),
+            Claim("linear.onednn_bias", ("y", "dx", "dweight", "dbias"), sweep_bf16_bias, dtype="bfloat16",
+                  holds=_onednn_bias_not_followed,
+                  condition="bf16 with a bias, x, weight and bias contiguous, on oneDNN's AVX-512 bf16 brgemm without "
+                            "AMX (an AMD Zen 5's): the bias in the float32 sum, dbias dY's float32 sum rounded once; "
+                            "products of M·N·K over ~4096 with K from 4, at 1 and 2 torch threads"),
             Claim("linear.aten", ("y", "dx", "dweight", "dbias"), sweep_bf16_aten, dtype="bfloat16",
                   capabilities=("DEFAULT", "AVX2"), holds=_aten_not_run,
                   condition="bf16 where torch runs its matmul on ATen's own loops (no oneDNN: a CPU without AVX-512, "
@@ -361,7 +390,7 @@ KERNEL = Kernel(
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2; MKL_CBWR=AVX512 on an AMD "
                            "CPU past Zen 4) or from Intel (measured on AMD only), bfloat16 on oneDNN with a bias, or on "
                            "another oneDNN path than the AMX or AVX-512 bf16 brgemm (products under ~4096 "
-                           "multiply-adds), or on AMX a GEMM's K over 8192 (more tiles than the probe counts): as "
+                           "multiply-adds), or on AMX a GEMM's K over 8192 or with a bias: as "
                            "accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,

@@ -33,13 +33,16 @@ class Order:
     starts: tuple[int, ...]  # where K's chunks after the first start
 
 
-def product(a: torch.Tensor, b: torch.Tensor, order: Order, *, library=lib) -> torch.Tensor:
-    """a (M, K) . b (K, N), bf16 of any strides, in ``order`` (ckp_gemm_bf16_tiles): (M, N) bf16."""
+def product(a: torch.Tensor, b: torch.Tensor, order: Order, bias: torch.Tensor | None = None, *,
+            library=lib) -> torch.Tensor:
+    """a (M, K) . b (K, N) (+ bias (N), contiguous, in the float32 sum), bf16 of any strides, in ``order``
+    (ckp_gemm_bf16_tiles): (M, N) bf16."""
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty(M, N, dtype=torch.bfloat16)
     starts = ffi.new("int64_t[]", list(order.starts)) if order.starts else ffi.NULL
     check(library.ckp_gemm_bf16_tiles(ffi.cast(_U16, a.data_ptr()), *a.stride(), ffi.cast(_U16, b.data_ptr()),
                                       *b.stride(), M, K, N, order.width, starts, len(order.starts),
+                                      ffi.NULL if bias is None else ffi.cast(_U16, bias.data_ptr()),
                                       ffi.cast(_U16, out.data_ptr())), "linear (bf16)", library)
     return out
 

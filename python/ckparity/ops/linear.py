@@ -130,18 +130,20 @@ class _LinearFunction(CFunction):
 
 
 class _LinearBF16Function(CFunction):
-    """x (..., K) and weight (N, K) contiguous bf16, no bias -> (..., N) bf16: each GEMM in the order oneDNN
-    sums it for that GEMM's shape and layouts (ops/_onednn.py measures it), or where none is measured the
-    float32 GEMM rounded once. First-order only: see ops/_function.py."""
+    """x (..., K) and weight (N, K) contiguous bf16, a contiguous bias (N) or None -> (..., N) bf16: each GEMM in
+    the order oneDNN sums it for that GEMM's shape and layouts (ops/_onednn.py measures it; the bias in y's float32
+    sum), or where none is measured the float32 GEMM rounded once; dbias as torch sums a bf16 dY (in float32, in
+    float32's order), rounded once. First-order only: see ops/_function.py."""
 
     @staticmethod
-    def compute(x, weight, order):
+    def compute(x, weight, bias, order):
         (N, K), lead = weight.shape, x.shape[:-1]
-        return _onednn.product(x.reshape(-1, K), weight.t(), order).reshape(*lead, N)
+        return _onednn.product(x.reshape(-1, K), weight.t(), order, bias).reshape(*lead, N)
 
     @staticmethod
     def save(ctx, inputs, output):
         ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.has_bias = inputs[2] is not None
 
     @staticmethod
     @first_order_only
@@ -150,12 +152,16 @@ class _LinearBF16Function(CFunction):
         (N, K) = weight.shape
         rows, dy = x.reshape(-1, K), dy.to(torch.bfloat16).reshape(-1, N).contiguous()
         M = rows.shape[0]
-        dx = dw = None
+        dx = dw = db = None
         if ctx.needs_input_grad[0]:  # torch: dY.mm(W)
             dx = _bf16_product(dy, weight, _onednn.order(M, N, K, False, False)).reshape(x.shape)
         if ctx.needs_input_grad[1]:  # torch: dYᵀ.mm(X) (mm's backward for a column-major mat2, Wᵀ)
             dw = _bf16_product(dy.t(), rows, _onednn.order(N, M, K, True, False))
-        return dx, dw, None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = empty((N,), torch.float32)
+            dbias(dy.float(), db)
+            db = db.bfloat16()
+        return dx, dw, db, None
 
 
 class _LinearATenBF16Function(_LinearFunction):
@@ -212,9 +218,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bfloat16: where torch runs its bf16 matmul on ATen's own loops (no oneDNN: a CPU without AVX-512's bf16),
     each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py), on
     contiguous copies of x and weight (torch's bits there move with the layout; these do not).
-    Where torch runs oneDNN: without a bias, for contiguous x and weight, each GEMM in the order oneDNN sums it,
-    measured for its shape (ops/_onednn.py; an AMX CPU's brgemm, or AVX-512 bf16's without AMX); where no order is measured (another oneDNN
-    path), and with a bias, the float32 GEMM on the widened values, rounded once. Every way float32 sums, the
+    Where torch runs oneDNN: for contiguous x and weight, each GEMM in the order oneDNN sums it, measured for its
+    shape (ops/_onednn.py; an AMX CPU's brgemm without a bias, or AVX-512 bf16's without AMX, with a bias too);
+    where no order is measured (another oneDNN path), and with a bias on AMX, the float32 GEMM on the widened
+    values, rounded once. Every way float32 sums, the
     same bits at any ckparity thread count."""
     if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
         x, weight, bias = (t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
@@ -236,10 +243,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         # they do not: every x and weight is taken as its contiguous copy (torch's bits on that copy; a contiguous
         # x of any dims, a 1-D one too, has its bias in the one rounding, as addmm's)
         return _LinearATenBF16Function.apply(x.contiguous(), weight.contiguous(), bias, False)
-    if x.dtype == torch.bfloat16 and bias is None and x.is_contiguous() and weight.is_contiguous():
+    if x.dtype == torch.bfloat16 and x.is_contiguous() and weight.is_contiguous():
+        # a bias in the float32 sum as oneDNN's AVX-512 bf16 brgemm adds it (measured there; on AMX: not measured)
         order = _onednn.order(x.numel() // K, K, N, False, True)
-        if order is not None:
-            return _LinearBF16Function.apply(x, weight, order)
+        if order is not None and (bias is None or order.width == 0):
+            return _LinearBF16Function.apply(x, weight, None if bias is None else bias.contiguous(), order)
     if x.dtype == torch.bfloat16:  # widened exactly; the gradients come back through the casts, rounded once
         with torch.autocast("cpu", enabled=False):
             return linear(x.float(), weight.float(), None if bias is None else bias.float()).bfloat16()
