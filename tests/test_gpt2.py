@@ -272,16 +272,18 @@ def test_the_committed_gpt2_runs_on_mkls_avx2_branch_are_bit_identical():
     assert seen == {("DEFAULT", 1, 1), ("AVX2", 1, 1), ("AVX2", 2, 1), ("AVX2", 2, 2)}
 
 
-def test_the_committed_bf16_gpt2_runs_on_mkls_avx2_branch_are_bit_identical():
+@pytest.mark.parametrize("folder, capability", [("mkl_avx2", "AVX2"), ("zen5", "AVX512")])
+def test_the_committed_bf16_gpt2_runs_on_mkls_avx2_branch_are_bit_identical(folder, capability):
     """reports/gpt2/mkl_avx2/gpt2_300_{bf16,amp}_avx2.json (an AMD CPU without AVX-512, where torch's bf16 linear
-    and flash attention run ATen's own loops and MKL's AVX2 branch, followed: docs/kernels.md): the small GPT-2's
-    300 steps with every op in C, in pure bf16 and under bf16 autocast -- not one differing bit (biased
-    projections, LayerNorm, GELU, learned positions in bf16 included)."""
+    and flash attention run ATen's own loops and MKL's AVX2 branch, followed: docs/kernels.md) and
+    reports/gpt2/zen5/gpt2_300_{bf16,amp}_avx512.json (an AMD Zen 5: MKL's AVX2 code, oneDNN's AVX-512 bf16
+    brgemm, biases in its sum): the small GPT-2's 300 steps with every op in C, in pure bf16 and under bf16
+    autocast -- not one differing bit (biased projections, LayerNorm, GELU, learned positions in bf16 included)."""
     seen = set()
-    for p in sorted((REPORTS / "gpt2" / "mkl_avx2").glob("gpt2_300_*_avx2.json")):
+    for p in sorted((REPORTS / "gpt2" / folder).glob(f"gpt2_300_*_{capability.lower()}.json")):
         r = json.loads(p.read_text())
         _the_all_c_gpt2(r)
-        assert r["env"]["mkl_branch"] == "AVX2" and r["env"]["torch_cpu_capability"] == "AVX2"
+        assert r["env"]["mkl_branch"] == "AVX2" and r["env"]["torch_cpu_capability"] == capability
         assert r["status"] == "pass" and r["steps"] == r["planned_steps"] == 300
         assert r["divergence"]["first_step"] is None and set(r["max_ulp_diff"].values()) == {0}
         seen.add((r["config"]["dtype"], r["config"]["amp"]))
