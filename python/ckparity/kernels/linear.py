@@ -368,15 +368,15 @@ KERNEL = Kernel(
                             "threads' row shares followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
-                  condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm (K up to 8192) or "
-                            "its AVX-512 bf16 brgemm without AMX (an AMD Zen 5's; any K) (its order measured per GEMM: "
-                            "ops/_onednn.py), products of M·N·K over ~4096 with K (each GEMM's) from 4, at 1 and 2 "
-                            "torch threads"),
+                  condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm or its AVX-512 "
+                            "bf16 brgemm without AMX (an AMD Zen 5's) (its order measured per GEMM: ops/_onednn.py), "
+                            "products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, at 1 and 2 torch "
+                            "threads"),
             Claim("linear.onednn_bias", ("y", "dx", "dweight", "dbias"), sweep_bf16_bias, dtype="bfloat16",
                   holds=_onednn_bias_not_followed,
                   condition="bf16 with a bias, x, weight and bias contiguous, on oneDNN's AVX-512 bf16 brgemm without "
                             "AMX (an AMD Zen 5's): the bias in the float32 sum, dbias dY's float32 sum rounded once; "
-                            "products of M·N·K over ~4096 with K from 4, at 1 and 2 torch threads"),
+                            "products of M·N·K over ~4096 with K from 4 to 8192, at 1 and 2 torch threads"),
             Claim("linear.aten", ("y", "dx", "dweight", "dbias"), sweep_bf16_aten, dtype="bfloat16",
                   capabilities=("DEFAULT", "AVX2"), holds=_aten_not_run,
                   condition="bf16 where torch runs its matmul on ATen's own loops (no oneDNN: a CPU without AVX-512, "
@@ -390,7 +390,7 @@ KERNEL = Kernel(
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2; MKL_CBWR=AVX512 on an AMD "
                            "CPU past Zen 4) or from Intel (measured on AMD only), bfloat16 on oneDNN with a bias, or on "
                            "another oneDNN path than the AMX or AVX-512 bf16 brgemm (products under ~4096 "
-                           "multiply-adds), or on AMX a GEMM's K over 8192 or with a bias: as "
+                           "multiply-adds), or a GEMM's K over 8192 (not probed), or on AMX with a bias: as "
                            "accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,

@@ -113,11 +113,15 @@ class _Probe:
         return tuple(found)
 
     def order(self) -> Order | None:
-        """The order the probes read (not yet checked), or None where they read none."""
+        """The order the probes read (not yet checked), or None where they read none: K over 8192 is not read
+        (AMX: more tiles than a bf16 sum counts exactly; the pairs' chain: a product per M candidate chunk starts,
+        which at K = 65537 took minutes)."""
+        if self.K > MAX_TILES * 32:
+            return None
         width = self.width()
         if width == 2:  # the pair cancelled and every later 1 survived: VDPBF16PS's chain over pairs, no AMX tiles
             return Order(0, self.pair_starts())  # ([Note: oneDNN's AVX-512 bf16 order] in csrc/linear_bf16.c)
-        if width < 2 or width % 2 or self.K > MAX_TILES * 32:  # more tiles than a bf16 sum counts exactly
+        if width < 2 or width % 2:
             return None
         return Order(width, self.starts(width))
 
