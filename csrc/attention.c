@@ -280,13 +280,13 @@ typedef struct {
 
 /* C (ldc) += alpha X.Y into bf16 values, as ATen's cpublas::gemm adds a bf16 GEMM: through oneDNN where torch
  * runs it (bf16_gemm) and the product has more than 16^3 multiply-adds (mkldnn_bf16_gemm's floor), else ATen's own
- * loop in `form` (the one its transposes pick). */
+ * loop in `form` (the one its transposes pick). Y's rows are contiguous (the head dim, or a block's row). */
 static void add_bf16(const attn *a, int form, float alpha, const float *x, int64_t x_rs, int64_t x_cs, const float *y,
-                     int64_t y_rs, int64_t y_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
+                     int64_t y_rs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
     if (a->bf16_gemm == CKP_BF16_GEMM_ONEDNN && M * K * N > 16 * 16 * 16)
-        ckp_onednn_bf16_accumulate(alpha, x, x_rs, x_cs, y, y_rs, y_cs, M, K, N, c, ldc);
+        ckp_onednn_bf16_accumulate(alpha, x, x_rs, x_cs, y, y_rs, M, K, N, c, ldc);
     else
-        ckp_aten_bf16_accumulate(form, alpha, x, x_rs, x_cs, y, y_rs, y_cs, M, K, N, c, ldc);
+        ckp_aten_bf16_accumulate(form, alpha, x, x_rs, x_cs, y, y_rs, 1, M, K, N, c, ldc);
 }
 
 static attn attn_for(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale, int causal) {
@@ -558,7 +558,7 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                 if (a->bf16) { /* dV (bf16) += P_bf16^T . dO: ATen's own loop, its one chain */
                     memcpy(pr, p, (size_t)(qb * kvb) * sizeof *p);
                     round_bf16(pr, qb * kvb);
-                    add_bf16(a, CKP_ATEN_BF16_CHAIN, 1.0f, pr, 1, kvb, dop, ldo, 1, kvb, qb, d, dvp + n * a->dv_s[2],
+                    add_bf16(a, CKP_ATEN_BF16_CHAIN, 1.0f, pr, 1, kvb, dop, ldo, kvb, qb, d, dvp + n * a->dv_s[2],
                              a->dv_s[2]);
                 } else {
                     ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2],
@@ -570,9 +570,9 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
                 if (a->bf16) { /* dS rounded to bf16; dQ += scale dS.K (four chains), dK += scale dS^T.Q (one) */
                     round_bf16(dp, qb * kvb);
-                    add_bf16(a, CKP_ATEN_BF16_PAIRS, a->scale, dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d,
+                    add_bf16(a, CKP_ATEN_BF16_PAIRS, a->scale, dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], qb, kvb, d,
                              dqh + m * a->dq_s[2], a->dq_s[2]);
-                    add_bf16(a, CKP_ATEN_BF16_CHAIN, a->scale, dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d,
+                    add_bf16(a, CKP_ATEN_BF16_CHAIN, a->scale, dp, 1, kvb, qp, a->q_s[2], kvb, qb, d,
                              dkp + n * a->dk_s[2], a->dk_s[2]);
                     continue;
                 }

@@ -2,9 +2,10 @@
 preset's shape and at (4, 16, 1024, 64), 1 and 2 threads, the sides timed in turn (best of 5 after a
 warm-up: the first calls pay for fresh pages), as a ratio (timings on a shared machine move 2-3x within an
 hour; the ratio of the same run is what is compared). `ckparity bench` times a shape this large once; this
-script repeats it. Writes reports/bench/attention_speed.json.
+script repeats it. Writes reports/bench/attention_speed.json. --dtype bfloat16: the same in bf16 (torch's bf16
+flash kernel, the inputs rounded to bf16 once).
 
-    .venv/bin/python scripts/attention_speed.py [--out PATH]
+    .venv/bin/python scripts/attention_speed.py [--dtype bfloat16] [--out PATH]
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ SHAPES = ((8, 4, 2, 64, 64), (4, 16, 16, 1024, 64))  # (batch, query heads, kv h
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="reports/bench/attention_speed.json")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     rows = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
         ckparity.set_num_threads(threads)
         for B, H, Hkv, T, d in SHAPES:
             g = torch.Generator().manual_seed(0)
-            q = torch.randn(B, H, T, d, generator=g).requires_grad_(True)
-            k, v = (torch.randn(B, Hkv, T, d, generator=g).requires_grad_(True) for _ in range(2))
+            q = torch.randn(B, H, T, d, generator=g).to(dtype).requires_grad_(True)
+            k, v = (torch.randn(B, Hkv, T, d, generator=g).to(dtype).requires_grad_(True) for _ in range(2))
 
             def fwd_bwd(fn):
                 return lambda: fn(q, k, v, is_causal=True, enable_gqa=H != Hkv).sum().backward()
@@ -43,7 +46,8 @@ def main() -> None:
                          "ckparity_ms": round(ours * 1e3, 3), "torch_ms": round(theirs * 1e3, 3),
                          "ratio": round(theirs / ours, 3)})
             print(rows[-1], flush=True)
-    report = {"schema": "ckparity.attention_speed/1", "mkl_branch": cpu.mkl_branch(),
+    report = {"schema": "ckparity.attention_speed/1", "dtype": args.dtype, "mkl_branch": cpu.mkl_branch(),
+              "onednn_isa": cpu.onednn_isa(),
               "torch_capability": torch.backends.cpu.get_cpu_capability(), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
