@@ -93,12 +93,15 @@ static int order_from_env(void) {
      * blocks differ from K = 193). Where the CPU has AVX-512, MKL_CBWR=AVX2 is not followed: it is another order
      * there (on that Zen 5, 14 of 300 products differ from AUTO's), nor is MKL_CBWR=AVX512 on that Zen 5 (neither
      * order: MKL's AVX-512 CNR code) */
-    const int amd_avx2 = __builtin_cpu_is("amd") && !__builtin_cpu_is("amdfam19h");
-    if (avx512 && amd_avx2 && (avx2 || avx512_named)) return CKP_GEMM_ORDER_MKL; /* not followed (cpu.py says) */
-    const int avx2_code = !avx512 || amd_avx2;
-    if (avx2_code && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return CKP_GEMM_ORDER_AVX2;
-    return CKP_GEMM_ORDER_MKL;
+    if (avx512 && ckp_mkl_auto_runs_avx2() && (avx2 || avx512_named))
+        return CKP_GEMM_ORDER_MKL; /* not followed (cpu.py says) */
+    return ckp_mkl_auto_runs_avx2() ? CKP_GEMM_ORDER_AVX2 : CKP_GEMM_ORDER_MKL;
+}
+
+int ckp_mkl_auto_runs_avx2(void) {
+    const int avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const int amd_past_zen4 = __builtin_cpu_is("amd") && !__builtin_cpu_is("amdfam19h");
+    return avx2_fma && (!__builtin_cpu_supports("avx512f") || amd_past_zen4);
 }
 
 int ckp_get_gemm_order(void) {

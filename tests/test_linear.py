@@ -173,7 +173,7 @@ def test_on_mkls_own_avx2_branch_the_claims_gemms_are_torchs():
 @pytest.mark.parametrize("pinned", [
     pytest.param("AVX2", marks=pytest.mark.skipif(not {"avx2", "fma", "avx512f"} <= cpu._cpu_flags(),
                  reason="MKL_CBWR=AVX2 pins a lower branch than the CPU's only where it has AVX-512")),
-    pytest.param("AVX512", marks=pytest.mark.skipif(not cpu._amd_past_zen4(),
+    pytest.param("AVX512", marks=pytest.mark.skipif(not cpu.avx512_but_mkl_avx2(),
                  reason="MKL_CBWR=AVX512 pins another branch than AUTO's only on an AMD CPU past Zen 4"))])
 def test_on_a_pinned_mkl_branch_the_claim_is_dropped_and_would_be_false(pinned):
     """MKL_CBWR=AVX2 pins MKL's AVX2 code where AUTO runs its AVX-512 code, and MKL_CBWR=AVX512 its AVX-512 code

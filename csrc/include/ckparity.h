@@ -410,6 +410,10 @@ enum {
 };
 ckp_status ckp_set_gemm_order(int order);
 int ckp_get_gemm_order(void);
+/* 1 where MKL's AUTO branch runs its AVX2 code on this CPU: AVX2 and FMA without AVX-512, or an AMD CPU with
+ * AVX-512 other than Zen 4 (family 19h; measured on a Zen 5, family 1Ah, MKL 2024.2); else 0. The one place the
+ * rule is written (ckparity.cpu reads it). */
+int ckp_mkl_auto_runs_avx2(void);
 /* dbias (N) = dy (M x N, contiguous) summed over its rows in torch.sum's order (autograd's bias
  * gradient of F.linear), on torch_threads as torch splits a one-column sum. */
 ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads);

@@ -88,7 +88,7 @@ def mkl_branch() -> str:
     flags = _cpu_flags()
     for variable in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS"):
         pinned = os.environ.get(variable, "").split(",")[0].strip().upper()
-        if pinned.startswith("AVX512") and _amd_past_zen4():
+        if pinned.startswith("AVX512") and avx512_but_mkl_avx2():
             return f"{pinned} (pinned where MKL's AUTO runs its AVX2 code)"
         if pinned and pinned not in ("AUTO", "AVX512", "AVX512_E1", "AVX512_E2", "AVX512_E3", "AVX512_E4"):
             return pinned
@@ -97,20 +97,10 @@ def mkl_branch() -> str:
     return "AVX512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= flags else "SSE"
 
 
-def _amd_past_zen4() -> bool:
-    """An AMD CPU with AVX-512 other than Zen 4 (family 19h; a Zen 5 is 1Ah), where MKL 2024.2 runs its AVX2 code
-    (csrc/linear.c's order_from_env)."""
-    return "avx512f" in _cpu_flags() and _cpu_vendor() == "AuthenticAMD" and _cpu_family() != 0x19
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_family() -> int:
-    """x86's family number as /proc/cpuinfo gives it (base + extended), or -1."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return int(next((line.split(":", 1)[1] for line in f if line.startswith("cpu family")), "-1"))
-    except (OSError, ValueError):
-        return -1
+def avx512_but_mkl_avx2() -> bool:
+    """A CPU with AVX-512 where MKL's AUTO runs its AVX2 code (an AMD CPU past Zen 4: the C library's
+    ckp_mkl_auto_runs_avx2 holds the rule)."""
+    return _X86 and "avx512f" in _cpu_flags() and bool(lib.ckp_mkl_auto_runs_avx2())
 
 
 @functools.lru_cache(maxsize=1)
