@@ -675,20 +675,34 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
  * oneDNN's AVX-512 bf16 brgemm, the scale as a src scale and beta 1 as a sum post-op (ONEDNN_VERBOSE:
  * brg_matmul:avx512_core_bf16, attr-scales:src0, attr-post-ops:sum), the smaller ones to its own loops as above:
  * add_bf16, by the caller's bf16_gemm ([Note: oneDNN's AVX-512 bf16 order] in csrc/linear_bf16.c).
- * The inputs are widened here (exactly) with their strides, and the outputs rounded once more (exactly: they hold
- * bf16 values already). */
+ * The inputs are widened here (exactly), each row from a 16-byte boundary, as MKL's gemm_bf16bf16f32 widens them
+ * into its own copies: its small paths (C of under 12 columns or 4 rows, csrc/linear.c's [Note: MKL's AVX2 small
+ * sgemm]) start their vectors after the k before a row's first 16-byte boundary, which is then none (measured
+ * through cblas_gemm_bf16bf16f32: the bf16 rows' own addresses change no bit, and with no such k the sgemm's
+ * order holds on 41 of 41 K from 1 to 513 at every C of 1..15 x 1..31 tried; the tensors' own addresses gave
+ * dQ other bits at 45 of 300 head dims at T = 5). The outputs are rounded once more (exactly: they hold bf16
+ * values already). */
 
-/* A bf16 (B, H, T, d) operand widened to float32 with the same strides, 64-byte aligned (as torch's allocations);
- * only its rows are written. NULL without memory. */
-static float *widen_rows(const uint16_t *src, const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_t d) {
-    const size_t bytes = extent(s, B, H, T, d);
+/* A (B, H, T, d) operand's strides with each row d rounded up to 4 floats from the last: every row at a 16-byte
+ * boundary in a 64-byte aligned buffer. */
+static const int64_t *padded_rows(int64_t ws[3], int64_t H, int64_t T, int64_t d) {
+    ws[2] = (d + 3) / 4 * 4, ws[1] = T * ws[2], ws[0] = H * ws[1];
+    return ws;
+}
+
+/* A bf16 (B, H, T, d) operand (strides s) widened to float32 with the strides ws (its head dim contiguous), 64-byte
+ * aligned (as torch's allocations); only its rows are written. NULL without memory. */
+static float *widen_rows(const uint16_t *src, const int64_t s[3], int64_t B, int64_t H, int64_t T, int64_t d,
+                         const int64_t ws[3]) {
+    const size_t bytes = extent(ws, B, H, T, d);
     float *w = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (w == NULL) return NULL;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t r = 0; r < T; r++) {
-                const int64_t at = b * s[0] + h * s[1] + r * s[2];
-                for (int64_t j = 0; j < d; j++) w[at + j] = ckp_bf16_to_f(src[at + j]);
+                const uint16_t *from = src + b * s[0] + h * s[1] + r * s[2];
+                float *to = w + b * ws[0] + h * ws[1] + r * ws[2];
+                for (int64_t j = 0; j < d; j++) to[j] = ckp_bf16_to_f(from[j]);
             }
     return w;
 }
@@ -723,8 +737,10 @@ ckp_status ckp_attention_forward_bf16(const uint16_t *q, const int64_t *q_stride
     const ckp_span o = {out, (size_t)(B * Hq * Tq * d) * sizeof(uint16_t)}, l = {lse, (size_t)(B * Hq * Tq) * sizeof(float)};
     if (ckp_overlaps_any(o, in, 3) || ckp_overlaps_any(l, in, 3) || ckp_overlaps(out, o.bytes, lse, l.bytes))
         return ckp_fail(CKP_ERR_ALIASING, "attention (bf16): out and lse may overlap nothing");
-    float *w[4] = {widen_rows(q, a.q_s, B, Hq, Tq, d), widen_rows(k, a.k_s, B, Hkv, Tk, d),
-                   widen_rows(v, a.v_s, B, Hkv, Tk, d), malloc((size_t)(B * Hq * Tq * d) * sizeof(float))};
+    float *w[4] = {widen_rows(q, q_strides, B, Hq, Tq, d, padded_rows(a.q_s, Hq, Tq, d)),
+                   widen_rows(k, k_strides, B, Hkv, Tk, d, padded_rows(a.k_s, Hkv, Tk, d)),
+                   widen_rows(v, v_strides, B, Hkv, Tk, d, padded_rows(a.v_s, Hkv, Tk, d)),
+                   malloc((size_t)(B * Hq * Tq * d) * sizeof(float))};
     if (w[0] == NULL || w[1] == NULL || w[2] == NULL || w[3] == NULL) {
         free_all(w, 4);
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "attention (bf16): no memory for the widened operands");
@@ -777,9 +793,11 @@ ckp_status ckp_attention_backward_bf16(const uint16_t *dout, const int64_t *dout
         if (ckp_overlaps_any(outs[i], spans, 8))
             return ckp_fail(CKP_ERR_ALIASING, "attention backward (bf16): dq, dk and dv may overlap nothing");
     }
-    float *w[8] = {widen_rows(dout, a.do_s, B, Hq, Tq, d), widen_rows(q, a.q_s, B, Hq, Tq, d),
-                   widen_rows(k, a.k_s, B, Hkv, Tk, d), widen_rows(v, a.v_s, B, Hkv, Tk, d),
-                   widen_rows(out, os, B, Hq, Tq, d), aligned_alloc(64, (x[5] + 63) / 64 * 64),
+    float *w[8] = {widen_rows(dout, dout_strides, B, Hq, Tq, d, padded_rows(a.do_s, Hq, Tq, d)),
+                   widen_rows(q, q_strides, B, Hq, Tq, d, padded_rows(a.q_s, Hq, Tq, d)),
+                   widen_rows(k, k_strides, B, Hkv, Tk, d, padded_rows(a.k_s, Hkv, Tk, d)),
+                   widen_rows(v, v_strides, B, Hkv, Tk, d, padded_rows(a.v_s, Hkv, Tk, d)),
+                   widen_rows(out, os, B, Hq, Tq, d, os), aligned_alloc(64, (x[5] + 63) / 64 * 64),
                    aligned_alloc(64, (x[6] + 63) / 64 * 64), aligned_alloc(64, (x[7] + 63) / 64 * 64)};
     for (int i = 0; i < 8; i++)
         if (w[i] == NULL) {

@@ -110,12 +110,15 @@ def _bf16_not_followed() -> str | None:
 
 def followed_bf16(tq: int, tk: int) -> bool:
     """Whether every GEMM of torch's bf16 flash kernel at these sizes takes the order ckparity follows: MKL's bf16
-    GEMM is its sgemm on the widened values except with one row or one column (another path: measured), so no
-    one-row q block and no one-key block; and not for sequences under 12 (MKL's small paths from its own widened
-    copies, whose addresses are not the tensors': measured, T = 2..11 differ at some head dims, 12..19 and longer
-    ones with tails of 1..3 rows or keys do not)."""
+    GEMM is its sgemm on widened copies whose rows start at 16-byte boundaries, except with one row or one column
+    (another path: measured), so no one-row q block and no one-key block. Sequences under 12 (where the copies'
+    boundaries decide MKL's small paths: csrc/attention.c's [Note: ATen's bf16 flash attention]) are followed
+    where that was measured -- an AMD CPU with AVX-512 whose MKL runs its AVX2 code (a Zen 5: T 2..11, head dims
+    1..300, 0 differing); not on the AVX2-only EPYC, where they differed before the copies were modelled and were
+    not measured since."""
     qs, ks = _split(tq), min(512, tk)
-    return min(tq, tk) >= 12 and 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
+    short_measured = cpu.avx512_but_mkl_avx2()
+    return (min(tq, tk) >= 12 or short_measured) and 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
 
 
 def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,
@@ -161,13 +164,16 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     """out, dq, dk, dv in bf16 against F.scaled_dot_product_attention where torch's bf16 flash kernel runs on GEMMs
     ckparity follows (ops.attention.bf16_followed): the float sweep's sizes (every head dim from 1, at 1 and 2 kv
     heads), in bf16, at 1 and 2 torch threads -- at 1 only where a pass has one parallel item (_case); the sizes
-    followed_bf16 leaves out skipped (a sequence under 12, a one-row q block or a one-key block)."""
+    followed_bf16 leaves out skipped (a one-row q block or a one-key block; a sequence under 12 where not measured).
+    Every head dim at T = 5 too (`check`'s sequence: MKL's small paths at every C width, where its copies' 16-byte
+    boundaries decide the order; the tensors' own addresses gave dQ other bits at 45 of 300)."""
     def case(label, B, H, Hkv, tq, tk, d, causal, scale=None):
         if followed_bf16(tq, tk):
             _case(tally, label, B, H, Hkv, tq, tk, d, causal, g, scale=scale, dtype=torch.bfloat16)
     for d in [w for w in WIDTHS if w <= 300]:
         case(f"T=37 d={d}", 1, 2, 1, 37, 37, d, d % 2 == 0)
         case(f"T=37 d={d} 2 kv heads", 1, 4, 2, 37, 37, d, d % 2 == 1)
+        case(f"T=5 d={d}", 1, 2, 2, 5, 5, d, True)
     for t in range(2, 301):
         case(f"T={t} d=24 mha", 1, 2, 2, t, t, 24, t % 2 == 1)
         case(f"T={t} d=64 gqa causal", 1, 4, 2, t, t, 64, True)
@@ -296,9 +302,9 @@ KERNEL = Kernel(
             Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", holds=_bf16_not_followed,
                   condition="where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own "
                             "bf16 loops (an AMD CPU with AVX2 only: DEFAULT, AVX2) or oneDNN's AVX-512 bf16 brgemm "
-                            "(an AMD Zen 5: every capability): sequences of 12 or more without a one-row q block or a "
-                            "one-key block, every head dim, at 1 and 2 torch threads (at 1 where a pass has one "
-                            "parallel item)")),
+                            "(an AMD Zen 5: every capability): sequences of 12 or more (on the Zen 5 of 2 or more) "
+                            "without a one-row q block or a one-key block, every head dim, at 1 and 2 torch threads "
+                            "(at 1 where a pass has one parallel item)")),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
@@ -306,7 +312,8 @@ KERNEL = Kernel(
                               "one row or a key block of one there (MKL's gemv), d = 1 on its AVX2 branch (P.V of one "
                               "column: another gemv form); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
                               "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), a "
-                              "sequence under 12 (MKL's small bf16 paths on its own copies), or "
+                              "sequence under 12 on an AVX2-only CPU (MKL's small bf16 paths on its own copies: not "
+                              "measured since they were modelled), or "
                               "at 2 torch threads where a pass has one item (MKL's bf16 GEMM on 2 threads): as accurate "
                               "as torch"},
     probe=_probe,
