@@ -273,6 +273,23 @@ BF16_SHAPES = [  # B, Hq, Hkv, T, d, causal: GQA, MHA, T past 192 (q blocks of 6
     (2, 2, 2, 250, 16, True), (2, 4, 2, 37, 1, True), (2, 2, 1, 37, 5, False), (2, 4, 4, 100, 40, True)]
 
 
+@pytest.mark.skipif(not (bf16_followed() and followed_bf16(5, 5)),
+                    reason="bf16 sequences under 12 are followed where measured: MKL's AVX2 code on an AVX-512 CPU")
+def test_a_short_bf16_sequence_reads_mkls_widened_copies_from_16_byte_boundaries():
+    """T = 5 (key blocks of 5: MKL's bf16 GEMM on its small paths, whose order starts after the k before a row's
+    16-byte boundary): torch's bits at every head dim 24..47, where widened rows at the tensors' own offsets (rows
+    of 30 or 31 floats) gave dQ other bits -- a query whose only key is itself cancels dS = dP - dsum to its low
+    bits."""
+    for d in range(24, 48):
+        q, k, v, up = (t.bfloat16() for t in _inputs(1, 2, 2, 5, 5, d, seed=d))
+        for threads in (1, 2):
+            with torch_threads(threads):
+                theirs = _run(F.scaled_dot_product_attention, q, k, v, up, is_causal=True)
+                ours = _run(attention, q, k, v, up, is_causal=True)
+            for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+                assert same_bits(a, b), f"d={d} {name} at {threads} threads: {(a != b).sum().item()} differ"
+
+
 @pytest.mark.skipif(not bf16_followed(), reason="torch's bf16 flash kernel runs oneDNN's or AMX GEMMs here")
 @pytest.mark.parametrize("shape", BF16_SHAPES, ids=[f"B{s[0]}H{s[1]}/{s[2]}T{s[3]}d{s[4]}{'c' if s[5] else ''}"
                                                     for s in BF16_SHAPES])
