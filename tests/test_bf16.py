@@ -161,7 +161,8 @@ def test_the_bf16_sweeps_catch_a_rounding_in_the_wrong_place(monkeypatch):
 
     monkeypatch.setattr(rope_record, "rope", rope_rounded_once)
     monkeypatch.setattr(ce_record, "cross_entropy", ce_in_float)
-    result = sweep.run(dtype="bfloat16")["kernels"]
+    # only the four records planted here: the whole bf16 sweep (GEMMs and attention too) took ~50 s of CI
+    result = sweep.run(["cross_entropy.ptref", "swiglu", "rms_norm", "rope"], dtype="bfloat16")["kernels"]
     assert result["cross_entropy.ptref"]["loss"]["differing"] > 100
     assert result["cross_entropy.ptref"]["dlogits"]["differing"] > 100
     assert result["swiglu"]["out"]["differing"] > 100
