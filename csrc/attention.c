@@ -282,9 +282,9 @@ typedef struct {
  * runs it (bf16_gemm) and the product has more than 16^3 multiply-adds (mkldnn_bf16_gemm's floor), else ATen's own
  * loop in `form` (the one its transposes pick). Y's rows are contiguous (the head dim, or a block's row). */
 static void add_bf16(const attn *a, int form, float alpha, const float *x, int64_t x_rs, int64_t x_cs, const float *y,
-                     int64_t y_rs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
+                     int64_t y_rs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch) {
     if (a->bf16_gemm == CKP_BF16_GEMM_ONEDNN && M * K * N > 16 * 16 * 16)
-        ckp_onednn_bf16_accumulate(alpha, x, x_rs, x_cs, y, y_rs, M, K, N, c, ldc);
+        ckp_onednn_bf16_accumulate(alpha, x, x_rs, x_cs, y, y_rs, M, K, N, c, ldc, scratch);
     else
         ckp_aten_bf16_accumulate(form, alpha, x, x_rs, x_cs, y, y_rs, 1, M, K, N, c, ldc);
 }
@@ -299,11 +299,16 @@ static attn attn_for(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk,
     return a;
 }
 
+/* The scratch floats of a block's GEMMs: ckp_gemm_serial's, and oneDNN's bf16 accumulation's (add_bf16). */
 static int64_t gemm_floats(const attn *a) {
     const int64_t qb = a->qsplit, kb = a->kvsplit, d = a->d;
     int64_t most = ckp_gemm_serial_floats(qb, d, kb), x;
     if ((x = ckp_gemm_serial_floats(qb, kb, d)) > most) most = x;
     if ((x = ckp_gemm_serial_floats(kb, qb, d)) > most) most = x;
+    if (a->bf16_gemm == CKP_BF16_GEMM_ONEDNN) {
+        if ((x = ckp_onednn_bf16_accumulate_floats(qb, kb, d)) > most) most = x; /* dQ += dS.K */
+        if ((x = ckp_onednn_bf16_accumulate_floats(kb, qb, d)) > most) most = x; /* dK, dV */
+    }
     return most;
 }
 
@@ -559,7 +564,7 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     memcpy(pr, p, (size_t)(qb * kvb) * sizeof *p);
                     round_bf16(pr, qb * kvb);
                     add_bf16(a, CKP_ATEN_BF16_CHAIN, 1.0f, pr, 1, kvb, dop, ldo, kvb, qb, d, dvp + n * a->dv_s[2],
-                             a->dv_s[2]);
+                             a->dv_s[2], scratch);
                 } else {
                     ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2],
                                     scratch, NULL, a->mkl_threads);
@@ -571,9 +576,9 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                 if (a->bf16) { /* dS rounded to bf16; dQ += scale dS.K (four chains), dK += scale dS^T.Q (one) */
                     round_bf16(dp, qb * kvb);
                     add_bf16(a, CKP_ATEN_BF16_PAIRS, a->scale, dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], qb, kvb, d,
-                             dqh + m * a->dq_s[2], a->dq_s[2]);
+                             dqh + m * a->dq_s[2], a->dq_s[2], scratch);
                     add_bf16(a, CKP_ATEN_BF16_CHAIN, a->scale, dp, 1, kvb, qp, a->q_s[2], kvb, qb, d,
-                             dkp + n * a->dk_s[2], a->dk_s[2]);
+                             dkp + n * a->dk_s[2], a->dk_s[2], scratch);
                     continue;
                 }
                 ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1,

@@ -165,5 +165,7 @@ void ckp_aten_bf16_accumulate(int form, float alpha, const float *a, int64_t a_r
  * each output's chain over K's pairs (K of one chunk: up to 512), then C = bf16(alpha * sum + C) -- the src scale,
  * then the sum post-op. B's rows are contiguous (B[k,n] is b[k*b_rs + n]), as the flash backward's are. */
 void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
-                                int64_t M, int64_t K, int64_t N, float *c, int64_t ldc);
+                                int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch);
+/* The scratch floats ckp_onednn_bf16_accumulate needs for (M, K, N): A and B widened, one tile's sums. */
+int64_t ckp_onednn_bf16_accumulate_floats(int64_t M, int64_t K, int64_t N);
 #endif /* CKP_INTERNAL_H */

@@ -83,55 +83,45 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
         }
 }
 
-/* VDPBF16PS's chain for `rows` x `w` elements of C at once (rows <= ROWS of A, w <= LANES columns of B, whose rows
- * are contiguous): over K's pairs, each pair's odd-placed product first, each step an FMA -- "FP32 FMA with DAZ in,
- * FTZ out" (Intel's SDM on VDPBF16PS), run under the caller's DAZ and FTZ, as the bf16 linear's tiles are. Each
- * element is its own chain: the tile's shape changes no bit, it gives the FMA unit independent chains. */
-enum { ROWS = 4, LANES = 32 };
-CKP_CLONES static void pairs_chain_tile(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
-                                        int64_t K, int64_t rows, int64_t w, float out[ROWS][LANES]) {
-    static const float zero = 0.0f; /* the rows past `rows`: a zero, its stride 0 */
-    const float *r0 = a, *r1 = rows > 1 ? a + a_rs : &zero, *r2 = rows > 2 ? a + 2 * a_rs : &zero,
-                *r3 = rows > 3 ? a + 3 * a_rs : &zero;
-    const int64_t s1 = rows > 1 ? a_cs : 0, s2 = rows > 2 ? a_cs : 0, s3 = rows > 3 ? a_cs : 0;
-    /* 8 accumulators by name: GCC keeps named vectors in registers, an indexed array on the stack */
-    ckp_v16f c0a = {0}, c0b = {0}, c1a = {0}, c1b = {0}, c2a = {0}, c2b = {0}, c3a = {0}, c3b = {0}, t[2];
-    float row[LANES] = {0};
-    for (int64_t k = 0; k < K; k += 2)
-        for (int64_t at = k + 1 < K ? k + 1 : k; at >= k; at--) { /* the odd-placed term, then the even-placed */
-            if (w == LANES) memcpy(t, b + at * b_rs, sizeof t);
-            else { /* past w: zeros, never written */
-                memcpy(row, b + at * b_rs, (size_t)w * sizeof *row);
-                memcpy(t, row, sizeof t);
-            }
-            const ckp_v16f x0 = ckp_splat16(r0[at * a_cs]), x1 = ckp_splat16(r1[at * s1]),
-                           x2 = ckp_splat16(r2[at * s2]), x3 = ckp_splat16(r3[at * s3]);
-            c0a = ckp_fma16(x0, t[0], c0a), c0b = ckp_fma16(x0, t[1], c0b);
-            c1a = ckp_fma16(x1, t[0], c1a), c1b = ckp_fma16(x1, t[1], c1b);
-            c2a = ckp_fma16(x2, t[0], c2a), c2b = ckp_fma16(x2, t[1], c2b);
-            c3a = ckp_fma16(x3, t[0], c3a), c3b = ckp_fma16(x3, t[1], c3b);
-        }
-    const ckp_v16f all[ROWS][2] = {{c0a, c0b}, {c1a, c1b}, {c2a, c2b}, {c3a, c3b}};
-    memcpy(out, all, sizeof all);
+int64_t ckp_onednn_bf16_accumulate_floats(int64_t M, int64_t K, int64_t N) {
+    const ckp_tiling t = ckp_tiling_for_cpu();
+    const int64_t kw = K + K % 2;
+    return M * kw + kw * ((N + t.nr - 1) / t.nr * t.nr) + t.mr * t.nr;
 }
 
 void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
-                                int64_t M, int64_t K, int64_t N, float *c, int64_t ldc) {
-    float acc[ROWS][LANES];
-    const unsigned csr = _mm_getcsr();
-    for (int64_t n0 = 0; n0 < N; n0 += LANES) {
-        const int64_t w = N - n0 < LANES ? N - n0 : LANES;
-        for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-            const int64_t rows = M - m0 < ROWS ? M - m0 : ROWS;
-            _mm_setcsr(csr | MXCSR_FTZ_DAZ); /* the chains' DAZ and FTZ; not the scale and the add into C */
-            pairs_chain_tile(a + m0 * a_rs, a_rs, a_cs, b + n0, b_rs, K, rows, w, acc);
-            _mm_setcsr(csr);
-            for (int64_t i = 0; i < rows; i++) {
-                float *at = c + (m0 + i) * ldc + n0;
-                for (int64_t j = 0; j < w; j++) at[j] = ckp_bf16_round(alpha * acc[i][j] + at[j]);
-            }
-        }
+                                int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch) {
+    /* VDPBF16PS's chain ("FP32 FMA with DAZ in, FTZ out", Intel's SDM), each pair's odd-placed product first: the
+     * float32 GEMM's register tile over A and B widened with each pair swapped (an odd K padded with a zero, added
+     * first: a chain from +0 is never -0, so it moves no bit), as ckp_gemm_bf16_tiles' width 0 runs it, under
+     * DAZ and FTZ; then C = bf16(alpha * sum + C) without them. */
+    const ckp_tiling t = ckp_tiling_for_cpu();
+    const int64_t kw = K + K % 2, ldb = (N + t.nr - 1) / t.nr * t.nr;
+    float *aw = scratch, *bw = aw + M * kw, *sum = bw + kw * ldb;
+    enum { BLOCK = 16 }; /* A transposed (dK's dS^T, dV's P^T) is read in blocks: along its rows in each */
+    for (int64_t m0 = 0; m0 < M; m0 += BLOCK)
+        for (int64_t k0 = 0; k0 < K; k0 += BLOCK)
+            for (int64_t k = k0; k < K && k < k0 + BLOCK; k++)
+                for (int64_t m = m0; m < M && m < m0 + BLOCK; m++) aw[m * kw + (k ^ 1)] = a[m * a_rs + k * a_cs];
+    for (int64_t m = 0; m < M && K % 2; m++) aw[m * kw + K - 1] = 0.0f;
+    for (int64_t k = 0; k < kw; k++) {
+        float *row = bw + (k ^ 1) * ldb;
+        if (k < K) memcpy(row, b + k * b_rs, (size_t)N * sizeof(float));
+        memset(row + (k < K ? N : 0), 0, (size_t)(ldb - (k < K ? N : 0)) * sizeof(float));
     }
+    const unsigned csr = _mm_getcsr();
+    for (int64_t n0 = 0; n0 < N; n0 += t.nr)
+        for (int64_t m0 = 0; m0 < M; m0 += t.mr) {
+            const int64_t rows = M - m0 < t.mr ? M - m0 : t.mr, cols = N - n0 < t.nr ? N - n0 : t.nr;
+            _mm_setcsr(csr | MXCSR_FTZ_DAZ);
+            t.tile(kw, aw + m0 * kw, kw, 1, bw + n0, ldb, sum, t.nr, rows, t.nr, 1);
+            _mm_setcsr(csr);
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < cols; j++) {
+                    float *at = c + (m0 + i) * ldc + n0 + j;
+                    *at = ckp_bf16_round(alpha * sum[i * t.nr + j] + *at);
+                }
+        }
 }
 
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
