@@ -124,6 +124,88 @@ void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64
         }
 }
 
+/* The pairs' chain (width 0) on a CPU with VDPBF16PS itself -- every CPU whose oneDNN takes that form, since it is
+ * avx512_core_bf16's brgemm: the instruction oneDNN runs, so its rounding, DAZ and FTZ are the hardware's own. A and B
+ * are packed as pairs (the low half the even-placed term: VDPBF16PS adds the odd-placed product first), an odd K's
+ * pad a zero; each panel of 8 rows x 32 columns sums each chunk from 0, adds the chunks in order and the bias as
+ * panel() does (under the thread's DAZ and FTZ), and rounds once. */
+enum { NATIVE_MR = 8, NATIVE_NR = 32 };
+#define CKP_NATIVE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+CKP_NATIVE_BF16 static void native_panel(const uint32_t *ap, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t N,
+                                         int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int64_t *starts,
+                                         int64_t chunks, const uint16_t *bias, uint16_t *c) {
+    __m512 total[NATIVE_MR][2];
+    for (int64_t ch = 0; ch <= chunks; ch++) {
+        const int64_t p0 = ch == 0 ? 0 : starts[ch - 1] / 2, p1 = ch == chunks ? pairs : starts[ch] / 2;
+        __m512 acc[NATIVE_MR][2];
+#pragma GCC unroll 8
+        for (int i = 0; i < NATIVE_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int64_t q = p0; q < p1; q++) {
+            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * ldb + n0),
+                           b1 = (__m512bh)_mm512_loadu_si512(bp + q * ldb + n0 + 16);
+#pragma GCC unroll 8
+            for (int i = 0; i < NATIVE_MR; i++) {
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[(m0 + (i < rows ? i : 0)) * pairs + q]);
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x, b0), acc[i][1] = _mm512_dpbf16_ps(acc[i][1], x, b1);
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < NATIVE_MR; i++)
+            for (int h = 0; h < 2; h++) total[i][h] = ch == 0 ? acc[i][h] : _mm512_add_ps(total[i][h], acc[i][h]);
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        float sum[NATIVE_NR];
+        _mm512_storeu_ps(sum, total[i][0]), _mm512_storeu_ps(sum + 16, total[i][1]);
+        for (int64_t j = 0; j < cols; j++)
+            c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[j] + ckp_bf16_to_f(bias[n0 + j]) : sum[j]);
+    }
+}
+
+/* Terms 2q and 2q + 1 (s apart; past K a zero) of a row as VDPBF16PS's pair: the even-placed in the low half. */
+static inline uint32_t pair_at(const uint16_t *x, int64_t s, int64_t q, int64_t K) {
+    return x[2 * q * s] | (2 * q + 1 < K ? (uint32_t)x[(2 * q + 1) * s] << 16 : 0u);
+}
+
+/* ckp_gemm_bf16_tiles' width 0 where the CPU has VDPBF16PS; CKP_ERR_OUT_OF_MEMORY without memory. */
+static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
+                                    int64_t b_cs, int64_t M, int64_t K, int64_t N, const int64_t *starts, int64_t chunks,
+                                    const uint16_t *bias, uint16_t *c) {
+    const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
+    uint32_t *ap = malloc((size_t)(M * pairs) * sizeof *ap), *bp = calloc((size_t)(pairs * ldb), sizeof *bp);
+    if (ap == NULL || bp == NULL) {
+        free(ap);
+        free(bp);
+        return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_tiles: no memory for the packed operands");
+    }
+    ckp_clear_error();
+    const int team = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+    const int64_t row_panels = (M + NATIVE_MR - 1) / NATIVE_MR, col_panels = ldb / NATIVE_NR;
+#pragma omp parallel num_threads(team)
+    {
+        const unsigned csr = _mm_getcsr(); /* the chunks' and the bias's adds under DAZ and FTZ, as panel()'s */
+        _mm_setcsr(csr | MXCSR_FTZ_DAZ);
+        /* packed 16 rows (columns) at a time, pair by pair: either layout's reads and writes stay in 16 lines */
+#pragma omp for schedule(static)
+        for (int64_t m0 = 0; m0 < M; m0 += 16)
+            for (int64_t q = 0; q < pairs; q++)
+                for (int64_t m = m0; m < M && m < m0 + 16; m++) ap[m * pairs + q] = pair_at(a + m * a_rs, a_cs, q, K);
+#pragma omp for schedule(static)
+        for (int64_t n0 = 0; n0 < N; n0 += 16)
+            for (int64_t q = 0; q < pairs; q++)
+                for (int64_t n = n0; n < N && n < n0 + 16; n++) bp[q * ldb + n] = pair_at(b + n * b_cs, b_rs, q, K);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < row_panels * col_panels; p++) {
+            const int64_t m0 = p % row_panels * NATIVE_MR, n0 = p / row_panels * NATIVE_NR;
+            native_panel(ap, bp, pairs, ldb, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
+                         N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR, starts, chunks, bias, c);
+        }
+        _mm_setcsr(csr);
+    }
+    free(ap);
+    free(bp);
+    return CKP_OK;
+}
+
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
                                const int64_t *chunk_starts, int64_t chunks, const uint16_t *bias, uint16_t *c) {
@@ -148,6 +230,8 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
         (chunks > 0 && ckp_overlaps(c, c_bytes, chunk_starts, (size_t)chunks * sizeof(int64_t))) ||
         (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(uint16_t))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b, chunk_starts or the bias");
+    if (width == 0 && getenv("CKP_BF16_EMULATE") == NULL && __builtin_cpu_supports("avx512bf16"))
+        return native_pairs_gemm(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, chunk_starts, chunks, bias, c);
     const ckp_tiling t = ckp_tiling_for_cpu();
     const int64_t ldb = (N + t.nr - 1) / t.nr * t.nr; /* B widened, its last panel padded with zeros */
     /* the pairs' chain: K padded to even (the pad a zero), and term k widened to place k ^ 1 */

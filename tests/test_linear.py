@@ -541,6 +541,35 @@ def test_the_pairs_chain_adds_a_pairs_odd_term_first_and_its_chunks_apart():
     assert y([1, 0, -big, big]).eq(0).all() and y([1, 0, -big, big], starts=(2,)).eq(1).all()
 
 
+@pytest.mark.skipif("avx512_bf16" not in cpu._cpu_flags(), reason="no VDPBF16PS here: width 0 is its emulation")
+def test_vdpbf16ps_itself_and_its_emulation_give_the_same_bits(tmp_path):
+    """Width 0 runs VDPBF16PS where the CPU has it and its float32 emulation elsewhere (CKP_BF16_EMULATE=1 forces
+    it): the same bits over odd and even K, chunks, a bias, both layouts of B, denormal inputs and products under
+    2^-126 (the emulation's FMA under DAZ and FTZ is the SDM's "FP32 FMA with DAZ in, FTZ out")."""
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    for M, K, N, starts, bias, scale in ((17, 5, 33, (), False, 1.0), (33, 1000, 70, (512,), True, 1.0),
+                                         (8, 64, 40, (16, 32), True, 2.0 ** -63), (12, 301, 9, (100,), False, 2.0 ** -66),
+                                         (40, 2048, 48, (512, 1024, 1536), True, 1.0)):
+        a = (torch.randn(M, K, generator=g) * scale).bfloat16()
+        a[0, :3] = torch.tensor([2.0 ** -130, -(2.0 ** -128), 2.0 ** -127])  # denormal inputs
+        b = (torch.randn(N, K, generator=g) * scale).bfloat16().t()  # y's layout; and a row-major copy
+        cases.append((a, b, starts, (torch.randn(N, generator=g) * scale).bfloat16() if bias else None))
+    torch.save(cases, tmp_path / "cases.pt")
+    code = ("import sys, torch; from ckparity.ops import _onednn\n"
+            "cases = torch.load(sys.argv[1])\n"
+            "out = [_onednn.product(a, bt, _onednn.Order(0, s), bias) for a, b, s, bias in cases for bt in (b, "
+            "b.contiguous())]\n"
+            "torch.save(out, sys.argv[2])")
+    emulated = tmp_path / "emulated.pt"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.pt"), str(emulated)], check=True,
+                   env={**os.environ, "CKP_BF16_EMULATE": "1"}, timeout=300)
+    native = [_onednn.product(a, bt, _onednn.Order(0, s), bias) for a, b, s, bias in cases for bt in (b, b.contiguous())]
+    for i, (x, y) in enumerate(zip(native, torch.load(emulated))):
+        differing = (x.view(torch.int16) != y.view(torch.int16)).sum().item()
+        assert same_bits(x, y), f"case {i}: {differing} of {x.numel()} differ"
+
+
 @pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
 def test_the_bf16_sweep_sees_an_order_that_is_not_onednns(monkeypatch):
     """The linear.onednn sweep can fail: with tiles of half oneDNN's width (the chains regrouped, every value the

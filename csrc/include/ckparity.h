@@ -380,7 +380,9 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * pairs, each pair's odd-placed term first (VDPBF16PS; an odd K padded with a zero). The chunks and the width
  * are oneDNN's choice for the shape: ckparity measures them (ckparity/ops/_onednn.py). A bias (bf16 (N), or
  * NULL) is added to the float32 sum before the rounding (measured for width 0). The same bits at any thread
- * count. */
+ * count. Width 0 runs VDPBF16PS itself where the CPU has it (avx512_bf16: every CPU whose oneDNN takes that form),
+ * its float32 emulation (an FMA under DAZ and FTZ per term) elsewhere, or where the environment sets
+ * CKP_BF16_EMULATE (tests/test_linear.py compares the two). */
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
                                const int64_t *chunk_starts, int64_t chunks, const uint16_t *bias, uint16_t *c);
