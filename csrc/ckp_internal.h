@@ -163,7 +163,8 @@ void ckp_aten_bf16_accumulate(int form, float alpha, const float *a, int64_t a_r
                               int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N, float *c, int64_t ldc);
 /* The same where the GEMM is oneDNN's AVX-512 bf16 brgemm ([Note: oneDNN's AVX-512 bf16 order], csrc/linear_bf16.c):
  * each output's chain over K's pairs (K of one chunk: up to 512), then C = bf16(alpha * sum + C) -- the src scale,
- * then the sum post-op. B's rows are contiguous (B[k,n] is b[k*b_rs + n]), as the flash backward's are. */
+ * then the sum post-op. B's rows are contiguous (B[k,n] is b[k*b_rs + n]), as the flash backward's are. By
+ * VDPBF16PS itself where the CPU has it (as ckp_gemm_bf16_tiles' width 0), else its emulation. */
 void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
                                 int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch);
 /* The scratch floats ckp_onednn_bf16_accumulate needs for (M, K, N): A and B widened, one tile's sums. */

@@ -25,8 +25,11 @@
  * ((acc + p1) + p0) + p3) + p2 ...: the pairs (2^30, 0), (1, -2^30) give 1, and (1, 0), (2^30, -2^30) give 0,
  * neither an even-first nor a fused pair sum), denormals flushed. An odd K's last pair is padded with a zero,
  * added first. The chunks (which start at even k) are oneDNN's, measured as the AMX ones are; ckparity takes
- * this form for width 0: A and B are widened with each pair's two terms swapped, and each chunk is one run of the
- * float32 register tile over it in that order.
+ * this form for width 0: where the CPU has VDPBF16PS (every CPU whose oneDNN takes this form) by the instruction
+ * itself on A and B packed as pairs; elsewhere (or under CKP_BF16_EMULATE) A and B are widened with each pair's
+ * two terms swapped, and each chunk is one run of the float32 register tile over it in that order, an FMA per term
+ * under DAZ and FTZ (the SDM's "FP32 FMA with DAZ in, FTZ out"). The two give the same bits
+ * (tests/test_linear.py).
  * torch's bf16 flash attention adds its dQ, dK and dV blocks into bf16 tensors through this brgemm (a GEMM of
  * more than 16^3 multiply-adds: ATen sends smaller ones to its own loops) with alpha as a src scale and beta 1 as
  * a sum post-op: C = bf16(alpha * sum + C), the scaled sum rounded to float32 before C is added (measured against
@@ -83,47 +86,6 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
         }
 }
 
-int64_t ckp_onednn_bf16_accumulate_floats(int64_t M, int64_t K, int64_t N) {
-    const ckp_tiling t = ckp_tiling_for_cpu();
-    const int64_t kw = K + K % 2;
-    return M * kw + kw * ((N + t.nr - 1) / t.nr * t.nr) + t.mr * t.nr;
-}
-
-void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
-                                int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch) {
-    /* VDPBF16PS's chain ("FP32 FMA with DAZ in, FTZ out", Intel's SDM), each pair's odd-placed product first: the
-     * float32 GEMM's register tile over A and B widened with each pair swapped (an odd K padded with a zero, added
-     * first: a chain from +0 is never -0, so it moves no bit), as ckp_gemm_bf16_tiles' width 0 runs it, under
-     * DAZ and FTZ; then C = bf16(alpha * sum + C) without them. */
-    const ckp_tiling t = ckp_tiling_for_cpu();
-    const int64_t kw = K + K % 2, ldb = (N + t.nr - 1) / t.nr * t.nr;
-    float *aw = scratch, *bw = aw + M * kw, *sum = bw + kw * ldb;
-    enum { BLOCK = 16 }; /* A transposed (dK's dS^T, dV's P^T) is read in blocks: along its rows in each */
-    for (int64_t m0 = 0; m0 < M; m0 += BLOCK)
-        for (int64_t k0 = 0; k0 < K; k0 += BLOCK)
-            for (int64_t k = k0; k < K && k < k0 + BLOCK; k++)
-                for (int64_t m = m0; m < M && m < m0 + BLOCK; m++) aw[m * kw + (k ^ 1)] = a[m * a_rs + k * a_cs];
-    for (int64_t m = 0; m < M && K % 2; m++) aw[m * kw + K - 1] = 0.0f;
-    for (int64_t k = 0; k < kw; k++) {
-        float *row = bw + (k ^ 1) * ldb;
-        if (k < K) memcpy(row, b + k * b_rs, (size_t)N * sizeof(float));
-        memset(row + (k < K ? N : 0), 0, (size_t)(ldb - (k < K ? N : 0)) * sizeof(float));
-    }
-    const unsigned csr = _mm_getcsr();
-    for (int64_t n0 = 0; n0 < N; n0 += t.nr)
-        for (int64_t m0 = 0; m0 < M; m0 += t.mr) {
-            const int64_t rows = M - m0 < t.mr ? M - m0 : t.mr, cols = N - n0 < t.nr ? N - n0 : t.nr;
-            _mm_setcsr(csr | MXCSR_FTZ_DAZ);
-            t.tile(kw, aw + m0 * kw, kw, 1, bw + n0, ldb, sum, t.nr, rows, t.nr, 1);
-            _mm_setcsr(csr);
-            for (int64_t i = 0; i < rows; i++)
-                for (int64_t j = 0; j < cols; j++) {
-                    float *at = c + (m0 + i) * ldc + n0 + j;
-                    *at = ckp_bf16_round(alpha * sum[i * t.nr + j] + *at);
-                }
-        }
-}
-
 /* The pairs' chain (width 0) on a CPU with VDPBF16PS itself -- every CPU whose oneDNN takes that form, since it is
  * avx512_core_bf16's brgemm: the instruction oneDNN runs, so its rounding, DAZ and FTZ are the hardware's own. A and B
  * are packed as pairs (the low half the even-placed term: VDPBF16PS adds the odd-placed product first), an odd K's
@@ -131,9 +93,11 @@ void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64
  * panel() does (under the thread's DAZ and FTZ), and rounds once. */
 enum { NATIVE_MR = 8, NATIVE_NR = 32 };
 #define CKP_NATIVE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-CKP_NATIVE_BF16 static void native_panel(const uint32_t *ap, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t N,
-                                         int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int64_t *starts,
-                                         int64_t chunks, const uint16_t *bias, uint16_t *c) {
+/* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
+ * (under the caller's MXCSR). Rows past `rows` repeat row m0's (computed, not used). */
+CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t m0,
+                                        int64_t rows, int64_t n0, const int64_t *starts, int64_t chunks,
+                                        float out[NATIVE_MR][NATIVE_NR]) {
     __m512 total[NATIVE_MR][2];
     for (int64_t ch = 0; ch <= chunks; ch++) {
         const int64_t p0 = ch == 0 ? 0 : starts[ch - 1] / 2, p1 = ch == chunks ? pairs : starts[ch] / 2;
@@ -153,12 +117,18 @@ CKP_NATIVE_BF16 static void native_panel(const uint32_t *ap, const uint32_t *bp,
         for (int i = 0; i < NATIVE_MR; i++)
             for (int h = 0; h < 2; h++) total[i][h] = ch == 0 ? acc[i][h] : _mm512_add_ps(total[i][h], acc[i][h]);
     }
-    for (int64_t i = 0; i < rows; i++) {
-        float sum[NATIVE_NR];
-        _mm512_storeu_ps(sum, total[i][0]), _mm512_storeu_ps(sum + 16, total[i][1]);
+    for (int i = 0; i < NATIVE_MR; i++) _mm512_storeu_ps(out[i], total[i][0]), _mm512_storeu_ps(out[i] + 16, total[i][1]);
+}
+
+/* One panel of C: native_sums, the bias added, rounded once. */
+static void native_panel(const uint32_t *ap, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t N, int64_t m0,
+                         int64_t rows, int64_t n0, int64_t cols, const int64_t *starts, int64_t chunks,
+                         const uint16_t *bias, uint16_t *c) {
+    float sum[NATIVE_MR][NATIVE_NR];
+    native_sums(ap, bp, pairs, ldb, m0, rows, n0, starts, chunks, sum);
+    for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++)
-            c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[j] + ckp_bf16_to_f(bias[n0 + j]) : sum[j]);
-    }
+            c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[i][j] + ckp_bf16_to_f(bias[n0 + j]) : sum[i][j]);
 }
 
 /* Terms 2q and 2q + 1 (s apart; past K a zero) of a row as VDPBF16PS's pair: the even-placed in the low half. */
@@ -206,6 +176,91 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
     return CKP_OK;
 }
 
+/* Whether width 0 runs VDPBF16PS itself: where the CPU has it, unless CKP_BF16_EMULATE asks for the emulation. */
+static int native_pairs(void) { return getenv("CKP_BF16_EMULATE") == NULL && __builtin_cpu_supports("avx512bf16"); }
+
+/* The bf16 bits of a float holding a bf16 value (exact: its low half is zero). */
+static inline uint32_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u >> 16;
+}
+
+/* ckp_onednn_bf16_accumulate by VDPBF16PS: A and B (floats holding bf16 values) packed as pairs in scratch (no more
+ * than the emulation's floats), each 8 x 32 panel's chain from 0, then C = bf16(alpha * sum + C). */
+static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
+                              int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, uint32_t *scratch) {
+    const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
+    uint32_t *ap = scratch, *bp = ap + M * pairs;
+    for (int64_t m0 = 0; m0 < M; m0 += 16) /* 16 rows at a time, pair by pair: a transposed A stays in 16 lines */
+        for (int64_t q = 0; q < pairs; q++)
+            for (int64_t m = m0; m < M && m < m0 + 16; m++) {
+                const float *x = a + m * a_rs + 2 * q * a_cs;
+                ap[m * pairs + q] = bf16_bits(x[0]) | (2 * q + 1 < K ? bf16_bits(x[a_cs]) << 16 : 0u);
+            }
+    for (int64_t q = 0; q < pairs; q++)
+        for (int64_t n = 0; n < ldb; n++) {
+            const float *y = b + 2 * q * b_rs + n;
+            bp[q * ldb + n] = n >= N ? 0u : bf16_bits(y[0]) | (2 * q + 1 < K ? bf16_bits(y[b_rs]) << 16 : 0u);
+        }
+    float sum[NATIVE_MR][NATIVE_NR];
+    for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
+        for (int64_t m0 = 0; m0 < M; m0 += NATIVE_MR) {
+            const int64_t rows = M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, cols = N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR;
+            native_sums(ap, bp, pairs, ldb, m0, rows, n0, NULL, 0, sum);
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < cols; j++) {
+                    float *at = c + (m0 + i) * ldc + n0 + j;
+                    *at = ckp_bf16_round(alpha * sum[i][j] + *at);
+                }
+        }
+}
+
+int64_t ckp_onednn_bf16_accumulate_floats(int64_t M, int64_t K, int64_t N) {
+    const ckp_tiling t = ckp_tiling_for_cpu();
+    const int64_t kw = K + K % 2;
+    return M * kw + kw * ((N + t.nr - 1) / t.nr * t.nr) + t.mr * t.nr;
+}
+
+void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
+                                int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch) {
+    /* VDPBF16PS's chain ("FP32 FMA with DAZ in, FTZ out", Intel's SDM), each pair's odd-placed product first: the
+     * float32 GEMM's register tile over A and B widened with each pair swapped (an odd K padded with a zero, added
+     * first: a chain from +0 is never -0, so it moves no bit), as ckp_gemm_bf16_tiles' width 0 runs it, under
+     * DAZ and FTZ; then C = bf16(alpha * sum + C) without them. */
+    if (native_pairs()) { /* the same bits (tests/test_linear.py's check of the two forms), the instruction itself */
+        native_accumulate(alpha, a, a_rs, a_cs, b, b_rs, M, K, N, c, ldc, (uint32_t *)scratch);
+        return;
+    }
+    const ckp_tiling t = ckp_tiling_for_cpu();
+    const int64_t kw = K + K % 2, ldb = (N + t.nr - 1) / t.nr * t.nr;
+    float *aw = scratch, *bw = aw + M * kw, *sum = bw + kw * ldb;
+    enum { BLOCK = 16 }; /* A transposed (dK's dS^T, dV's P^T) is read in blocks: along its rows in each */
+    for (int64_t m0 = 0; m0 < M; m0 += BLOCK)
+        for (int64_t k0 = 0; k0 < K; k0 += BLOCK)
+            for (int64_t k = k0; k < K && k < k0 + BLOCK; k++)
+                for (int64_t m = m0; m < M && m < m0 + BLOCK; m++) aw[m * kw + (k ^ 1)] = a[m * a_rs + k * a_cs];
+    for (int64_t m = 0; m < M && K % 2; m++) aw[m * kw + K - 1] = 0.0f;
+    for (int64_t k = 0; k < kw; k++) {
+        float *row = bw + (k ^ 1) * ldb;
+        if (k < K) memcpy(row, b + k * b_rs, (size_t)N * sizeof(float));
+        memset(row + (k < K ? N : 0), 0, (size_t)(ldb - (k < K ? N : 0)) * sizeof(float));
+    }
+    const unsigned csr = _mm_getcsr();
+    for (int64_t n0 = 0; n0 < N; n0 += t.nr)
+        for (int64_t m0 = 0; m0 < M; m0 += t.mr) {
+            const int64_t rows = M - m0 < t.mr ? M - m0 : t.mr, cols = N - n0 < t.nr ? N - n0 : t.nr;
+            _mm_setcsr(csr | MXCSR_FTZ_DAZ);
+            t.tile(kw, aw + m0 * kw, kw, 1, bw + n0, ldb, sum, t.nr, rows, t.nr, 1);
+            _mm_setcsr(csr);
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < cols; j++) {
+                    float *at = c + (m0 + i) * ldc + n0 + j;
+                    *at = ckp_bf16_round(alpha * sum[i * t.nr + j] + *at);
+                }
+        }
+}
+
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
                                const int64_t *chunk_starts, int64_t chunks, const uint16_t *bias, uint16_t *c) {
@@ -230,7 +285,7 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
         (chunks > 0 && ckp_overlaps(c, c_bytes, chunk_starts, (size_t)chunks * sizeof(int64_t))) ||
         (bias != NULL && ckp_overlaps(c, c_bytes, bias, (size_t)N * sizeof(uint16_t))))
         return ckp_fail(CKP_ERR_ALIASING, "c overlaps a, b, chunk_starts or the bias");
-    if (width == 0 && getenv("CKP_BF16_EMULATE") == NULL && __builtin_cpu_supports("avx512bf16"))
+    if (width == 0 && native_pairs())
         return native_pairs_gemm(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, chunk_starts, chunks, bias, c);
     const ckp_tiling t = ckp_tiling_for_cpu();
     const int64_t ldb = (N + t.nr - 1) / t.nr * t.nr; /* B widened, its last panel padded with zeros */

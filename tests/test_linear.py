@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import ckparity
 from ckparity import cpu, kernels
+from ckparity._native import lib
 from ckparity.check import suite
 from ckparity.errors import InvalidArgument, InvalidType
 from ckparity.harness.basics.config import RunConfig
@@ -26,6 +27,7 @@ from ckparity.harness.loop.run import train
 from ckparity.kernels.layouts import LAYOUTS
 from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
 from ckparity.ops import _aten_bf16, _onednn
+from ckparity.ops.attention import bf16_gemm
 from ckparity.ops.linear import gemm, linear
 
 ONEDNN_NOT_FOLLOWED = importlib.import_module("ckparity.kernels.linear")._onednn_not_followed()
@@ -545,7 +547,8 @@ def test_the_pairs_chain_adds_a_pairs_odd_term_first_and_its_chunks_apart():
 def test_vdpbf16ps_itself_and_its_emulation_give_the_same_bits(tmp_path):
     """Width 0 runs VDPBF16PS where the CPU has it and its float32 emulation elsewhere (CKP_BF16_EMULATE=1 forces
     it): the same bits over odd and even K, chunks, a bias, both layouts of B, denormal inputs and products under
-    2^-126 (the emulation's FMA under DAZ and FTZ is the SDM's "FP32 FMA with DAZ in, FTZ out")."""
+    2^-126 (the emulation's FMA under DAZ and FTZ is the SDM's "FP32 FMA with DAZ in, FTZ out"). The bf16 flash
+    backward's oneDNN accumulation too: its emulation passes the bf16 attention sweep against torch."""
     g = torch.Generator().manual_seed(7)
     cases = []
     for M, K, N, starts, bias, scale in ((17, 5, 33, (), False, 1.0), (33, 1000, 70, (512,), True, 1.0),
@@ -556,18 +559,25 @@ def test_vdpbf16ps_itself_and_its_emulation_give_the_same_bits(tmp_path):
         b = (torch.randn(N, K, generator=g) * scale).bfloat16().t()  # y's layout; and a row-major copy
         cases.append((a, b, starts, (torch.randn(N, generator=g) * scale).bfloat16() if bias else None))
     torch.save(cases, tmp_path / "cases.pt")
-    code = ("import sys, torch; from ckparity.ops import _onednn\n"
-            "cases = torch.load(sys.argv[1])\n"
-            "out = [_onednn.product(a, bt, _onednn.Order(0, s), bias) for a, b, s, bias in cases for bt in (b, "
-            "b.contiguous())]\n"
-            "torch.save(out, sys.argv[2])")
-    emulated = tmp_path / "emulated.pt"
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.pt"), str(emulated)], check=True,
-                   env={**os.environ, "CKP_BF16_EMULATE": "1"}, timeout=300)
-    native = [_onednn.product(a, bt, _onednn.Order(0, s), bias) for a, b, s, bias in cases for bt in (b, b.contiguous())]
-    for i, (x, y) in enumerate(zip(native, torch.load(emulated))):
+    code = ("import sys, json, torch; from ckparity.ops import _onednn; import ckparity.sweep as s\n"
+            "out = [_onednn.product(a, bt, _onednn.Order(0, st), bias) for a, b, st, bias in torch.load(sys.argv[1]) "
+            "for bt in (b, b.contiguous())]\n"
+            "torch.save(out, sys.argv[2])\n"
+            "if len(sys.argv) > 3: print(json.dumps(s.run(['attention'], dtype='bfloat16')['kernels']['attention']))")
+    environment = {k: v for k, v in os.environ.items() if k != "CKP_BF16_EMULATE"}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.pt"), str(tmp_path / "native.pt")], check=True,
+                   timeout=300, env=environment)
+    swept = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.pt"), str(tmp_path / "emulated.pt"),
+                            "sweep"], check=True, timeout=600, env={**environment, "CKP_BF16_EMULATE": "1"},
+                           capture_output=True, text=True)
+    native, emulated = (torch.load(tmp_path / f"{side}.pt") for side in ("native", "emulated"))
+    assert len(native) == 2 * len(cases)
+    if bf16_gemm() == lib.CKP_BF16_GEMM_ONEDNN:  # the accumulation's emulation runs in this sweep
+        figures = json.loads(swept.stdout.strip().splitlines()[-1])
+        assert all(f["swept"] > 2000 and f["differing"] == 0 for f in figures.values()), figures
+    for i, (x, y) in enumerate(zip(native, emulated)):
         differing = (x.view(torch.int16) != y.view(torch.int16)).sum().item()
-        assert same_bits(x, y), f"case {i}: {differing} of {x.numel()} differ"
+        assert same_bits(x, y), f"output {i}: {differing} of {x.numel()} differ"
 
 
 @pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
