@@ -684,10 +684,10 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
  * into its own copies: its small paths (C of under 12 columns or 4 rows, csrc/linear.c's [Note: MKL's AVX2 small
  * sgemm]) start their vectors after the k before a row's first 16-byte boundary, which is then none (measured
  * through cblas_gemm_bf16bf16f32: the bf16 rows' own addresses change no bit, and with no such k the sgemm's
- * order holds on 41 of 41 K from 1 to 513 at every C of 2..31 columns x 1..11 rows, and of 2..3 columns x 12..15
- * rows, tried -- one column is another path, 4 lanes throughout, outside the claim as a one-key block is; the
- * tensors' own addresses gave dQ other bits at 45 of 300 head dims at T = 5). The outputs are rounded once more
- * (exactly: they hold bf16 values already). */
+ * order holds on 41 of 41 K from 1 to 513 at every C of 2..11 columns x 2..31 rows, and of 12..15 columns x 2..3
+ * rows, tried -- one row or one column is another path, 4 lanes throughout, outside the claim as one-row q blocks
+ * and one-key blocks are; the tensors' own addresses gave dQ other bits at 45 of 300 head dims at T = 5). The
+ * outputs are rounded once more (exactly: they hold bf16 values already). */
 
 /* A (B, H, T, d) operand's strides with each row d rounded up to 4 floats from the last: every row at a 16-byte
  * boundary in a 64-byte aligned buffer. */
