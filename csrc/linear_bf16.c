@@ -131,6 +131,11 @@ static void native_panel(const uint32_t *ap, const uint32_t *bp, int64_t pairs, 
             c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[i][j] + ckp_bf16_to_f(bias[n0 + j]) : sum[i][j]);
 }
 
+/* The threads a bf16 GEMM of M x K x N takes: one for a small product (a team costs more than it saves). */
+static int team_for(int64_t M, int64_t K, int64_t N) {
+    return (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+}
+
 /* Terms 2q and 2q + 1 (s apart; past K a zero) of a row as VDPBF16PS's pair: the even-placed in the low half. */
 static inline uint32_t pair_at(const uint16_t *x, int64_t s, int64_t q, int64_t K) {
     return x[2 * q * s] | (2 * q + 1 < K ? (uint32_t)x[(2 * q + 1) * s] << 16 : 0u);
@@ -148,7 +153,7 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_tiles: no memory for the packed operands");
     }
     ckp_clear_error();
-    const int team = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+    const int team = team_for(M, K, N);
     const int64_t row_panels = (M + NATIVE_MR - 1) / NATIVE_MR, col_panels = ldb / NATIVE_NR;
 #pragma omp parallel num_threads(team)
     {
@@ -176,8 +181,17 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
     return CKP_OK;
 }
 
-/* Whether width 0 runs VDPBF16PS itself: where the CPU has it, unless CKP_BF16_EMULATE asks for the emulation. */
-static int native_pairs(void) { return getenv("CKP_BF16_EMULATE") == NULL && __builtin_cpu_supports("avx512bf16"); }
+/* Whether width 0 runs VDPBF16PS itself: where the CPU has it, unless CKP_BF16_EMULATE asks for the emulation. Read
+ * once (the flash backward asks per block). */
+static int native_pairs(void) {
+    static int native = -1; /* the attention's threads may ask at once: each would store the same value */
+    int now = __atomic_load_n(&native, __ATOMIC_RELAXED);
+    if (now < 0) {
+        now = getenv("CKP_BF16_EMULATE") == NULL && __builtin_cpu_supports("avx512bf16");
+        __atomic_store_n(&native, now, __ATOMIC_RELAXED);
+    }
+    return now;
+}
 
 /* The bf16 bits of a float holding a bf16 value (exact: its low half is zero). */
 static inline uint32_t bf16_bits(float x) {
@@ -298,7 +312,7 @@ ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, co
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_tiles: no memory for the widened operands");
     }
     ckp_clear_error();
-    const int team = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
+    const int team = team_for(M, K, N);
     const int64_t row_panels = (M + t.mr - 1) / t.mr, col_panels = ldb / t.nr;
 #pragma omp parallel num_threads(team)
     {

@@ -382,7 +382,7 @@ ckp_status ckp_gemm(const float *a, int64_t a_rs, int64_t a_cs, const float *b, 
  * NULL) is added to the float32 sum before the rounding (measured for width 0). The same bits at any thread
  * count. Width 0 runs VDPBF16PS itself where the CPU has it (avx512_bf16: every CPU whose oneDNN takes that form),
  * its float32 emulation (an FMA under DAZ and FTZ per term) elsewhere, or where the environment sets
- * CKP_BF16_EMULATE (tests/test_linear.py compares the two). */
+ * CKP_BF16_EMULATE when the library first runs it (tests/test_linear.py compares the two). */
 ckp_status ckp_gemm_bf16_tiles(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                int64_t b_cs, int64_t M, int64_t K, int64_t N, int64_t width,
                                const int64_t *chunk_starts, int64_t chunks, const uint16_t *bias, uint16_t *c);
