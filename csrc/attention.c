@@ -388,7 +388,7 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
     for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
         const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
         ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk, kvb, scratch,
-                        slot_for(kept, n, a->kvsplit, 0), a->mkl_threads);
+                        slot_for(kept, n, a->kvsplit, 0), a->mkl_threads, CKP_MKL_B_TRANSPOSED);
         for (int64_t r = 0; r < qb; r++) {
             float *row = qk + r * kvb;
             mask_row(a, m, r, n, row, kvb, num_keys, -INFINITY);
@@ -406,7 +406,7 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
                 for (int64_t j = 0; j < d; j++) dst[r * d + j] *= e;
         }
         ckp_gemm_serial(qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0, dst, d, scratch,
-                        slot_for(kept, n, a->kvsplit, 1), a->mkl_threads);
+                        slot_for(kept, n, a->kvsplit, 1), a->mkl_threads, CKP_MKL_NEITHER_TRANSPOSED);
     }
     for (int64_t r = 0; r < qb; r++) {
         const float mx = qmax[r] == -INFINITY ? 0.0f : qmax[r], sum = qsum[r] == 0.0f ? 1.0f : qsum[r];
@@ -555,7 +555,7 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
             for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
                 const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
                 ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, a->scale, 0, p, kvb,
-                                scratch, slot_for(kept, n, a->kvsplit, 0), a->mkl_threads);
+                                scratch, slot_for(kept, n, a->kvsplit, 0), a->mkl_threads, CKP_MKL_B_TRANSPOSED);
                 for (int64_t r = 0; r < qb; r++) {
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
@@ -567,10 +567,10 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                              a->dv_s[2], scratch);
                 } else {
                     ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2],
-                                    scratch, NULL, a->mkl_threads);
+                                    scratch, NULL, a->mkl_threads, CKP_MKL_A_TRANSPOSED);
                 }
                 ckp_gemm_serial(dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
-                                slot_for(kept, n, a->kvsplit, 1), a->mkl_threads);
+                                slot_for(kept, n, a->kvsplit, 1), a->mkl_threads, CKP_MKL_B_TRANSPOSED);
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
                 if (a->bf16) { /* dS rounded to bf16; dQ += scale dS.K (four chains), dK += scale dS^T.Q (one) */
@@ -582,9 +582,10 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     continue;
                 }
                 ckp_gemm_serial(dp, kvb, 1, kp + n * a->k_s[2], a->k_s[2], 1, qb, kvb, d, a->scale, 1,
-                                dqh + m * a->dq_s[2], a->dq_s[2], scratch, slot_for(kept, n, a->kvsplit, 2), a->mkl_threads);
+                                dqh + m * a->dq_s[2], a->dq_s[2], scratch, slot_for(kept, n, a->kvsplit, 2), a->mkl_threads,
+                                CKP_MKL_NEITHER_TRANSPOSED);
                 ckp_gemm_serial(dp, 1, kvb, qp, a->q_s[2], 1, kvb, qb, d, a->scale, 1, dkp + n * a->dk_s[2], a->dk_s[2],
-                                scratch, NULL, a->mkl_threads);
+                                scratch, NULL, a->mkl_threads, CKP_MKL_A_TRANSPOSED);
             }
         }
     }

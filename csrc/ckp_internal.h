@@ -151,11 +151,15 @@ typedef struct {
     int wide;
     float *packed;
 } ckp_gemm_slot;
+/* Which operand of C = A.B (row-major) a caller hands MKL transposed: ATen's cpublas::gemm(transa, transb) is
+ * column-major, so its transa is B's and its transb A's (the flash kernel: Q.K^T and dO.V^T give B transposed,
+ * P.V and dS.K neither, P^T.dO and dS^T.Q give A transposed). */
+typedef enum { CKP_MKL_B_TRANSPOSED, CKP_MKL_NEITHER_TRANSPOSED, CKP_MKL_A_TRANSPOSED } ckp_mkl_form;
 int64_t ckp_gemm_serial_floats(int64_t M, int64_t K, int64_t N);
 int64_t ckp_gemm_slot_floats(int64_t K, int64_t N);
 void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs,
                      int64_t M, int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc,
-                     float *scratch, ckp_gemm_slot *slot, int mkl_threads);
+                     float *scratch, ckp_gemm_slot *slot, int mkl_threads, ckp_mkl_form form);
 /* C (M x N, float holding bf16 values, ldc apart) += alpha A . B in ATen's bf16 GEMM's pairs or chain form
  * (csrc/linear_bf16_aten.c), A and B float holding bf16 values, by their strides (the chain: B's columns
  * contiguous), each output rounded to bf16 after: the flash kernel's bf16 backward accumulating its gradients. */

@@ -632,22 +632,41 @@ static void avx2_chain_row(const float *a, int64_t a_cs, const float *b, int64_t
  *     terms, the first and third such output over 8 lanes ((k - p) mod 8, reduced l + 4, l + 2, l + 1 into l), the
  *     second over 4 ((k - p) mod 4, reduced as above), then the terms left added in order.
  * alpha multiplies the rounded result, and C (beta 1) is added to that; a bias is added to the result.
+ * One column whose vector (B's column) is strided or whose C is (ldc > 1: ATen's flash kernel's dQ with d = 1)
+ * takes the groups' order as above, but the 1..3 outputs after them another: the first term, then 8 lanes over
+ * steps of 8 (term k in lane (k - 1) mod 8), the lanes added in order l0 + l1 + ... + l7, then the terms left
+ * in order (measured: torch 2.13, MKL 2024.2, an AMD EPYC Zen 5, one and two threads, planted pairs, then
+ * random inputs: 23352 outputs of ldc 1..5, N 1..32, K 2..100, alpha 0.3 and beta 0/1, every placement).
  * Its other form sweeps A's columns (avx2_sweep): each element of one column whose A has its columns contiguous
- * (a_rs 1: linear's dW of one input feature, dY^T.X), and a single product (M = N = 1) whose B is a contiguous
- * column (b_cs 1: ATen hands it to MKL transposed), is a chain over k without FMA from C's value (beta 1, a bias)
- * or 0. */
-static float avx2_gemv_dot(const float *v, const float *row, int64_t K, int64_t ld, int64_t out, int64_t outs,
-                           int64_t peel) {
+ * (a_rs 1: linear's dW of one input feature, dY^T.X; the flash kernel's dV and dK with d = 1), and a single
+ * product (M = N = 1) whose B is a contiguous column (b_cs 1: ATen hands it to MKL transposed), is a chain over
+ * k without FMA from C's value (beta 1, a bias) or 0, each term alpha times B's element, then times A's. MKL
+ * runs it over C's column in vectors from its first 16-byte boundary: where B's column and C's are contiguous
+ * and 4 or more outputs follow the boundary, the 1..3 before it take K in blocks of 8 -- the block's first 4
+ * terms added onto the output in turn, its last 4 a chain from 0 added after -- and the K mod 8 left in order
+ * (measured as above: 14400 GEMMs of N 1..64, K 1..70, C 0..3 floats past a boundary, ldc and B's stride 1..3,
+ * alpha 0.3, beta 0/1). */
+static float avx2_gemv_dot(const float *v, int64_t vs, const float *row, int64_t K, int64_t ld, int64_t out,
+                           int64_t outs, int64_t peel, int strided) {
     const int64_t tail = out - outs / 4 * 4; /* the output's place among those after the groups of 4 */
     float acc[8] = {0.0f};
     if (tail < 0) {
         const float *last = row + (3 - out % 4) * ld; /* the group's fourth row */
         const int64_t lead = 4 - (int64_t)(((uintptr_t)last & 15) >> 2);
         const int64_t r = lead < K ? lead : K, end = r + (K - r) / 4 * 4;
-        for (int64_t k = 0; k < r; k++) acc[0] = acc[0] + v[k] * row[k];
-        for (int64_t k = r; k < end; k++) acc[(k - r) % 4] = acc[(k - r) % 4] + v[k] * row[k];
+        for (int64_t k = 0; k < r; k++) acc[0] = acc[0] + v[k * vs] * row[k];
+        for (int64_t k = r; k < end; k++) acc[(k - r) % 4] = acc[(k - r) % 4] + v[k * vs] * row[k];
         float sum = (acc[0] + acc[2]) + (acc[1] + acc[3]);
-        for (int64_t k = end; k < K; k++) sum = sum + v[k] * row[k];
+        for (int64_t k = end; k < K; k++) sum = sum + v[k * vs] * row[k];
+        return sum;
+    }
+    if (strided) { /* the first term, 8 lanes, added in order */
+        const int64_t end = 1 + (K - 1) / 8 * 8;
+        acc[0] = v[0] * row[0];
+        for (int64_t k = 1; k < end; k++) acc[(k - 1) % 8] = acc[(k - 1) % 8] + v[k * vs] * row[k];
+        float sum = acc[0];
+        for (int64_t l = 1; l < 8; l++) sum = sum + acc[l];
+        for (int64_t k = end; k < K; k++) sum = sum + v[k * vs] * row[k];
         return sum;
     }
     const int64_t lanes = tail == 1 ? 4 : 8, p = peel < K ? peel : K, end = p + (K - p) / 8 * 8;
@@ -661,27 +680,38 @@ static float avx2_gemv_dot(const float *v, const float *row, int64_t K, int64_t 
     return sum;
 }
 
-/* C (ldc) = alpha A.B, or C += alpha A.B with accumulate, for the GEMMs the Note covers (M == 1 or N == 1). */
-static void avx2_gemv(const float *a, int64_t a_rs, const float *b, int64_t b_cs, int64_t M, int64_t K, int64_t N,
-                      float alpha, int accumulate, float *c, int64_t ldc) {
-    const int one_row = M == 1;
-    const float *v = one_row ? a : b;
-    const int64_t outs = one_row ? N : M, peel = 4 - (int64_t)(((uintptr_t)v & 15) >> 2);
+/* C (ldc) = alpha A.B, or C += alpha A.B with accumulate, for the GEMMs the Note covers: one row (M == 1, not
+ * column) or one column (N == 1, column: the vector B's column, b_rs apart). */
+static void avx2_gemv(const float *a, int64_t a_rs, const float *b, int64_t b_rs, int64_t b_cs, int64_t M, int64_t K,
+                      int64_t N, int column, float alpha, int accumulate, float *c, int64_t ldc) {
+    const float *v = column ? b : a;
+    const int64_t outs = column ? M : N, vs = column ? b_rs : 1, peel = 4 - (int64_t)(((uintptr_t)v & 15) >> 2);
+    const int strided = column && (b_rs != 1 || ldc != 1);
     for (int64_t i = 0; i < outs; i++) {
-        const float dot = avx2_gemv_dot(v, one_row ? b + i * b_cs : a + i * a_rs, K, one_row ? b_cs : a_rs, i, outs,
-                                        peel);
-        float *at = one_row ? c + i : c + i * ldc;
+        const float dot = avx2_gemv_dot(v, vs, column ? a + i * a_rs : b + i * b_cs, K, column ? a_rs : b_cs, i, outs,
+                                        peel, strided);
+        float *at = column ? c + i * ldc : c + i;
         *at = accumulate ? *at + alpha * dot : alpha * dot;
     }
 }
 
-/* C's one column (ldc) by MKL's gemv sweep (the Note above): from C (accumulate) or 0; alpha (measured at 1 only)
- * multiplies each product. */
+/* C's one column (ldc) by MKL's gemv sweep (the Note above): from C (accumulate) or 0, each term alpha times B's
+ * element, then times A's; the outputs before C's first 16-byte boundary in blocks of 8 where the Note says. */
 static void avx2_sweep(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t M, int64_t K,
                        float alpha, int accumulate, float *c, int64_t ldc) {
+    const int64_t ahead = (4 - (int64_t)(((uintptr_t)c & 15) >> 2)) % 4;
+    const int64_t blocked = ldc == 1 && b_rs == 1 && M >= ahead + 4 ? ahead : 0, whole = K / 8 * 8;
     for (int64_t m = 0; m < M; m++) {
+        const float *row = a + m * a_rs;
         float sum = accumulate ? c[m * ldc] : 0.0f;
-        for (int64_t k = 0; k < K; k++) sum = sum + alpha * a[m * a_rs + k * a_cs] * b[k * b_rs];
+        int64_t k = 0;
+        for (; m < blocked && k < whole; k += 8) {
+            for (int64_t j = k; j < k + 4; j++) sum = sum + (alpha * b[j * b_rs]) * row[j * a_cs];
+            float late = 0.0f;
+            for (int64_t j = k + 4; j < k + 8; j++) late = late + (alpha * b[j * b_rs]) * row[j * a_cs];
+            sum = sum + late;
+        }
+        for (; k < K; k++) sum = sum + (alpha * b[k * b_rs]) * row[k * a_cs];
         c[m * ldc] = sum;
     }
 }
@@ -780,7 +810,7 @@ static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const fl
         return CKP_OK;
     }
     if (path == AVX2_GEMV) { /* the product, then the bias added (addmm's beta 1 as well) */
-        avx2_gemv(a, a_rs, b, b_cs, M, K, N, 1.0f, 0, c, N);
+        avx2_gemv(a, a_rs, b, b_rs, b_cs, M, K, N, M != 1, 1.0f, 0, c, N);
         if (bias != NULL)
             for (int64_t i = 0; i < M * N; i++) c[i] += bias[i % N];
         return CKP_OK;
@@ -947,10 +977,30 @@ int64_t ckp_gemm_slot_floats(int64_t K, int64_t N) { return K * round_up(N, ckp_
  * mkl_threads: the threads MKL has for the call -- 1 inside a kernel's parallel loop, torch's count where the loop
  * had one item and so ran on the calling thread outside a parallel region ([Note: MKL's AVX2 sgemm on two threads]).
  * slot (or NULL): where B's packed panels are kept for the next call with the same B -- a kernel that
- * multiplies one block of K or V by many q blocks packs it once; the packing is a copy, so it moves no bit. */
+ * multiplies one block of K or V by many q blocks packs it once; the packing is a copy, so it moves no bit.
+ * form: which operand the caller hands MKL transposed (ckp_mkl_form). On MKL's AVX2 branch it decides a one-column
+ * product's path where the strides cannot (with d = 1 and a block of one key, every stride is 1): A transposed is
+ * the sweep, neither the gemv whose vector is B's column ([Note: MKL's AVX2 sgemv]); B transposed as ckp_gemm. */
 void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs, int64_t b_cs, int64_t M,
                      int64_t K, int64_t N, float alpha, int accumulate, float *c, int64_t ldc, float *scratch,
-                     ckp_gemm_slot *slot, int mkl_threads) {
+                     ckp_gemm_slot *slot, int mkl_threads, ckp_mkl_form form) {
+    if (K == 1 && avx2_order() && form == CKP_MKL_B_TRANSPOSED && (M == 1 || N == 1)) {
+        /* one row or column of a rank-1 product handed MKL as B^T: its gemv, alpha times each rounded product
+         * (measured as the Note's: K = 1, alpha 0.3, m and n 1, 2, 5, 17 -- else alpha times A's element) */
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                float *at = c + m * ldc + n;
+                *at = accumulate ? *at + alpha * (a[m * a_rs] * b[n * b_cs]) : alpha * (a[m * a_rs] * b[n * b_cs]);
+            }
+        return;
+    }
+    if (N == 1 && avx2_order() && form != CKP_MKL_B_TRANSPOSED) {
+        /* cpublas::gemm hands MKL an ldc of 1 for one row of C (its normalize_last_dims: ldc = m where n is 1) */
+        const int64_t ld = M == 1 ? 1 : ldc;
+        if (form == CKP_MKL_A_TRANSPOSED) avx2_sweep(a, a_rs, a_cs, b, b_rs, M, K, alpha, accumulate, c, ld);
+        else avx2_gemv(a, a_rs, b, b_rs, b_cs, M, K, N, 1, alpha, accumulate, c, ld);
+        return;
+    }
     const int64_t first = avx2_first_share(mkl_threads, M, K, N);
     if (first == 0) {
         gemm_serial_rows(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, alpha, accumulate, c, ldc, scratch, slot, 0);
@@ -977,7 +1027,7 @@ CKP_CLONES static void gemm_serial_rows(const float *a, int64_t a_rs, int64_t a_
     }
     const gemm_path path = path_for(a_rs, a_cs, b_rs, b_cs, M, K, N, share);
     if (path == AVX2_GEMV) {
-        avx2_gemv(a, a_rs, b, b_cs, M, K, N, alpha, accumulate, c, ldc);
+        avx2_gemv(a, a_rs, b, b_rs, b_cs, M, K, N, M != 1, alpha, accumulate, c, ldc);
         return;
     }
     if (path == AVX2_SWEEP) {

@@ -51,12 +51,12 @@ def test_bit_identical_to_torchs_flash_kernel(shape):
     _assert_torchs_bits(*shape)
 
 
-def _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal, threads=1):
+def _assert_torchs_bits(B, H, Hkv, tq, tk, d, causal, threads=1, scale=None):
     """followed() covers the sizes, and out, dq, dk, dv are torch's bits there at `threads` torch threads (both
     sides run at that count: ckparity follows MKL at torch's); torch's results."""
     assert followed(tq, tk, d)
     q, k, v, up = _inputs(B, H, Hkv, tq, tk, d)
-    kw = {"is_causal": causal, "enable_gqa": H != Hkv}
+    kw = {"is_causal": causal, "enable_gqa": H != Hkv, "scale": scale}
     with torch_threads(threads):
         ours = _run(attention, q, k, v, up, **kw)
         theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
@@ -146,6 +146,22 @@ def test_on_mkls_avx2_branch_one_row_q_blocks_and_one_key_blocks_are_torchs_bits
     branch -- its groups of 4 outputs take their lead from where the matrix's fourth row starts, so every kv head
     past the first (K's rows elsewhere) and a head dim not a multiple of 4 are in the cases."""
     _assert_torchs_bits(B, H, Hkv, tq, tk, d, tq == tk, threads)
+
+
+@pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
+                                                                  "AVX-512)")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("B, H, Hkv, tq, tk, scale", [(2, 1, 1, 41, 41, None), (2, 2, 2, 33, 33, 0.3),
+                                                      (2, 3, 1, 20, 513, 0.3), (1, 2, 1, 1, 1, 0.3)],
+                         ids=["second-item-off-a-boundary", "dq-strided-one-row-q-block", "one-key-block", "T1"])
+def test_on_mkls_avx2_branch_a_head_dim_of_1_is_torchs_bits(B, H, Hkv, tq, tk, scale, threads):
+    """d = 1 makes every P.V, dQ, dK and dV one column: MKL's gemv (P.V and dQ, ATen handing it neither operand
+    transposed) or its sweep (dK and dV, A transposed) -- forms the strides cannot tell apart, so the flash kernel
+    names them ([Note: MKL's AVX2 sgemv], ckp_gemm_serial's form). In the cases: the sweep's outputs before C's
+    first 16-byte boundary (a second batch item 41 rows on), dQ's column strided by the heads (its last outputs
+    another order, unless cpublas hands MKL ldc 1 for a q block of one row), a one-key block, T = 1, and a scale
+    (alpha on the sweep's vector, on the gemv's dot product, and on Q.K^T's rank-1 rows)."""
+    _assert_torchs_bits(B, H, Hkv, tq, tk, 1, tq % 2 == 1, threads, scale)
 
 
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "

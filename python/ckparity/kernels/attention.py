@@ -6,7 +6,7 @@ order, where a pass of one parallel item lets MKL share its GEMMs between thread
 GEMMs follows MKL's order (csrc/linear.c): not a q block of one row (Tq one past a multiple of the q split: 32,
 64 or 256, so Tq = 1 too), a head dim of 1, a key block of 1 (Tk one past a multiple of 512), or MKL's skinny
 region (a key block of 2 or 3 against a few q rows, 32 <= d < 24 rows: Tq, Tk <= 3; MKL's AVX2 branch's own
-order, on a CPU without AVX-512 or an AMD one past Zen 4, has none of these: its small paths and gemv are followed, d >= 2) (followed()).
+order, on a CPU without AVX-512 or an AMD one past Zen 4, has none of these: its small paths and gemv are followed) (followed()).
 A user's attention is judged here ("as accurate as torch" unless bitwise)."""
 
 from __future__ import annotations
@@ -82,13 +82,13 @@ def followed(tq: int, tk: int, d: int) -> bool:
     """Whether every GEMM of ATen's flash kernel at these sizes takes the order csrc/linear.c follows (the
     module's docstring): no one-row q block or one-key block (MKL's gemv), no head dim of 1. MKL's AVX-512 branch:
     not its skinny region either (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). Its AVX2 branch's own
-    order: every other size (under 4 rows or 12 columns its small paths, followed: [Note: MKL's AVX2 small sgemm]
+    order: every size (under 4 rows or 12 columns its small paths, followed: [Note: MKL's AVX2 small sgemm]
     and its by-columns Note, which start a row at its 16-byte boundary -- so ckparity's op reads dO and writes
-    dQ, dK and dV where ATen's do). MKL's strict order: every size."""
+    dQ, dK and dV where ATen's do; one row or column its gemv). MKL's strict order: every size."""
     if cpu.mkl_strict():
         return True
-    if cpu.mkl_avx2_own():  # its gemv followed too ([Note: MKL's AVX2 sgemv]); d = 1 makes P.V one column of
-        return d >= 2       # another gemv form
+    if cpu.mkl_avx2_own():  # its gemv followed too, both its forms of one column at d = 1 ([Note: MKL's AVX2 sgemv])
+        return True
     qs, ks = _split(tq), min(512, tk)
     q_rows = {qs, tq % qs or qs}
     k_cols = {ks, tk % ks or ks}
@@ -143,7 +143,8 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
     """out, dq, dk, dv against F.scaled_dot_product_attention at sgemm_thread_counts(): every head dim 2..300 at
     Tq = Tk = 37 (a q block of 32 and one of 5; causal and not, GQA), every sequence 2..300 at d 24 and 64
     (every q split and tail, the key blocks; causal and not; MHA and GQA), long ones across the 256 and 512
-    blocks, Tq != Tk, a scale; the sizes no GEMM of which MKL runs in the order followed skipped (followed())."""
+    blocks, Tq != Tk, a scale, head dim 1 at sequences 1..513; the sizes some GEMM of which MKL runs in an order
+    not followed skipped (followed())."""
     for d in [w for w in WIDTHS if w <= 300]:
         if followed(37, 37, d):
             _case(tally, f"T=37 d={d}", 1, 2, 1, 37, 37, d, d % 2 == 0, g)
@@ -158,6 +159,14 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
     for tq, tk in ((40, 100), (100, 40), (64, 600)):
         _case(tally, f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False, g)
     _case(tally, "T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, g, scale=0.3)
+    # d = 1: every P.V, dQ, dK and dV is one column, MKL's gemv or sweep; a second batch item starts its rows past
+    # a 16-byte boundary (the sweep's first outputs), heads of one and more (dQ's column strided or not), one-row q
+    # blocks (T = 33, 65) and a one-key block (T = 513), a scale (alpha on the sweep's vector)
+    for t in (1, 2, 5, 9, 17, 33, 65, 100, 513):
+        for H, Hkv in ((1, 1), (2, 2), (3, 1)):
+            if followed(t, t, 1):
+                _case(tally, f"T={t} d=1 heads {H}/{Hkv}", 2, H, Hkv, t, t, 1, t % 2 == 1, g,
+                      scale=0.3 if H == 2 else None)
 
 
 def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
@@ -295,8 +304,8 @@ KERNEL = Kernel(
     claims=(Claim("attention", ("out", "dq", "dk", "dv"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
                             "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); on its AVX2 "
-                            "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, every size with d >= 2 (its "
-                            "small paths and gemv followed, ATen's per-thread buffers placed as ATen places them, and "
+                            "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, every size (its "
+                            "small paths and gemv followed, d = 1's one-column forms too, ATen's per-thread buffers placed as ATen places them, and "
                             "a pass of one parallel item whose GEMMs MKL shares between 2 threads); under "
                             "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),
             Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", holds=_bf16_not_followed,
@@ -309,8 +318,7 @@ KERNEL = Kernel(
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
-                              "one row or a key block of one there (MKL's gemv), d = 1 on its AVX2 branch (P.V of one "
-                              "column: another gemv form); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
+                              "one row or a key block of one there (MKL's gemv); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
                               "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), a "
                               "sequence under 12 on an AVX2-only CPU (MKL's small bf16 paths on its own copies: not "
                               "measured since they were modelled), or "
