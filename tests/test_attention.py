@@ -151,15 +151,17 @@ def test_on_mkls_avx2_branch_one_row_q_blocks_and_one_key_blocks_are_torchs_bits
 @pytest.mark.skipif(not (MODELLED and cpu.mkl_avx2_own()), reason="MKL's AVX2 branch's own order (a CPU without "
                                                                   "AVX-512)")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("B, H, Hkv, tq, tk, scale", [(2, 1, 1, 41, 41, None), (2, 2, 2, 33, 33, 0.3),
-                                                      (2, 3, 1, 20, 513, 0.3), (1, 2, 1, 1, 1, 0.3)],
-                         ids=["second-item-off-a-boundary", "dq-strided-one-row-q-block", "one-key-block", "T1"])
+@pytest.mark.parametrize("B, H, Hkv, tq, tk, scale", [(2, 1, 1, 41, 41, None), (1, 2, 2, 35, 35, None),
+                                                      (2, 2, 2, 33, 33, 0.3), (2, 3, 1, 20, 513, 0.3),
+                                                      (1, 2, 1, 1, 1, 0.3)],
+                         ids=["second-item-off-a-boundary", "dq-strided", "one-row-q-block", "one-key-block", "T1"])
 def test_on_mkls_avx2_branch_a_head_dim_of_1_is_torchs_bits(B, H, Hkv, tq, tk, scale, threads):
     """d = 1 makes every P.V, dQ, dK and dV one column: MKL's gemv (P.V and dQ, ATen handing it neither operand
     transposed) or its sweep (dK and dV, A transposed) -- forms the strides cannot tell apart, so the flash kernel
     names them ([Note: MKL's AVX2 sgemv], ckp_gemm_serial's form). In the cases: the sweep's outputs before C's
-    first 16-byte boundary (a second batch item 41 rows on), dQ's column strided by the heads (its last outputs
-    another order, unless cpublas hands MKL ldc 1 for a q block of one row), a one-key block, T = 1, and a scale
+    first 16-byte boundary (a second batch item 41 rows on), dQ's column strided by the heads (the 3 outputs after
+    the groups of 4 another order), a one-row q block (cpublas hands MKL an ldc of 1 there), a one-key block,
+    T = 1, and a scale
     (alpha on the sweep's vector, on the gemv's dot product, and on Q.K^T's rank-1 rows)."""
     _assert_torchs_bits(B, H, Hkv, tq, tk, 1, tq % 2 == 1, threads, scale)
 
