@@ -289,6 +289,56 @@ static void add_bf16(const attn *a, int form, float alpha, const float *x, int64
         ckp_aten_bf16_accumulate(form, alpha, x, x_rs, x_cs, y, y_rs, 1, M, K, N, c, ldc);
 }
 
+/* MKL's gemm_bf16bf16f32 of one row or one column (M == 1 or N == 1) on its AVX2 branch, one thread: C (ldc) =
+ * alpha A.B, or C += with accumulate, A and B floats holding bf16 values (every product exact). Measured through
+ * cblas_gemm_bf16bf16f32 (torch 2.13, MKL 2024.2, an AMD Zen 5; planted pairs, then 45000 random outputs of 1 x
+ * 1..37 and 1..37 x 1, K 1..513, beta 0 and 1, alpha 0.3 in the dot form), its copies' addresses moving no bit:
+ *   - the dot form (B transposed, as Q.K^T and dO.V^T hand it; neither transposed with one column): terms k of
+ *     the first K - K mod 4 in lane k mod 4 from 0, the lanes added (l0 + l2) + (l1 + l3), then C (beta 1), then
+ *     the K mod 4 terms left in order; alpha multiplies the matrix's element (B's for one row, else A's);
+ *   - the axpy form (neither transposed, one row: P.V of a one-row q block): from C (beta 1) or 0, each block of 4
+ *     terms (p0 + p2) + (p1 + p3) added in turn, then the K mod 4 terms left from the last to the first; alpha is
+ *     1 there (its one caller's), as measured. */
+static void mkl_bf16_gemv(ckp_mkl_form form, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                          int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N, float alpha, int accumulate,
+                          float *c, int64_t ldc) {
+    const int axpy = form == CKP_MKL_NEITHER_TRANSPOSED && M == 1;
+    const float sa = M == 1 ? 1.0f : alpha, sb = M == 1 ? alpha : 1.0f; /* the dot form's alpha, on the matrix */
+    const int64_t whole = K / 4 * 4;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = a + m * a_rs, *y = b + n * b_cs;
+            float *at = c + m * ldc + n, out = accumulate ? *at : 0.0f;
+            if (axpy) {
+                for (int64_t k = 0; k < whole; k += 4) {
+                    const float p0 = x[k * a_cs] * y[k * b_rs], p1 = x[(k + 1) * a_cs] * y[(k + 1) * b_rs],
+                                p2 = x[(k + 2) * a_cs] * y[(k + 2) * b_rs], p3 = x[(k + 3) * a_cs] * y[(k + 3) * b_rs];
+                    out = out + ((p0 + p2) + (p1 + p3));
+                }
+                for (int64_t k = K - 1; k >= whole; k--) out = out + x[k * a_cs] * y[k * b_rs];
+            } else {
+                float lane[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int64_t k = 0; k < whole; k++) lane[k % 4] = lane[k % 4] + (sa * x[k * a_cs]) * (sb * y[k * b_rs]);
+                const float sum = (lane[0] + lane[2]) + (lane[1] + lane[3]);
+                out = accumulate ? out + sum : sum;
+                for (int64_t k = whole; k < K; k++) out = out + (sa * x[k * a_cs]) * (sb * y[k * b_rs]);
+            }
+            *at = out;
+        }
+}
+
+/* A block's float-output GEMM: MKL's sgemm (ckp_gemm_serial), or with bf16 inputs its gemm_bf16bf16f32 -- the same
+ * on the widened values, but for one row or one column (mkl_bf16_gemv). */
+static void block_gemm(const attn *at, ckp_mkl_form form, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                       int64_t b_rs, int64_t b_cs, int64_t M, int64_t K, int64_t N, float alpha, int accumulate,
+                       float *c, int64_t ldc, float *scratch, ckp_gemm_slot *slot) {
+    if (at->bf16 && (M == 1 || N == 1) && ckp_get_gemm_order() == CKP_GEMM_ORDER_AVX2)
+        mkl_bf16_gemv(form, a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, alpha, accumulate, c, ldc);
+    else
+        ckp_gemm_serial(a, a_rs, a_cs, b, b_rs, b_cs, M, K, N, alpha, accumulate, c, ldc, scratch, slot, at->mkl_threads,
+                        form);
+}
+
 static attn attn_for(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t d, double scale, int causal) {
     attn a = {0};
     a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.Tq = Tq, a.Tk = Tk, a.d = d, a.scale = (float)scale, a.causal = causal;
@@ -387,8 +437,8 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
     const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
     for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
         const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
-        ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk, kvb, scratch,
-                        slot_for(kept, n, a->kvsplit, 0), a->mkl_threads, CKP_MKL_B_TRANSPOSED);
+        block_gemm(a, CKP_MKL_B_TRANSPOSED, qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, 1.0f, 0, qk,
+                   kvb, scratch, slot_for(kept, n, a->kvsplit, 0));
         for (int64_t r = 0; r < qb; r++) {
             float *row = qk + r * kvb;
             mask_row(a, m, r, n, row, kvb, num_keys, -INFINITY);
@@ -405,8 +455,8 @@ CKP_CLONES static void forward_block(const attn *a, int64_t b, int64_t h, int64_
             if (n > 0)
                 for (int64_t j = 0; j < d; j++) dst[r * d + j] *= e;
         }
-        ckp_gemm_serial(qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0, dst, d, scratch,
-                        slot_for(kept, n, a->kvsplit, 1), a->mkl_threads, CKP_MKL_NEITHER_TRANSPOSED);
+        block_gemm(a, CKP_MKL_NEITHER_TRANSPOSED, qk, kvb, 1, vp + n * a->v_s[2], a->v_s[2], 1, qb, kvb, d, 1.0f, n > 0,
+                   dst, d, scratch, slot_for(kept, n, a->kvsplit, 1));
     }
     for (int64_t r = 0; r < qb; r++) {
         const float mx = qmax[r] == -INFINITY ? 0.0f : qmax[r], sum = qsum[r] == 0.0f ? 1.0f : qsum[r];
@@ -554,8 +604,8 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
             const int64_t num_keys = a->causal ? (m + qb < a->Tk ? m + qb : a->Tk) : a->Tk;
             for (int64_t n = 0; n < num_keys; n += a->kvsplit) {
                 const int64_t kvb = a->Tk - n < a->kvsplit ? a->Tk - n : a->kvsplit;
-                ckp_gemm_serial(qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb, a->scale, 0, p, kvb,
-                                scratch, slot_for(kept, n, a->kvsplit, 0), a->mkl_threads, CKP_MKL_B_TRANSPOSED);
+                block_gemm(a, CKP_MKL_B_TRANSPOSED, qp, a->q_s[2], 1, kp + n * a->k_s[2], 1, a->k_s[2], qb, d, kvb,
+                           a->scale, 0, p, kvb, scratch, slot_for(kept, n, a->kvsplit, 0));
                 for (int64_t r = 0; r < qb; r++) {
                     exp_shifted(p + r * kvb, lh[m + r], kvb, a->L);
                     mask_row(a, m, r, n, p + r * kvb, kvb, num_keys, 0.0f);
@@ -569,8 +619,8 @@ CKP_CLONES static void backward_group(const attn *a, int64_t b, int64_t kvh, flo
                     ckp_gemm_serial(p, 1, kvb, dop, ldo, 1, kvb, qb, d, 1.0f, 1, dvp + n * a->dv_s[2], a->dv_s[2],
                                     scratch, NULL, a->mkl_threads, CKP_MKL_A_TRANSPOSED);
                 }
-                ckp_gemm_serial(dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0, dp, kvb, scratch,
-                                slot_for(kept, n, a->kvsplit, 1), a->mkl_threads, CKP_MKL_B_TRANSPOSED);
+                block_gemm(a, CKP_MKL_B_TRANSPOSED, dop, ldo, 1, vp + n * a->v_s[2], 1, a->v_s[2], qb, d, kvb, 1.0f, 0,
+                           dp, kvb, scratch, slot_for(kept, n, a->kvsplit, 1));
                 for (int64_t r = 0; r < qb; r++)
                     for (int64_t c = 0; c < kvb; c++) dp[r * kvb + c] = p[r * kvb + c] * (dp[r * kvb + c] - dsum[r]);
                 if (a->bf16) { /* dS rounded to bf16; dQ += scale dS.K (four chains), dK += scale dS^T.Q (one) */
@@ -686,8 +736,8 @@ ckp_status ckp_attention_backward(const float *dout, const int64_t *dout_strides
  * sgemm]) start their vectors after the k before a row's first 16-byte boundary, which is then none (measured
  * through cblas_gemm_bf16bf16f32: the bf16 rows' own addresses change no bit, and with no such k the sgemm's
  * order holds on 41 of 41 K from 1 to 513 at every C of 2..11 columns x 2..31 rows, and of 12..15 columns x 2..3
- * rows, tried -- one row or one column is another path, 4 lanes throughout, outside the claim as one-row q blocks
- * and one-key blocks are; the tensors' own addresses gave dQ other bits at 45 of 300 head dims at T = 5). The
+ * rows, tried -- one row or one column is another path, mkl_bf16_gemv: one-row q blocks and one-key blocks; the
+ * tensors' own addresses gave dQ other bits at 45 of 300 head dims at T = 5). The
  * outputs are rounded once more (exactly: they hold bf16 values already). */
 
 /* A (B, H, T, d) operand's strides with each row d rounded up to 4 floats from the last: every row at a 16-byte

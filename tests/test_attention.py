@@ -308,6 +308,29 @@ def test_a_short_bf16_sequence_reads_mkls_widened_copies_from_16_byte_boundaries
                 assert same_bits(a, b), f"d={d} {name} at {threads} threads: {(a != b).sum().item()} differ"
 
 
+@pytest.mark.skipif(not (bf16_followed() and followed_bf16(33, 513)),
+                    reason="bf16 one-row q blocks and one-key blocks are followed where measured: MKL's AVX2 code on "
+                           "an AVX-512 CPU")
+@pytest.mark.parametrize("tq, tk, d, scale", [(1, 1, 24, None), (33, 33, 5, 0.3), (65, 65, 64, None),
+                                              (20, 513, 16, None), (513, 513, 8, 0.3)],
+                         ids=["T1", "one-row-q-block-scaled", "one-row-q-block-d64", "one-key-block", "both"])
+def test_a_bf16_one_row_q_block_or_one_key_block_takes_mkls_bf16_gemv(tq, tk, d, scale):
+    """A q block of one row or a key block of one gives MKL's bf16 GEMM one row or one column: its own paths, not
+    its sgemm on the widened copies (csrc/attention.c's mkl_bf16_gemv) -- Q.K^T and dO.V^T its dot form (4 lanes
+    from k = 0, C before the terms left, alpha -- the backward's scale -- on the matrix's elements), P.V of one row
+    its axpy form (blocks of 4 onto C, the terms left last to first). T = 1 gave dQ and dK other bits at most head
+    dims before."""
+    q, k, v, up = _inputs(2, 2, 1, tq, tk, d, seed=tq + d)
+    q, k, v, up = (t.bfloat16() for t in (q, k, v, up))
+    kw = {"is_causal": tq == tk, "enable_gqa": True, "scale": scale}
+    for threads in (1, 2):
+        with torch_threads(threads):
+            theirs = _run(F.scaled_dot_product_attention, q, k, v, up, **kw)
+            ours = _run(attention, q, k, v, up, **kw)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, theirs):
+            assert same_bits(a, b), f"{name} at {threads} threads: {(a != b).sum().item()} of {a.numel()} differ"
+
+
 @pytest.mark.skipif(not bf16_followed(), reason="torch's bf16 flash kernel runs oneDNN's or AMX GEMMs here")
 @pytest.mark.parametrize("shape", BF16_SHAPES, ids=[f"B{s[0]}H{s[1]}/{s[2]}T{s[3]}d{s[4]}{'c' if s[5] else ''}"
                                                     for s in BF16_SHAPES])

@@ -111,14 +111,14 @@ def _bf16_not_followed() -> str | None:
 def followed_bf16(tq: int, tk: int) -> bool:
     """Whether every GEMM of torch's bf16 flash kernel at these sizes takes the order ckparity follows: MKL's bf16
     GEMM is its sgemm on widened copies whose rows start at 16-byte boundaries, except with one row or one column
-    (another path: measured), so no one-row q block and no one-key block. Sequences under 12 (where the copies'
-    boundaries decide MKL's small paths: csrc/attention.c's [Note: ATen's bf16 flash attention]) are followed
-    where that was measured -- an AMD CPU with AVX-512 whose MKL runs its AVX2 code (a Zen 5: T 2..11, head dims
-    1..300, 0 differing); not on the AVX2-only EPYC, where they differed before the copies were modelled and were
-    not measured since."""
+    (a one-row q block, a one-key block: its own paths, csrc/attention.c's mkl_bf16_gemv). Every size where those
+    and the short sequences (under 12: MKL's small paths on its copies' boundaries, [Note: ATen's bf16 flash
+    attention]) were measured -- an AMD CPU with AVX-512 whose MKL runs its AVX2 code (a Zen 5); on the AVX2-only
+    EPYC, where neither was measured, sequences of 12 or more without a one-row q block or a one-key block."""
+    if cpu.avx512_but_mkl_avx2():
+        return True
     qs, ks = _split(tq), min(512, tk)
-    short_measured = cpu.avx512_but_mkl_avx2()
-    return (min(tq, tk) >= 12 or short_measured) and 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
+    return min(tq, tk) >= 12 and 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
 
 
 def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,
@@ -173,8 +173,8 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     """out, dq, dk, dv in bf16 against F.scaled_dot_product_attention where torch's bf16 flash kernel runs on GEMMs
     ckparity follows (ops.attention.bf16_followed): the float sweep's sizes (every head dim from 1, at 1 and 2 kv
     heads), in bf16, at 1 and 2 torch threads -- at 1 only where a pass has one parallel item (_case); the sizes
-    followed_bf16 leaves out skipped (a one-row q block or a one-key block; a sequence under 12 where not measured).
-    Every head dim at T = 5 too (`check`'s sequence: MKL's small paths at every C width, where its copies' 16-byte
+    followed_bf16 leaves out skipped (where not measured: a one-row q block or a one-key block, a sequence under 12).
+    One-row q blocks and one-key blocks at five head dims; every head dim at T = 5 too (`check`'s sequence: MKL's small paths at every C width, where its copies' 16-byte
     boundaries decide the order; the tensors' own addresses gave dQ other bits at 45 of 300)."""
     def case(label, B, H, Hkv, tq, tk, d, causal, scale=None):
         if followed_bf16(tq, tk):
@@ -191,6 +191,10 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     for tq, tk in ((40, 100), (100, 40), (64, 600)):
         case(f"Tq={tq} Tk={tk} d=16", 2, 2, 2, tq, tk, 16, False)
     case("T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, scale=0.3)
+    # one-row q blocks (T = 1, 33, 65, 193, 449) and one-key blocks (513): MKL's bf16 GEMM of one row or column
+    for t in (1, 33, 65, 193, 449, 513):
+        for d in (1, 5, 24, 64, 128):
+            case(f"T={t} d={d} one-row or one-key blocks", 2, 2, 1, t, t, d, t % 2 == 1, scale=0.3 if d == 5 else None)
 
 
 def _flash_sdpa(q, k, v, **kw):
@@ -311,17 +315,17 @@ KERNEL = Kernel(
             Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", holds=_bf16_not_followed,
                   condition="where torch's bf16 flash kernel runs MKL's bf16 GEMM on its AVX2 branch and ATen's own "
                             "bf16 loops (an AMD CPU with AVX2 only: DEFAULT, AVX2) or oneDNN's AVX-512 bf16 brgemm "
-                            "(an AMD Zen 5: every capability): sequences of 12 or more (on the Zen 5 of 2 or more) "
-                            "without a one-row q block or a one-key block, every head dim, at 1 and 2 torch threads "
-                            "(at 1 where a pass has one parallel item)")),
+                            "(an AMD Zen 5: every capability): on the Zen 5 every size, elsewhere sequences of 12 or "
+                            "more without a one-row q block or a one-key block; every head dim, at 1 and 2 torch "
+                            "threads (at 1 where a pass has one parallel item)")),
     not_claimed={"attention": "inputs that are not 4-D or whose last dim is not contiguous (torch runs its math "
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
                               "one row or a key block of one there (MKL's gemv); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
-                              "or with a one-row q block or a one-key block (MKL's bf16 GEMM of one row or column), a "
-                              "sequence under 12 on an AVX2-only CPU (MKL's small bf16 paths on its own copies: not "
-                              "measured since they were modelled), or "
+                              "or on an AVX2-only CPU with a one-row q block or a one-key block or a sequence under 12 "
+                              "(MKL's bf16 GEMM of one row or column, its small paths on its own copies: not measured "
+                              "there since they were modelled), or "
                               "at 2 torch threads where a pass has one item (MKL's bf16 GEMM on 2 threads): as accurate "
                               "as torch"},
     probe=_probe,
