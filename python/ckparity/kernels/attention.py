@@ -84,11 +84,12 @@ def followed(tq: int, tk: int, d: int) -> bool:
     not its skinny region either (2 or 3 keys against 2..15 q rows with 32 <= d < 24 rows). Its AVX2 branch's own
     order: every size (under 4 rows or 12 columns its small paths, followed: [Note: MKL's AVX2 small sgemm]
     and its by-columns Note, which start a row at its 16-byte boundary -- so ckparity's op reads dO and writes
-    dQ, dK and dV where ATen's do; one row or column its gemv). MKL's strict order: every size."""
+    dQ, dK and dV where ATen's do; one row or column its gemv), d = 1 where its one-column forms were measured (an
+    AMD CPU with AVX-512, a Zen 5; not the AVX2-only EPYC). MKL's strict order: every size."""
     if cpu.mkl_strict():
         return True
-    if cpu.mkl_avx2_own():  # its gemv followed too, both its forms of one column at d = 1 ([Note: MKL's AVX2 sgemv])
-        return True
+    if cpu.mkl_avx2_own():  # its gemv followed too; d = 1's two forms of one column ([Note: MKL's AVX2 sgemv])
+        return d >= 2 or cpu.avx512_but_mkl_avx2()  # where they were measured: the Zen 5
     qs, ks = _split(tq), min(512, tk)
     q_rows = {qs, tq % qs or qs}
     k_cols = {ks, tk % ks or ks}
@@ -309,7 +310,7 @@ KERNEL = Kernel(
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of the flash kernel off MKL's "
                             "gemv and skinny paths (no q block of one row, no key block of one, d >= 2); on its AVX2 "
                             "branch's own order (AMD, no AVX-512): torch at 1 and 2 threads, every size (its "
-                            "small paths and gemv followed, d = 1's one-column forms too, ATen's per-thread buffers placed as ATen places them, and "
+                            "small paths and gemv followed, d = 1's one-column forms where measured: the Zen 5, ATen's per-thread buffers placed as ATen places them, and "
                             "a pass of one parallel item whose GEMMs MKL shares between 2 threads); under "
                             "MKL_CBWR=AUTO,STRICT (and AVX2,STRICT) every size at 1 and 2 torch threads"),
             Claim("attention", ("out", "dq", "dk", "dv"), sweep_bf16, dtype="bfloat16", holds=_bf16_not_followed,
@@ -322,7 +323,8 @@ KERNEL = Kernel(
                               "path there, ckparity the flash kernel's order), torch at 2 threads on MKL's AVX-512 branch without "
                               "MKL_CBWR=AUTO,STRICT (measured: the same bits below Tq = 192; from there MKL splits some "
                               "of the backward's GEMMs between its threads), torch at 3+ threads, a q block of "
-                              "one row or a key block of one there (MKL's gemv); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
+                              "one row or a key block of one there (MKL's gemv), d = 1 on the AVX2-only EPYC (MKL's "
+                              "one-column forms: measured on the Zen 5 only); bfloat16 where torch's GEMMs are MKL's AVX-512 or AMX ones or oneDNN's AMX ones, "
                               "or on an AVX2-only CPU with a one-row q block or a one-key block or a sequence under 12 "
                               "(MKL's bf16 GEMM of one row or column, its small paths on its own copies: not measured "
                               "there since they were modelled), or "
