@@ -162,11 +162,12 @@ def sweep(tally: Tally, g: torch.Generator) -> None:
     _case(tally, "T=64 d=48 scale 0.3", 2, 4, 4, 64, 64, 48, True, g, scale=0.3)
     # d = 1: every P.V, dQ, dK and dV is one column, MKL's gemv or sweep; a second batch item starts its rows past
     # a 16-byte boundary (the sweep's first outputs), heads of one and more (dQ's column strided or not), one-row q
-    # blocks (T = 33, 65) and a one-key block (T = 513), a scale (alpha on the sweep's vector)
+    # blocks (T = 33, 65) and a one-key block (T = 513), a scale (alpha on the sweep's vector), a backward of one
+    # item (3 heads on one kv head, one batch item: MKL has torch's threads)
     for t in (1, 2, 5, 9, 17, 33, 65, 100, 513):
-        for H, Hkv in ((1, 1), (2, 2), (3, 1)):
+        for B, H, Hkv in ((2, 1, 1), (2, 2, 2), (1, 3, 1)):
             if followed(t, t, 1):
-                _case(tally, f"T={t} d=1 heads {H}/{Hkv}", 2, H, Hkv, t, t, 1, t % 2 == 1, g,
+                _case(tally, f"T={t} d=1 B={B} heads {H}/{Hkv}", B, H, Hkv, t, t, 1, t % 2 == 1, g,
                       scale=0.3 if H == 2 else None)
 
 
