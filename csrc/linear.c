@@ -995,7 +995,9 @@ void ckp_gemm_serial(const float *a, int64_t a_rs, int64_t a_cs, const float *b,
         return;
     }
     if (N == 1 && avx2_order() && form != CKP_MKL_B_TRANSPOSED) {
-        /* cpublas::gemm hands MKL an ldc of 1 for one row of C (its normalize_last_dims: ldc = m where n is 1) */
+        /* cpublas::gemm hands MKL an ldc of 1 for one row of C (its normalize_last_dims: ldc = m where n is 1);
+         * MKL takes the same order on torch's 2 threads (measured: the Note's GEMMs, and the flash kernel's
+         * one-item backward up to T = 2049) */
         const int64_t ld = M == 1 ? 1 : ldc;
         if (form == CKP_MKL_A_TRANSPOSED) avx2_sweep(a, a_rs, a_cs, b, b_rs, M, K, alpha, accumulate, c, ld);
         else avx2_gemv(a, a_rs, b, b_rs, b_cs, M, K, N, 1, alpha, accumulate, c, ld);
