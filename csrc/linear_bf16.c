@@ -200,23 +200,71 @@ static inline uint32_t bf16_bits(float x) {
     return u >> 16;
 }
 
+/* Sixteen VDPBF16PS pairs from floats holding bf16 values: each lo's bf16 in the low half, hi's in the high. */
+CKP_NATIVE_BF16 static inline __m512i pairs16(__m512 lo, __m512 hi) {
+    return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
+                           _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* A (M x K, floats holding bf16 values) as pairs, row m's at ap + m * pairs (past K a zero), sixteen at a time where
+ * A's rows or columns are contiguous (the flash backward's dS, and its dS^T and P^T), else one by one. */
+CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a_cs, int64_t M, int64_t K,
+                                         uint32_t *ap) {
+    const int64_t pairs = (K + 1) / 2;
+    if (a_cs == 1) { /* a row's 32 floats' high halves in order are its 16 pairs */
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+                const int64_t k0 = 2 * q0, left = K - k0 < 32 ? K - k0 : 32, n = pairs - q0 < 16 ? pairs - q0 : 16;
+                const __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1),
+                                hi = (__mmask16)(left >= 32 ? 0xffff : left <= 16 ? 0 : (1u << (left - 16)) - 1);
+                const __m512i x0 = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(lo, a + m * a_rs + k0)), 16),
+                              x1 = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(hi, a + m * a_rs + k0 + 16)), 16);
+                const __m512i packed = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(x0)),
+                                                          _mm512_cvtepi32_epi16(x1), 1);
+                _mm512_mask_storeu_epi32(ap + m * pairs + q0, (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1), packed);
+            }
+        return;
+    }
+    if (a_rs == 1) { /* 16 rows' pair q from two contiguous columns, scattered to their rows */
+        const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32((int)pairs));
+        for (int64_t m0 = 0; m0 < M; m0 += 16) {
+            const __mmask16 live = (__mmask16)(M - m0 >= 16 ? 0xffff : (1u << (M - m0)) - 1);
+            for (int64_t q = 0; q < pairs; q++) {
+                const __m512 lo = _mm512_maskz_loadu_ps(live, a + m0 + 2 * q * a_cs),
+                             hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, a + m0 + (2 * q + 1) * a_cs) : _mm512_setzero_ps();
+                _mm512_mask_i32scatter_epi32(ap + m0 * pairs + q, live, rows, pairs16(lo, hi), 4);
+            }
+        }
+        return;
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t q = 0; q < pairs; q++) {
+            const float *x = a + m * a_rs + 2 * q * a_cs;
+            ap[m * pairs + q] = bf16_bits(x[0]) | (2 * q + 1 < K ? bf16_bits(x[a_cs]) << 16 : 0u);
+        }
+}
+
+/* B (K x N, rows b_rs apart and contiguous) as pairs, pair q's row at bp + q * ldb, zero past K and N. */
+CKP_NATIVE_BF16 static void pack_b_pairs(const float *b, int64_t b_rs, int64_t K, int64_t N, int64_t ldb,
+                                         uint32_t *bp) {
+    for (int64_t q = 0; q < (K + 1) / 2; q++)
+        for (int64_t n0 = 0; n0 < ldb; n0 += 16) {
+            const __mmask16 live = (__mmask16)(N - n0 >= 16 ? 0xffff : N <= n0 ? 0 : (1u << (N - n0)) - 1);
+            const __m512 lo = _mm512_maskz_loadu_ps(live, b + 2 * q * b_rs + n0),
+                         hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, b + (2 * q + 1) * b_rs + n0) : _mm512_setzero_ps();
+            _mm512_storeu_si512(bp + q * ldb + n0, pairs16(lo, hi));
+        }
+}
+
 /* ckp_onednn_bf16_accumulate by VDPBF16PS: A and B (floats holding bf16 values) packed as pairs in scratch (no more
  * than the emulation's floats), each 8 x 32 panel's chain from 0, then C = bf16(alpha * sum + C). */
 static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
                               int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, uint32_t *scratch) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
     uint32_t *ap = scratch, *bp = ap + M * pairs;
-    for (int64_t m0 = 0; m0 < M; m0 += 16) /* 16 rows at a time, pair by pair: a transposed A stays in 16 lines */
-        for (int64_t q = 0; q < pairs; q++)
-            for (int64_t m = m0; m < M && m < m0 + 16; m++) {
-                const float *x = a + m * a_rs + 2 * q * a_cs;
-                ap[m * pairs + q] = bf16_bits(x[0]) | (2 * q + 1 < K ? bf16_bits(x[a_cs]) << 16 : 0u);
-            }
-    for (int64_t q = 0; q < pairs; q++)
-        for (int64_t n = 0; n < ldb; n++) {
-            const float *y = b + 2 * q * b_rs + n;
-            bp[q * ldb + n] = n >= N ? 0u : bf16_bits(y[0]) | (2 * q + 1 < K ? bf16_bits(y[b_rs]) << 16 : 0u);
-        }
+    pack_a_pairs(a, a_rs, a_cs, M, K, ap);
+    pack_b_pairs(b, b_rs, K, N, ldb, bp);
     float sum[NATIVE_MR][NATIVE_NR];
     for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
         for (int64_t m0 = 0; m0 < M; m0 += NATIVE_MR) {
