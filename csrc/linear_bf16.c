@@ -94,10 +94,12 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
 enum { NATIVE_MR = 8, NATIVE_NR = 32 };
 #define CKP_NATIVE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 /* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
- * (under the caller's MXCSR). Rows past `rows` repeat row m0's (computed, not used). */
-CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t m0,
-                                        int64_t rows, int64_t n0, const int64_t *starts, int64_t chunks,
-                                        float out[NATIVE_MR][NATIVE_NR]) {
+ * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or with `by_pair` ap[q * by_pair + m]. Rows
+ * past `rows` repeat row m0's (computed, not used). */
+CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t by_pair, const uint32_t *bp, int64_t pairs,
+                                        int64_t ldb, int64_t m0, int64_t rows, int64_t n0, const int64_t *starts,
+                                        int64_t chunks, float out[NATIVE_MR][NATIVE_NR]) {
+    const int64_t a_rs = by_pair ? 1 : pairs, a_qs = by_pair ? by_pair : 1;
     __m512 total[NATIVE_MR][2];
     for (int64_t ch = 0; ch <= chunks; ch++) {
         const int64_t p0 = ch == 0 ? 0 : starts[ch - 1] / 2, p1 = ch == chunks ? pairs : starts[ch] / 2;
@@ -109,7 +111,7 @@ CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, const uint32_t *bp, 
                            b1 = (__m512bh)_mm512_loadu_si512(bp + q * ldb + n0 + 16);
 #pragma GCC unroll 8
             for (int i = 0; i < NATIVE_MR; i++) {
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[(m0 + (i < rows ? i : 0)) * pairs + q]);
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[(m0 + (i < rows ? i : 0)) * a_rs + q * a_qs]);
                 acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x, b0), acc[i][1] = _mm512_dpbf16_ps(acc[i][1], x, b1);
             }
         }
@@ -125,7 +127,7 @@ static void native_panel(const uint32_t *ap, const uint32_t *bp, int64_t pairs, 
                          int64_t rows, int64_t n0, int64_t cols, const int64_t *starts, int64_t chunks,
                          const uint16_t *bias, uint16_t *c) {
     float sum[NATIVE_MR][NATIVE_NR];
-    native_sums(ap, bp, pairs, ldb, m0, rows, n0, starts, chunks, sum);
+    native_sums(ap, 0, bp, pairs, ldb, m0, rows, n0, starts, chunks, sum);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++)
             c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[i][j] + ckp_bf16_to_f(bias[n0 + j]) : sum[i][j]);
@@ -206,8 +208,9 @@ CKP_NATIVE_BF16 static inline __m512i pairs16(__m512 lo, __m512 hi) {
                            _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* A (M x K, floats holding bf16 values) as pairs, row m's at ap + m * pairs (past K a zero), sixteen at a time where
- * A's rows or columns are contiguous (the flash backward's dS, and its dS^T and P^T), else one by one. */
+/* A (M x K, floats holding bf16 values) as pairs (past K a zero): row m's at ap + m * pairs, sixteen at a time where
+ * A's rows are contiguous (the flash backward's dS), one by one where neither is; where its columns are (dS^T and
+ * P^T), pair q's rows at ap + q * M, sixteen at a time (native_sums' by_pair). */
 CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a_cs, int64_t M, int64_t K,
                                          uint32_t *ap) {
     const int64_t pairs = (K + 1) / 2;
@@ -225,17 +228,15 @@ CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a
             }
         return;
     }
-    if (a_rs == 1) { /* 16 rows' pair q from two contiguous columns, scattered to their rows */
-        const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32((int)pairs));
-        for (int64_t m0 = 0; m0 < M; m0 += 16) {
-            const __mmask16 live = (__mmask16)(M - m0 >= 16 ? 0xffff : (1u << (M - m0)) - 1);
-            for (int64_t q = 0; q < pairs; q++) {
+    if (a_rs == 1) { /* 16 rows' pair q from two contiguous columns: laid out by pair (the caller's by_pair M) */
+        for (int64_t q = 0; q < pairs; q++)
+            for (int64_t m0 = 0; m0 < M; m0 += 16) {
+                const __mmask16 live = (__mmask16)(M - m0 >= 16 ? 0xffff : (1u << (M - m0)) - 1);
                 const __m512 lo = _mm512_maskz_loadu_ps(live, a + m0 + 2 * q * a_cs),
-                             hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, a + m0 + (2 * q + 1) * a_cs) : _mm512_setzero_ps();
-                _mm512_mask_i32scatter_epi32(ap + m0 * pairs + q, live, rows, pairs16(lo, hi), 4);
+                             hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, a + m0 + (2 * q + 1) * a_cs)
+                                                : _mm512_setzero_ps();
+                _mm512_mask_storeu_epi32(ap + q * M + m0, live, pairs16(lo, hi));
             }
-        }
         return;
     }
     for (int64_t m = 0; m < M; m++)
@@ -269,7 +270,7 @@ static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t
     for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
         for (int64_t m0 = 0; m0 < M; m0 += NATIVE_MR) {
             const int64_t rows = M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, cols = N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR;
-            native_sums(ap, bp, pairs, ldb, m0, rows, n0, NULL, 0, sum);
+            native_sums(ap, a_rs == 1 && a_cs != 1 ? M : 0, bp, pairs, ldb, m0, rows, n0, NULL, 0, sum);
             for (int64_t i = 0; i < rows; i++)
                 for (int64_t j = 0; j < cols; j++) {
                     float *at = c + (m0 + i) * ldc + n0 + j;
