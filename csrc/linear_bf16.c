@@ -92,14 +92,15 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
  * pad a zero; each panel of 8 rows x 32 columns sums each chunk from 0, adds the chunks in order and the bias as
  * panel() does (under the thread's DAZ and FTZ), and rounds once. */
 enum { NATIVE_MR = 8, NATIVE_NR = 32 };
-#define CKP_NATIVE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define CKP_NATIVE_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 /* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
- * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or with `by_pair` ap[q * by_pair + m]. Rows
- * past `rows` repeat row m0's (computed, not used). */
-CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t by_pair, const uint32_t *bp, int64_t pairs,
+ * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or in panels of 8 rows `panel` apart
+ * ap[m / 8 * panel + q * 8 + m % 8]. Rows past `rows` repeat row m0's (computed, not used). */
+CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs,
                                         int64_t ldb, int64_t m0, int64_t rows, int64_t n0, const int64_t *starts,
                                         int64_t chunks, float out[NATIVE_MR][NATIVE_NR]) {
-    const int64_t a_rs = by_pair ? 1 : pairs, a_qs = by_pair ? by_pair : 1;
+    const uint32_t *a0 = panel ? ap + m0 / NATIVE_MR * panel : ap + m0 * pairs; /* the panel's, or row m0's */
+    const int64_t a_rs = panel ? 1 : pairs, a_qs = panel ? NATIVE_MR : 1;
     __m512 total[NATIVE_MR][2];
     for (int64_t ch = 0; ch <= chunks; ch++) {
         const int64_t p0 = ch == 0 ? 0 : starts[ch - 1] / 2, p1 = ch == chunks ? pairs : starts[ch] / 2;
@@ -111,7 +112,7 @@ CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t by_pair, con
                            b1 = (__m512bh)_mm512_loadu_si512(bp + q * ldb + n0 + 16);
 #pragma GCC unroll 8
             for (int i = 0; i < NATIVE_MR; i++) {
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[(m0 + (i < rows ? i : 0)) * a_rs + q * a_qs]);
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a0[(i < rows ? i : 0) * a_rs + q * a_qs]);
                 acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x, b0), acc[i][1] = _mm512_dpbf16_ps(acc[i][1], x, b1);
             }
         }
@@ -208,12 +209,16 @@ CKP_NATIVE_BF16 static inline __m512i pairs16(__m512 lo, __m512 hi) {
                            _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
+/* The u32s between panels of 8 rows of A's pairs: 64 bytes past the panel, so that a column's stores (one per
+ * panel) are not all 4 KB apart -- they were for 256 q rows, and the packing ran at half the speed. */
+static int64_t panel_stride(int64_t pairs) { return NATIVE_MR * pairs + 16; }
+
 /* A (M x K, floats holding bf16 values) as pairs (past K a zero): row m's at ap + m * pairs, sixteen at a time where
  * A's rows are contiguous (the flash backward's dS), one by one where neither is; where its columns are (dS^T and
- * P^T), pair q's rows at ap + q * M, sixteen at a time (native_sums' by_pair). */
+ * P^T), in panels of 8 rows panel_stride apart (native_sums' panel), sixteen at a time. */
 CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a_cs, int64_t M, int64_t K,
                                          uint32_t *ap) {
-    const int64_t pairs = (K + 1) / 2;
+    const int64_t pairs = (K + 1) / 2, ps = panel_stride(pairs);
     if (a_cs == 1) { /* a row's 32 floats' high halves in order are its 16 pairs */
         for (int64_t m = 0; m < M; m++)
             for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
@@ -224,18 +229,28 @@ CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a
                               x1 = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(hi, a + m * a_rs + k0 + 16)), 16);
                 const __m512i packed = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(x0)),
                                                           _mm512_cvtepi32_epi16(x1), 1);
-                _mm512_mask_storeu_epi32(ap + m * pairs + q0, (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1), packed);
+                if (n == 16) _mm512_storeu_si512(ap + m * pairs + q0, packed);
+                else _mm512_mask_storeu_epi32(ap + m * pairs + q0, (__mmask16)((1u << n) - 1), packed);
             }
         return;
     }
-    if (a_rs == 1) { /* 16 rows' pair q from two contiguous columns: laid out by pair (the caller's by_pair M) */
+    if (a_rs == 1) { /* 16 rows' pair q from two contiguous columns, into two panels of 8 (native_sums' panels) */
         for (int64_t q = 0; q < pairs; q++)
             for (int64_t m0 = 0; m0 < M; m0 += 16) {
-                const __mmask16 live = (__mmask16)(M - m0 >= 16 ? 0xffff : (1u << (M - m0)) - 1);
+                const int64_t left = M - m0;
+                const __mmask16 live = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
                 const __m512 lo = _mm512_maskz_loadu_ps(live, a + m0 + 2 * q * a_cs),
                              hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, a + m0 + (2 * q + 1) * a_cs)
                                                 : _mm512_setzero_ps();
-                _mm512_mask_storeu_epi32(ap + q * M + m0, live, pairs16(lo, hi));
+                const __m512i w = pairs16(lo, hi);
+                uint32_t *lo8 = ap + m0 / 8 * ps + q * 8, *hi8 = lo8 + ps;
+                if (left >= 16) { /* plain stores: a masked store is slow on AMD's cores */
+                    _mm256_storeu_si256((__m256i *)lo8, _mm512_castsi512_si256(w));
+                    _mm256_storeu_si256((__m256i *)hi8, _mm512_extracti64x4_epi64(w, 1));
+                    continue;
+                }
+                _mm256_mask_storeu_epi32(lo8, (__mmask8)live, _mm512_castsi512_si256(w));
+                if (left > 8) _mm256_mask_storeu_epi32(hi8, (__mmask8)(live >> 8), _mm512_extracti64x4_epi64(w, 1));
             }
         return;
     }
@@ -263,14 +278,15 @@ CKP_NATIVE_BF16 static void pack_b_pairs(const float *b, int64_t b_rs, int64_t K
 static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
                               int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, uint32_t *scratch) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
-    uint32_t *ap = scratch, *bp = ap + M * pairs;
+    const int64_t panel = a_rs == 1 && a_cs != 1 ? panel_stride(pairs) : 0; /* pack_a_pairs' layout */
+    uint32_t *ap = scratch, *bp = ap + (M + NATIVE_MR - 1) / NATIVE_MR * panel_stride(pairs);
     pack_a_pairs(a, a_rs, a_cs, M, K, ap);
     pack_b_pairs(b, b_rs, K, N, ldb, bp);
     float sum[NATIVE_MR][NATIVE_NR];
     for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
         for (int64_t m0 = 0; m0 < M; m0 += NATIVE_MR) {
             const int64_t rows = M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, cols = N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR;
-            native_sums(ap, a_rs == 1 && a_cs != 1 ? M : 0, bp, pairs, ldb, m0, rows, n0, NULL, 0, sum);
+            native_sums(ap, panel, bp, pairs, ldb, m0, rows, n0, NULL, 0, sum);
             for (int64_t i = 0; i < rows; i++)
                 for (int64_t j = 0; j < cols; j++) {
                     float *at = c + (m0 + i) * ldc + n0 + j;
@@ -281,8 +297,11 @@ static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t
 
 int64_t ckp_onednn_bf16_accumulate_floats(int64_t M, int64_t K, int64_t N) {
     const ckp_tiling t = ckp_tiling_for_cpu();
-    const int64_t kw = K + K % 2;
-    return M * kw + kw * ((N + t.nr - 1) / t.nr * t.nr) + t.mr * t.nr;
+    const int64_t kw = K + K % 2, pairs = kw / 2;
+    const int64_t emulated = M * kw + kw * ((N + t.nr - 1) / t.nr * t.nr) + t.mr * t.nr;
+    const int64_t native = (M + NATIVE_MR - 1) / NATIVE_MR * panel_stride(pairs) +
+                           pairs * ((N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR); /* native_accumulate's pairs */
+    return emulated > native ? emulated : native;
 }
 
 void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
