@@ -171,6 +171,7 @@ void ckp_aten_bf16_accumulate(int form, float alpha, const float *a, int64_t a_r
  * VDPBF16PS itself where the CPU has it (as ckp_gemm_bf16_tiles' width 0), else its emulation. */
 void ckp_onednn_bf16_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
                                 int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, float *scratch);
-/* The scratch floats ckp_onednn_bf16_accumulate needs for (M, K, N): A and B widened, one tile's sums. */
+/* The scratch floats ckp_onednn_bf16_accumulate needs for (M, K, N): A and B widened and one tile's sums, or A and B
+ * packed as VDPBF16PS's pairs, whichever is more. */
 int64_t ckp_onednn_bf16_accumulate_floats(int64_t M, int64_t K, int64_t N);
 #endif /* CKP_INTERNAL_H */

@@ -273,8 +273,8 @@ CKP_NATIVE_BF16 static void pack_b_pairs(const float *b, int64_t b_rs, int64_t K
         }
 }
 
-/* ckp_onednn_bf16_accumulate by VDPBF16PS: A and B (floats holding bf16 values) packed as pairs in scratch (no more
- * than the emulation's floats), each 8 x 32 panel's chain from 0, then C = bf16(alpha * sum + C). */
+/* ckp_onednn_bf16_accumulate by VDPBF16PS: A and B (floats holding bf16 values) packed as pairs in scratch (counted
+ * by ckp_onednn_bf16_accumulate_floats), each 8 x 32 panel's chain from 0, then C = bf16(alpha * sum + C). */
 static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
                               int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, uint32_t *scratch) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
