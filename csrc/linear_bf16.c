@@ -93,6 +93,10 @@ static void panel(const ckp_tiling *t, const float *aw, const float *bw, int64_t
  * panel() does (under the thread's DAZ and FTZ), and rounds once. */
 enum { NATIVE_MR = 8, NATIVE_NR = 32 };
 #define CKP_NATIVE_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+/* The u32s between panels of 8 rows of A's pairs: 64 bytes past the panel, so that a column's stores (one per
+ * panel) are not all 4 KB apart -- they were for 256 q rows, and the packing ran at half the speed. */
+static int64_t panel_stride(int64_t pairs) { return NATIVE_MR * pairs + 16; }
+
 /* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
  * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or in panels of 8 rows `panel` apart
  * ap[m / 8 * panel + q * 8 + m % 8]. Rows past `rows` repeat row m0's (computed, not used). */
@@ -124,11 +128,11 @@ CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const
 }
 
 /* One panel of C: native_sums, the bias added, rounded once. */
-static void native_panel(const uint32_t *ap, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t N, int64_t m0,
-                         int64_t rows, int64_t n0, int64_t cols, const int64_t *starts, int64_t chunks,
+static void native_panel(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t N,
+                         int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int64_t *starts, int64_t chunks,
                          const uint16_t *bias, uint16_t *c) {
     float sum[NATIVE_MR][NATIVE_NR];
-    native_sums(ap, 0, bp, pairs, ldb, m0, rows, n0, starts, chunks, sum);
+    native_sums(ap, panel, bp, pairs, ldb, m0, rows, n0, starts, chunks, sum);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++)
             c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[i][j] + ckp_bf16_to_f(bias[n0 + j]) : sum[i][j]);
@@ -144,12 +148,69 @@ static inline uint32_t pair_at(const uint16_t *x, int64_t s, int64_t q, int64_t 
     return x[2 * q * s] | (2 * q + 1 < K ? (uint32_t)x[(2 * q + 1) * s] << 16 : 0u);
 }
 
+/* Rows m0..m0 + 15 of A (bf16) as pairs: a row-major A's are its own 32-bit words (row m's at ap + m * pairs); a
+ * transposed A's (columns contiguous) two columns' 16 halves zero-extended and joined, into two panels of 8 rows
+ * (`panel` apart: native_sums' panels); else one by one, row-major. */
+CKP_NATIVE_BF16 static void pack_a16(const uint16_t *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t M, int64_t K,
+                                     int64_t panel, uint32_t *ap) {
+    const int64_t pairs = (K + 1) / 2, end = m0 + 16 < M ? m0 + 16 : M, whole = K / 2; /* pairs without the pad */
+    if (panel) {
+        const __mmask16 live = (__mmask16)(end - m0 >= 16 ? 0xffff : (1u << (end - m0)) - 1);
+        for (int64_t q = 0; q < pairs; q++) {
+            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, a + m0 + 2 * q * a_cs));
+            const __m512i hi = q < whole ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, a + m0 + (2 * q + 1) * a_cs))
+                                         : _mm512_setzero_si512();
+            const __m512i w = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+            uint32_t *lo8 = ap + m0 / 8 * panel + q * 8;
+            _mm256_mask_storeu_epi32(lo8, (__mmask8)live, _mm512_castsi512_si256(w));
+            if (end - m0 > 8) _mm256_mask_storeu_epi32(lo8 + panel, (__mmask8)(live >> 8), _mm512_extracti64x4_epi64(w, 1));
+        }
+        return;
+    }
+    for (int64_t m = m0; m < end; m++) {
+        int64_t q = 0;
+        if (a_cs == 1) /* two bf16s in a row are the pair, little-endian */
+            for (; q + 16 <= whole; q += 16) _mm512_storeu_si512(ap + m * pairs + q, _mm512_loadu_si512(a + m * a_rs + 2 * q));
+        for (; q < pairs; q++) ap[m * pairs + q] = pair_at(a + m * a_rs, a_cs, q, K);
+    }
+}
+
+/* Columns n0..n0 + 15 of B (bf16) as pairs, pair q's at bp + q * ldb + n0 (zero past N): two rows' halves
+ * zero-extended and joined where B's rows are contiguous, each column's own 32-bit words gathered where its
+ * columns are, else one by one. */
+CKP_NATIVE_BF16 static void pack_b16(const uint16_t *b, int64_t b_rs, int64_t b_cs, int64_t n0, int64_t N, int64_t K,
+                                     int64_t ldb, uint32_t *bp) {
+    const int64_t pairs = (K + 1) / 2, whole = K / 2, end = n0 + 16 < N ? n0 + 16 : N;
+    const __mmask16 live = (__mmask16)(end - n0 >= 16 ? 0xffff : (1u << (end - n0)) - 1);
+    int64_t q = 0;
+    if (b_cs == 1) {
+        for (; q < pairs; q++) {
+            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, b + 2 * q * b_rs + n0));
+            const __m512i hi = q < whole ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, b + (2 * q + 1) * b_rs + n0))
+                                         : _mm512_setzero_si512();
+            _mm512_storeu_si512(bp + q * ldb + n0, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        return;
+    }
+    if (b_rs == 1) { /* column n's pair q is the 32-bit word at its 2q-th half: gathered, 16 columns at once */
+        const __m512i cols = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32((int)b_cs));
+        for (; q < whole; q++)
+            _mm512_storeu_si512(bp + q * ldb + n0, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, cols,
+                                                                              b + n0 * b_cs + 2 * q, 2));
+    }
+    for (; q < pairs; q++)
+        for (int64_t n = n0; n < end; n++) bp[q * ldb + n] = pair_at(b + n * b_cs, b_rs, q, K);
+}
+
 /* ckp_gemm_bf16_tiles' width 0 where the CPU has VDPBF16PS; CKP_ERR_OUT_OF_MEMORY without memory. */
 static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_cs, const uint16_t *b, int64_t b_rs,
                                     int64_t b_cs, int64_t M, int64_t K, int64_t N, const int64_t *starts, int64_t chunks,
                                     const uint16_t *bias, uint16_t *c) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
-    uint32_t *ap = malloc((size_t)(M * pairs) * sizeof *ap), *bp = calloc((size_t)(pairs * ldb), sizeof *bp);
+    const int64_t panel = a_rs == 1 && a_cs != 1 ? panel_stride(pairs) : 0; /* pack_a16's layout */
+    const int64_t a_words = panel ? (M + NATIVE_MR - 1) / NATIVE_MR * panel : M * pairs;
+    uint32_t *ap = malloc((size_t)a_words * sizeof *ap), *bp = calloc((size_t)(pairs * ldb), sizeof *bp);
     if (ap == NULL || bp == NULL) {
         free(ap);
         free(bp);
@@ -162,19 +223,15 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
     {
         const unsigned csr = _mm_getcsr(); /* the chunks' and the bias's adds under DAZ and FTZ, as panel()'s */
         _mm_setcsr(csr | MXCSR_FTZ_DAZ);
-        /* packed 16 rows (columns) at a time, pair by pair: either layout's reads and writes stay in 16 lines */
+        /* packed 16 rows (columns) at a time */
 #pragma omp for schedule(static)
-        for (int64_t m0 = 0; m0 < M; m0 += 16)
-            for (int64_t q = 0; q < pairs; q++)
-                for (int64_t m = m0; m < M && m < m0 + 16; m++) ap[m * pairs + q] = pair_at(a + m * a_rs, a_cs, q, K);
+        for (int64_t m0 = 0; m0 < M; m0 += 16) pack_a16(a, a_rs, a_cs, m0, M, K, panel, ap);
 #pragma omp for schedule(static)
-        for (int64_t n0 = 0; n0 < N; n0 += 16)
-            for (int64_t q = 0; q < pairs; q++)
-                for (int64_t n = n0; n < N && n < n0 + 16; n++) bp[q * ldb + n] = pair_at(b + n * b_cs, b_rs, q, K);
+        for (int64_t n0 = 0; n0 < N; n0 += 16) pack_b16(b, b_rs, b_cs, n0, N, K, ldb, bp);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < row_panels * col_panels; p++) {
             const int64_t m0 = p % row_panels * NATIVE_MR, n0 = p / row_panels * NATIVE_NR;
-            native_panel(ap, bp, pairs, ldb, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
+            native_panel(ap, panel, bp, pairs, ldb, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
                          N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR, starts, chunks, bias, c);
         }
         _mm_setcsr(csr);
@@ -208,10 +265,6 @@ CKP_NATIVE_BF16 static inline __m512i pairs16(__m512 lo, __m512 hi) {
     return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
                            _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32((int)0xffff0000u)));
 }
-
-/* The u32s between panels of 8 rows of A's pairs: 64 bytes past the panel, so that a column's stores (one per
- * panel) are not all 4 KB apart -- they were for 256 q rows, and the packing ran at half the speed. */
-static int64_t panel_stride(int64_t pairs) { return NATIVE_MR * pairs + 16; }
 
 /* A (M x K, floats holding bf16 values) as pairs (past K a zero): row m's at ap + m * pairs, sixteen at a time where
  * A's rows are contiguous (the flash backward's dS), one by one where neither is; where its columns are (dS^T and
