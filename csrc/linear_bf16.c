@@ -97,6 +97,12 @@ enum { NATIVE_MR = 8, NATIVE_NR = 32 };
  * panel) are not all 4 KB apart -- they were for 256 q rows, and the packing ran at half the speed. */
 static int64_t panel_stride(int64_t pairs) { return NATIVE_MR * pairs + 16; }
 
+/* A's packed layout: panels of 8 rows panel_stride apart where its columns are contiguous and its rows are not (a
+ * transposed A), else row by row (0: native_sums' two layouts). */
+static int64_t a_panel(int64_t a_rs, int64_t a_cs, int64_t pairs) {
+    return a_rs == 1 && a_cs != 1 ? panel_stride(pairs) : 0;
+}
+
 /* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
  * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or in panels of 8 rows `panel` apart
  * ap[m / 8 * panel + q * 8 + m % 8]. Rows past `rows` repeat row m0's (computed, not used). */
@@ -208,7 +214,7 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
                                     int64_t b_cs, int64_t M, int64_t K, int64_t N, const int64_t *starts, int64_t chunks,
                                     const uint16_t *bias, uint16_t *c) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
-    const int64_t panel = a_rs == 1 && a_cs != 1 ? panel_stride(pairs) : 0; /* pack_a16's layout */
+    const int64_t panel = a_panel(a_rs, a_cs, pairs);
     const int64_t a_words = panel ? (M + NATIVE_MR - 1) / NATIVE_MR * panel : M * pairs;
     uint32_t *ap = malloc((size_t)a_words * sizeof *ap), *bp = calloc((size_t)(pairs * ldb), sizeof *bp);
     if (ap == NULL || bp == NULL) {
@@ -266,12 +272,32 @@ CKP_NATIVE_BF16 static inline __m512i pairs16(__m512 lo, __m512 hi) {
                            _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* A (M x K, floats holding bf16 values) as pairs (past K a zero): row m's at ap + m * pairs, sixteen at a time where
- * A's rows are contiguous (the flash backward's dS), one by one where neither is; where its columns are (dS^T and
- * P^T), in panels of 8 rows panel_stride apart (native_sums' panel), sixteen at a time. */
+/* A (M x K, floats holding bf16 values) as pairs (past K a zero), in a_panel's layout: a transposed A (dS^T and P^T)
+ * in panels of 8 rows `panel` apart, sixteen at a time; else row m's at ap + m * pairs, sixteen at a time where A's
+ * rows are contiguous (the flash backward's dS), one by one where neither is. */
 CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a_cs, int64_t M, int64_t K,
-                                         uint32_t *ap) {
-    const int64_t pairs = (K + 1) / 2, ps = panel_stride(pairs);
+                                         int64_t panel, uint32_t *ap) {
+    const int64_t pairs = (K + 1) / 2;
+    if (panel) { /* 16 rows' pair q from two contiguous columns, into two panels of 8 */
+        for (int64_t q = 0; q < pairs; q++)
+            for (int64_t m0 = 0; m0 < M; m0 += 16) {
+                const int64_t left = M - m0;
+                const __mmask16 live = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+                const __m512 lo = _mm512_maskz_loadu_ps(live, a + m0 + 2 * q * a_cs),
+                             hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, a + m0 + (2 * q + 1) * a_cs)
+                                                : _mm512_setzero_ps();
+                const __m512i w = pairs16(lo, hi);
+                uint32_t *lo8 = ap + m0 / 8 * panel + q * 8, *hi8 = lo8 + panel;
+                if (left >= 16) { /* plain stores: a masked store is slow on AMD's cores */
+                    _mm256_storeu_si256((__m256i *)lo8, _mm512_castsi512_si256(w));
+                    _mm256_storeu_si256((__m256i *)hi8, _mm512_extracti64x4_epi64(w, 1));
+                    continue;
+                }
+                _mm256_mask_storeu_epi32(lo8, (__mmask8)live, _mm512_castsi512_si256(w));
+                if (left > 8) _mm256_mask_storeu_epi32(hi8, (__mmask8)(live >> 8), _mm512_extracti64x4_epi64(w, 1));
+            }
+        return;
+    }
     if (a_cs == 1) { /* a row's 32 floats' high halves in order are its 16 pairs */
         for (int64_t m = 0; m < M; m++)
             for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
@@ -284,26 +310,6 @@ CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a
                                                           _mm512_cvtepi32_epi16(x1), 1);
                 if (n == 16) _mm512_storeu_si512(ap + m * pairs + q0, packed);
                 else _mm512_mask_storeu_epi32(ap + m * pairs + q0, (__mmask16)((1u << n) - 1), packed);
-            }
-        return;
-    }
-    if (a_rs == 1) { /* 16 rows' pair q from two contiguous columns, into two panels of 8 (native_sums' panels) */
-        for (int64_t q = 0; q < pairs; q++)
-            for (int64_t m0 = 0; m0 < M; m0 += 16) {
-                const int64_t left = M - m0;
-                const __mmask16 live = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
-                const __m512 lo = _mm512_maskz_loadu_ps(live, a + m0 + 2 * q * a_cs),
-                             hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, a + m0 + (2 * q + 1) * a_cs)
-                                                : _mm512_setzero_ps();
-                const __m512i w = pairs16(lo, hi);
-                uint32_t *lo8 = ap + m0 / 8 * ps + q * 8, *hi8 = lo8 + ps;
-                if (left >= 16) { /* plain stores: a masked store is slow on AMD's cores */
-                    _mm256_storeu_si256((__m256i *)lo8, _mm512_castsi512_si256(w));
-                    _mm256_storeu_si256((__m256i *)hi8, _mm512_extracti64x4_epi64(w, 1));
-                    continue;
-                }
-                _mm256_mask_storeu_epi32(lo8, (__mmask8)live, _mm512_castsi512_si256(w));
-                if (left > 8) _mm256_mask_storeu_epi32(hi8, (__mmask8)(live >> 8), _mm512_extracti64x4_epi64(w, 1));
             }
         return;
     }
@@ -331,9 +337,9 @@ CKP_NATIVE_BF16 static void pack_b_pairs(const float *b, int64_t b_rs, int64_t K
 static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t a_cs, const float *b, int64_t b_rs,
                               int64_t M, int64_t K, int64_t N, float *c, int64_t ldc, uint32_t *scratch) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
-    const int64_t panel = a_rs == 1 && a_cs != 1 ? panel_stride(pairs) : 0; /* pack_a_pairs' layout */
+    const int64_t panel = a_panel(a_rs, a_cs, pairs);
     uint32_t *ap = scratch, *bp = ap + (M + NATIVE_MR - 1) / NATIVE_MR * panel_stride(pairs);
-    pack_a_pairs(a, a_rs, a_cs, M, K, ap);
+    pack_a_pairs(a, a_rs, a_cs, M, K, panel, ap);
     pack_b_pairs(b, b_rs, K, N, ldb, bp);
     float sum[NATIVE_MR][NATIVE_NR];
     for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
