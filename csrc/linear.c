@@ -1103,39 +1103,67 @@ CKP_CLONES static void gemm_serial_rows(const float *a, int64_t a_rs, int64_t a_
 /* ---- the bias's gradient: dY summed over its rows, in torch.sum's order ------------------------- */
 /* dY's column first + k at row i. */
 typedef struct {
-    const float *dy;
+    const float *dy;      /* float32 values, or */
+    const uint16_t *dy16; /* bf16 ones */
     int64_t N, first;
 } dy_columns;
 
 static float dy_at(const void *ctx, int64_t i, int64_t k) {
     const dy_columns *c = ctx;
-    return c->dy[i * c->N + c->first + k];
+    const int64_t at = i * c->N + c->first + k;
+    return c->dy16 != NULL ? ckp_bf16_to_f(c->dy16[at]) : c->dy[at];
 }
 
 static float dy_inner(void *ctx, int64_t i) { return dy_at(ctx, i, 0); }
 
 /* autograd's dbias is dY.sum(0) over a contiguous (M, N): ATen's outer sums ([Note: ATen's summation
- * order], aten_sum.h) -- one cascade per column over the rows for the columns in whole blocks of 32
- * (from 8 columns on; groups of 4 below 8), row_sum's interleaved accumulators for the rest, and for
- * one column a sum over contiguous values, split as torch splits it over its threads (as
- * rms_norm's dweight, csrc/rms_norm.c). */
-ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads) {
+ * order], aten_sum.h). cascade_sum takes vectorized_outer_sum from one Vectorized<scalar_t> of columns on -- 8
+ * in float32, 16 in bf16 (measured: a bf16 dY of 8..15 columns summed as float32's differed) -- whose whole
+ * blocks of 4 x 8 columns are one cascade per column over the rows; below that scalar_outer_sum's groups of 4
+ * columns are; every other column is row_sum's interleaved accumulators. One column is a sum over contiguous
+ * values (bf16's own vectors in bf16), split as torch splits it over its threads (as rms_norm's dweight,
+ * csrc/rms_norm.c). Returns the float32 sums (torch rounds each once, to dY's dtype). */
+static void dbias_sums(const float *dy, const uint16_t *dy16, int64_t M, int64_t N, float *dbias, int torch_threads) {
+    const int64_t vector = dy16 != NULL ? 2 * CKP_VLANES : CKP_VLANES;
+    const int64_t cascade_end = N == 1 ? 0 : N < vector ? N - N % CKP_SUM_ILP : N - N % (CKP_SUM_ILP * CKP_VLANES);
+#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
+    for (int64_t j = 0; j < cascade_end; j += CKP_SUM_ILP) {
+        dy_columns c = {dy, dy16, N, j};
+        ckp_multi_row_sum(dy_at, &c, M, CKP_SUM_ILP, dbias + j);
+    }
+    for (int64_t j = cascade_end; j < N; j++) {
+        dy_columns c = {dy, dy16, N, j};
+        dbias[j] = N > 1 ? ckp_row_sum(dy_at, &c, M)
+                 : dy16 != NULL ? ckp_aten_full_sum_bf16(dy_inner, &c, M, torch_threads)
+                                : ckp_aten_full_sum(dy_inner, &c, M, torch_threads);
+    }
+}
+
+static ckp_status dbias_checks(const void *dy, size_t dy_size, int64_t M, int64_t N, const void *dbias,
+                               size_t dbias_size, int torch_threads) {
     if (dy == NULL || dbias == NULL) return ckp_fail(CKP_ERR_NULL_POINTER, "dy and dbias must not be NULL");
     if (M <= 0 || N <= 0 || M > INT64_MAX / N)
         return ckp_fail(CKP_ERR_BAD_SIZE, "M and N must be positive, got M=%lld N=%lld", (long long)M, (long long)N);
     if (torch_threads < 1) return ckp_fail(CKP_ERR_BAD_OPTION, "torch_threads must be >= 1, got %d", torch_threads);
-    if (ckp_overlaps(dbias, (size_t)N * sizeof(float), dy, (size_t)(M * N) * sizeof(float)))
+    if (ckp_overlaps(dbias, (size_t)N * dbias_size, dy, (size_t)(M * N) * dy_size))
         return ckp_fail(CKP_ERR_ALIASING, "dbias overlaps dy");
     ckp_clear_error();
-    const int64_t cascade_end = N == 1 ? 0 : N < CKP_VLANES ? N - N % CKP_SUM_ILP : N - N % (CKP_SUM_ILP * CKP_VLANES);
-#pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
-    for (int64_t j = 0; j < cascade_end; j += CKP_SUM_ILP) {
-        dy_columns c = {dy, N, j};
-        ckp_multi_row_sum(dy_at, &c, M, CKP_SUM_ILP, dbias + j);
-    }
-    for (int64_t j = cascade_end; j < N; j++) {
-        dy_columns c = {dy, N, j};
-        dbias[j] = N == 1 ? ckp_aten_full_sum(dy_inner, &c, M, torch_threads) : ckp_row_sum(dy_at, &c, M);
-    }
+    return CKP_OK;
+}
+
+ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads) {
+    const ckp_status s = dbias_checks(dy, sizeof *dy, M, N, dbias, sizeof *dbias, torch_threads);
+    if (s == CKP_OK) dbias_sums(dy, NULL, M, N, dbias, torch_threads);
+    return s;
+}
+
+ckp_status ckp_linear_dbias_bf16(const uint16_t *dy, int64_t M, int64_t N, uint16_t *dbias, int torch_threads) {
+    const ckp_status s = dbias_checks(dy, sizeof *dy, M, N, dbias, sizeof *dbias, torch_threads);
+    if (s != CKP_OK) return s;
+    float *sums = malloc((size_t)N * sizeof *sums);
+    if (sums == NULL) return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "linear_dbias_bf16: no memory for %lld sums", (long long)N);
+    dbias_sums(NULL, dy, M, N, sums, torch_threads);
+    for (int64_t j = 0; j < N; j++) dbias[j] = ckp_f_to_bf16(sums[j]);
+    free(sums);
     return CKP_OK;
 }

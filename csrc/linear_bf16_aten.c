@@ -1,16 +1,18 @@
 /*
  * linear_bf16_aten.c — C (M x N, bf16) = A (M x K, bf16) . B (K x N, bf16) (+ bias) in the order ATen's own
  * bf16 GEMM sums it: torch's bf16 matmul on a CPU where it does not run oneDNN (no AVX-512 with bf16:
- * torch.ops.mkldnn._is_mkldnn_bf16_supported() false, as on an AMD CPU with AVX2 only).
+ * torch.ops.mkldnn._is_mkldnn_bf16_supported() false, as on an AMD CPU with AVX2 only, or oneDNN switched off),
+ * and on every CPU for a product of at most 16^3 multiply-adds (ATen's floor for oneDNN).
  *
  * [Note: ATen's bf16 GEMM]
- * Measured (torch 2.13 on an AMD EPYC at DEFAULT and AVX2, one and two threads; scripts/aten_bf16_order.py
- * plants +-2^30 pairs among ones and reads which terms each pair swallowed). No MKL call is made (MKL_VERBOSE
+ * Measured (torch 2.13 on an AMD EPYC at DEFAULT and AVX2, and on an AMD Zen 5 with oneDNN off at DEFAULT, AVX2
+ * and AVX512, one and two threads; scripts/aten_bf16_order.py plants +-2^30 pairs among ones and reads which
+ * terms each pair swallowed). No MKL call is made (MKL_VERBOSE
  * prints none): ATen casts torch.mm(A, B) as the column-major C^T = B^T . A^T and picks a loop by the layouts
  * (CPUBlas.cpp's gemm -> BlasKernel.cpp), each output a float32 sum of its K products:
  *   - dot, where A is row-major and B column-major (both along K: F.linear's y = x . W^T; one row of x too): ATen's
- *     "dot with fp32 arith" -- 8 registers of L lanes (L = 8 at DEFAULT and AVX2, 16 at AVX512) over K's whole
- *     blocks of 8L terms, register r lane l a chain of the terms 8L*i + L*r + l; the registers added as a halving
+ *     "dot with fp32 arith" -- 8 registers of L = 8 lanes at every capability (at AVX512 too: 16 differed from
+ *     K = 16 on) over K's whole blocks of 8L terms, register r lane l a chain of the terms 8L*i + L*r + l; the registers added as a halving
  *     tree (r + 4, then r + 2, then r + 1); register 0's lanes reduced; then K's next whole blocks of 2L terms
  *     into one register (a block's first L terms, then its next L), its lanes reduced and added; then each term
  *     left added in order. A lane reduction is a halving tree (L/2, ..., 1) at AVX2 and AVX512 (vec_reduce_all's
@@ -33,34 +35,34 @@
 #include <omp.h>
 #include <stdlib.h>
 
-enum { REGISTERS = 8, LANES_MAX = 16 };
+enum { REGISTERS = 8, LANES = 8 };
 
 /* A lane reduction: vec_reduce_all's shuffles (a halving tree) at AVX2 and AVX512, its scalar loop at DEFAULT. */
-static float reduce_lanes(float *v, int lanes, int tree) {
+static float reduce_lanes(float *v, int tree) {
     if (!tree) {
         float s = v[0];
-        for (int l = 1; l < lanes; l++) s += v[l];
+        for (int l = 1; l < LANES; l++) s += v[l];
         return s;
     }
-    for (int h = lanes / 2; h >= 1; h /= 2)
+    for (int h = LANES / 2; h >= 1; h /= 2)
         for (int l = 0; l < h; l++) v[l] += v[l + h];
     return v[0];
 }
 
 /* The dot form over x[0..K) . w[0..K) (both widened, contiguous). */
-CKP_CLONES static float dot_fp32(const float *x, const float *w, int64_t K, int lanes, int tree) {
-    float acc[REGISTERS][LANES_MAX] = {{0}};
-    const int64_t per = REGISTERS * lanes, main = K / per * per, pair = 2 * lanes, paired = K / pair * pair;
+CKP_CLONES static float dot_fp32(const float *x, const float *w, int64_t K, int tree) {
+    float acc[REGISTERS][LANES] = {{0}};
+    const int64_t per = REGISTERS * LANES, main = K / per * per, pair = 2 * LANES, paired = K / pair * pair;
     for (int64_t j = 0; j < main; j += per)
         for (int r = 0; r < REGISTERS; r++)
-            for (int l = 0; l < lanes; l++) acc[r][l] += x[j + r * lanes + l] * w[j + r * lanes + l];
+            for (int l = 0; l < LANES; l++) acc[r][l] += x[j + r * LANES + l] * w[j + r * LANES + l];
     for (int off = REGISTERS / 2; off >= 1; off /= 2)
         for (int r = 0; r < off; r++)
-            for (int l = 0; l < lanes; l++) acc[r][l] += acc[r + off][l];
-    float sum = reduce_lanes(acc[0], lanes, tree), tail[LANES_MAX] = {0};
+            for (int l = 0; l < LANES; l++) acc[r][l] += acc[r + off][l];
+    float sum = reduce_lanes(acc[0], tree), tail[LANES] = {0};
     for (int64_t j = main; j < paired; j += pair)
-        for (int64_t i = j; i < j + pair; i++) tail[i - j < lanes ? i - j : i - j - lanes] += x[i] * w[i];
-    sum += reduce_lanes(tail, lanes, tree);
+        for (int64_t i = j; i < j + pair; i++) tail[i - j < LANES ? i - j : i - j - LANES] += x[i] * w[i];
+    sum += reduce_lanes(tail, tree);
     for (int64_t j = paired; j < K; j++) sum += x[j] * w[j];
     return sum;
 }
@@ -142,8 +144,7 @@ ckp_status ckp_gemm_bf16_aten(const uint16_t *a, int64_t a_rs, int64_t a_cs, con
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_aten: no memory for the widened operands");
     }
     ckp_clear_error();
-    const int capability = ckp_get_capability();
-    const int lanes = capability == CKP_CAPABILITY_AVX512 ? 16 : 8, tree = capability != CKP_CAPABILITY_DEFAULT;
+    const int tree = ckp_get_capability() != CKP_CAPABILITY_DEFAULT;
     const int seeded = bias != NULL && !bias_after && form == CKP_ATEN_BF16_CHAIN;
     const int team = (double)M * (double)N * (double)K >= 1 << 18 ? ckp_threads() : 1;
 #pragma omp parallel num_threads(team)
@@ -170,7 +171,7 @@ ckp_status ckp_gemm_bf16_aten(const uint16_t *a, int64_t a_rs, int64_t a_cs, con
             for (int64_t m = 0; m < M; m++)
                 for (int64_t n = 0; n < N; n++) {
                     const float *x = aw + m * K, *w = bw + n * K;
-                    const float dot = form == CKP_ATEN_BF16_DOT ? dot_fp32(x, w, K, lanes, tree) : dot_pairs(x, 1, w, 1, K);
+                    const float dot = form == CKP_ATEN_BF16_DOT ? dot_fp32(x, w, K, tree) : dot_pairs(x, 1, w, 1, K);
                     c[m * N + n] = finish(bias != NULL && !bias_after ? ckp_bf16_to_f(bias[n]) + dot : dot, bias,
                                           bias_after, n);
                 }

@@ -1,5 +1,6 @@
 """The order of torch's bfloat16 matmul where it runs ATen's own loops (no oneDNN: a CPU without AVX-512, as
-an AMD CPU with AVX2 only), measured: [Note: ATen's bf16 GEMM] (csrc/linear_bf16_aten.c).
+an AMD CPU with AVX2 only; on a CPU with oneDNN's bf16, with oneDNN switched off -- torch runs the same loops there
+for products of up to 16^3 multiply-adds), measured: [Note: ATen's bf16 GEMM] (csrc/linear_bf16_aten.c).
 
 How it is read: an output whose terms are ones and zeros with +2^30 and -2^30 planted among them sums to the
 ones that met neither of the pair in a partial sum before the pair cancelled (2^30 + 1 is 2^30 in float32); on
@@ -7,7 +8,7 @@ random inputs too, with exponents spread over 2^-8..2^8 so that the order shows 
 torch.mm and addmm layout (A and B each row- or column-major), products of one row, one column and one term,
 K over the dot's 64-term blocks and 16-term tails and the chains' K mod 4, at 1 and 2 torch threads.
 
-Per capability (DEFAULT and this CPU's, each in a fresh process: ATEN_CPU_CAPABILITY), the report counts the
+Per capability (DEFAULT, AVX2 and this CPU's, each in a fresh process: ATEN_CPU_CAPABILITY), the report counts the
 products ckparity's C (ckp_gemm_bf16_aten in the loop ckparity.ops._aten_bf16.form picks) gets wrong, and how
 many each other reading gets wrong: every layout in one loop, the lanes reduced the other way, the bias added
 after the rounded product, the float32 GEMM rounded once (ckparity's bf16 linear before). Writes
@@ -110,20 +111,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="reports/linear/aten_bf16_order.json")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one capability, as JSON
+    parser.add_argument("--onednn-off", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
+        torch.backends.mkldnn.enabled = not args.onednn_off
         print(json.dumps(measure()))
         return
     from ckparity.harness.loop.run import environment
     from ckparity.ops import _aten_bf16
 
-    if not _aten_bf16.torch_runs_aten():
-        sys.exit("torch runs oneDNN for bf16 matmul on this CPU: ATen's own loops are not what it runs here")
+    # where torch runs oneDNN for bf16, ATen's loops are what it runs with oneDNN off (and for small products)
+    onednn_off = not _aten_bf16.torch_runs_aten()
     rows = []
-    for capability in ("default", torch.backends.cpu.get_cpu_capability().lower()):
-        out = subprocess.run([sys.executable, __file__, "--measure"], capture_output=True, text=True, check=True,
+    for capability in dict.fromkeys(("default", "avx2", torch.backends.cpu.get_cpu_capability().lower())):
+        out = subprocess.run([sys.executable, __file__, "--measure"] + ["--onednn-off"] * onednn_off,
+                             capture_output=True, text=True, check=True,
                              env={**os.environ, "ATEN_CPU_CAPABILITY": capability}).stdout
-        rows.append(json.loads(out.splitlines()[-1]))
+        rows.append({**json.loads(out.splitlines()[-1]), "onednn": "off" if onednn_off else "not run for bf16"})
         print(rows[-1], flush=True)
     report = {"schema": "ckparity.aten_bf16_order/1", "env": environment(), "rows": rows}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

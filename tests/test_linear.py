@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -31,7 +32,6 @@ from ckparity.ops.attention import bf16_gemm
 from ckparity.ops.linear import gemm, linear
 
 ONEDNN_NOT_FOLLOWED = importlib.import_module("ckparity.kernels.linear")._onednn_not_followed()
-ATEN_NOT_RUN = importlib.import_module("ckparity.kernels.linear")._aten_not_run()
 
 MODELLED = cpu.mkl_not_followed() is None
 needs_modelled_mkl = pytest.mark.skipif(not MODELLED, reason=f"MKL's {cpu.mkl_branch()} branch: not followed")
@@ -453,7 +453,7 @@ def test_a_contiguous_x_of_any_dims_takes_addmm_its_bias_in_the_sum():
         assert all(same_bits(a, t) for a, t in zip(ours, theirs)), (shape, transposed)
 
 
-@pytest.mark.skipif(ATEN_NOT_RUN is None, reason="torch runs ATen's own bf16 loops here: linear.aten's tests")
+@pytest.mark.skipif(_aten_bf16.torch_runs_aten(), reason="torch runs ATen's own bf16 loops here: linear.aten's tests")
 def test_bf16_with_a_bias_accumulates_in_float32_at_any_thread_count_and_is_as_accurate_as_torch():
     """bfloat16 on oneDNN with a bias is not torch's bits (how oneDNN adds it is not measured); it is the float32 GEMM
     rounded once: the same bits at 1 and 2 threads, and against float64 of the same bf16 values no less
@@ -598,6 +598,25 @@ def test_the_bf16_sweep_sees_an_order_that_is_not_onednns(monkeypatch):
     assert all(tally.result()[q]["differing"] > 0 for q in ("y", "dx", "dweight")), tally.result()
 
 
+@pytest.fixture
+def aten_loops():
+    """torch's bf16 matmul on ATen's own loops at every size: oneDNN switched off where torch runs it (those are
+    the loops torch runs there anyway for products of up to 16^3 multiply-adds). Through flags(): once
+    torch.testing's common_utils is imported the flags cannot be set otherwise; flags() sets oneDNN's TF32 as
+    well, which warns that it is for Intel GPUs."""
+    switch = torch.backends.mkldnn.flags(enabled=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        switch.__enter__()
+    try:
+        assert _aten_bf16.torch_runs_aten()
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            switch.__exit__(None, None, None)
+
+
 def _planted(M: int, K: int, N: int, g: torch.Generator, in_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 a (M, K) and b (K, N), one all ones, the other ones and zeros with +2^30 and -2^30 in each of its
     rows of K (in_b: each column of b): each output counts the ones that met neither of the pair before the pair
@@ -611,10 +630,10 @@ def _planted(M: int, K: int, N: int, g: torch.Generator, in_b: bool) -> tuple[to
     return planted.bfloat16(), torch.ones(K, N).bfloat16()
 
 
-@pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
 @pytest.mark.parametrize("a_column_major", [False, True])
 @pytest.mark.parametrize("b_column_major", [False, True])
-def test_on_atens_own_bf16_loops_each_layout_takes_its_loop_and_no_other_would_do(a_column_major, b_column_major):
+def test_on_atens_own_bf16_loops_each_layout_takes_its_loop_and_no_other_would_do(a_column_major, b_column_major,
+                                                                                  aten_loops):
     """torch.mm and addmm of bf16 where torch runs ATen's loops: each of A's and B's layouts (and one row, one
     column) gives torch's bits in the loop ops/_aten_bf16.form picks, and on planted sums each other loop would
     not -- so a wrong pick cannot pass."""
@@ -637,8 +656,7 @@ def test_on_atens_own_bf16_loops_each_layout_takes_its_loop_and_no_other_would_d
                     not same_bits(_aten_bf16.product(a, b, bias), theirs_bias), (M, K, N, in_b, other)
 
 
-@pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
-def test_on_atens_own_bf16_loops_linear_is_torchs_bits_and_no_layout_moves_its_bits():
+def test_on_atens_own_bf16_loops_linear_is_torchs_bits_and_no_layout_moves_its_bits(aten_loops):
     """F.linear in bf16 where torch runs ATen's loops: for contiguous operands (a 2-D, 3-D, 5-D and 1-D x, one row,
     one output) y, dx, dweight and dbias are torch's bits, the bias in the sum's one rounding; on a transposed x,
     a transposed 3-D x and a column-major weight, where torch's own bits move with the layout (another loop, or
@@ -673,8 +691,7 @@ def test_on_atens_own_bf16_loops_linear_is_torchs_bits_and_no_layout_moves_its_b
     assert moved > 0  # torch's own bits did move with some layout: what ckparity's do not
 
 
-@pytest.mark.skipif(ATEN_NOT_RUN is not None, reason=str(ATEN_NOT_RUN))
-def test_the_aten_bf16_sweep_sees_a_wrong_loop(monkeypatch):
+def test_the_aten_bf16_sweep_sees_a_wrong_loop(monkeypatch, aten_loops):
     """The linear.aten sweep can fail: with every layout taken as the dot, its cases differ in dx and dweight (y
     is the dot's own layout)."""
     record = importlib.import_module("ckparity.kernels.linear")
@@ -682,9 +699,71 @@ def test_the_aten_bf16_sweep_sees_a_wrong_loop(monkeypatch):
     tally = record.Tally()
     g = torch.Generator().manual_seed(2)
     for M, K, N in ((64, 300, 1000), (33, 1000, 300)):  # dX's sums run over N: long ones show the order
-        record._case_bf16_aten(tally, f"M={M} K={K} N={N}", torch.randn(M, K, generator=g), N, g)
+        record._case_bf16_aten(tally, f"M={M} K={K} N={N}", (M,), K, N, g)
     result = tally.result()
     assert result["y"]["differing"] == 0 and all(result[q]["differing"] > 0 for q in ("dx", "dweight")), result
+
+
+def test_atens_bf16_dot_runs_8_lanes_at_every_capability(aten_loops):
+    """ATen's bf16 dot (y = x . W^T's loop) runs 8 registers of 8 lanes and 16-term tails at AVX512 too (measured
+    on an AMD Zen 5): 16 lanes, which ckparity took there before, differ from K = 16 on. Each K to 130 on planted
+    sums at this process's capability (the linear.aten sweep runs every capability: tests/test_capability.py)."""
+    g = torch.Generator().manual_seed(5)
+    for K in range(2, 131):
+        a = _planted(3, K, 4, g, in_b=False)[0]
+        b = torch.randint(0, 2, (4, K), generator=g).bfloat16().t()  # column-major: the dot's layout
+        assert _aten_bf16.form(a, b) == _aten_bf16.DOT
+        assert same_bits(_aten_bf16.product(a, b), torch.mm(a, b)), K
+
+
+def test_bf16_dbias_is_torchs_sum_of_a_bf16_dy():
+    """dbias of a bf16 dY is torch's dY.sum(0) in bf16: its vectors are 16 bf16 values, so 8..15 columns take
+    the scalar groups of 4 (float32's vectorized outer sum differs there) and one column sums bf16 vectors of 16,
+    split over torch's threads past its grain size; planted sums, where float32's order differs on some."""
+    from ckparity.ops.linear import dbias
+    g = torch.Generator().manual_seed(9)
+    float_order_differs = 0
+    for threads, (M, N) in itertools.product((1, 2), [(M, N) for M in (7, 9, 23, 40) for N in (1, 8, 9, 15, 16, 33)]
+                                             + [(40000, 1), (70001, 1), (300, 40)]):
+        big = torch.rand(M, N, generator=g) < 0.125
+        dy = torch.where(big, (torch.randint(0, 2, (M, N), generator=g) * 2 - 1) * 2.0 ** 30,
+                         torch.randint(0, 2, (M, N), generator=g).float()).bfloat16()
+        ours, in_float32 = torch.empty(N, dtype=torch.bfloat16), torch.empty(N)
+        with torch_threads(threads):
+            theirs = dy.sum(0)
+            dbias(dy, ours)
+            dbias(dy.float(), in_float32)
+        assert same_bits(ours, theirs), (threads, M, N)
+        float_order_differs += not same_bits(in_float32.bfloat16(), theirs)
+    assert float_order_differs > 0
+
+
+def test_small_bf16_products_are_atens_loops_where_torch_runs_onednn(monkeypatch):
+    """torch sends a bf16 mm of up to 16^3 multiply-adds to ATen's own loops even where it runs oneDNN (its
+    mkldnn floor): F.linear's y, dX, dW and dbias there are torch's bits, every layout of the loops on planted
+    sums, at 1 and 2 torch threads -- and taken as oneDNN's path (the float32 GEMM rounded once), some are not."""
+    if _aten_bf16.torch_runs_aten():
+        pytest.skip("torch runs ATen's bf16 loops at every size here (no oneDNN): the aten tests cover it")
+    g, floor = torch.Generator().manual_seed(4), _aten_bf16.ONEDNN_FLOOR
+
+    def differing() -> int:
+        count = 0
+        for (M, K, N), in_b in itertools.product(((2, 1024, 2), (4, 200, 5), (16, 16, 16), (3, 97, 1), (1, 300, 13)),
+                                                 (False, True)):
+            assert M * K * N <= floor
+            a, b = _planted(M, K, N, g, in_b)
+            inputs = [a.requires_grad_(True), b.t().contiguous().requires_grad_(True),
+                      torch.randn(N, generator=g).bfloat16().requires_grad_(True)]
+            up = _planted(M, N, 1, g, False)[0] if N >= 2 else torch.ones(M, 1).bfloat16()  # dX's sums run over N
+            for threads in (1, 2):
+                with torch_threads(threads):
+                    ours, theirs = grad_run(linear, inputs, up), grad_run(F.linear, inputs, up)
+                count += sum(not same_bits(p, q) for p, q in zip(ours, theirs))
+        return count
+
+    assert differing() == 0
+    monkeypatch.setattr(_aten_bf16, "ONEDNN_FLOOR", 0)
+    assert differing() > 0
 
 
 def test_under_autocast_the_inputs_are_cast_to_bf16_as_torchs_linear_is():

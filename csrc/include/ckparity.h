@@ -419,6 +419,9 @@ int ckp_mkl_auto_runs_avx2(void);
 /* dbias (N) = dy (M x N, contiguous) summed over its rows in torch.sum's order (autograd's bias
  * gradient of F.linear), on torch_threads as torch splits a one-column sum. */
 ckp_status ckp_linear_dbias(const float *dy, int64_t M, int64_t N, float *dbias, int torch_threads);
+/* The same of a bf16 dy into a bf16 dbias: the float32 sums in torch.sum's order for a bf16 tensor (its
+ * vectors of 16 bf16 values where float32's are of 8 floats), each rounded once. */
+ckp_status ckp_linear_dbias_bf16(const uint16_t *dy, int64_t M, int64_t N, uint16_t *dbias, int torch_threads);
 
 /* ------------------------------------------------------------------------
  * attention (csrc/attention.c): F.scaled_dot_product_attention without mask or

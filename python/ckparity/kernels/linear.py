@@ -202,8 +202,8 @@ def sweep_bf16_bias(tally: Tally, g: torch.Generator) -> None:
 def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     """bf16 y, dx and dweight without a bias against F.linear (oneDNN): K over every width from 4 and the
     large ones, M over 2..300, N over 3..300, K's block edges, the twins' shapes (at 1 and 2 torch threads), a
-    3-D x. Smaller products (K < 4, or N or M of 1-2 at a few K: M·N·K under ~4096) run another oneDNN path
-    whose order is not measured: the op rounds the float32 GEMM there, and they are not swept."""
+    3-D x. Products of up to 16^3 multiply-adds are not oneDNN's but ATen's own loops (linear.aten's sweep);
+    K < 4 is not swept here."""
     for K in [k for k in WIDTHS if k >= 4]:
         _case_bf16(tally, f"M=24 K={K} N=48", (24,), K, 48, g)
     for M in range(2, 301):
@@ -217,48 +217,73 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     _case_bf16(tally, "x (2, 9, 37) N=17", (2, 9), 37, 17, g, threads=(1, 2))
 
 
-def _aten_not_run() -> str | None:
-    """Why bf16 linear is not ATen's own bf16 GEMM's bits in this process, or None."""
-    if not _aten_bf16.torch_runs_aten():
-        return "torch's bf16 matmul runs oneDNN here (linear.onednn)"
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":
-        return "ATen's bf16 loops at AVX512 (16 lanes) are not measured (a CPU with AVX-512 runs oneDNN unless it is off)"
-    return None
+def _telling(*shape: int, g: torch.Generator, planted: bool) -> torch.Tensor:
+    """Values on which a sum's order shows through bf16's rounding: ones and zeros with +-2^30 at about one place
+    in eight (``planted``: which ones a big term swallows, and where two cancel, is the order), or normal values
+    scaled by 2^-8..2^8. On normal values alone, 2 of 1929 small products showed the dot's lanes wrong at AVX512."""
+    if planted:
+        big = torch.rand(shape, generator=g) < 0.125
+        signs = torch.randint(0, 2, shape, generator=g).float() * 2 - 1
+        return torch.where(big, signs * 2.0 ** 30, torch.randint(0, 2, shape, generator=g).float())
+    return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-8, 9, shape, generator=g).float())
 
 
-def _case_bf16_aten(tally: Tally, label: str, x: torch.Tensor, N: int, g: torch.Generator, bias: bool = False) -> None:
-    K = x.shape[-1]
-    w = torch.randn(N, K, generator=g) / K ** 0.5
-    inputs = [x.bfloat16().requires_grad_(True), w.bfloat16().requires_grad_(True)]
-    inputs += [torch.randn(N, generator=g).bfloat16().requires_grad_(True)] if bias else []
-    up = torch.randn(*x.shape[:-1], N, generator=g).bfloat16()
-    for n in (1, 2):  # ATen's loops share outputs between threads: the same bits at both, followed at both
-        with torch_threads(n):
-            ours, theirs = grad_run(linear, inputs, up), grad_run(F.linear, inputs, up)
-        for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
-            tally.add(q, f"{label} torch threads {n}", a, b)
+def _case_bf16_aten(tally: Tally, label: str, lead: tuple[int, ...], K: int, N: int, g: torch.Generator,
+                    bias: bool = False) -> None:
+    for planted in (False, True):
+        x, w = _telling(*lead, K, g=g, planted=planted), _telling(N, K, g=g, planted=planted)
+        inputs = [x.bfloat16().requires_grad_(True), w.bfloat16().requires_grad_(True)]
+        inputs += [_telling(N, g=g, planted=False).bfloat16().requires_grad_(True)] if bias else []
+        up = _telling(*lead, N, g=g, planted=planted).bfloat16()
+        for n in (1, 2):  # ATen's loops share outputs between threads: the same bits at both, followed at both
+            with torch_threads(n):
+                ours, theirs = grad_run(linear, inputs, up), grad_run(F.linear, inputs, up)
+            for q, a, b in zip(("y", "dx", "dweight", "dbias"), ours, theirs):
+                tally.add(q, f"{label}{' planted' if planted else ''} torch threads {n}", a, b)
 
 
 def sweep_bf16_aten(tally: Tally, g: torch.Generator) -> None:
-    """bf16 y, dx, dweight and dbias against F.linear where torch runs ATen's own bf16 loops: K over every width
-    and the large ones (the dot's 64-term blocks, its 16-term tails, the chains' K mod 4), M and N over 1..300 (one
-    row and one output are other loops' layouts), the twins' shapes, a bias, a 3-D, 5-D and 1-D x, at 1 and 2 torch
-    threads. Contiguous operands: on a strided or transposed one torch's bf16 bits move with the layout (another
-    loop, or the bias after the rounded product) and ckparity's do not (the layouts sweep holds them to the
-    contiguous copy's)."""
+    """bf16 y, dx, dweight and dbias against F.linear where torch runs ATen's own bf16 loops, at 1 and 2 torch
+    threads, on contiguous operands (on a strided or transposed one torch's bf16 bits move with the layout --
+    another loop, or the bias after the rounded product -- and ckparity's do not: the layouts sweep holds them to
+    the contiguous copy's). Without oneDNN: K over every width and the large ones (the dot's 64-term blocks, its
+    16-term tails, the chains' K mod 4), M and N over 1..300 (one row and one output are other loops' layouts),
+    the twins' shapes, a bias, a 3-D, 5-D and 1-D x. With oneDNN, which takes the products past 16^3
+    multiply-adds: the same kinds at products up to 16^3, and the floor's own edge."""
+    if not _aten_bf16.torch_runs_aten():
+        _sweep_bf16_aten_small(tally, g)
+        return
     for K in WIDTHS + list(LARGE_K):
-        _case_bf16_aten(tally, f"M=17 K={K} N=33", torch.randn(17, K, generator=g), 33, g, bias=K % 2 == 0)
+        _case_bf16_aten(tally, f"M=17 K={K} N=33", (17,), K, 33, g, bias=K % 2 == 0)
     for M in range(1, 301):
-        _case_bf16_aten(tally, f"M={M} K=97 N=19", torch.randn(M, 97, generator=g), 19, g, bias=M % 2 == 1)
+        _case_bf16_aten(tally, f"M={M} K=97 N=19", (M,), 97, 19, g, bias=M % 2 == 1)
     for N in range(1, 301):
-        _case_bf16_aten(tally, f"M=20 K=97 N={N}", torch.randn(20, 97, generator=g), N, g, bias=N % 2 == 1)
+        _case_bf16_aten(tally, f"M=20 K=97 N={N}", (20,), 97, N, g, bias=N % 2 == 1)
     for M, K, N in TWIN_SHAPES:
-        _case_bf16_aten(tally, f"twins M={M} K={K} N={N}", torch.randn(M, K, generator=g), N, g, bias=True)
+        _case_bf16_aten(tally, f"twins M={M} K={K} N={N}", (M,), K, N, g, bias=True)
     for bias in (False, True):
-        _case_bf16_aten(tally, f"x (2, 9, 37) N=17 bias {bias}", torch.randn(2, 9, 37, generator=g), 17, g, bias)
-        _case_bf16_aten(tally, f"x (2, 1, 2, 3, 37) N=17 bias {bias}", torch.randn(2, 1, 2, 3, 37, generator=g), 17, g,
-                        bias)
-        _case_bf16_aten(tally, f"x (37,) N=17 bias {bias}", torch.randn(37, generator=g), 17, g, bias)
+        for lead in ((2, 9), (2, 1, 2, 3), ()):
+            _case_bf16_aten(tally, f"x {lead + (37,)} N=17 bias {bias}", lead, 37, 17, g, bias)
+
+
+def _sweep_bf16_aten_small(tally: Tally, g: torch.Generator) -> None:
+    """sweep_bf16_aten where oneDNN takes the larger products: K over every width to 300 (3 x 4 outputs) and the
+    large ones to 4096 (one or two rows), M and N over 1..300 (K = 3 and 4 the other), K = 16 at every M and N to
+    16, a 3-D, 5-D and 1-D x, each at M·K·N up to 16^3 (ATen's floor for oneDNN)."""
+    for K in [k for k in WIDTHS + list(LARGE_K) if k <= _aten_bf16.ONEDNN_FLOOR]:
+        M = 3 if K <= 341 else 2 if 2 * K <= _aten_bf16.ONEDNN_FLOOR else 1
+        N = min(4, _aten_bf16.ONEDNN_FLOOR // (M * K))
+        _case_bf16_aten(tally, f"M={M} K={K} N={N}", (M,), K, N, g, bias=K % 2 == 0)
+    for M in range(1, 301):
+        _case_bf16_aten(tally, f"M={M} K=3 N=4", (M,), 3, 4, g, bias=M % 2 == 1)
+    for N in range(1, 301):
+        _case_bf16_aten(tally, f"M=4 K=3 N={N}", (4,), 3, N, g, bias=N % 2 == 1)
+    for M in range(1, 17):
+        for N in range(1, 17):
+            _case_bf16_aten(tally, f"M={M} K=16 N={N}", (M,), 16, N, g, bias=(M + N) % 2 == 0)
+    for bias in (False, True):
+        for lead, N in (((2, 3), 17), ((2, 1, 2, 3), 9), ((), 17)):
+            _case_bf16_aten(tally, f"x {lead + (37,)} N={N} bias {bias}", lead, 37, N, g, bias)
 
 
 def _layout_cases(g):
@@ -321,10 +346,11 @@ def _bf16_aten_entry() -> CEntry:
                   {"M": 3, "K": 4, "N": 5}, call)
 
 
-def _dbias_entry() -> CEntry:
-    return CEntry("linear_dbias", (CBuffer("dy", "f", lambda s: s["M"] * s["N"]),
-                                   CBuffer("dbias", "f", lambda s: s["N"], True)),
-                  {"M": 3, "N": 5}, lambda L, p, s: L.ckp_linear_dbias(p["dy"], s["M"], s["N"], p["dbias"], 1))
+def _dbias_entry(bf16: bool = False) -> CEntry:
+    """ckp_linear_dbias, or its bf16 twin, at (3 x 5)."""
+    name, kind = ("linear_dbias_bf16", "h") if bf16 else ("linear_dbias", "f")
+    return CEntry(name, (CBuffer("dy", kind, lambda s: s["M"] * s["N"]), CBuffer("dbias", kind, lambda s: s["N"], True)),
+                  {"M": 3, "N": 5}, lambda L, p, s: getattr(L, f"ckp_{name}")(p["dy"], s["M"], s["N"], p["dbias"], 1))
 
 
 def _bench(g: torch.Generator, select):
@@ -370,30 +396,29 @@ KERNEL = Kernel(
             Claim("linear.onednn", ("y", "dx", "dweight"), sweep_bf16, dtype="bfloat16", holds=_onednn_not_followed,
                   condition="bf16 without a bias, x and weight contiguous, on oneDNN's AMX brgemm or its AVX-512 "
                             "bf16 brgemm without AMX (an AMD Zen 5's) (its order measured per GEMM: ops/_onednn.py), "
-                            "products of M·N·K over ~4096 with K (each GEMM's) from 4 to 8192, at 1 and 2 torch "
+                            "products of M·N·K over 16^3 with K (each GEMM's) from 4 to 8192, at 1 and 2 torch "
                             "threads"),
             Claim("linear.onednn_bias", ("y", "dx", "dweight", "dbias"), sweep_bf16_bias, dtype="bfloat16",
                   holds=_onednn_bias_not_followed,
                   condition="bf16 with a bias, x, weight and bias contiguous, on oneDNN's AVX-512 bf16 brgemm without "
-                            "AMX (an AMD Zen 5's): the bias in the float32 sum, dbias dY's float32 sum rounded once; "
-                            "products of M·N·K over ~4096 with K from 4 to 8192, at 1 and 2 torch threads"),
+                            "AMX (an AMD Zen 5's): the bias in the float32 sum, dbias torch's float32 sum of dY rounded once; "
+                            "products of M·N·K over 16^3 with K from 4 to 8192, at 1 and 2 torch threads"),
             Claim("linear.aten", ("y", "dx", "dweight", "dbias"), sweep_bf16_aten, dtype="bfloat16",
-                  capabilities=("DEFAULT", "AVX2"), holds=_aten_not_run,
-                  condition="bf16 where torch runs its matmul on ATen's own loops (no oneDNN: a CPU without AVX-512, "
-                            "as an AMD CPU with AVX2 only): every GEMM, with or without a bias, on contiguous operands "
-                            "(a view: its contiguous copy's bits, where torch's move with the layout), at 1 and 2 "
-                            "torch threads")),
+                  condition="bf16 where torch runs its matmul on ATen's own loops: every GEMM where torch runs no "
+                            "oneDNN (a CPU without AVX-512, as an AMD CPU with AVX2 only, or oneDNN switched off), "
+                            "and everywhere products of M·N·K up to 16^3 (ATen's floor for oneDNN); with or "
+                            "without a bias, on contiguous operands (a view: its contiguous copy's bits, where "
+                            "torch's move with the layout), at 1 and 2 torch threads")),
     not_claimed={"linear": "torch at 2 threads on MKL's AVX-512 branch without MKL_CBWR=AUTO,STRICT (MKL splits K "
                            "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
                            "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path on its "
                            "AVX-512 branch (one row or one column: x of one row, K = 1's dX and dW), y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2; MKL_CBWR=AVX512 on an AMD "
                            "CPU past Zen 4) or from Intel (measured on AMD only), bfloat16 on oneDNN with a bias, or on "
-                           "another oneDNN path than the AMX or AVX-512 bf16 brgemm (products under ~4096 "
-                           "multiply-adds), or a GEMM's K over 8192 (not probed), or on AMX with a bias: as "
+                           "another oneDNN path than the AMX or AVX-512 bf16 brgemm, or a GEMM's K over 8192 (not probed), or on AMX with a bias: as "
                            "accurate as torch"},
     probe=_probe,
     layouts=_layout_cases,
     bench=_bench,
-    c_entries=(_entry(), _dbias_entry(), _bf16_entry(), _bf16_aten_entry()),
+    c_entries=(_entry(), _dbias_entry(), _dbias_entry(bf16=True), _bf16_entry(), _bf16_aten_entry()),
 )

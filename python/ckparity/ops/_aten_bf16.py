@@ -1,5 +1,6 @@
 """ATen's own bfloat16 GEMM: what torch's bf16 matmul runs where it runs no oneDNN (a CPU without AVX-512's bf16
-checks, as an AMD CPU with AVX2 only), [Note: ATen's bf16 GEMM] (csrc/linear_bf16_aten.c).
+checks, as an AMD CPU with AVX2 only), and everywhere for products of at most 16^3 multiply-adds, [Note: ATen's
+bf16 GEMM] (csrc/linear_bf16_aten.c).
 
 ATen casts torch.mm(A, B) as the column-major C^T = B^T . A^T and picks its transposes by the operands' strides
 (addmm_impl_cpu_); the pair of transposes picks the loop, and the loop is the order. ``form`` is that choice,
@@ -17,10 +18,18 @@ DOT, PAIRS, CHAIN = lib.CKP_ATEN_BF16_DOT, lib.CKP_ATEN_BF16_PAIRS, lib.CKP_ATEN
 _U16 = ffi.typeof("uint16_t *")
 
 
-def torch_runs_aten() -> bool:
-    """Whether torch's bf16 matmul is ATen's own loops here: oneDNN takes it wherever torch finds the CPU's
-    AVX-512 bf16 support (mkldnn_bf16_device_check) unless torch.backends.mkldnn is switched off, and no BLAS
-    of torch's wheel has a bf16 GEMM."""
+# ATen's mkldnn_gemm_min_size: torch.mm of bf16 goes to oneDNN only past this many multiply-adds (M·K·N), its own
+# loops below (measured on an AMD Zen 5: every layout at 16^3 ATen's bits, at 16^3 + 1 and up oneDNN's)
+ONEDNN_FLOOR = 16 * 16 * 16
+
+
+def torch_runs_aten(multiply_adds: int | None = None) -> bool:
+    """Whether torch's bf16 matmul is ATen's own loops here -- for every product, or for one of ``multiply_adds``
+    (M·K·N): oneDNN takes a product past ONEDNN_FLOOR wherever torch finds the CPU's AVX-512 bf16 support
+    (mkldnn_bf16_device_check) unless torch.backends.mkldnn is switched off, and no BLAS of torch's wheel has a
+    bf16 GEMM."""
+    if multiply_adds is not None and multiply_adds <= ONEDNN_FLOOR:
+        return True
     return not (torch.backends.mkldnn.enabled and _onednn_bf16_device())
 
 

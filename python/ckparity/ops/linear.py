@@ -17,6 +17,7 @@ from . import _aten_bf16, _onednn
 from ._function import CFunction, first_order_only
 
 _FLOAT = ffi.typeof("float *")
+_U16 = ffi.typeof("uint16_t *")
 _cast = ffi.cast
 
 
@@ -77,9 +78,15 @@ def _rows(x: torch.Tensor) -> tuple[int, torch.Tensor, int, int]:
 
 
 def dbias(dy: torch.Tensor, out: torch.Tensor, *, library=lib) -> None:
-    """out (N) = dy (M, N), contiguous, summed over its rows as torch.sum(0) orders it."""
+    """out (N) = dy (M, N), contiguous, summed over its rows as torch.sum(0) orders it: float32, or bf16 (out too;
+    torch's order for a bf16 tensor, in float32, rounded once)."""
     M, N = dy.shape
-    check(library.ckp_linear_dbias(_at(dy), M, N, _at(out), torch.get_num_threads()), "linear backward", library)
+    if dy.dtype == torch.bfloat16:
+        status = library.ckp_linear_dbias_bf16(_cast(_U16, dy.data_ptr()), M, N, _cast(_U16, out.data_ptr()),
+                                               torch.get_num_threads())
+    else:
+        status = library.ckp_linear_dbias(_at(dy), M, N, _at(out), torch.get_num_threads())
+    check(status, "linear backward", library)
 
 
 class _LinearFunction(CFunction):
@@ -133,7 +140,7 @@ class _LinearBF16Function(CFunction):
     """x (..., K) and weight (N, K) contiguous bf16, a contiguous bias (N) or None -> (..., N) bf16: each GEMM in
     the order oneDNN sums it for that GEMM's shape and layouts (ops/_onednn.py measures it; the bias in y's float32
     sum), or where none is measured the float32 GEMM rounded once; dbias as torch sums a bf16 dY (in float32, in
-    float32's order), rounded once. First-order only: see ops/_function.py."""
+    its order for bf16: dbias), rounded once. First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(x, weight, bias, order):
@@ -158,17 +165,16 @@ class _LinearBF16Function(CFunction):
         if ctx.needs_input_grad[1]:  # torch: dYᵀ.mm(X) (mm's backward for a column-major mat2, Wᵀ)
             dw = _bf16_product(dy.t(), rows, _onednn.order(N, M, K, True, False))
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = empty((N,), torch.float32)
-            dbias(dy.float(), db)
-            db = db.bfloat16()
+            db = empty((N,), torch.bfloat16)
+            dbias(dy, db)
         return dx, dw, db, None
 
 
 class _LinearATenBF16Function(_LinearFunction):
     """x (..., K), weight (N, K), bias (N) or None, bias_after, all bf16 -> (..., N) bf16: each GEMM (y, dX, dW) in
     the loop ATen's own bf16 GEMM runs it with, on the layouts autograd's mm backward gives it (as
-    _LinearFunction's, whose save it shares); dbias as torch sums a bf16 dY (in float32, in float32's order), rounded
-    once. torch's bf16 matmul where it runs no oneDNN (ops/_aten_bf16.py). First-order only: see ops/_function.py."""
+    _LinearFunction's, whose save it shares); dbias as torch sums a bf16 dY (in float32, in its order for bf16: dbias),
+    rounded once. torch's bf16 matmul where it runs no oneDNN (ops/_aten_bf16.py). First-order only: see ops/_function.py."""
 
     @staticmethod
     def compute(x, weight, bias, bias_after):
@@ -189,9 +195,8 @@ class _LinearATenBF16Function(_LinearFunction):
         if ctx.needs_input_grad[1]:  # dW = dYᵀ . X, or for a weight not row-major dWᵀ = Xᵀ . dY
             dw = product(dy.t(), rows) if _column_major(weight.t()) else product(rows.t(), dy).t()
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = empty((N,), torch.float32)
-            dbias(dy.float(), db)
-            db = db.bfloat16()
+            db = empty((N,), torch.bfloat16)
+            dbias(dy, db)
         return dx, dw, db, None
 
 
@@ -215,8 +220,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bfloat16 (all three of one dtype; under CPU autocast to bfloat16 they are cast to it first, as autocast
     casts F.linear's). Transposed and strided x and weight are read by their strides (no copy where ATen's
     addmm makes none).
-    bfloat16: where torch runs its bf16 matmul on ATen's own loops (no oneDNN: a CPU without AVX-512's bf16),
-    each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py), on
+    bfloat16: where torch runs its bf16 matmul on ATen's own loops (no oneDNN: a CPU without AVX-512's bf16; and
+    anywhere for products of M·K·N up to 16^3), each GEMM (y, dX, dW, with or without a bias) in the loop ATen picks for its layouts (ops/_aten_bf16.py), on
     contiguous copies of x and weight (torch's bits there move with the layout; these do not).
     Where torch runs oneDNN: for contiguous x and weight, each GEMM in the order oneDNN sums it, measured for its
     shape (ops/_onednn.py; an AMX CPU's brgemm without a bias, or AVX-512 bf16's without AMX, with a bias too);
@@ -237,7 +242,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise InvalidArgument(f"linear: bias {tuple(bias.shape)} for a weight of {N} outputs (bias ({N},))")
     if x.numel() == 0:  # no rows, or K = 0: nothing to multiply
         return _empty_product(x, weight, bias)
-    if x.dtype == torch.bfloat16 and _aten_bf16.torch_runs_aten():
+    if x.dtype == torch.bfloat16 and _aten_bf16.torch_runs_aten(x.numel() * N):  # y's, dX's and dW's M·K·N
         # ATen's bf16 loops sum in an order set by the operands' layouts, and F.linear rounds the product before
         # the bias for an x it does not fold (a non-contiguous one): torch's bf16 bits move with the layout. Here
         # they do not: every x and weight is taken as its contiguous copy (torch's bits on that copy; a contiguous
