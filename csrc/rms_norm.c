@@ -400,10 +400,11 @@ static inline __attribute__((always_inline)) void backward_row_of(const void *dy
                                                                   float *dx_rstd, size_t elem, int64_t ahead) {
     const int f16 = elem == CKP_ELEM_F16, bf16 = elem == sizeof(uint16_t);
     row_terms terms = {dy, x, weight};
-    float grad_rstd = split_row(D, split_threads)
-                          ? ckp_aten_full_sum(f16 ? grad_a_times_x_at_f16 : bf16 ? grad_a_times_x_at_bf16
-                                                                                 : grad_a_times_x_at,
-                                              &terms, D, split_threads)
+    ckp_float_map term = f16 ? grad_a_times_x_at_f16 : bf16 ? grad_a_times_x_at_bf16 : grad_a_times_x_at;
+    /* D = 1: autograd's sum_to_size of one column is no sum, so a -0 term stays -0 (0 + -0 is +0: dx's sign) */
+    float grad_rstd = D == 1 ? term(&terms, 0)
+                    : split_row(D, split_threads)
+                          ? ckp_aten_full_sum(term, &terms, D, split_threads)
                           : f16 ? sum_grad_a_times_x_f16(&terms, D)
                           : bf16 ? sum_grad_a_times_x_bf16(&terms, D) : sum_grad_a_times_x(&terms, D);
     float grad_mean = (-0.5f * grad_rstd) * (r * r * r) / (float)(CKP_MUTANT(RMS_BACKWARD_MEAN_OFF_BY_ONE) && D > 1 ? D - 1 : D);

@@ -5,11 +5,14 @@ the float32/float64 rule every output is asserted bit-identical to torch's."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ckparity
+from ckparity.kernels.sweeping import grad_run, same_bits
 from parity import check_parity
 
 
@@ -53,6 +56,21 @@ def test_rows_of_zeros():
     x[2] = 0
     y, dx, dw = check("zero-row", x, torch.randn(64), None)
     assert (y[2] == 0).all() and torch.isfinite(dx).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zeros_keep_torchs_sign(dtype):
+    """Signed zeros are bits too (torch.equal does not see them; same_bits does). At D = 1 autograd's sum_to_size
+    of the one column is no sum, so a -0 term (a zero x and weight, a negative dy) stays -0 in grad_rstd and dx
+    comes out +0 -- ckparity summed it from +0 and gave -0; from D = 2 both give -0. Every sign of x, weight and
+    dy, at D 1..3, one and three rows."""
+    for D, M, xs, ws, us in itertools.product((1, 2, 3), (1, 3), (0.0, 1.0, -1.0), (0.0, 1.0, -1.0), (-2.0, 0.0, 2.0)):
+        x = torch.full((M, D), xs, dtype=dtype, requires_grad=True)
+        w = torch.full((D,), ws, dtype=dtype, requires_grad=True)
+        up = torch.full((M, D), us, dtype=dtype)
+        ours, theirs = (grad_run(lambda x, w, f=f: f(x, (D,), w), [x, w], up) for f in (ckparity.rms_norm, F.rms_norm))
+        for q, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+            assert same_bits(a, b), (q, D, M, xs, ws, us)
 
 
 @pytest.mark.parametrize("scale", [1e-20, 1e-6, 1e6, 1e18])
