@@ -792,11 +792,14 @@ static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const fl
     const int team_max = shared ? ckp_threads() : 1;
     const int added = strict_order() || avx2_order();
     if (K == 1) { /* a rank-1 update: each element one product, or one FMA onto the bias (strict and AVX2: added) */
+        /* one row or one column on MKL's AVX2 branch is its gemv, whose sum starts at +0: a -0 product comes out
+         * +0 there, -0 from the rank-1 update (measured: every layout, M and N 1..40) */
+        const float zero = avx2_order() && (M == 1 || N == 1) ? 0.0f : -0.0f; /* -0 + p is p, every p */
 #pragma omp parallel for schedule(static) num_threads(team_max)
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
                 const float x = a[m * a_rs], y = b[n * b_cs];
-                c[m * N + n] = bias == NULL ? x * y : bias_after || added ? x * y + bias[n] : fmaf(x, y, bias[n]);
+                c[m * N + n] = bias == NULL ? zero + x * y : bias_after || added ? x * y + bias[n] : fmaf(x, y, bias[n]);
             }
         return CKP_OK;
     }

@@ -248,6 +248,25 @@ def test_under_mkls_strict_order_every_gemm_is_torchs_at_1_and_2_threads(cbwr):
     assert cbwr != "AUTO,STRICT" or set(result["check"].values()) == {"bitwise"}, result["check"]
 
 
+@pytest.mark.skipif(not cpu.mkl_avx2_own(), reason="MKL's AVX2 branch's own order: measured on AMD CPUs")
+def test_on_mkls_avx2_branch_a_k_of_1_keeps_the_sign_of_zero_torch_gives():
+    """Signed zeros are bits: with K = 1 a zero x and a negative weight make a -0 product. MKL's rank-1 update
+    keeps it (-0) but one row or one column is its gemv, whose sum starts at +0 (ckparity gave -0 there): y, dx and
+    dweight of every layout torch's mm takes, at M and N 1..12, with no bias (with one, bias + product as before)."""
+    for M, N, transposed in itertools.product(range(1, 13), range(1, 13), (False, True)):
+        x = torch.zeros(1, M).t() if transposed else torch.zeros(M, 1)
+        w = torch.full((N, 1), -1.0)
+        ours = linear(x, w)
+        theirs = F.linear(x, w)
+        assert same_bits(ours, theirs), (M, N, transposed)
+        out = torch.empty(M, N)
+        gemm(x, w.t(), out)
+        assert same_bits(out, theirs), (M, N, transposed)
+    x, w, up = torch.zeros(3, 1, requires_grad=True), torch.zeros(1, 1, requires_grad=True), torch.full((3, 1), -2.0)
+    for q, a, b in zip(("y", "dx", "dweight"), grad_run(linear, [x, w], up), grad_run(F.linear, [x, w], up)):
+        assert same_bits(a, b), q
+
+
 @pytest.mark.skipif(not cpu.mkl_avx2_own() or cpu._cpu_vendor() != "AuthenticAMD",
                     reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
 @pytest.mark.parametrize("M, K, N", [(5, 40, 20), (6, 17, 12), (9, 8, 101), (11, 300, 64), (7, 2, 150)])
