@@ -97,20 +97,25 @@ enum { NATIVE_MR = 8, NATIVE_NR = 32 };
  * panel) are not all 4 KB apart -- they were for 256 q rows, and the packing ran at half the speed. */
 static int64_t panel_stride(int64_t pairs) { return NATIVE_MR * pairs + 16; }
 
+/* Where B's pair q of column n is in its packed form: in panels of NATIVE_NR columns, each panel's pairs one after
+ * another (a panel's chain reads one contiguous stream; rows of the whole width apart, 16 KB at N = 4096, every
+ * pair mapped to one L1 set and the panels ran at half the speed). */
+static inline int64_t b_at(int64_t pairs, int64_t q, int64_t n) {
+    return n / NATIVE_NR * pairs * NATIVE_NR + q * NATIVE_NR + n % NATIVE_NR;
+}
+
 /* A's packed layout: panels of 8 rows panel_stride apart where its columns are contiguous and its rows are not (a
  * transposed A), else row by row (0: native_sums' two layouts). */
 static int64_t a_panel(int64_t a_rs, int64_t a_cs, int64_t pairs) {
     return a_rs == 1 && a_cs != 1 ? panel_stride(pairs) : 0;
 }
 
-/* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
- * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or in panels of 8 rows `panel` apart
- * ap[m / 8 * panel + q * 8 + m % 8]. Rows past `rows` repeat row m0's (computed, not used). */
-CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs,
-                                        int64_t ldb, int64_t m0, int64_t rows, int64_t n0, const int64_t *starts,
-                                        int64_t chunks, float out[NATIVE_MR][NATIVE_NR]) {
-    const uint32_t *a0 = panel ? ap + m0 / NATIVE_MR * panel : ap + m0 * pairs; /* the panel's, or row m0's */
-    const int64_t a_rs = panel ? 1 : pairs, a_qs = panel ? NATIVE_MR : 1;
+/* native_sums' chains, rows past `rows` repeating the panel's first (computed, not used). `full` (all 8 rows, the
+ * common case) is a constant in each copy: the rows' offsets then need no test in the loop (with one, the loop
+ * branched on `rows` at every row and ran a fifth slower). */
+CKP_NATIVE_BF16 static inline __attribute__((always_inline)) void native_chains(
+    const uint32_t *a0, int64_t a_rs, int64_t a_qs, const uint32_t *b0, int64_t pairs, int full, int64_t rows,
+    const int64_t *starts, int64_t chunks, float out[NATIVE_MR][NATIVE_NR]) {
     __m512 total[NATIVE_MR][2];
     for (int64_t ch = 0; ch <= chunks; ch++) {
         const int64_t p0 = ch == 0 ? 0 : starts[ch - 1] / 2, p1 = ch == chunks ? pairs : starts[ch] / 2;
@@ -118,12 +123,13 @@ CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const
 #pragma GCC unroll 8
         for (int i = 0; i < NATIVE_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t q = p0; q < p1; q++) {
-            const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * ldb + n0),
-                           b1 = (__m512bh)_mm512_loadu_si512(bp + q * ldb + n0 + 16);
+            const __m512bh bl = (__m512bh)_mm512_loadu_si512(b0 + q * NATIVE_NR),
+                           bh = (__m512bh)_mm512_loadu_si512(b0 + q * NATIVE_NR + 16);
 #pragma GCC unroll 8
             for (int i = 0; i < NATIVE_MR; i++) {
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a0[(i < rows ? i : 0) * a_rs + q * a_qs]);
-                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x, b0), acc[i][1] = _mm512_dpbf16_ps(acc[i][1], x, b1);
+                const int64_t row = full || i < rows ? i : 0;
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a0[row * a_rs + q * a_qs]);
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x, bl), acc[i][1] = _mm512_dpbf16_ps(acc[i][1], x, bh);
             }
         }
 #pragma GCC unroll 8
@@ -133,12 +139,27 @@ CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const
     for (int i = 0; i < NATIVE_MR; i++) _mm512_storeu_ps(out[i], total[i][0]), _mm512_storeu_ps(out[i] + 16, total[i][1]);
 }
 
+/* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
+ * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or in panels of 8 rows `panel` apart
+ * ap[m / 8 * panel + q * 8 + m % 8]; B's at bp + b_at(pairs, q, n). */
+CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs,
+                                        int64_t m0, int64_t rows, int64_t n0, const int64_t *starts,
+                                        int64_t chunks, float out[NATIVE_MR][NATIVE_NR]) {
+    const uint32_t *a0 = panel ? ap + m0 / NATIVE_MR * panel : ap + m0 * pairs; /* the panel's, or row m0's */
+    const int64_t a_rs = panel ? 1 : pairs, a_qs = panel ? NATIVE_MR : 1;
+    const uint32_t *b0 = bp + b_at(pairs, 0, n0);
+    if (rows == NATIVE_MR)
+        native_chains(a0, a_rs, a_qs, b0, pairs, 1, rows, starts, chunks, out);
+    else
+        native_chains(a0, a_rs, a_qs, b0, pairs, 0, rows, starts, chunks, out);
+}
+
 /* One panel of C: native_sums, the bias added, rounded once. */
-static void native_panel(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs, int64_t ldb, int64_t N,
+static void native_panel(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs, int64_t N,
                          int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int64_t *starts, int64_t chunks,
                          const uint16_t *bias, uint16_t *c) {
     float sum[NATIVE_MR][NATIVE_NR];
-    native_sums(ap, panel, bp, pairs, ldb, m0, rows, n0, starts, chunks, sum);
+    native_sums(ap, panel, bp, pairs, m0, rows, n0, starts, chunks, sum);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++)
             c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[i][j] + ckp_bf16_to_f(bias[n0 + j]) : sum[i][j]);
@@ -181,11 +202,35 @@ CKP_NATIVE_BF16 static void pack_a16(const uint16_t *a, int64_t a_rs, int64_t a_
     }
 }
 
-/* Columns n0..n0 + 15 of B (bf16) as pairs, pair q's at bp + q * ldb + n0 (zero past N): two rows' halves
- * zero-extended and joined where B's rows are contiguous, each column's own 32-bit words gathered where its
- * columns are, else one by one. */
+/* r[i] (16 32-bit words each) becomes the matrix's column i: unpacks of 32- and 64-bit lanes, then of 128-bit ones. */
+CKP_NATIVE_BF16 static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* Columns n0..n0 + 15 of B (bf16) as pairs, pair q's at bp + b_at(pairs, q, n0) (zero past N): two rows' halves
+ * zero-extended and joined where B's rows are contiguous, each column's own 32-bit words transposed (16 pairs at a
+ * time, the rest gathered) where its columns are, else one by one. */
 CKP_NATIVE_BF16 static void pack_b16(const uint16_t *b, int64_t b_rs, int64_t b_cs, int64_t n0, int64_t N, int64_t K,
-                                     int64_t ldb, uint32_t *bp) {
+                                     uint32_t *bp) {
     const int64_t pairs = (K + 1) / 2, whole = K / 2, end = n0 + 16 < N ? n0 + 16 : N;
     const __mmask16 live = (__mmask16)(end - n0 >= 16 ? 0xffff : (1u << (end - n0)) - 1);
     int64_t q = 0;
@@ -194,19 +239,26 @@ CKP_NATIVE_BF16 static void pack_b16(const uint16_t *b, int64_t b_rs, int64_t b_
             const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, b + 2 * q * b_rs + n0));
             const __m512i hi = q < whole ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, b + (2 * q + 1) * b_rs + n0))
                                          : _mm512_setzero_si512();
-            _mm512_storeu_si512(bp + q * ldb + n0, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            _mm512_storeu_si512(bp + b_at(pairs, q, n0), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
         return;
     }
-    if (b_rs == 1) { /* column n's pair q is the 32-bit word at its 2q-th half: gathered, 16 columns at once */
+    if (b_rs == 1) { /* column n's pair q is the 32-bit word at its 2q-th half: 16 pairs of 16 columns transposed */
+        for (; q + 16 <= whole; q += 16) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = n0 + j < end ? _mm512_loadu_si512(b + (n0 + j) * b_cs + 2 * q) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512(bp + b_at(pairs, q + j, n0), r[j]);
+        }
         const __m512i cols = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                 _mm512_set1_epi32((int)b_cs));
         for (; q < whole; q++)
-            _mm512_storeu_si512(bp + q * ldb + n0, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, cols,
+            _mm512_storeu_si512(bp + b_at(pairs, q, n0), _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, cols,
                                                                               b + n0 * b_cs + 2 * q, 2));
     }
     for (; q < pairs; q++)
-        for (int64_t n = n0; n < end; n++) bp[q * ldb + n] = pair_at(b + n * b_cs, b_rs, q, K);
+        for (int64_t n = n0; n < end; n++) bp[b_at(pairs, q, n)] = pair_at(b + n * b_cs, b_rs, q, K);
 }
 
 /* ckp_gemm_bf16_tiles' width 0 where the CPU has VDPBF16PS; CKP_ERR_OUT_OF_MEMORY without memory. */
@@ -233,11 +285,11 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
 #pragma omp for schedule(static)
         for (int64_t m0 = 0; m0 < M; m0 += 16) pack_a16(a, a_rs, a_cs, m0, M, K, panel, ap);
 #pragma omp for schedule(static)
-        for (int64_t n0 = 0; n0 < N; n0 += 16) pack_b16(b, b_rs, b_cs, n0, N, K, ldb, bp);
+        for (int64_t n0 = 0; n0 < N; n0 += 16) pack_b16(b, b_rs, b_cs, n0, N, K, bp);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < row_panels * col_panels; p++) {
             const int64_t m0 = p % row_panels * NATIVE_MR, n0 = p / row_panels * NATIVE_NR;
-            native_panel(ap, panel, bp, pairs, ldb, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
+            native_panel(ap, panel, bp, pairs, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
                          N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR, starts, chunks, bias, c);
         }
         _mm_setcsr(csr);
@@ -320,15 +372,17 @@ CKP_NATIVE_BF16 static void pack_a_pairs(const float *a, int64_t a_rs, int64_t a
         }
 }
 
-/* B (K x N, rows b_rs apart and contiguous) as pairs, pair q's row at bp + q * ldb, zero past K and N. */
+/* B (K x N, rows b_rs apart and contiguous) as pairs, pair q's of column n at bp + b_at(pairs, q, n), zero past K
+ * and N (to ldb columns). */
 CKP_NATIVE_BF16 static void pack_b_pairs(const float *b, int64_t b_rs, int64_t K, int64_t N, int64_t ldb,
                                          uint32_t *bp) {
-    for (int64_t q = 0; q < (K + 1) / 2; q++)
+    const int64_t pairs = (K + 1) / 2;
+    for (int64_t q = 0; q < pairs; q++)
         for (int64_t n0 = 0; n0 < ldb; n0 += 16) {
             const __mmask16 live = (__mmask16)(N - n0 >= 16 ? 0xffff : N <= n0 ? 0 : (1u << (N - n0)) - 1);
             const __m512 lo = _mm512_maskz_loadu_ps(live, b + 2 * q * b_rs + n0),
                          hi = 2 * q + 1 < K ? _mm512_maskz_loadu_ps(live, b + (2 * q + 1) * b_rs + n0) : _mm512_setzero_ps();
-            _mm512_storeu_si512(bp + q * ldb + n0, pairs16(lo, hi));
+            _mm512_storeu_si512(bp + b_at(pairs, q, n0), pairs16(lo, hi));
         }
 }
 
@@ -345,7 +399,7 @@ static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t
     for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
         for (int64_t m0 = 0; m0 < M; m0 += NATIVE_MR) {
             const int64_t rows = M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, cols = N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR;
-            native_sums(ap, panel, bp, pairs, ldb, m0, rows, n0, NULL, 0, sum);
+            native_sums(ap, panel, bp, pairs, m0, rows, n0, NULL, 0, sum);
             for (int64_t i = 0; i < rows; i++)
                 for (int64_t j = 0; j < cols; j++) {
                     float *at = c + (m0 + i) * ldc + n0 + j;
