@@ -163,6 +163,44 @@ def test_a_rank_that_aborts_is_named_with_its_last_words(tmp_path, monkeypatch):
     assert "planted: rank 1 aborts here" in proc.stderr
 
 
+_ABORTING_AT_EXIT = """
+import atexit, os, sys
+import torch.distributed as dist
+from ckparity import kernels
+
+def abort_at_exit():
+    sys.stderr.write("planted: rank 1 aborts at exit\\n")
+    sys.stderr.flush()
+    os.abort()
+
+rms_norm = kernels.backends("rms_norm")["c"]
+
+def registering(*args, **kwargs):
+    if dist.is_initialized() and dist.get_rank() == 1 and not getattr(registering, "done", False):
+        registering.done = True
+        atexit.register(abort_at_exit)
+    return rms_norm(*args, **kwargs)
+
+kernels.backends("rms_norm")["c"] = registering
+"""
+
+
+def test_a_rank_that_aborts_at_exit_after_its_run_finished_does_not_fail_the_run(tmp_path, monkeypatch):
+    """gloo's teardown at exit aborts a rank now and then ("terminate called without an active exception", seen
+    in CI after every step was done and rank 0 had written the report). A rank killed by a signal after its run
+    finished (its marker written) does not fail the run; its ending says what happened. One that aborts during
+    the run still does (the test above)."""
+    plugin = tmp_path / "abort_at_exit.py"
+    plugin.write_text(_ABORTING_AT_EXIT)
+    monkeypatch.setenv("CKP_PLUGINS", str(plugin))
+    proc, report = _train(tmp_path, "--tp", "2", "--max-steps", "3", "--rank-timeout", "20")
+    assert proc.returncode == 0, proc.stderr
+    assert report["status"] == "pass" and report["error"] is None
+    assert report["ranks"]["endings"] == ["rank 0 exited with 0",
+                                          "rank 1 finished its run (exit code 0), then was killed by SIGABRT at exit"]
+    assert "planted: rank 1 aborts at exit" in proc.stderr
+
+
 def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path):
     code, seconds, report = _run_and_disturb(tmp_path, 1, signal.SIGSTOP, "--rank-timeout", "3")
     assert code == 1 and seconds < 3 * 2 + 20

@@ -33,6 +33,8 @@ from ..basics.interrupts import EXIT_CODES, Interrupted, exit_code, stop_on_sign
 
 # after rank 0 has exited, the others have nothing left to give the report
 GRACE_AFTER_RANK0_S = 5.0
+# where a rank writes the exit code its run finished with, before it exits
+FINISHED_ENV = "CKP_RANK_FINISHED"
 
 
 def free_port() -> int:
@@ -66,10 +68,12 @@ class _Ranks:
                "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "CKP_RUN_ID": uuid.uuid4().hex}
         command = [sys.executable, "-m", "ckparity.harness.ranks.launch", json.dumps(worker.to_dict())]
         self.stderr_paths = [scratch / f"rank{r}.stderr" for r in range(world)]
+        self.finished_paths = [scratch / f"rank{r}.finished" for r in range(world)]
         self.procs = []
         for r, path in enumerate(self.stderr_paths):
             with open(path, "wb") as err:  # the child holds its own descriptor
-                self.procs.append(subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                self.procs.append(subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r),
+                                                                 FINISHED_ENV: str(self.finished_paths[r])},
                                                    stderr=err))
         self.killed: set[int] = set()
 
@@ -113,17 +117,34 @@ class _Ranks:
             sys.stderr.write(path.read_text(errors="replace"))
         sys.stderr.flush()
 
+    def finished_with(self, rank: int) -> int | None:
+        """The exit code a rank's run finished with (its marker, written after its last collective and, on rank
+        0, the report), or None where it did not get there."""
+        path = self.finished_paths[rank]
+        return int(path.read_text()) if path.exists() else None
+
     def endings(self) -> list[str]:
-        """How each rank ended; a rank that did not end as a run ends quotes its stderr's last words."""
+        """How each rank ended; a rank that did not end as a run ends quotes its stderr's last words. A rank
+        killed by a signal after its run finished says so: gloo's teardown at exit aborts now and then ("terminate
+        called without an active exception", seen in CI with every step done and the report written)."""
         failed = set(self.failed())
-        return [f"rank {r} " + _describe(None if r in self.killed else p.returncode)
-                + (f" (stderr: {tail})" if r in failed and (tail := self.stderr_tail(r)) else "")
-                for r, p in enumerate(self.procs)]
+        endings = []
+        for r, p in enumerate(self.procs):
+            code = None if r in self.killed else p.returncode
+            ending = f"rank {r} " + _describe(code)
+            if code is not None and code < 0 and (finished := self.finished_with(r)) is not None:
+                ending = f"rank {r} finished its run (exit code {finished}), then " + _describe(code) + " at exit"
+            if r in failed and (tail := self.stderr_tail(r)):
+                ending += f" (stderr: {tail})"
+            endings.append(ending)
+        return endings
 
     def failed(self) -> list[int]:
-        """Ranks that did not end as a run ends (0 pass, 1 fail, or a stopping signal)."""
+        """Ranks that did not end as a run ends (0 pass, 1 fail, or a stopping signal), nor finished their run
+        before a signal killed them at exit."""
         return [r for r, p in enumerate(self.procs)
-                if r in self.killed or p.returncode not in (0, 1, *EXIT_CODES.values())]
+                if r in self.killed or (p.returncode not in (0, 1, *EXIT_CODES.values())
+                                        and self.finished_with(r) not in (0, 1))]
 
 
 def launch(config: RunConfig) -> dict:
@@ -170,4 +191,7 @@ if __name__ == "__main__":  # one rank (see _Ranks)
     from ..loop.run import train
 
     kernels.load_configured()  # the parent's --plugin modules, through CKP_PLUGINS
-    sys.exit(exit_code(train(RunConfig(**json.loads(sys.argv[1])))))
+    code = exit_code(train(RunConfig(**json.loads(sys.argv[1]))))
+    if os.environ.get(FINISHED_ENV):  # the run is whole: what exit does after is teardown
+        Path(os.environ[FINISHED_ENV]).write_text(str(code))
+    sys.exit(code)
