@@ -122,14 +122,23 @@ def followed_bf16(tq: int, tk: int) -> bool:
     return min(tq, tk) >= 12 and 1 not in {qs, tq % qs or qs} and 1 not in {ks, tk % ks or ks}
 
 
+def _spread(*shape: int, generator: torch.Generator) -> torch.Tensor:
+    """Normal values scaled by 2^-6..2^6: an order of P.V's, dO.V^T's and the gradients' sums shows through bf16's
+    rounding far more often than on normal values alone (a one-item pass at 2 threads: dq differed in 38 of 48 such
+    backwards, where normal values had shown 3 of 72)."""
+    return torch.randn(*shape, generator=generator) * torch.exp2(torch.randint(-6, 7, shape, generator=generator).float())
+
+
 def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,
-          g: torch.Generator, scale: float | None = None, dtype: torch.dtype = torch.float32) -> None:
+          g: torch.Generator, scale: float | None = None, dtype: torch.dtype = torch.float32,
+          spread: bool = False) -> None:
     threads_swept = sgemm_thread_counts()
     if dtype == torch.bfloat16 and (B * Hkv == 1 or B * H * -(-tq // _split(tq)) == 1):
         threads_swept = (1,)  # a pass of one item runs MKL's bf16 GEMM on torch's threads: its own split, not followed
+    values = _spread if spread else torch.randn  # v and dO: q and k stay normal (the softmax's inputs)
     q = torch.randn(B, H, tq, d, generator=g).to(dtype)
-    k, v = torch.randn(B, Hkv, tk, d, generator=g).to(dtype), torch.randn(B, Hkv, tk, d, generator=g).to(dtype)
-    up = torch.randn(B, H, tq, d, generator=g).to(dtype)
+    k, v = torch.randn(B, Hkv, tk, d, generator=g).to(dtype), values(B, Hkv, tk, d, generator=g).to(dtype)
+    up = values(B, H, tq, d, generator=g).to(dtype)
     kw = {"is_causal": causal, "enable_gqa": H != Hkv, "scale": scale}
     q, k, v = (x.requires_grad_(True) for x in (q, k, v))
     for threads in threads_swept:
@@ -176,11 +185,17 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
     ckparity follows (ops.attention.bf16_followed): the float sweep's sizes (every head dim from 1, at 1 and 2 kv
     heads), in bf16, at 1 and 2 torch threads -- at 1 only where a pass has one parallel item (_case); the sizes
     followed_bf16 leaves out skipped (where not measured: a one-row q block or a one-key block, a sequence under 12).
+    Every other case has V and dO spread over 2^-6..2^6 (_spread), where an order shows through bf16.
     One-row q blocks and one-key blocks at five head dims; every head dim at T = 5 too (`check`'s sequence: MKL's small paths at every C width, where its copies' 16-byte
     boundaries decide the order; the tensors' own addresses gave dQ other bits at 45 of 300)."""
-    def case(label, B, H, Hkv, tq, tk, d, causal, scale=None):
+    swept = [0]
+
+    def case(label, B, H, Hkv, tq, tk, d, causal, scale=None):  # every other case on spread values (_spread)
         if followed_bf16(tq, tk):
-            _case(tally, label, B, H, Hkv, tq, tk, d, causal, g, scale=scale, dtype=torch.bfloat16)
+            swept[0] += 1
+            spread = swept[0] % 2 == 0
+            _case(tally, label + " spread" * spread, B, H, Hkv, tq, tk, d, causal, g, scale=scale, dtype=torch.bfloat16,
+                  spread=spread)
     for d in [w for w in WIDTHS if w <= 300]:
         case(f"T=37 d={d}", 1, 2, 1, 37, 37, d, d % 2 == 0)
         case(f"T=37 d={d} 2 kv heads", 1, 4, 2, 37, 37, d, d % 2 == 1)
