@@ -75,13 +75,16 @@ def test_every_layout_gives_torchs_bits(layout):
         assert all(same_bits(a, c) for a, c in zip(ours, theirs))
 
 
-def test_degenerate_shapes_are_torchs():
-    """0 rows, and K = 0 (every output the empty sum plus the bias): torch's values and gradients."""
-    for xs, ws in (((0, 5), (3, 5)), ((4, 0), (3, 0)), ((2, 0, 5), (3, 5))):
-        x, w, b = torch.randn(xs), torch.randn(ws), torch.randn(ws[0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_degenerate_shapes_are_torchs(dtype):
+    """0 rows, K = 0 (every output the empty sum plus the bias) and a weight of 0 outputs (an empty y; it was an
+    error, a NULL output pointer): torch's values and gradients."""
+    for xs, ws in (((0, 5), (3, 5)), ((4, 0), (3, 0)), ((2, 0, 5), (3, 5)), ((3, 5), (0, 5)), ((2, 3, 5), (0, 5)),
+                   ((5,), (0, 5))):
+        x, w, b = torch.randn(xs, dtype=dtype), torch.randn(ws, dtype=dtype), torch.randn(ws[0], dtype=dtype)
         for bias in (None, b):
             ours, theirs = _both(x, w, bias)
-            assert all(a.shape == c.shape and torch.equal(a, c) for a, c in zip(ours, theirs))
+            assert all(a.shape == c.shape and same_bits(a, c) for a, c in zip(ours, theirs)), (xs, ws, bias)
 
 
 def test_bad_input_is_refused_by_name():

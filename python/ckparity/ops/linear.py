@@ -240,7 +240,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     N, K = weight.shape
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
         raise InvalidArgument(f"linear: bias {tuple(bias.shape)} for a weight of {N} outputs (bias ({N},))")
-    if x.numel() == 0:  # no rows, or K = 0: nothing to multiply
+    if x.numel() == 0 or N == 0:  # no rows, K = 0 or no outputs: nothing to multiply
         return _empty_product(x, weight, bias)
     if x.dtype == torch.bfloat16 and _aten_bf16.torch_runs_aten(x.numel() * N):  # y's, dX's and dW's M·K·N
         # ATen's bf16 loops sum in an order set by the operands' layouts, and F.linear rounds the product before
@@ -270,7 +270,7 @@ def _addmm(x: torch.Tensor) -> bool:
 
 
 def _empty_product(x, weight, bias):
-    """No rows, or K = 0: every output (if any) is the empty sum, 0, plus the bias; x and weight get zero
-    gradients, as torch's."""
+    """No rows, K = 0 or no outputs: every output (if any) is the empty sum, 0, plus the bias; x and weight get
+    zero gradients, as torch's."""
     zeros = (x.sum(-1, keepdim=True) * 0).expand(*x.shape[:-1], weight.shape[0]) + weight.sum(-1) * 0
     return zeros + bias if bias is not None else zeros
