@@ -17,7 +17,7 @@ from ckparity import cpu
 from ckparity._native import ffi, lib
 from ckparity.errors import InvalidArgument
 from ckparity.kernels.attention import followed, followed_bf16
-from ckparity.kernels.sweeping import same_bits, torch_threads
+from ckparity.kernels.sweeping import grad_run, same_bits, torch_threads
 import ckparity.ops.attention as ops_attention
 from ckparity.ops.attention import attention, attention_backward, attention_forward, bf16_followed
 
@@ -237,6 +237,19 @@ def test_no_less_accurate_than_torch_against_float64():
     for name, e, a, b in zip(("out", "dq", "dk", "dv"), exact, ours, theirs):
         err_ours, err_torch = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
         assert err_ours <= 2 * err_torch + 1e-12, f"{name}: {err_ours} against torch's {err_torch}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_empty_inputs_are_torchs(dtype):
+    """No queries, or a head dim of 0 (it raised ZeroDivisionError: the default scale 1 / sqrt(0) was computed
+    first; torch's is inf, on nothing): torch's empty output and gradients."""
+    for qs, ks in (((1, 2, 4, 0), (1, 2, 4, 0)), ((2, 4, 3, 0), (2, 2, 5, 0)), ((1, 2, 0, 8), (1, 2, 4, 8))):
+        inputs = [torch.randn(shape, dtype=dtype, requires_grad=True) for shape in (qs, ks, ks)]
+        kw = {"enable_gqa": qs[1] != ks[1]}
+        up = torch.ones(qs, dtype=dtype)
+        ours = grad_run(lambda *t: attention(*t, **kw), inputs, up)
+        theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), inputs, up)
+        assert all(a.shape == b.shape and same_bits(a, b) for a, b in zip(ours, theirs)), (qs, ks)
 
 
 def test_3d_inputs_and_a_transposed_layout_are_taken():

@@ -130,12 +130,12 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
             return attention(query.float(), key.float(), value.float(), is_causal=is_causal, scale=scale,
                              enable_gqa=enable_gqa).bfloat16()
     _check_shapes(query, key, value, enable_gqa)
-    d = query.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)  # sdp::calculate_scale, in double
+    if query.numel() == 0:  # no rows, or d = 0 (every output the empty sum); gradients zero, as torch's (whose
+        # default scale at d = 0 is 1 / sqrt(0), inf, on nothing: no scale is needed for it)
+        return (query.sum(-1, keepdim=True) * 0 + key.sum() * 0 + value.sum() * 0).expand(query.shape).clone()
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)  # sdp::calculate_scale, in double
     if not math.isfinite(scale):
         raise InvalidArgument(f"attention: scale must be finite, got {scale}")
-    if query.numel() == 0:  # no rows, or d = 0 (every output the empty sum); gradients zero, as torch's
-        return (query.sum(-1, keepdim=True) * 0 + key.sum() * 0 + value.sum() * 0).expand(query.shape).clone()
     out, _ = _AttentionFunction.apply(_as_4d(query), _as_4d(key), _as_4d(value), scale, bool(is_causal))
     return out if query.dim() == 4 else out.reshape(query.shape)
 
