@@ -23,7 +23,7 @@ from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
 from .probing import out
 from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
-from .sweeping import Tally, grad_run, sgemm_thread_counts, torch_threads
+from .sweeping import Tally, grad_run, sgemm_thread_counts, spread, torch_threads
 
 HEADS, KV_HEADS, T = 4, 2, 5  # the conformance cases: GQA (two query heads a kv head), 5 positions
 
@@ -123,10 +123,9 @@ def followed_bf16(tq: int, tk: int) -> bool:
 
 
 def _spread(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Normal values scaled by 2^-6..2^6: an order of P.V's, dO.V^T's and the gradients' sums shows through bf16's
-    rounding far more often than on normal values alone (a one-item pass at 2 threads: dq differed in 38 of 48 such
-    backwards, where normal values had shown 3 of 72)."""
-    return torch.randn(*shape, generator=generator) * torch.exp2(torch.randint(-6, 7, shape, generator=generator).float())
+    """V's and dO's spread values (sweeping.spread): a one-item pass at 2 threads showed dq differing in 38 of 48
+    backwards on them."""
+    return spread(*shape, generator=generator, octaves=6)
 
 
 def _case(tally: Tally, label: str, B: int, H: int, Hkv: int, tq: int, tk: int, d: int, causal: bool,

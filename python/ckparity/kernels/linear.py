@@ -24,7 +24,7 @@ from .contract import grads_present, tensor_like
 from .layouts import LayoutCase
 from .probing import out
 from .record import WIDTHS, BadInput, CBuffer, CEntry, Claim, Conformance, Kernel
-from .sweeping import Tally, grad_run, sgemm_thread_counts, torch_threads
+from .sweeping import Tally, grad_run, sgemm_thread_counts, spread, torch_threads
 
 OUT = 19  # the conformance output width: odd (no vector multiple), dW of 16+ rows (followed), not a batch size
 
@@ -220,12 +220,12 @@ def sweep_bf16(tally: Tally, g: torch.Generator) -> None:
 def _telling(*shape: int, g: torch.Generator, planted: bool) -> torch.Tensor:
     """Values on which a sum's order shows through bf16's rounding: ones and zeros with +-2^30 at about one place
     in eight (``planted``: which ones a big term swallows, and where two cancel, is the order), or normal values
-    scaled by 2^-8..2^8. On normal values alone, 2 of 1929 small products showed the dot's lanes wrong at AVX512."""
+    spread over 2^-8..2^8 (sweeping.spread)."""
     if planted:
         big = torch.rand(shape, generator=g) < 0.125
         signs = torch.randint(0, 2, shape, generator=g).float() * 2 - 1
         return torch.where(big, signs * 2.0 ** 30, torch.randint(0, 2, shape, generator=g).float())
-    return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-8, 9, shape, generator=g).float())
+    return spread(*shape, generator=g, octaves=8)
 
 
 def _case_bf16_aten(tally: Tally, label: str, lead: tuple[int, ...], K: int, N: int, g: torch.Generator,
