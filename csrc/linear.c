@@ -649,14 +649,16 @@ static void avx2_chain_row(const float *a, int64_t a_cs, const float *b, int64_t
 static float avx2_gemv_dot(const float *v, int64_t vs, const float *row, int64_t K, int64_t ld, int64_t out,
                            int64_t outs, int64_t peel, int strided) {
     const int64_t tail = out - outs / 4 * 4; /* the output's place among those after the groups of 4 */
-    float acc[8] = {0.0f};
+    /* the chain starts from its first term (-0 + p is p, every p) and the lanes from +0, reduced only where a
+     * step ran: a sum of -0 products is -0 without a step, +0 with one (the sign shows in y = -0 + bias -0) */
+    float acc[8] = {-0.0f};
     if (tail < 0) {
         const float *last = row + (3 - out % 4) * ld; /* the group's fourth row */
         const int64_t lead = 4 - (int64_t)(((uintptr_t)last & 15) >> 2);
         const int64_t r = lead < K ? lead : K, end = r + (K - r) / 4 * 4;
         for (int64_t k = 0; k < r; k++) acc[0] = acc[0] + v[k * vs] * row[k];
         for (int64_t k = r; k < end; k++) acc[(k - r) % 4] = acc[(k - r) % 4] + v[k * vs] * row[k];
-        float sum = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+        float sum = end == r ? acc[0] : (acc[0] + acc[2]) + (acc[1] + acc[3]);
         for (int64_t k = end; k < K; k++) sum = sum + v[k * vs] * row[k];
         return sum;
     }
@@ -672,10 +674,10 @@ static float avx2_gemv_dot(const float *v, int64_t vs, const float *row, int64_t
     const int64_t lanes = tail == 1 ? 4 : 8, p = peel < K ? peel : K, end = p + (K - p) / 8 * 8;
     for (int64_t k = 0; k < p; k++) acc[0] = acc[0] + v[k] * row[k];
     for (int64_t k = p; k < end; k++) acc[(k - p) % lanes] = acc[(k - p) % lanes] + v[k] * row[k];
-    if (lanes == 8)
+    if (lanes == 8 && end > p)
         for (int64_t half = 4; half >= 1; half /= 2)
             for (int64_t l = 0; l < half; l++) acc[l] = acc[l] + acc[l + half];
-    float sum = lanes == 4 ? (acc[0] + acc[2]) + (acc[1] + acc[3]) : acc[0];
+    float sum = lanes == 4 && end > p ? (acc[0] + acc[2]) + (acc[1] + acc[3]) : acc[0];
     for (int64_t k = end; k < K; k++) sum = sum + v[k] * row[k];
     return sum;
 }
@@ -691,7 +693,7 @@ static void avx2_gemv(const float *a, int64_t a_rs, const float *b, int64_t b_rs
         const float dot = avx2_gemv_dot(v, vs, column ? a + i * a_rs : b + i * b_cs, K, column ? a_rs : b_cs, i, outs,
                                         peel, strided);
         float *at = column ? c + i * ldc : c + i;
-        *at = accumulate ? *at + alpha * dot : alpha * dot;
+        *at = accumulate ? *at + alpha * dot : alpha * (0.0f + dot); /* C written from +0 (beta 0): never -0 */
     }
 }
 
@@ -812,10 +814,9 @@ static ckp_status gemm_rows(const float *a, int64_t a_rs, int64_t a_cs, const fl
             for (int64_t m = 0; m < M; m++) c[m] += bias[0];
         return CKP_OK;
     }
-    if (path == AVX2_GEMV) { /* the product, then the bias added (addmm's beta 1 as well) */
-        avx2_gemv(a, a_rs, b, b_rs, b_cs, M, K, N, M != 1, 1.0f, 0, c, N);
-        if (bias != NULL)
-            for (int64_t i = 0; i < M * N; i++) c[i] += bias[i % N];
+    if (path == AVX2_GEMV) { /* the product added to the bias (addmm's beta 1 as well) */
+        for (int64_t i = 0; i < M * N && bias != NULL; i++) c[i] = bias[i % N];
+        avx2_gemv(a, a_rs, b, b_rs, b_cs, M, K, N, M != 1, 1.0f, bias != NULL, c, N);
         return CKP_OK;
     }
     if (path == AVX2_COLUMNS || path == AVX2_CHAIN) { /* C's rows from the bias (addmm's beta 1) or 0, over threads */

@@ -9,7 +9,8 @@ alpha 0.3 and beta 0 or 1 -- against the Note's model written here in numpy (not
 readings it was told from: the same with FMA, the 1..3 outputs after the groups of 4 as the groups are, their
 first p terms fixed at 4 whatever the vector's address, and the groups' lead taken from K (what a contiguous matrix
 at a 16-byte boundary shows) rather than from where the group's fourth row starts. Then ckparity's C (ckp_gemm) on
-the same GEMMs, at 1 and 2 torch threads.
+the same GEMMs, at 1 and 2 torch threads. Last, the sign of a zero sum (`signs`): y, dX and dW whose products
+are all -0, with a bias of -0, +0 or none, torch's against ckparity's.
 
     python scripts/mkl_avx2_gemv.py [--out reports/linear/mkl_avx2_gemv.json]
 """
@@ -17,14 +18,16 @@ the same GEMMs, at 1 and 2 torch threads.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ckparity.harness.loop.run import environment
 from ckparity.kernels.sweeping import same_bits
-from ckparity.ops.linear import gemm
+from ckparity.ops.linear import gemm, linear
 
 F32 = np.float32
 DEPTHS = (*range(2, 41), 63, 64, 65, 100, 129, 385, 1000)
@@ -99,6 +102,40 @@ def _ours(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _zero_sums(x_at: int, w_at: int, M: int, K: int, N: int, bias: float | None, fn) -> dict[str, torch.Tensor]:
+    """y, dX and dW of fn (F.linear or ckparity's) where every product of the one they name is -0 (x 0 against W -1,
+    dY 0 against W, dY -1 against x 0): a zero sum's sign is then the sum's seeds'. x and W start x_at and w_at
+    floats into their buffers."""
+    out = {}
+    for upstream, quantities in ((0.0, ("y", "dx")), (-1.0, ("dweight",))):
+        xs, ws = torch.zeros(M * K + 8, requires_grad=True), torch.full((N * K + 8,), -1.0, requires_grad=True)
+        x, w = xs[x_at:x_at + M * K].view(M, K), ws[w_at:w_at + N * K].view(N, K)
+        y = fn(x, w) if bias is None else fn(x, w, torch.full((N,), bias))
+        dx, dw = torch.autograd.grad(y, [x, w], torch.full((M, N), upstream))
+        out |= {q: t for q, t in zip(("y", "dx", "dweight"), (y.detach(), dx, dw)) if q in quantities}
+    return out
+
+
+def _signs() -> dict:
+    """The sign of a gemv's zero sum, at 1 and 2 torch threads: one row of 1..13 outputs and one output of 2..13
+    rows, K 1..40, x and W 0..3 floats past a boundary, a bias of -0, +0 or none; torch's -0 outputs, and ckparity's
+    differing, per quantity and bias."""
+    tally = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for M, N in [(1, n) for n in range(1, 14)] + [(m, 1) for m in range(2, 14)]:
+            for K, x_at, w_at, bias in itertools.product(range(1, 41), range(4), range(4), (-0.0, 0.0, None)):
+                theirs = _zero_sums(x_at, w_at, M, K, N, bias, F.linear)
+                ours = _zero_sums(x_at, w_at, M, K, N, bias, linear)
+                for q in theirs:
+                    t = tally.setdefault(f"{q} bias {bias} threads {threads}", {"probes": 0, "torch_minus_0": 0,
+                                                                              "ckparity_differing": 0})
+                    t["probes"] += 1
+                    t["torch_minus_0"] += bool(torch.signbit(theirs[q]).any())
+                    t["ckparity_differing"] += not same_bits(ours[q], theirs[q])
+    return tally
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="reports/linear/mkl_avx2_gemv.json")
@@ -168,7 +205,8 @@ def main() -> None:
     two_threads = sum(not same_bits(_ours(a, b), a @ b) for a, b in pairs)
     report = {"env": environment(), "gemms": len(cases), "outputs": outputs, "differing": differing,
               "ckparity_gemms_differing": ours_differing, "scaled": scaled, "sweep_form": sweep,
-              "two_threads": {"gemms": len(pairs), "ckparity_differing": two_threads}, "examples": examples[:40]}
+              "two_threads": {"gemms": len(pairs), "ckparity_differing": two_threads}, "signs": _signs(),
+              "examples": examples[:40]}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps({k: v for k, v in report.items() if k != "env"}))

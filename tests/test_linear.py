@@ -270,6 +270,23 @@ def test_on_mkls_avx2_branch_a_k_of_1_keeps_the_sign_of_zero_torch_gives():
         assert same_bits(a, b), q
 
 
+@pytest.mark.skipif(not cpu.mkl_avx2_own(), reason="MKL's AVX2 branch's own order: measured on AMD CPUs")
+def test_on_mkls_avx2_branch_a_gemvs_zero_sum_onto_a_bias_of_minus_0_keeps_torchs_sign():
+    """One x row or one output whose products are all -0 with a bias of -0: MKL's gemv chain starts from its first
+    term and its lanes from +0, reduced only where a step ran, so y is -0 for a short K and +0 past the steps
+    (ckparity gave +0 throughout). Every K 2..20, the weight's and x's placement off a 16-byte boundary (which
+    moves the steps), one row of 1..9 outputs and one output of 2..6 rows."""
+    signs = set()
+    for K, off, (M, N) in itertools.product(range(2, 21), range(4), [(1, n) for n in range(1, 10)] + [(m, 1) for m in range(2, 7)]):
+        x = torch.zeros(M * K + 4)[off:off + M * K].view(M, K)
+        w = torch.full((N * K + 4,), -1.0)[3 - off:3 - off + N * K].view(N, K)
+        b = torch.full((N,), -0.0)
+        theirs = F.linear(x, w, b)
+        assert same_bits(linear(x, w, b), theirs), (M, K, N, off)
+        signs |= set(torch.signbit(theirs).flatten().tolist())
+    assert signs == {True, False}  # both signs occur: the case is not a constant
+
+
 @pytest.mark.skipif(not cpu.mkl_avx2_own() or cpu._cpu_vendor() != "AuthenticAMD",
                     reason="MKL's AVX2 branch's own order: measured on an AMD CPU without AVX-512")
 @pytest.mark.parametrize("M, K, N", [(5, 40, 20), (6, 17, 12), (9, 8, 101), (11, 300, 64), (7, 2, 150)])

@@ -4,7 +4,7 @@ one-thread sgemm on MKL's AVX-512 branch ([Note: MKL's sgemm order], [Note:
 MKL's skinny sgemm]): bit for bit with torch's F.linear, its dX and dW, and its
 dbias there, where each of the three GEMMs has 2 rows or more and 2 columns or
 more (one row or one column is MKL's gemv, another order), outside the one
-skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 rows); on
+skinny region not followed (2 or 3 columns, a few rows, 32 <= K < 24 times the rows); on
 a CPU without AVX-512 or an AMD one past Zen 4, MKL's AVX2 branch ([Note: MKL's AVX2 order], its small
 paths' Notes, [Note: MKL's AVX2 sgemv], [Note: MKL's AVX2 sgemm on two
 threads]): every GEMM at 1 and 2 torch threads.
@@ -389,7 +389,7 @@ KERNEL = Kernel(
                          "weight": torch.randn(1024, 1024, generator=g) / 32, "bias": torch.randn(1024, generator=g)}),
     claims=(Claim("linear", ("y", "dx", "dweight", "dbias"), sweep, holds=cpu.mkl_not_followed,
                   condition="on MKL's AVX-512 branch: torch at 1 thread, every GEMM of 2+ rows and 2+ columns but y "
-                            "of 2-3 columns with 32 <= K < 24 rows; on its AVX2 branch's own order (an AMD CPU without "
+                            "of 2-3 columns with 32 <= K < 24 times the rows; on its AVX2 branch's own order (an AMD CPU without "
                             "AVX-512 or past Zen 4): torch at 1 and 2 threads, every GEMM (its small paths, its gemv and its 2 "
                             "threads' row shares followed, outputs lying as torch's); under MKL_CBWR=AUTO,STRICT "
                             "(and on MKL's AVX2 branch under AVX2,STRICT) every GEMM at 1 and 2 torch threads"),
@@ -412,9 +412,8 @@ KERNEL = Kernel(
     not_claimed={"linear": "torch at 2 threads on MKL's AVX-512 branch without MKL_CBWR=AUTO,STRICT (MKL splits K "
                            "between them for some shapes, deciding by M, N and K), torch at 3+ threads on its AVX2 "
                            "branch's own order (MKL shares small products otherwise; measured at 4), MKL's gemv path on its "
-                           "AVX-512 branch (one row or one column: x of one row, K = 1's dX and dW), the sign of a zero "
-                           "output of one row or one column on its AVX2 branch whose products are all -0 with a bias "
-                           "of -0, y of 2-3 columns with few rows and 32 <= K < 24 rows, MKL's "
+                           "AVX-512 branch (one row or one column: x of one row, K = 1's dX and dW), y of 2-3 columns "
+                           "with few rows and 32 <= K < 24 times the rows, MKL's "
                            "AVX2 branch without STRICT on a CPU with AVX-512 (MKL_CBWR=AVX2; MKL_CBWR=AVX512 on an AMD "
                            "CPU past Zen 4) or from Intel (measured on AMD only), bfloat16 on oneDNN with a bias, or on "
                            "another oneDNN path than the AMX or AVX-512 bf16 brgemm, or a GEMM's K over 8192 (not probed), or on AMX with a bias: as "
