@@ -7,6 +7,7 @@ does not take refused by name. The sweep over every head dim and sequence length
 from __future__ import annotations
 
 import importlib
+import itertools
 
 import pytest
 import torch
@@ -241,15 +242,19 @@ def test_no_less_accurate_than_torch_against_float64():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_empty_inputs_are_torchs(dtype):
-    """No queries, or a head dim of 0 (it raised ZeroDivisionError: the default scale 1 / sqrt(0) was computed
-    first; torch's is inf, on nothing): torch's empty output and gradients."""
-    for qs, ks in (((1, 2, 4, 0), (1, 2, 4, 0)), ((2, 4, 3, 0), (2, 2, 5, 0)), ((1, 2, 0, 8), (1, 2, 4, 8))):
+    """No queries, a head dim of 0 (it raised ZeroDivisionError: the default scale 1 / sqrt(0) was computed
+    first; torch's is inf, on nothing), or no keys (refused as a softmax over nothing): torch's output (zeros plus
+    the inputs' sums times 0: one NaN in the query makes every output NaN) and gradients, causal or not, GQA."""
+    cases = (((1, 2, 4, 0), (1, 2, 4, 0)), ((2, 4, 3, 0), (2, 2, 5, 0)), ((1, 2, 0, 8), (1, 2, 4, 8)),
+             ((1, 2, 3, 8), (1, 2, 0, 8)), ((2, 4, 5, 8), (2, 2, 0, 8)), ((3, 8), (0, 8)))
+    for (qs, ks), is_causal in itertools.product(cases, (False, True)):
         inputs = [torch.randn(shape, dtype=dtype, requires_grad=True) for shape in (qs, ks, ks)]
-        kw = {"enable_gqa": qs[1] != ks[1]}
+        inputs[0].data.view(-1)[:1] = float("nan")
+        kw = {"enable_gqa": len(qs) == 4 and qs[1] != ks[1], "is_causal": is_causal}
         up = torch.ones(qs, dtype=dtype)
         ours = grad_run(lambda *t: attention(*t, **kw), inputs, up)
         theirs = grad_run(lambda *t: F.scaled_dot_product_attention(*t, **kw), inputs, up)
-        assert all(a.shape == b.shape and same_bits(a, b) for a, b in zip(ours, theirs)), (qs, ks)
+        assert all(a.shape == b.shape and same_bits(a, b) for a, b in zip(ours, theirs)), (qs, ks, is_causal)
 
 
 def test_3d_inputs_and_a_transposed_layout_are_taken():
@@ -422,7 +427,6 @@ def test_a_bf16_backward_with_an_unknown_gemm_is_refused_and_writes_nothing():
     (lambda q, k, v: attention(q, k[:, :1], v[:, :1]), "needs enable_gqa=True"),
     (lambda q, k, v: attention(q, k[:, :1, :, :3], v[:, :1, :, :3], enable_gqa=True), "key's head dim"),
     (lambda q, k, v: attention(q, k, v[..., :4]), "key and value must have one shape"),
-    (lambda q, k, v: attention(q, k[:, :, :0], v[:, :, :0]), "no keys"),
     (lambda q, k, v: attention(q, k, v, scale=float("inf")), "scale must be finite"),
     (lambda q, k, v: attention(q, k[:1], v[:1]), "batch dims differ"),
 ])

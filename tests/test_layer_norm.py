@@ -79,6 +79,24 @@ def test_normalized_shapes_and_refusals():
         ckparity.layer_norm(x, (5,), eps="small")
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.bfloat16, torch.float32)])
+def test_a_normalized_shape_of_no_element_is_torchs_empty_y_and_gradients(dtypes):
+    """normalized_shape (0,) or (0, 3) (it was refused as holding no element; torch takes it): torch's empty y of
+    x's dtype and empty gradients of x, weight and bias, with and without the params."""
+    from ckparity.kernels.sweeping import grad_run
+
+    xdt, pdt = dtypes
+    for shape, rows in (((0,), (3,)), ((0, 3), (2,)), ((4, 0), (0,))):
+        for with_params in (False, True):
+            x = torch.randn(*rows, *shape, dtype=xdt, requires_grad=True)
+            params = [torch.randn(shape, dtype=pdt, requires_grad=True) for _ in range(2)] if with_params else []
+            up = torch.randn(*rows, *shape, dtype=xdt)
+            ours = grad_run(lambda x, *p: ckparity.layer_norm(x, shape, *p), [x, *params], up)
+            theirs = grad_run(lambda x, *p: F.layer_norm(x, shape, *p), [x, *params], up)
+            for a, b in zip(ours, theirs, strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype, (shape, with_params, a.shape, b.shape)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bfloat16_is_torchs_bits_mean_and_rstd_in_bf16(threads):
     """x, weight and bias of bf16 (torch keeps mean and rstd in bf16 then, its per-thread dweight and dbias

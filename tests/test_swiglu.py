@@ -92,6 +92,16 @@ def test_same_bits_for_any_thread_count(threads):
         assert torch.equal(a, b)
 
 
+def test_a_last_dimension_of_0_is_torchs_empty_output():
+    """H = 0 (it was refused; torch's F.silu(x[..., :0]) * x[..., 0:] is empty): an empty output and gradient, as
+    are those of no rows."""
+    for shape in ((3, 0), (2, 0, 0), (0, 6)):
+        x = torch.randn(shape, requires_grad=True)
+        out = ckparity.swiglu(x)
+        out.backward(torch.ones(out.shape))
+        assert out.shape == reference_swiglu(x).shape and x.grad.shape == x.shape
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match="even"):
         ckparity.swiglu(torch.randn(3, 5))

@@ -130,9 +130,10 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
             return attention(query.float(), key.float(), value.float(), is_causal=is_causal, scale=scale,
                              enable_gqa=enable_gqa).bfloat16()
     _check_shapes(query, key, value, enable_gqa)
-    if query.numel() == 0:  # no rows, or d = 0 (every output the empty sum); gradients zero, as torch's (whose
-        # default scale at d = 0 is 1 / sqrt(0), inf, on nothing: no scale is needed for it)
-        return (query.sum(-1, keepdim=True) * 0 + key.sum() * 0 + value.sum() * 0).expand(query.shape).clone()
+    if query.numel() == 0 or key.shape[-2] == 0:  # no rows, d = 0 or no keys: torch's own special case (no
+        # kernel takes them; no scale is needed, whose default at d = 0 is 1 / sqrt(0)): zeros plus the inputs'
+        # sums times 0, so a NaN or inf anywhere in them makes every output NaN, and the gradients are zero
+        return query.new_zeros(query.shape) + (query.sum() + key.sum() + value.sum()) * 0
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)  # sdp::calculate_scale, in double
     if not math.isfinite(scale):
         raise InvalidArgument(f"attention: scale must be finite, got {scale}")
@@ -174,5 +175,3 @@ def _check_shapes(query, key, value, enable_gqa: bool) -> None:
         if hq != hkv and not (enable_gqa and hkv > 0 and hq % hkv == 0):
             raise InvalidArgument(f"attention: {hq} query heads for {hkv} kv heads needs enable_gqa=True and a "
                                   f"multiple, got {shapes}")
-    if key.shape[-2] == 0 and query.shape[-2] > 0 and query.numel() > 0:
-        raise InvalidArgument(f"attention: no keys for {query.shape[-2]} queries (softmax over nothing), got {shapes}")

@@ -111,8 +111,11 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):  # any number, a negative one too, as torch takes it
         raise InvalidArgument(f"eps must be a number, got {eps!r}")
     N = math.prod(shape)
-    if N == 0:
-        raise InvalidArgument(f"layer_norm: normalized_shape {shape} holds no element")
+    if N == 0:  # nothing to normalize: torch's empty y, and empty gradients (of weight and bias too)
+        y = x.clone()
+        for t in (weight, bias):
+            y = y if t is None else y + t.to(x.dtype)
+        return y
     flat = x.reshape(-1, N).contiguous()
     w = None if weight is None else weight.reshape(N).contiguous()
     b = None if bias is None else bias.reshape(N).contiguous()

@@ -40,8 +40,8 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
             and x.numel():
         return _SwiGLUFunction.apply(x)  # the common case, without the checks' errors to build
     require_floating(x, "x", dtypes=WITH_FLOAT16)
-    if x.dim() == 0 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
-        raise InvalidArgument(f"swiglu needs a last dimension of even size 2H > 0, got shape {tuple(x.shape)}")
-    if x.numel() == 0:
+    if x.dim() == 0 or x.shape[-1] % 2 != 0:
+        raise InvalidArgument(f"swiglu needs a last dimension of even size 2H, got shape {tuple(x.shape)}")
+    if x.numel() == 0:  # no rows, or H = 0: torch's empty output, and empty gradients
         return x[..., : x.shape[-1] // 2] * 0.0
     return _SwiGLUFunction.apply(x.contiguous())
