@@ -140,13 +140,13 @@ CKP_NATIVE_BF16 static inline __attribute__((always_inline)) void native_chains(
 }
 
 /* The float32 sums of an 8 x 32 panel at (m0, n0): each chunk's VDPBF16PS chain from 0, the chunks added in order
- * (under the caller's MXCSR). A's pair q of row m is ap[m * pairs + q], or in panels of 8 rows `panel` apart
+ * (under the caller's MXCSR). A's pair q of row m is ap[m * lda + q], or in panels of 8 rows `panel` apart
  * ap[m / 8 * panel + q * 8 + m % 8]; B's at bp + b_at(pairs, q, n). */
-CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs,
-                                        int64_t m0, int64_t rows, int64_t n0, const int64_t *starts,
+CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, int64_t lda, const uint32_t *bp,
+                                        int64_t pairs, int64_t m0, int64_t rows, int64_t n0, const int64_t *starts,
                                         int64_t chunks, float out[NATIVE_MR][NATIVE_NR]) {
-    const uint32_t *a0 = panel ? ap + m0 / NATIVE_MR * panel : ap + m0 * pairs; /* the panel's, or row m0's */
-    const int64_t a_rs = panel ? 1 : pairs, a_qs = panel ? NATIVE_MR : 1;
+    const uint32_t *a0 = panel ? ap + m0 / NATIVE_MR * panel : ap + m0 * lda; /* the panel's, or row m0's */
+    const int64_t a_rs = panel ? 1 : lda, a_qs = panel ? NATIVE_MR : 1;
     const uint32_t *b0 = bp + b_at(pairs, 0, n0);
     if (rows == NATIVE_MR)
         native_chains(a0, a_rs, a_qs, b0, pairs, 1, rows, starts, chunks, out);
@@ -154,12 +154,22 @@ CKP_NATIVE_BF16 static void native_sums(const uint32_t *ap, int64_t panel, const
         native_chains(a0, a_rs, a_qs, b0, pairs, 0, rows, starts, chunks, out);
 }
 
-/* One panel of C: native_sums, the bias added, rounded once. */
-static void native_panel(const uint32_t *ap, int64_t panel, const uint32_t *bp, int64_t pairs, int64_t N,
-                         int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int64_t *starts, int64_t chunks,
-                         const uint16_t *bias, uint16_t *c) {
+/* One panel of C: native_sums, the bias added, rounded once -- 16 columns at a time where the panel has all 32 (one
+ * at a time, a panel's 256 roundings had cost as much as its sums at K = 64, a tenth at K = 256). */
+CKP_NATIVE_BF16 static void native_panel(const uint32_t *ap, int64_t panel, int64_t lda, const uint32_t *bp,
+                                         int64_t pairs, int64_t N, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
+                                         const int64_t *starts, int64_t chunks, const uint16_t *bias, uint16_t *c) {
     float sum[NATIVE_MR][NATIVE_NR];
-    native_sums(ap, panel, bp, pairs, m0, rows, n0, starts, chunks, sum);
+    native_sums(ap, panel, lda, bp, pairs, m0, rows, n0, starts, chunks, sum);
+    if (cols == NATIVE_NR) {
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < NATIVE_NR; j += 16) {
+                ckp_v16f v;
+                memcpy(&v, &sum[i][j], sizeof v);
+                ckp_bf16_store16(c + (m0 + i) * N + n0 + j, bias != NULL ? v + ckp_bf16_load16(bias + n0 + j) : v);
+            }
+        return;
+    }
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++)
             c[(m0 + i) * N + n0 + j] = ckp_f_to_bf16(bias != NULL ? sum[i][j] + ckp_bf16_to_f(bias[n0 + j]) : sum[i][j]);
@@ -175,23 +185,34 @@ static inline uint32_t pair_at(const uint16_t *x, int64_t s, int64_t q, int64_t 
     return x[2 * q * s] | (2 * q + 1 < K ? (uint32_t)x[(2 * q + 1) * s] << 16 : 0u);
 }
 
-/* Rows m0..m0 + 15 of A (bf16) as pairs: a row-major A's are its own 32-bit words (row m's at ap + m * pairs); a
- * transposed A's (columns contiguous) two columns' 16 halves zero-extended and joined, into two panels of 8 rows
- * (`panel` apart: native_sums' panels); else one by one, row-major. */
-CKP_NATIVE_BF16 static void pack_a16(const uint16_t *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t M, int64_t K,
+/* Rows m0..m0 + 31 of A (bf16) as pairs: a row-major A's are its own 32-bit words (row m's at ap + m * pairs); a
+ * transposed A's (columns contiguous) two columns' 16 halves zero-extended and joined, into panels of 8 rows
+ * (`panel` apart: native_sums' panels), 32 rows per pair -- a column's whole 64 bytes, where 16 read each line twice
+ * in calls far apart (its columns 4 KB apart at 1024 rows); else one by one, row-major. */
+CKP_NATIVE_BF16 static void pack_a32(const uint16_t *a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t M, int64_t K,
                                      int64_t panel, uint32_t *ap) {
-    const int64_t pairs = (K + 1) / 2, end = m0 + 16 < M ? m0 + 16 : M, whole = K / 2; /* pairs without the pad */
+    const int64_t pairs = (K + 1) / 2, end = m0 + 32 < M ? m0 + 32 : M, whole = K / 2; /* pairs without the pad */
     if (panel) {
-        const __mmask16 live = (__mmask16)(end - m0 >= 16 ? 0xffff : (1u << (end - m0)) - 1);
-        for (int64_t q = 0; q < pairs; q++) {
-            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, a + m0 + 2 * q * a_cs));
-            const __m512i hi = q < whole ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, a + m0 + (2 * q + 1) * a_cs))
-                                         : _mm512_setzero_si512();
-            const __m512i w = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-            uint32_t *lo8 = ap + m0 / 8 * panel + q * 8;
-            _mm256_mask_storeu_epi32(lo8, (__mmask8)live, _mm512_castsi512_si256(w));
-            if (end - m0 > 8) _mm256_mask_storeu_epi32(lo8 + panel, (__mmask8)(live >> 8), _mm512_extracti64x4_epi64(w, 1));
-        }
+        for (int64_t q = 0; q < pairs; q++)
+            for (int64_t h = m0; h < end; h += 16) {
+                if (h == m0 && q + 8 < whole) { /* the columns 8 pairs on, 4 KB apart at 1024 rows: fetched ahead */
+                    _mm_prefetch((const char *)(a + h + 2 * (q + 8) * a_cs), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(a + h + (2 * (q + 8) + 1) * a_cs), _MM_HINT_T0);
+                }
+                const __mmask16 live = (__mmask16)(end - h >= 16 ? 0xffff : (1u << (end - h)) - 1);
+                const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, a + h + 2 * q * a_cs));
+                const __m512i hi = q < whole ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, a + h + (2 * q + 1) * a_cs))
+                                             : _mm512_setzero_si512();
+                const __m512i w = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+                uint32_t *lo8 = ap + h / 8 * panel + q * 8;
+                if (end - h >= 16) { /* plain stores: a masked store is slow on AMD's cores */
+                    _mm256_storeu_si256((__m256i *)lo8, _mm512_castsi512_si256(w));
+                    _mm256_storeu_si256((__m256i *)(lo8 + panel), _mm512_extracti64x4_epi64(w, 1));
+                    continue;
+                }
+                _mm256_mask_storeu_epi32(lo8, (__mmask8)live, _mm512_castsi512_si256(w));
+                if (end - h > 8) _mm256_mask_storeu_epi32(lo8 + panel, (__mmask8)(live >> 8), _mm512_extracti64x4_epi64(w, 1));
+            }
         return;
     }
     for (int64_t m = m0; m < end; m++) {
@@ -236,6 +257,10 @@ CKP_NATIVE_BF16 static void pack_b16(const uint16_t *b, int64_t b_rs, int64_t b_
     int64_t q = 0;
     if (b_cs == 1) {
         for (; q < pairs; q++) {
+            if (q + 8 < whole) { /* the rows 8 pairs on (8 KB apart at N = 4096): fetched ahead, as pack_a32's */
+                _mm_prefetch((const char *)(b + 2 * (q + 8) * b_rs + n0), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b + (2 * (q + 8) + 1) * b_rs + n0), _MM_HINT_T0);
+            }
             const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, b + 2 * q * b_rs + n0));
             const __m512i hi = q < whole ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, b + (2 * q + 1) * b_rs + n0))
                                          : _mm512_setzero_si512();
@@ -267,10 +292,14 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
                                     const uint16_t *bias, uint16_t *c) {
     const int64_t pairs = (K + 1) / 2, ldb = (N + NATIVE_NR - 1) / NATIVE_NR * NATIVE_NR;
     const int64_t panel = a_panel(a_rs, a_cs, pairs);
-    const int64_t a_words = panel ? (M + NATIVE_MR - 1) / NATIVE_MR * panel : M * pairs;
-    uint32_t *ap = malloc((size_t)a_words * sizeof *ap), *bp = calloc((size_t)(pairs * ldb), sizeof *bp);
-    if (ap == NULL || bp == NULL) {
-        free(ap);
+    /* a row-major A of even K and row stride on a 4-byte boundary: its pairs are its own 32-bit words, read in place */
+    const int direct = !panel && a_cs == 1 && K % 2 == 0 && a_rs % 2 == 0 && (uintptr_t)a % 4 == 0;
+    const int64_t a_words = direct ? 1 : panel ? (M + NATIVE_MR - 1) / NATIVE_MR * panel : M * pairs;
+    const int64_t lda = direct ? a_rs / 2 : pairs;
+    uint32_t *packed = malloc((size_t)a_words * sizeof *packed), *bp = calloc((size_t)(pairs * ldb), sizeof *bp);
+    const uint32_t *ap = direct ? (const uint32_t *)a : packed;
+    if (packed == NULL || bp == NULL) {
+        free(packed);
         free(bp);
         return ckp_fail(CKP_ERR_OUT_OF_MEMORY, "gemm_bf16_tiles: no memory for the packed operands");
     }
@@ -281,20 +310,22 @@ static ckp_status native_pairs_gemm(const uint16_t *a, int64_t a_rs, int64_t a_c
     {
         const unsigned csr = _mm_getcsr(); /* the chunks' and the bias's adds under DAZ and FTZ, as panel()'s */
         _mm_setcsr(csr | MXCSR_FTZ_DAZ);
-        /* packed 16 rows (columns) at a time */
+        /* packed 32 rows and 16 columns at a time */
+        if (!direct) { /* every thread takes the same branch */
 #pragma omp for schedule(static)
-        for (int64_t m0 = 0; m0 < M; m0 += 16) pack_a16(a, a_rs, a_cs, m0, M, K, panel, ap);
+            for (int64_t m0 = 0; m0 < M; m0 += 32) pack_a32(a, a_rs, a_cs, m0, M, K, panel, packed);
+        }
 #pragma omp for schedule(static)
         for (int64_t n0 = 0; n0 < N; n0 += 16) pack_b16(b, b_rs, b_cs, n0, N, K, bp);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < row_panels * col_panels; p++) {
             const int64_t m0 = p % row_panels * NATIVE_MR, n0 = p / row_panels * NATIVE_NR;
-            native_panel(ap, panel, bp, pairs, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
+            native_panel(ap, panel, lda, bp, pairs, N, m0, M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, n0,
                          N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR, starts, chunks, bias, c);
         }
         _mm_setcsr(csr);
     }
-    free(ap);
+    free(packed);
     free(bp);
     return CKP_OK;
 }
@@ -399,7 +430,7 @@ static void native_accumulate(float alpha, const float *a, int64_t a_rs, int64_t
     for (int64_t n0 = 0; n0 < N; n0 += NATIVE_NR)
         for (int64_t m0 = 0; m0 < M; m0 += NATIVE_MR) {
             const int64_t rows = M - m0 < NATIVE_MR ? M - m0 : NATIVE_MR, cols = N - n0 < NATIVE_NR ? N - n0 : NATIVE_NR;
-            native_sums(ap, panel, bp, pairs, m0, rows, n0, NULL, 0, sum);
+            native_sums(ap, panel, pairs, bp, pairs, m0, rows, n0, NULL, 0, sum);
             for (int64_t i = 0; i < rows; i++)
                 for (int64_t j = 0; j < cols; j++) {
                     float *at = c + (m0 + i) * ldc + n0 + j;

@@ -619,6 +619,23 @@ def test_vdpbf16ps_itself_and_its_emulation_give_the_same_bits(tmp_path):
         assert same_bits(x, y), f"output {i}: {differing} of {x.numel()} differ"
 
 
+def test_the_bf16_pairs_gemm_reads_a_in_place_or_packed_with_the_same_bits():
+    """A row-major A of even K and even row stride on a 4-byte boundary is read in place as VDPBF16PS's pairs; any
+    other (odd K, a view off that boundary, an odd row stride, a transposed A in panels) is packed: the same
+    bits each way, chunks and a bias included, through the instruction and its emulation alike."""
+    g = torch.Generator().manual_seed(11)
+    for M, K, N, starts in ((19, 64, 40, ()), (33, 300, 70, (128,)), (9, 31, 33, ()), (40, 1000, 64, (512,))):
+        a = torch.randn(M, K, generator=g).bfloat16()
+        b, bias = torch.randn(K, N, generator=g).bfloat16(), torch.randn(N, generator=g).bfloat16()
+        off = torch.empty(M * K + 1, dtype=torch.bfloat16)[1:].view(M, K)  # 2 bytes off the boundary
+        wide = torch.empty(M, K + 1, dtype=torch.bfloat16)[:, :K]  # rows K + 1 apart
+        wider = torch.empty(M, K + 2, dtype=torch.bfloat16)[:, :K]  # rows K + 2 apart: in place for an even K
+        layouts = [a, off.copy_(a), wide.copy_(a), wider.copy_(a), a.t().contiguous().t()]
+        for bias_or_none in (None, bias):
+            outs = [_onednn.product(x, b, _onednn.Order(0, starts), bias_or_none) for x in layouts]
+            assert all(same_bits(outs[0], o) for o in outs[1:]), (M, K, N, bias_or_none is None)
+
+
 @pytest.mark.skipif(ONEDNN_NOT_FOLLOWED is not None, reason=str(ONEDNN_NOT_FOLLOWED))
 def test_the_bf16_sweep_sees_an_order_that_is_not_onednns(monkeypatch):
     """The linear.onednn sweep can fail: with tiles of half oneDNN's width (the chains regrouped, every value the
