@@ -128,6 +128,16 @@ def test_the_erf_form_is_onednns_at_the_isa_onednn_runs(pin):
         assert not out["torch.bfloat16 other form"]
 
 
+def test_bf16_erf_results_that_are_float_denormals_are_torchs_in_the_forward_and_the_backward():
+    """Where oneDNN converts to bf16 in hardware (vcvtneps2bf16), a float denormal result is flushed to a zero of
+    its sign; elsewhere it is rounded. Tiny x (the forward's x / 2) and tiny dy (the backward's dy * 0.5 at x = 0),
+    of both signs, 64 elements (the vector code's blocks of 16 and the rest): torch's bits either way."""
+    tiny = torch.tensor([2.0 ** -128, -(2.0 ** -129), 2.0 ** -133, -(2.0 ** -126), 0.0, -0.0, 1e-3, 2.0]).repeat(8)
+    x, dy = tiny.bfloat16(), tiny.flip(0).bfloat16()
+    for xs, dys in ((x, dy), (torch.zeros(64).bfloat16(), dy), (x, torch.full((64,), 2.0 ** -125).bfloat16())):
+        assert all(same_bits(a, b) for a, b in zip(_both(ckparity.gelu, xs, dys), _both(F.gelu, xs, dys)))
+
+
 def test_the_erf_form_of_one_element_is_atens_scalar_code():
     """A tensor of one element never reaches oneDNN (use_mkldnn wants two): ATen's scalar formula, with libm's
     erff and expf, is torch's bits at every value; ATen's erf GELU on 300 elements is not oneDNN's."""
