@@ -55,57 +55,78 @@ static inline __attribute__((always_inline)) void add_moments_vec(int64_t m0_add
  * 16-element vectors are widened to two 8-lane float halves that keep their own Welford chains within a
  * chunk and are merged in turn (moments_utils.h's reduced-type UpdateMomentsVec); the lanes then hold
  * 2n elements each. */
-static inline __attribute__((always_inline)) void row_moments(const void *xv, int64_t N, int bf16, int fma, float *mean,
-                                                              float *var) {
-    const float *xf = xv;
-    const uint16_t *xh = xv;
-#define X(i) (bf16 ? ckp_bf16_to_f(xh[i]) : xf[i])
+/* 1 / (j + 1) in float for the chunk's steps j (moments_utils.h's table of them, the same divisions). */
+static const float RECIPROCALS[CHUNK] = {1.0f / 1,  1.0f / 2,  1.0f / 3,  1.0f / 4,  1.0f / 5,  1.0f / 6,
+                                         1.0f / 7,  1.0f / 8,  1.0f / 9,  1.0f / 10, 1.0f / 11, 1.0f / 12,
+                                         1.0f / 13, 1.0f / 14, 1.0f / 15, 1.0f / 16};
+
+static inline __attribute__((always_inline)) void row_moments(const void *const *xvs, int rows, int64_t N, int bf16,
+                                                              int fma, float *mean, float *var) {
+    /* `rows` (1, 2 or 4, a constant at each call) rows at once: each row's chains are its own and run in its own
+     * order; rows interleaved give the core independent chains where one waits on each step's FMA */
+#define X(r, i) (bf16 ? ckp_bf16_to_f(((const uint16_t *)xvs[r])[i]) : ((const float *)xvs[r])[i])
     const int halves = bf16 ? 2 : 1, vec = halves * LANES; /* Vectorized<T>::size() */
     const int64_t n = N / vec, chunks = (n + CHUNK - 1) / CHUNK, depth = ceil_log2(chunks);
-    int64_t m0s[64] = {0};
-    float m1s[64][LANES], m2s[64][LANES];
+    int64_t m0s[4][64] = {{0}};
+    float m1s[4][64][LANES], m2s[4][64][LANES];
     memset(m1s, 0, sizeof m1s);
     memset(m2s, 0, sizeof m2s);
     for (int64_t i = 0; i < chunks; i++) {
         const int64_t base = i * CHUNK * vec, m0 = n - i * CHUNK < CHUNK ? n - i * CHUNK : CHUNK;
-        float m1v[2][LANES] = {{0}}, m2v[2][LANES] = {{0}};
+        /* each (row, half) one 8-lane chain in registers: through memory, every step had waited on a store */
+        ckp_v8f m1c[4][2] = {{{0}}}, m2c[4][2] = {{{0}}};
         for (int64_t j = 0; j < m0; j++) {
-            const float c = 1.0f / (float)(j + 1);
-            for (int h = 0; h < halves; h++)
-                for (int l = 0; l < LANES; l++) {
-                    const float v = X(base + j * vec + h * LANES + l), delta = v - m1v[h][l];
-                    m1v[h][l] = fm(c, delta, m1v[h][l], fma);
-                    m2v[h][l] = fm(delta, v - m1v[h][l], m2v[h][l], fma);
+            const ckp_v8f c = ckp_splat8(RECIPROCALS[j]);
+#pragma GCC unroll 4
+            for (int r = 0; r < rows; r++)
+#pragma GCC unroll 2
+                for (int h = 0; h < halves; h++) {
+                    const int64_t at = base + j * vec + h * LANES;
+                    const ckp_v8f v = bf16 ? ckp_bf16_load8((const uint16_t *)xvs[r] + at)
+                                           : ckp_load8((const float *)xvs[r] + at);
+                    const ckp_v8f delta = v - m1c[r][h];
+                    m1c[r][h] = fma ? ckp_fma8(c, delta, m1c[r][h]) : c * delta + m1c[r][h];
+                    m2c[r][h] = fma ? ckp_fma8(delta, v - m1c[r][h], m2c[r][h]) : delta * (v - m1c[r][h]) + m2c[r][h];
                 }
         }
-        for (int h = 0; h < halves; h++) add_moments_vec(m0, m1v[h], m2v[h], &m0s[0], m1s[0], m2s[0], fma);
-        for (int64_t j = 1, mask = i + 1; j < depth && (mask & 1) == 0; ++j, mask >>= 1) {
-            add_moments_vec(m0s[j - 1], m1s[j - 1], m2s[j - 1], &m0s[j], m1s[j], m2s[j], fma);
-            m0s[j - 1] = 0;
-            memset(m1s[j - 1], 0, sizeof m1s[0]);
-            memset(m2s[j - 1], 0, sizeof m2s[0]);
+        for (int r = 0; r < rows; r++) {
+            for (int h = 0; h < halves; h++) {
+                float m1v[LANES], m2v[LANES];
+                memcpy(m1v, &m1c[r][h], sizeof m1v);
+                memcpy(m2v, &m2c[r][h], sizeof m2v);
+                add_moments_vec(m0, m1v, m2v, &m0s[r][0], m1s[r][0], m2s[r][0], fma);
+            }
+            for (int64_t j = 1, mask = i + 1; j < depth && (mask & 1) == 0; ++j, mask >>= 1) {
+                add_moments_vec(m0s[r][j - 1], m1s[r][j - 1], m2s[r][j - 1], &m0s[r][j], m1s[r][j], m2s[r][j], fma);
+                m0s[r][j - 1] = 0;
+                memset(m1s[r][j - 1], 0, sizeof m1s[0][0]);
+                memset(m2s[r][j - 1], 0, sizeof m2s[0][0]);
+            }
         }
     }
-    for (int64_t j = 1; j < depth; j++) add_moments_vec(m0s[j], m1s[j], m2s[j], &m0s[0], m1s[0], m2s[0], fma);
-    int64_t m0 = 0;
-    float m1 = 0.0f, m2 = 0.0f;
-    for (int64_t i = n * vec; i < N; i++) { /* the tail: not contracted in torch's build (measured) */
-        const float v = X(i), delta = v - m1;
-        ++m0;
-        m1 += delta / (float)m0;
-        m2 = m2 + delta * (v - m1);
+    for (int r = 0; r < rows; r++) {
+        for (int64_t j = 1; j < depth; j++)
+            add_moments_vec(m0s[r][j], m1s[r][j], m2s[r][j], &m0s[r][0], m1s[r][0], m2s[r][0], fma);
+        int64_t m0 = 0;
+        float m1 = 0.0f, m2 = 0.0f;
+        for (int64_t i = n * vec; i < N; i++) { /* the tail: not contracted in torch's build (measured) */
+            const float v = X(r, i), delta = v - m1;
+            ++m0;
+            m1 += delta / (float)m0;
+            m2 = m2 + delta * (v - m1);
+        }
+        const int64_t m0_add = n * halves;
+        for (int l = 0; l < LANES; l++) { /* AddMoments of each lane */
+            const int64_t total = m0 + m0_add;
+            const float c = total == 0 ? 0.0f : (float)m0_add / (float)total, delta = m1s[r][0][l] - m1;
+            m1 = fm(c, delta, m1, fma);
+            m2 = m2 + fm(delta * delta * c, (float)m0, m2s[r][0][l], fma);
+            m0 = total;
+        }
+        mean[r] = m1;
+        var[r] = m2 / (float)N;
     }
 #undef X
-    const int64_t m0_add = n * halves;
-    for (int l = 0; l < LANES; l++) { /* AddMoments of each lane */
-        const int64_t total = m0 + m0_add;
-        const float c = total == 0 ? 0.0f : (float)m0_add / (float)total, delta = m1s[0][l] - m1;
-        m1 = fm(c, delta, m1, fma);
-        m2 = m2 + fm(delta * delta * c, (float)m0, m2s[0][l], fma);
-        m0 = total;
-    }
-    *mean = m1;
-    *var = m2 / (float)N;
 }
 
 /* vec_reduce_all of 8 float lanes: AVX2's shuffle tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), or
@@ -153,16 +174,27 @@ static inline __attribute__((always_inline)) float reduce_all(const float *p, co
  * which its compiler drops: one FMA of (x - mean) by rstd (measured). (The clones give the compiler FMA and
  * wider vectors; fm's FMA is the same single rounding in every clone.) */
 CKP_CLONES
-static void forward_row(const float *x, const float *weight, const float *bias, int64_t N, float eps, int fma,
-                        float *y, float *mean, float *rstd) {
-    float mu, var;
-    row_moments(x, N, 0, fma, &mu, &var);
-    const float r = 1.0f / sqrtf(var + eps);
-    *mean = mu;
-    *rstd = r;
-    for (int64_t j = 0; j < N; j++)
-        y[j] = weight ? fm((x[j] + -mu) * r, weight[j], bias ? bias[j] : 0.0f, fma)
-                      : fm(x[j] + -mu, r, bias ? bias[j] : 0.0f, fma);
+static void forward_rows(const float *x, int rows, const float *weight, const float *bias, int64_t N, float eps,
+                         int fma, float *y, float *mean, float *rstd) {
+    /* rows x + k N: four at once for row_moments (rows and fma constants in each call), else one by one */
+    const void *xs[4] = {x, x + N, x + 2 * N, x + 3 * N};
+    float mu[4], var[4];
+    if (rows == 4 && fma) row_moments(xs, 4, N, 0, 1, mu, var);
+    else if (rows == 4) row_moments(xs, 4, N, 0, 0, mu, var);
+    for (int k = 0; k < rows && rows < 4; k++) {
+        if (fma) row_moments(xs + k, 1, N, 0, 1, mu + k, var + k);
+        else row_moments(xs + k, 1, N, 0, 0, mu + k, var + k);
+    }
+    for (int k = 0; k < rows; k++) {
+        const float m = mu[k], r = 1.0f / sqrtf(var[k] + eps);
+        const float *xk = x + k * N;
+        float *yk = y + k * N;
+        mean[k] = m;
+        rstd[k] = r;
+        for (int64_t j = 0; j < N; j++)
+            yk[j] = weight ? fm((xk[j] + -m) * r, weight[j], bias ? bias[j] : 0.0f, fma)
+                           : fm(xk[j] + -m, r, bias ? bias[j] : 0.0f, fma);
+    }
 }
 
 /* dweight and dbias of columns [lo, hi): each torch thread's buffer over the rows of its chunk (rows i of
@@ -248,7 +280,8 @@ ckp_status ckp_layer_norm_forward(const float *x, const float *weight, const flo
     const int fma = with_fma();
     const float eps_f = (float)eps; /* LayerNormKernelImpl: static_cast<scalar_t>(eps); any value, as torch takes it */
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
-    for (int64_t i = 0; i < M; i++) forward_row(x + i * N, weight, bias, N, eps_f, fma, y + i * N, mean + i, rstd + i);
+    for (int64_t i = 0; i < M; i += 4) /* rows in fours (forward_rows) */
+        forward_rows(x + i * N, M - i < 4 ? (int)(M - i) : 4, weight, bias, N, eps_f, fma, y + i * N, mean + i, rstd + i);
     return CKP_OK;
 }
 
@@ -320,17 +353,32 @@ static inline __attribute__((always_inline)) void put(void *p, int64_t i, float 
 }
 
 CKP_CLONES
-static void forward_row_bf16(const uint16_t *x, const void *weight, const void *bias, int64_t N, float eps,
-                             int fma, int mixed, uint16_t *y, void *mean, void *rstd, int64_t i) {
-    float mu, var;
-    row_moments(x, N, 1, fma, &mu, &var);
-    const float r = 1.0f / sqrtf(var + eps), shift = -r * mu;
-    for (int64_t j = 0; j < N; j++) {
-        const float t = fm(bf(x, j), r, shift, fma);
-        y[j] = ckp_f_to_bf16(fm(t, weight ? pv(weight, j, mixed) : 1.0f, bias ? pv(bias, j, mixed) : 0.0f, fma));
+static void forward_rows_bf16(const uint16_t *x, int rows, const void *weight, const void *bias, int64_t N, float eps,
+                              int fma, int mixed, uint16_t *y, void *mean, void *rstd, int64_t i) {
+    const void *xs[2] = {x, x + N}; /* rows (1 or 2) as forward_rows' */
+    float mu[2], var[2];
+    if (rows == 2 && fma) row_moments(xs, 2, N, 1, 1, mu, var);
+    else if (rows == 2) row_moments(xs, 2, N, 1, 0, mu, var);
+    else if (fma) row_moments(xs, 1, N, 1, 1, mu, var);
+    else row_moments(xs, 1, N, 1, 0, mu, var);
+    for (int k = 0; k < rows; k++) {
+        const float r = 1.0f / sqrtf(var[k] + eps), shift = -r * mu[k];
+        const uint16_t *xk = x + k * N;
+        uint16_t *yk = y + k * N;
+        int64_t j = 0;
+        for (; fma && j + 16 <= N; j += 16) { /* the loop below, 16 at a time (one at a time: 0.2x torch's) */
+            const ckp_v16f t = ckp_fma16(ckp_bf16_load16(xk + j), ckp_splat16(r), ckp_splat16(shift));
+            const ckp_v16f w = weight == NULL ? ckp_splat16(1.0f) : ckp_elem_load16(weight, j, mixed ? 4 : 2);
+            const ckp_v16f b = bias == NULL ? ckp_splat16(0.0f) : ckp_elem_load16(bias, j, mixed ? 4 : 2);
+            ckp_bf16_store16(yk + j, ckp_fma16(t, w, b));
+        }
+        for (; j < N; j++) {
+            const float t = fm(bf(xk, j), r, shift, fma);
+            yk[j] = ckp_f_to_bf16(fm(t, weight ? pv(weight, j, mixed) : 1.0f, bias ? pv(bias, j, mixed) : 0.0f, fma));
+        }
+        put(mean, i + k, mu[k], mixed);
+        put(rstd, i + k, r, mixed);
     }
-    put(mean, i, mu, mixed);
-    put(rstd, i, r, mixed);
 }
 
 static ckp_status forward_bf16(const uint16_t *x, const void *weight, const void *bias, int64_t M, int64_t N,
@@ -350,8 +398,8 @@ static ckp_status forward_bf16(const uint16_t *x, const void *weight, const void
     const int fma = with_fma();
     const float eps_f = (float)eps;
 #pragma omp parallel for schedule(static) num_threads(ckp_threads()) if (M * N >= 32768)
-    for (int64_t i = 0; i < M; i++)
-        forward_row_bf16(x + i * N, weight, bias, N, eps_f, fma, mixed, y + i * N, mean, rstd, i);
+    for (int64_t i = 0; i < M; i += 2) /* rows in pairs (forward_rows) */
+        forward_rows_bf16(x + i * N, M - i < 2 ? 1 : 2, weight, bias, N, eps_f, fma, mixed, y + i * N, mean, rstd, i);
     return CKP_OK;
 }
 
