@@ -158,11 +158,22 @@ static inline __attribute__((always_inline)) float reduce_all(const float *p, co
         for (int64_t l = 1; l < N; l++) sum = sum + TERM(l);
         return sum;
     }
-    float acc[LANES];
-    for (int l = 0; l < LANES; l++) acc[l] = TERM(l);
+    /* the whole vectors on 8-lane vectors, which factors there are decided outside the loops (a test of them in
+     * the loop had kept it scalar: the dx rows ran at half torch's speed) */
+#define VTERM(j) (q == NULL ? ckp_load8(p + (j)) : r == NULL ? ckp_load8(p + (j)) * ckp_load8(q + (j)) \
+                                                    : (ckp_load8(p + (j)) * ckp_load8(q + (j))) * ckp_load8(r + (j)))
+    ckp_v8f sum = VTERM(0);
     int64_t d = LANES;
-    for (; d < N - N % LANES; d += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] = acc[l] + TERM(d + l);
+    const int64_t whole = N - N % LANES;
+    if (q == NULL)
+        for (; d < whole; d += LANES) sum = sum + ckp_load8(p + d);
+    else if (r == NULL)
+        for (; d < whole; d += LANES) sum = sum + ckp_load8(p + d) * ckp_load8(q + d);
+    else
+        for (; d < whole; d += LANES) sum = sum + (ckp_load8(p + d) * ckp_load8(q + d)) * ckp_load8(r + d);
+#undef VTERM
+    float acc[LANES];
+    memcpy(acc, &sum, sizeof acc);
     for (int l = 0; d + l < N; l++) acc[l] = q ? fm(HEAD(d + l), LAST(d + l), acc[l], fma) : acc[l] + p[d + l];
 #undef HEAD
 #undef LAST
@@ -231,7 +242,12 @@ static void dx_row(const float *dy, const float *x, const float *weight, int64_t
     const float ds = reduce_all(dy, x, weight, N, fma), db = reduce_all(dy, weight, NULL, N, fma);
     const float b = (fma ? fmaf(db, mu, -ds) : db * mu - ds) * a * a * a * scale;
     const float c = fma ? fmaf(-b, mu, -(db * a * scale)) : -b * mu - db * a * scale;
-    for (int64_t j = 0; j < N; j++) dx[j] = fm(b, x[j], a * dy[j] * (weight ? weight[j] : 1.0f), fma) + c;
+    if (fma && weight != NULL) /* the loop below with its tests decided outside it */
+        for (int64_t j = 0; j < N; j++) dx[j] = fmaf(b, x[j], a * dy[j] * weight[j]) + c;
+    else if (fma)
+        for (int64_t j = 0; j < N; j++) dx[j] = fmaf(b, x[j], a * dy[j] * 1.0f) + c;
+    else
+        for (int64_t j = 0; j < N; j++) dx[j] = fm(b, x[j], a * dy[j] * (weight ? weight[j] : 1.0f), fma) + c;
 }
 
 /* The rows of each torch thread's chunk of at::parallel_for(0, M, 1): dweight's and dbias's buffers follow it. */
