@@ -40,87 +40,104 @@ static int64_t piece_length(int64_t n, int torch_threads, int64_t grain) {
     return (n + pieces - 1) / pieces;
 }
 
-/* SLEEF's double-float arithmetic (df.h, its FMA forms) on 8 lanes: a value hi + lo. */
-typedef struct {
-    ckp_v8f hi, lo;
-} f2x8;
-
-#define FMA8 ckp_fma8
-static inline __attribute__((always_inline)) f2x8 df_add2_f(f2x8 x, ckp_v8f y) { /* dfadd2_vf2_vf2_vf */
-    ckp_v8f s = x.hi + y, v = s - x.hi;
-    return (f2x8){s, ((x.hi - (s - v)) + (y - v)) + x.lo};
+/* The vector code on N lanes (8, and 16 where the CPU runs AVX-512: gelu_wide), each lane the same operations:
+ * SLEEF's double-float arithmetic, its tanh, and the tanh form's forward and backward. */
+#define GELU_DEFINE_TANH(N, ATTR)                                                                                     \
+/* SLEEF's double-float arithmetic (df.h, its FMA forms) on N lanes: a value hi + lo. */                              \
+typedef struct {                                                                                                      \
+    ckp_v##N##f hi, lo;                                                                                               \
+} f2x##N;                                                                                                             \
+                                                                                                                      \
+ATTR static inline __attribute__((always_inline)) f2x##N df_add2_f##N(f2x##N x, ckp_v##N##f y) { /* dfadd2_vf2_vf2_vf */   \
+    ckp_v##N##f s = x.hi + y, v = s - x.hi;                                                                           \
+    return (f2x##N){s, ((x.hi - (s - v)) + (y - v)) + x.lo};                                                          \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_add2##N(f2x##N x, f2x##N y) { /* dfadd2_vf2_vf2_vf2 */         \
+    ckp_v##N##f s = x.hi + y.hi, v = s - x.hi;                                                                        \
+    return (f2x##N){s, ((x.hi - (s - v)) + (y.hi - v)) + (x.lo + y.lo)};                                              \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_add##N(f2x##N x, f2x##N y) { /* dfadd_vf2_vf2_vf2: |x| >= |y| */ \
+    ckp_v##N##f s = x.hi + y.hi;                                                                                      \
+    return (f2x##N){s, (((x.hi - s) + y.hi) + x.lo) + y.lo};                                                          \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_add_f_f2##N(ckp_v##N##f x, f2x##N y) { /* dfadd_vf2_vf_vf2 */  \
+    ckp_v##N##f s = x + y.hi;                                                                                         \
+    return (f2x##N){s, ((x - s) + y.hi) + y.lo};                                                                      \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_mul_f##N(f2x##N x, ckp_v##N##f y) { /* dfmul_vf2_vf2_vf */     \
+    ckp_v##N##f s = x.hi * y;                                                                                         \
+    return (f2x##N){s, ckp_fma##N(x.lo, y, ckp_fma##N(x.hi, y, -s))};                                                 \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_mul##N(f2x##N x, f2x##N y) { /* dfmul_vf2_vf2_vf2 */           \
+    ckp_v##N##f s = x.hi * y.hi;                                                                                      \
+    return (f2x##N){s, ckp_fma##N(x.hi, y.lo, ckp_fma##N(x.lo, y.hi, ckp_fma##N(x.hi, y.hi, -s)))};                   \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_squ##N(f2x##N x) { /* dfsqu_vf2_vf2 */                         \
+    ckp_v##N##f s = x.hi * x.hi;                                                                                      \
+    return (f2x##N){s, ckp_fma##N(x.hi + x.hi, x.lo, ckp_fma##N(x.hi, x.hi, -s))};                                    \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_rec##N(f2x##N d) { /* dfrec_vf2_vf2 */                         \
+    ckp_v##N##f s = 1.0f / d.hi;                                                                                      \
+    return (f2x##N){s, s * ckp_fma##N(-d.lo, s, ckp_fma##N(-d.hi, s, ckp_splat##N(1.0f)))};                           \
+}                                                                                                                     \
+ATTR static inline __attribute__((always_inline)) f2x##N df_div##N(f2x##N n, f2x##N d) { /* dfdiv_vf2_vf2_vf2 */           \
+    ckp_v##N##f t = 1.0f / d.hi, s = n.hi * t;                                                                        \
+    ckp_v##N##f u = ckp_fma##N(t, n.hi, -s), v = ckp_fma##N(-d.lo, t, ckp_fma##N(-d.hi, t, ckp_splat##N(1.0f)));      \
+    return (f2x##N){s, ckp_fma##N(s, v, ckp_fma##N(n.lo, t, u))};                                                     \
+}                                                                                                                     \
+                                                                                                                      \
+/* 2^q as a float, for q in [-126, 127] (SLEEF's vpow2i). */                                                          \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f pow2i##N(ckp_v##N##i q) { return (ckp_v##N##f)((q + 0x7f) << 23); } \
+                                                                                                                      \
+/* Vectorized<float>::tanh at AVX2 and AVX-512: SLEEF's xtanhf_u1 (Sleef_tanhf8_u10, Sleef_tanhf16_u10), lane         \
+ * by lane in its FMA form. Lanes past 8.664339742 (or NaN) are 1 (then the sign) before any exp is taken:            \
+ * their q is computed from 0 (a float past INT_MAX converted to int is undefined in C). */                           \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f tanh_sleef##N(ckp_v##N##f x) {                               \
+    const ckp_v##N##u sign = (ckp_v##N##u)x & 0x80000000u;                                                            \
+    const ckp_v##N##f ax = (ckp_v##N##f)((ckp_v##N##u)x ^ sign);                                                      \
+    const ckp_v##N##i far = (ckp_v##N##i)(ax > 8.664339742f) | (ckp_v##N##i)(ax != ax);                               \
+    const ckp_v##N##f y = ckp_select##N(far, ckp_splat##N(0.0f), ax);                                                 \
+    /* expk2f((y, 0)) */                                                                                              \
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: y / ln2 <= 12.5 rounded to nearest even (vrint) */          \
+    const ckp_v##N##f qf = (y * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) - \
+                       round_magic;                                                                                   \
+    const ckp_v##N##i q = __builtin_convertvector(qf, ckp_v##N##i);                                                   \
+    f2x##N s = df_add2_f##N((f2x##N){y, ckp_splat##N(0.0f)}, qf * -0.693145751953125f);                               \
+    s = df_add2_f##N(s, qf * -1.428606765330187045e-06f);                                                             \
+    ckp_v##N##f u = ckp_fma##N(ckp_splat##N(0.1980960224e-3f), s.hi, ckp_splat##N(0.1394256484e-2f));                 \
+    u = ckp_fma##N(u, s.hi, ckp_splat##N(0.8333456703e-2f));                                                          \
+    u = ckp_fma##N(u, s.hi, ckp_splat##N(0.4166637361e-1f));                                                          \
+    f2x##N t = df_add2_f##N(df_mul_f##N(s, u), ckp_splat##N(0.166666659414234244790680580464e+0f));                   \
+    t = df_add2_f##N(df_mul##N(s, t), ckp_splat##N(0.5f));                                                            \
+    t = df_add2##N(s, df_mul##N(df_squ##N(s), t));                                                                    \
+    t = df_add_f_f2##N(ckp_splat##N(1.0f), t);                                                                        \
+    const ckp_v##N##i half = q >> 1; /* vldexp2: two multiplies by powers of two */                                   \
+    t.hi = t.hi * pow2i##N(half) * pow2i##N(q - half);                                                                \
+    t.lo = t.lo * pow2i##N(half) * pow2i##N(q - half);                                                                \
+    /* (e - 1/e) / (e + 1/e) */                                                                                       \
+    const f2x##N e = df_rec##N(t);                                                                                    \
+    const f2x##N d = df_div##N(df_add##N(t, (f2x##N){-e.hi, -e.lo}), df_add##N(t, e));                                \
+    ckp_v##N##f r = d.hi + d.lo;                                                                                      \
+    r = ckp_select##N(far | (ckp_v##N##i)(r != r), ckp_splat##N(1.0f), r);                                            \
+    r = (ckp_v##N##f)((ckp_v##N##u)r ^ sign);                                                                         \
+    const ckp_v##N##i nan = (ckp_v##N##i)(x != x);                                                                    \
+    return ckp_select##N(nan, (ckp_v##N##f)nan, r); /* a NaN's lanes all ones, as SLEEF's or with the mask */         \
+}                                                                                                                     \
+                                                                                                                      \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f forward##N(ckp_v##N##f x) {                                  \
+    return 0.5f * x * (1.0f + tanh_sleef##N(KBETA * ckp_fma##N(ckp_splat##N(KKAPPA), x * x * x, x)));                 \
+}                                                                                                                     \
+                                                                                                                      \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f backward##N(ckp_v##N##f x, ckp_v##N##f dy) {                 \
+    ckp_v##N##f sq = x * x, t = tanh_sleef##N(KBETA * ckp_fma##N(ckp_splat##N(KKAPPA), sq * x, x));                   \
+    ckp_v##N##f left = 0.5f * x, right = 1.0f + t;                                                                    \
+    ckp_v##N##f tanh_slope = ckp_fma##N(-t, t, ckp_splat##N(1.0f));                                                   \
+    ckp_v##N##f inner_slope = KBETA * ckp_fma##N(ckp_splat##N(3.0f * KKAPPA), sq, ckp_splat##N(1.0f));                \
+    return dy * ckp_fma##N(ckp_splat##N(0.5f), right, left * tanh_slope * inner_slope);                               \
 }
-static inline __attribute__((always_inline)) f2x8 df_add2(f2x8 x, f2x8 y) { /* dfadd2_vf2_vf2_vf2 */
-    ckp_v8f s = x.hi + y.hi, v = s - x.hi;
-    return (f2x8){s, ((x.hi - (s - v)) + (y.hi - v)) + (x.lo + y.lo)};
-}
-static inline __attribute__((always_inline)) f2x8 df_add(f2x8 x, f2x8 y) { /* dfadd_vf2_vf2_vf2: |x| >= |y| */
-    ckp_v8f s = x.hi + y.hi;
-    return (f2x8){s, (((x.hi - s) + y.hi) + x.lo) + y.lo};
-}
-static inline __attribute__((always_inline)) f2x8 df_add_f_f2(ckp_v8f x, f2x8 y) { /* dfadd_vf2_vf_vf2 */
-    ckp_v8f s = x + y.hi;
-    return (f2x8){s, ((x - s) + y.hi) + y.lo};
-}
-static inline __attribute__((always_inline)) f2x8 df_mul_f(f2x8 x, ckp_v8f y) { /* dfmul_vf2_vf2_vf */
-    ckp_v8f s = x.hi * y;
-    return (f2x8){s, FMA8(x.lo, y, FMA8(x.hi, y, -s))};
-}
-static inline __attribute__((always_inline)) f2x8 df_mul(f2x8 x, f2x8 y) { /* dfmul_vf2_vf2_vf2 */
-    ckp_v8f s = x.hi * y.hi;
-    return (f2x8){s, FMA8(x.hi, y.lo, FMA8(x.lo, y.hi, FMA8(x.hi, y.hi, -s)))};
-}
-static inline __attribute__((always_inline)) f2x8 df_squ(f2x8 x) { /* dfsqu_vf2_vf2 */
-    ckp_v8f s = x.hi * x.hi;
-    return (f2x8){s, FMA8(x.hi + x.hi, x.lo, FMA8(x.hi, x.hi, -s))};
-}
-static inline __attribute__((always_inline)) f2x8 df_rec(f2x8 d) { /* dfrec_vf2_vf2 */
-    ckp_v8f s = 1.0f / d.hi;
-    return (f2x8){s, s * FMA8(-d.lo, s, FMA8(-d.hi, s, ckp_splat8(1.0f)))};
-}
-static inline __attribute__((always_inline)) f2x8 df_div(f2x8 n, f2x8 d) { /* dfdiv_vf2_vf2_vf2 */
-    ckp_v8f t = 1.0f / d.hi, s = n.hi * t;
-    ckp_v8f u = FMA8(t, n.hi, -s), v = FMA8(-d.lo, t, FMA8(-d.hi, t, ckp_splat8(1.0f)));
-    return (f2x8){s, FMA8(s, v, FMA8(n.lo, t, u))};
-}
-
-/* 2^q as a float, for q in [-126, 127] (SLEEF's vpow2i). */
-static inline __attribute__((always_inline)) ckp_v8f pow2i8(ckp_v8i q) { return (ckp_v8f)((q + 0x7f) << 23); }
-
-/* Vectorized<float>::tanh at AVX2 and AVX-512: SLEEF's xtanhf_u1 (Sleef_tanhf8_u10, Sleef_tanhf16_u10), lane
- * by lane in its FMA form. Lanes past 8.664339742 (or NaN) are 1 (then the sign) before any exp is taken:
- * their q is computed from 0 (a float past INT_MAX converted to int is undefined in C). */
-static inline __attribute__((always_inline)) ckp_v8f tanh_sleef8(ckp_v8f x) {
-    const ckp_v8u sign = (ckp_v8u)x & 0x80000000u;
-    const ckp_v8f ax = (ckp_v8f)((ckp_v8u)x ^ sign);
-    const ckp_v8i far = (ckp_v8i)(ax > 8.664339742f) | (ckp_v8i)(ax != ax);
-    const ckp_v8f y = ckp_select8(far, ckp_splat8(0.0f), ax);
-    /* expk2f((y, 0)) */
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: y / ln2 <= 12.5 rounded to nearest even (vrint) */
-    const ckp_v8f qf = (y * 1.442695040888963407359924681001892137426645954152985934135449406931f + round_magic) -
-                       round_magic;
-    const ckp_v8i q = __builtin_convertvector(qf, ckp_v8i);
-    f2x8 s = df_add2_f((f2x8){y, ckp_splat8(0.0f)}, qf * -0.693145751953125f);
-    s = df_add2_f(s, qf * -1.428606765330187045e-06f);
-    ckp_v8f u = FMA8(ckp_splat8(0.1980960224e-3f), s.hi, ckp_splat8(0.1394256484e-2f));
-    u = FMA8(u, s.hi, ckp_splat8(0.8333456703e-2f));
-    u = FMA8(u, s.hi, ckp_splat8(0.4166637361e-1f));
-    f2x8 t = df_add2_f(df_mul_f(s, u), ckp_splat8(0.166666659414234244790680580464e+0f));
-    t = df_add2_f(df_mul(s, t), ckp_splat8(0.5f));
-    t = df_add2(s, df_mul(df_squ(s), t));
-    t = df_add_f_f2(ckp_splat8(1.0f), t);
-    const ckp_v8i half = q >> 1; /* vldexp2: two multiplies by powers of two */
-    t.hi = t.hi * pow2i8(half) * pow2i8(q - half);
-    t.lo = t.lo * pow2i8(half) * pow2i8(q - half);
-    /* (e - 1/e) / (e + 1/e) */
-    const f2x8 e = df_rec(t);
-    const f2x8 d = df_div(df_add(t, (f2x8){-e.hi, -e.lo}), df_add(t, e));
-    ckp_v8f r = d.hi + d.lo;
-    r = ckp_select8(far | (ckp_v8i)(r != r), ckp_splat8(1.0f), r);
-    r = (ckp_v8f)((ckp_v8u)r ^ sign);
-    const ckp_v8i nan = (ckp_v8i)(x != x);
-    return ckp_select8(nan, (ckp_v8f)nan, r); /* a NaN's lanes all ones, as SLEEF's or with the mask */
-}
+#define AVX512_COPY __attribute__((target("arch=x86-64-v4")))
+GELU_DEFINE_TANH(8, )
+GELU_DEFINE_TANH(16, AVX512_COPY)
 
 /* x + kappa * x^3 as the build computes it: contracted where it has FMA. */
 /* The forward and the backward of one element (scalar code) and of 8 (vector code), in float. fma: the
@@ -140,18 +157,6 @@ static inline __attribute__((always_inline)) float backward1(float x, float dy, 
     return dy * (fma ? fmaf(0.5f, right, right_slope) : 0.5f * right + right_slope);
 }
 
-static inline __attribute__((always_inline)) ckp_v8f forward8(ckp_v8f x) {
-    return 0.5f * x * (1.0f + tanh_sleef8(KBETA * ckp_fma8(ckp_splat8(KKAPPA), x * x * x, x)));
-}
-
-static inline __attribute__((always_inline)) ckp_v8f backward8(ckp_v8f x, ckp_v8f dy) {
-    ckp_v8f sq = x * x, t = tanh_sleef8(KBETA * ckp_fma8(ckp_splat8(KKAPPA), sq * x, x));
-    ckp_v8f left = 0.5f * x, right = 1.0f + t;
-    ckp_v8f tanh_slope = ckp_fma8(-t, t, ckp_splat8(1.0f));
-    ckp_v8f inner_slope = KBETA * ckp_fma8(ckp_splat8(3.0f * KKAPPA), sq, ckp_splat8(1.0f));
-    return dy * ckp_fma8(ckp_splat8(0.5f), right, left * tanh_slope * inner_slope);
-}
-
 /* ---- the erf form as ATen computes it (Gelu.h's vectorized_gelu and scalar_gelu, GeluBackwardKernelImpl's) --
  * torch runs it where it does not hand the erf form to oneDNN (gelu_erf.c's Note): one element, oneDNN
  * disabled, bf16 below avx512_core. Vector code: Vectorized<float>::erf -- A&S 7.1.26 with SLEEF's expf_u10,
@@ -161,26 +166,31 @@ static inline __attribute__((always_inline)) ckp_v8f backward8(ckp_v8f x, ckp_v8
 #define KALPHA_ERF ((float)0.70710678118654752440)                                  /* float(M_SQRT1_2) */
 #define KBETA_ERF ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5)) /* M_2_SQRTPI * M_SQRT1_2 / 2 */
 
-static inline __attribute__((always_inline)) ckp_v8f erf_aten8(ckp_v8f v) {
-    const ckp_v8u sign = (ckp_v8u)v & 0x80000000u;
-    const ckp_v8f one = ckp_splat8(1.0f), t = one / ckp_fma8(ckp_splat8(0.3275911f), (ckp_v8f)((ckp_v8u)v ^ sign), one);
-    ckp_v8f r = ckp_fma8(ckp_splat8(1.061405429f), t, ckp_splat8(-1.453152027f));
-    r = ckp_fma8(r, t, ckp_splat8(1.421413741f));
-    r = ckp_fma8(r, t, ckp_splat8(-0.284496736f));
-    r = ckp_fma8(r, t, ckp_splat8(0.254829592f));
-    const ckp_v8f e = ckp_exp_sleef8((ckp_v8f)((ckp_v8u)(v * v) ^ 0x80000000u));
-    return (ckp_v8f)((ckp_v8u)ckp_fma8((ckp_v8f)((ckp_v8u)e ^ 0x80000000u) * t, r, one) ^ sign);
+/* The erf form's vector code on N lanes (as GELU_DEFINE_TANH's). */
+#define GELU_DEFINE_ERF(N, ATTR)                                                                                      \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f erf_aten##N(ckp_v##N##f v) {                                 \
+    const ckp_v##N##u sign = (ckp_v##N##u)v & 0x80000000u;                                                            \
+    const ckp_v##N##f one = ckp_splat##N(1.0f), t = one / ckp_fma##N(ckp_splat##N(0.3275911f), (ckp_v##N##f)((ckp_v##N##u)v ^ sign), one); \
+    ckp_v##N##f r = ckp_fma##N(ckp_splat##N(1.061405429f), t, ckp_splat##N(-1.453152027f));                           \
+    r = ckp_fma##N(r, t, ckp_splat##N(1.421413741f));                                                                 \
+    r = ckp_fma##N(r, t, ckp_splat##N(-0.284496736f));                                                                \
+    r = ckp_fma##N(r, t, ckp_splat##N(0.254829592f));                                                                 \
+    const ckp_v##N##f e = ckp_exp_sleef##N((ckp_v##N##f)((ckp_v##N##u)(v * v) ^ 0x80000000u));                        \
+    return (ckp_v##N##f)((ckp_v##N##u)ckp_fma##N((ckp_v##N##f)((ckp_v##N##u)e ^ 0x80000000u) * t, r, one) ^ sign);    \
+}                                                                                                                     \
+                                                                                                                      \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f forward_erf##N(ckp_v##N##f x) {                              \
+    return x * 0.5f * (1.0f + erf_aten##N(x * KALPHA_ERF));                                                           \
+}                                                                                                                     \
+                                                                                                                      \
+ATTR static inline __attribute__((always_inline)) ckp_v##N##f backward_erf##N(ckp_v##N##f x, ckp_v##N##f dy) {             \
+    const ckp_v##N##f cdf = 0.5f * (1.0f + erf_aten##N(x * KALPHA_ERF));                                              \
+    const ckp_v##N##f pdf = KBETA_ERF * ckp_exp_sleef##N(x * x * -0.5f);                                              \
+    return dy * ckp_fma##N(x, pdf, cdf);                                                                              \
 }
+GELU_DEFINE_ERF(8, )
+GELU_DEFINE_ERF(16, AVX512_COPY)
 
-static inline __attribute__((always_inline)) ckp_v8f forward_erf8(ckp_v8f x) {
-    return x * 0.5f * (1.0f + erf_aten8(x * KALPHA_ERF));
-}
-
-static inline __attribute__((always_inline)) ckp_v8f backward_erf8(ckp_v8f x, ckp_v8f dy) {
-    const ckp_v8f cdf = 0.5f * (1.0f + erf_aten8(x * KALPHA_ERF));
-    const ckp_v8f pdf = KBETA_ERF * ckp_exp_sleef8(x * x * -0.5f);
-    return dy * ckp_fma8(x, pdf, cdf);
-}
 
 static inline __attribute__((always_inline)) float forward_erf1(float x) { return x * 0.5f * (1.0f + erff(x * KALPHA_ERF)); }
 
@@ -189,33 +199,34 @@ static inline __attribute__((always_inline)) float backward_erf1(float x, float 
     return dy * (cdf + x * pdf);
 }
 
-/* A span of a piece: its first vec_count elements (a multiple of 8) in ATen's vector code, the rest in
- * its scalar code; x and dy (NULL for the forward) are the span's, out its output. float32 and bfloat16
- * (torch's BFloat16 GELU: the same float formula on the widened values, rounded to bf16 once, as it stores). */
-/* The spans of both forms: FORM_SUFFIX names the form's forward8/backward8 and forward1/backward1 (tanh's take the
- * build's contraction flag, erf's none). */
-#define GELU_DEFINE_SPANS(NAME, F8, B8, F1, B1)                                                                     \
-    CKP_CLONES                                                                                                      \
-    static void NAME##_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at,  \
-                           void *out_) {                                                                            \
+/* A span of a piece: its first vec_count elements (a multiple of 16) in ATen's vector code, the rest in its
+ * scalar code; x and dy (NULL for the forward) are the span's, out its output. float32 and bfloat16 (torch's
+ * BFloat16 GELU: the same float formula on the widened values, rounded to bf16 once, as it stores). NAME##_f32
+ * and NAME##_bf16 on N-lane vectors under ATTR: 8 lanes in the clones, 16 in an AVX-512 copy (GCC 12 scalarizes
+ * 16-lane comparisons in a target_clones function, not under a plain target attribute). F and B name the form's
+ * vector forward and backward, F1 and B1 its scalar ones (tanh's take the build's contraction flag). */
+#define GELU_DEFINE_SPANS(NAME, N, ATTR, F, B, F1, B1)                                                              \
+    ATTR static void NAME##_f32(const void *x_, const void *dy_, int64_t count, int64_t vec_count,                  \
+                                ckp_aten_layout at, void *out_) {                                                   \
         const float *x = x_, *dy = dy_;                                                                             \
         float *out = out_;                                                                                          \
         int64_t j = 0;                                                                                              \
         (void)at;                                                                                                   \
-        for (; j < vec_count; j += CKP_VLANES)                                                                      \
-            ckp_store8(out + j, dy == NULL ? F8(ckp_load8(x + j)) : B8(ckp_load8(x + j), ckp_load8(dy + j)));      \
+        for (; j < vec_count; j += N)                                                                               \
+            ckp_elem_store##N(out, j, dy == NULL ? F(ckp_elem_load##N(x, j, sizeof(float)))                         \
+                                                 : B(ckp_elem_load##N(x, j, sizeof(float)),                         \
+                                                     ckp_elem_load##N(dy, j, sizeof(float))), sizeof(float));      \
         for (; j < count; j++) out[j] = dy == NULL ? F1(x[j]) : B1(x[j], dy[j]);                                    \
     }                                                                                                               \
-    CKP_CLONES                                                                                                      \
-    static void NAME##_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count, ckp_aten_layout at, \
-                            void *out_) {                                                                           \
+    ATTR static void NAME##_bf16(const void *x_, const void *dy_, int64_t count, int64_t vec_count,                 \
+                                 ckp_aten_layout at, void *out_) {                                                  \
         const uint16_t *x = x_, *dy = dy_;                                                                          \
         uint16_t *out = out_;                                                                                       \
         int64_t j = 0;                                                                                              \
         (void)at;                                                                                                   \
-        for (; j < vec_count; j += CKP_VLANES)                                                                      \
-            ckp_bf16_store8(out + j, dy == NULL ? F8(ckp_bf16_load8(x + j))                                        \
-                                                : B8(ckp_bf16_load8(x + j), ckp_bf16_load8(dy + j)));              \
+        for (; j < vec_count; j += N)                                                                               \
+            ckp_bf16_store##N(out + j, dy == NULL ? F(ckp_bf16_load##N(x + j))                                      \
+                                                  : B(ckp_bf16_load##N(x + j), ckp_bf16_load##N(dy + j)));          \
         for (; j < count; j++)                                                                                      \
             out[j] = ckp_f_to_bf16(dy == NULL ? F1(ckp_bf16_to_f(x[j]))                                            \
                                               : B1(ckp_bf16_to_f(x[j]), ckp_bf16_to_f(dy[j])));                    \
@@ -223,8 +234,13 @@ static inline __attribute__((always_inline)) float backward_erf1(float x, float 
 
 #define TANH_F1(x) forward1(x, at.fma)
 #define TANH_B1(x, dy) backward1(x, dy, at.fma)
-GELU_DEFINE_SPANS(span_tanh, forward8, backward8, TANH_F1, TANH_B1)
-GELU_DEFINE_SPANS(span_erf, forward_erf8, backward_erf8, forward_erf1, backward_erf1)
+GELU_DEFINE_SPANS(span_tanh, 8, CKP_CLONES, forward8, backward8, TANH_F1, TANH_B1)
+GELU_DEFINE_SPANS(span_erf, 8, CKP_CLONES, forward_erf8, backward_erf8, forward_erf1, backward_erf1)
+GELU_DEFINE_SPANS(span_tanh_wide, 16, AVX512_COPY, forward16, backward16, TANH_F1, TANH_B1)
+GELU_DEFINE_SPANS(span_erf_wide, 16, AVX512_COPY, forward_erf16, backward_erf16, forward_erf1, backward_erf1)
+
+/* Whether this CPU runs the 16-lane copies (x86-64-v4: AVX-512 F, BW, CD, DQ, VL). */
+static int gelu_wide(void) { return __builtin_cpu_supports("x86-64-v4"); }
 
 typedef void (*span_fn)(const void *, const void *, int64_t, int64_t, ckp_aten_layout, void *);
 
@@ -252,6 +268,14 @@ static void run_pieces(span_fn fn, const void *x, const void *dy, int64_t n, int
     }
 }
 
+/* The span function of a form (erf 1, tanh 0) for elem-byte elements, 16 lanes where the CPU has them. */
+static span_fn span_for(size_t elem, int erf) {
+    if (gelu_wide())
+        return elem == sizeof(float) ? (erf ? span_erf_wide_f32 : span_tanh_wide_f32)
+                                     : (erf ? span_erf_wide_bf16 : span_tanh_wide_bf16);
+    return elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
+}
+
 static ckp_status check_args(const void *x, const void *dy, int has_dy, const void *out, int64_t n,
                              int torch_threads, size_t elem) {
     ckp_status s = ckp_check_elementwise(x, dy, has_dy, out, n, elem);
@@ -266,8 +290,7 @@ static ckp_status forward(const void *x, int64_t n, int torch_threads, void *y, 
     if (s != CKP_OK) return s;
     ckp_clear_error();
     const int64_t grain = n > FORWARD_MIN_ELEMENTS_FOR_THREADS ? n / torch_threads : ATEN_GRAIN_SIZE;
-    const span_fn fn = elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
-    run_pieces(fn, x, NULL, n, piece_length(n, torch_threads, grain), elem, y);
+    run_pieces(span_for(elem, erf), x, NULL, n, piece_length(n, torch_threads, grain), elem, y);
     return CKP_OK;
 }
 
@@ -276,8 +299,7 @@ static ckp_status backward(const void *dy, const void *x, int64_t n, int torch_t
     ckp_status s = check_args(x, dy, 1, dx, n, torch_threads, elem);
     if (s != CKP_OK) return s;
     ckp_clear_error();
-    const span_fn fn = elem == sizeof(float) ? (erf ? span_erf_f32 : span_tanh_f32) : (erf ? span_erf_bf16 : span_tanh_bf16);
-    run_pieces(fn, x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), elem, dx);
+    run_pieces(span_for(elem, erf), x, dy, n, piece_length(n, torch_threads, ATEN_GRAIN_SIZE), elem, dx);
     return CKP_OK;
 }
 
