@@ -54,7 +54,10 @@ CKP_CLONES static void add_row_f32(float *acc, const float *g, int64_t D) {
 }
 
 CKP_CLONES static void add_row_bf16(uint16_t *acc, const uint16_t *g, int64_t D) {
-    for (int64_t j = 0; j < D; j++) acc[j] = ckp_f_to_bf16(ckp_bf16_to_f(acc[j]) + ckp_bf16_to_f(g[j]));
+    int64_t j = 0;
+    for (; j + 16 <= D; j += 16) /* the loop below, 16 at a time (one at a time it was 0.7x torch's backward) */
+        ckp_bf16_store16(acc + j, ckp_bf16_load16(acc + j) + ckp_bf16_load16(g + j));
+    for (; j < D; j++) acc[j] = ckp_f_to_bf16(ckp_bf16_to_f(acc[j]) + ckp_bf16_to_f(g[j]));
 }
 
 static ckp_status backward(const void *dout, const int64_t *idx, int64_t n, int64_t V, int64_t D,
