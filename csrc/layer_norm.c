@@ -51,15 +51,15 @@ static inline __attribute__((always_inline)) void add_moments_vec(int64_t m0_add
     *m0 = n;
 }
 
-/* RowwiseMoments(X, N): the mean and the biased variance, of float32 x, or (bf16) of bfloat16 x, whose
- * 16-element vectors are widened to two 8-lane float halves that keep their own Welford chains within a
- * chunk and are merged in turn (moments_utils.h's reduced-type UpdateMomentsVec); the lanes then hold
- * 2n elements each. */
 /* 1 / (j + 1) in float for the chunk's steps j (moments_utils.h's table of them, the same divisions). */
 static const float RECIPROCALS[CHUNK] = {1.0f / 1,  1.0f / 2,  1.0f / 3,  1.0f / 4,  1.0f / 5,  1.0f / 6,
                                          1.0f / 7,  1.0f / 8,  1.0f / 9,  1.0f / 10, 1.0f / 11, 1.0f / 12,
                                          1.0f / 13, 1.0f / 14, 1.0f / 15, 1.0f / 16};
 
+/* RowwiseMoments(X, N): the mean and the biased variance, of float32 x, or (bf16) of bfloat16 x, whose
+ * 16-element vectors are widened to two 8-lane float halves that keep their own Welford chains within a
+ * chunk and are merged in turn (moments_utils.h's reduced-type UpdateMomentsVec); the lanes then hold
+ * 2n elements each. */
 static inline __attribute__((always_inline)) void row_moments(const void *const *xvs, int rows, int64_t N, int bf16,
                                                               int fma, float *mean, float *var) {
     /* `rows` (1, 2 or 4, a constant at each call) rows at once: each row's chains are its own and run in its own
