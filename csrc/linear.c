@@ -693,7 +693,7 @@ static void avx2_gemv(const float *a, int64_t a_rs, const float *b, int64_t b_rs
         const float dot = avx2_gemv_dot(v, vs, column ? a + i * a_rs : b + i * b_cs, K, column ? a_rs : b_cs, i, outs,
                                         peel, strided);
         float *at = column ? c + i * ldc : c + i;
-        *at = accumulate ? *at + alpha * dot : alpha * (0.0f + dot); /* C written from +0 (beta 0): never -0 */
+        *at = accumulate ? *at + alpha * dot : alpha * (0.0f + dot); /* C written from +0 (beta 0): a -0 sum is +0 */
     }
 }
 

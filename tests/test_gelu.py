@@ -19,6 +19,7 @@ import ckparity
 from ckparity._bindings import pointer
 from ckparity._native import ffi, lib
 from ckparity.errors import InvalidArgument, InvalidType
+from ckparity.kernels.gelu import _erf_followed
 from ckparity.kernels.sweeping import same_bits, torch_threads
 
 SIZES = (16385, 40007, 65537, 100003, 262147)  # past both grains, odd: a piece ends inside a vector pair
@@ -128,6 +129,7 @@ def test_the_erf_form_is_onednns_at_the_isa_onednn_runs(pin):
         assert not out["torch.bfloat16 other form"]
 
 
+@pytest.mark.skipif(_erf_followed(torch.bfloat16) is not None, reason=str(_erf_followed(torch.bfloat16)))
 def test_bf16_erf_results_that_are_float_denormals_are_torchs_in_the_forward_and_the_backward():
     """Where oneDNN converts to bf16 in hardware (vcvtneps2bf16), a float denormal result is flushed to a zero of
     its sign; elsewhere it is rounded. Tiny x (the forward's x / 2) and tiny dy (the backward's dy * 0.5 at x = 0),
